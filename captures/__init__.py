@@ -1,0 +1,1 @@
+"""captures: see the README and its issue; built after wire/."""

@@ -1,0 +1,1 @@
+"""conformance: see the README and its issue; built after wire/."""

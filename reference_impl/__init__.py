@@ -1,0 +1,1 @@
+"""reference_impl: see the README and its issue; built after wire/."""

@@ -1,0 +1,1 @@
+"""spark_analysis: see the README and its issue; built after wire/."""

@@ -1,0 +1,207 @@
+"""Building blocks shared by every Construct definition in :mod:`wire`.
+
+The Construct structs are the single written form of every layout.  Everything else (the
+``struct`` fast path, numpy dtypes, Scapy fields, tshark field names, Hypothesis strategies) is
+*read off* those structs.  To make that possible without a second table, the few facts that
+Construct cannot express itself are attached to the struct members as attributes:
+
+* ``ump_tshark``: the tshark display-filter name of the member, relative to the header's
+  prefix (``"trail"`` for ``lbtru.data.trail``), or ``None`` when tshark shows no such field;
+* ``ump_bits``: named bit views of an integer member (flags words, packed bytes).
+
+:func:`field` is the only way the definitions attach them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import construct as cs
+
+U8 = cs.Int8ub
+U16 = cs.Int16ub
+U32 = cs.Int32ub
+U64 = cs.Int64ub
+I32 = cs.Int32sb
+I64 = cs.Int64sb
+
+_DEFAULT = object()
+
+
+@dataclass(frozen=True)
+class Bit:
+    """A named view of some bits of an integer member.
+
+    Attributes:
+        mask: the bits this view covers; the view's value is ``(raw & mask) >> lowest_bit``.
+        tshark: the tshark field name relative to the header prefix. ``None`` means
+            ``"<member>.<view>"``, tshark's usual naming for flag bits.
+        when: tshark shows the view only when this predicate of the raw member value holds
+            (``ume_preg_resp``'s N/W/D bits exist only when E is clear).  ``None``: always.
+    """
+
+    mask: int
+    tshark: str | None = None
+    when: Callable[[int], bool] | None = None
+
+    @property
+    def shift(self) -> int:
+        return (self.mask & -self.mask).bit_length() - 1
+
+    def get(self, raw: int) -> int:
+        return (raw & self.mask) >> self.shift
+
+    def put(self, raw: int, value: int) -> int:
+        limit = self.mask >> self.shift
+        if not 0 <= int(value) <= limit:
+            raise ValueError(f"value {value} does not fit mask {self.mask:#x}")
+        return (raw & ~self.mask) | (int(value) << self.shift)
+
+
+def field(
+    name: str,
+    subcon: cs.Construct,
+    *,
+    tshark: str | None | object = _DEFAULT,
+    bits: Mapping[str, int | Bit] | None = None,
+) -> cs.Renamed:
+    """A named struct member, with the tshark name and bit views Construct cannot carry.
+
+    ``tshark`` defaults to the member's own name; pass ``None`` for members tshark never shows
+    (padding we keep only for byte-exact round trips).
+    """
+    member = name / subcon
+    member.ump_tshark = name if tshark is _DEFAULT else tshark  # type: ignore[attr-defined]
+    member.ump_bits = {  # type: ignore[attr-defined]
+        k: (v if isinstance(v, Bit) else Bit(v)) for k, v in (bits or {}).items()
+    }
+    return member
+
+
+def tshark_name(member: cs.Construct) -> str | None:
+    """The tshark suffix of a struct member (see :func:`field`)."""
+    return getattr(member, "ump_tshark", getattr(member, "name", None))
+
+
+def bit_views(member: cs.Construct) -> Mapping[str, Bit]:
+    return getattr(member, "ump_bits", {})
+
+
+class IPv4Adapter(cs.Adapter):
+    """An IPv4 address on the wire as a big-endian u32; in Python a dotted string.
+
+    Building also accepts an int or an :class:`ipaddress.IPv4Address`, so callers may pass
+    whatever they hold.
+    """
+
+    def _decode(self, obj: int, context: Any, path: str) -> str:
+        return str(ipaddress.IPv4Address(obj))
+
+    def _encode(self, obj: Any, context: Any, path: str) -> int:
+        return ipv4_to_int(obj)
+
+
+def ipv4_to_int(value: Any) -> int:
+    if isinstance(value, int):
+        if not 0 <= value <= 0xFFFFFFFF:
+            raise ValueError(f"IPv4 value {value} out of range")
+        return value
+    return int(ipaddress.IPv4Address(value))
+
+
+def int_to_ipv4(value: int) -> str:
+    return str(ipaddress.IPv4Address(value))
+
+
+IPv4 = IPv4Adapter(U32)
+
+
+class Auto(cs.Subconstruct):
+    """A member whose value is computed when building unless the caller supplies one.
+
+    This is how lengths and counts (``hdr_len``, ``msglen``, ``num_naks``) are written: a normal
+    build computes them from the rest of the struct, while a conformance case that wants a
+    wrong length simply passes it.  Parsing returns the wire value unchanged.
+    """
+
+    def __init__(self, subcon: cs.Construct, compute: Callable[[Any], int]) -> None:
+        super().__init__(subcon)
+        self.compute = compute
+        self.flagbuildnone = True
+
+    def _parse(self, stream: Any, context: Any, path: str) -> Any:
+        return self.subcon._parsereport(stream, context, path)
+
+    def _build(self, obj: Any, stream: Any, context: Any, path: str) -> Any:
+        value = self.compute(context) if obj is None else obj
+        return self.subcon._build(value, stream, context, path)
+
+    def _sizeof(self, context: Any, path: str) -> int:
+        return self.subcon._sizeof(context, path)
+
+
+class Latin1Adapter(cs.Adapter):
+    """ASCII-ish names (topics, store names) as ``str``; bytes map 1:1 so any byte round-trips."""
+
+    def _decode(self, obj: bytes, context: Any, path: str) -> str:
+        return obj.decode("latin-1")
+
+    def _encode(self, obj: str | bytes, context: Any, path: str) -> bytes:
+        return obj if isinstance(obj, bytes) else obj.encode("latin-1")
+
+
+def text(length: Any) -> cs.Construct:
+    """A string of ``length`` bytes (a Construct expression), NULs kept for round trips."""
+    return Latin1Adapter(cs.Bytes(length))
+
+
+# --- introspection ---------------------------------------------------------------------------
+
+
+def unwrap(subcon: cs.Construct) -> cs.Construct:
+    """Strip Renamed/Adapter/Auto wrappers down to the construct that touches bytes."""
+    while isinstance(subcon, cs.Subconstruct) and not isinstance(subcon, cs.Array):
+        subcon = subcon.subcon
+    return subcon
+
+
+def fixed_format(subcon: cs.Construct) -> str | None:
+    """The ``struct`` format letter(s) of a fixed-size member, or ``None`` if it is variable."""
+    inner = unwrap(subcon)
+    if isinstance(inner, cs.FormatField):
+        return str(inner.fmtstr[1:])
+    if isinstance(inner, cs.Bytes) and isinstance(inner.length, int):
+        return f"{inner.length}s"
+    return None
+
+
+def byte_order(subcon: cs.Construct) -> str | None:
+    """``">"`` or ``"<"`` for integer members, ``None`` for byte strings."""
+    inner = unwrap(subcon)
+    if isinstance(inner, cs.FormatField) and inner.fmtstr[0] in "<>":
+        return str(inner.fmtstr[0])
+    return None
+
+
+def value_kind(subcon: cs.Construct) -> str:
+    """What Python value a member holds: ``"int"``, ``"ipv4"``, ``"bytes"`` or ``"text"``."""
+    node = subcon.subcon if isinstance(subcon, cs.Renamed) else subcon
+    while isinstance(node, cs.Subconstruct):
+        if isinstance(node, IPv4Adapter):
+            return "ipv4"
+        if isinstance(node, Latin1Adapter):
+            return "text"
+        node = node.subcon
+    if isinstance(node, cs.FormatField):
+        return "int"
+    return "bytes"
+
+
+def members(struct: cs.Struct) -> Iterator[cs.Renamed]:
+    """The named members of a struct, in wire order."""
+    for sc in struct.subcons:
+        if getattr(sc, "name", None):
+            yield sc

@@ -1,0 +1,1208 @@
+"""LBMC: the message format every UM transport and every store connection carries.
+
+Layouts follow Wireshark's LBMC dissector (``packet-lbmc.c``, tshark 4.0.x) as summarised in
+``shared/spec/wire-lbmc.md``.  Each extended header is one Construct struct below; it is the only
+place its layout is written.  From each struct this module derives a :class:`HeaderKind` (code,
+tshark prefix, fixed size, fast decoder) and a typed header class (``UmePreg``, ``UmeAck`` ...)
+whose attributes are the struct members plus the named bit views of flag words.
+
+A whole message is an :class:`LbmcMessage`: base header fields, an ordered list of headers and
+the payload.  :func:`parse_message` / :meth:`LbmcMessage.build` convert it from/to bytes with
+the chain rules of the dissector:
+
+* a header's code is carried by its *predecessor* (the base header or the previous header's
+  ``next_hdr``); the builder fills every ``next_hdr`` from the list order;
+* the chain ends at 0x00 (payload follows) or 0xFF (no payload).  When not told otherwise the
+  builder ends data messages (MESSAGE, PRORX, RETRANS) with 0x00 and CONTROL/EOT with 0xFF,
+  because tshark labels a control message by its headers only when the chain ends in 0xFF;
+* a header whose ``hdr_len`` exceeds its layout keeps the extra bytes in ``trailing`` (tshark
+  skips them), so such messages round-trip byte for byte;
+* codes tshark knows but we do not model field by field become :class:`OpaqueHeader`; codes
+  tshark does not know are an error.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field as dc_field
+from enum import IntEnum
+from typing import Any, ClassVar
+
+import construct as cs
+from construct import this
+
+from .errors import WireError
+from .fastpath import FastLayout, derive
+from .fields import (
+    U8,
+    U16,
+    U32,
+    U64,
+    Auto,
+    Bit,
+    IPv4,
+    bit_views,
+    field,
+    fixed_format,
+    members,
+    text,
+    tshark_name,
+    value_kind,
+)
+
+
+class MessageType(IntEnum):
+    """The type nibble of ``ver_type`` (``lbmc.type``)."""
+
+    MESSAGE = 0x0
+    EOT = 0x1
+    PRORX = 0x2
+    CONTROL = 0x8
+    RETRANS = 0xA
+
+
+DATA_TYPES = frozenset({MessageType.MESSAGE, MessageType.PRORX, MessageType.RETRANS})
+NHDR_DATA = 0x00
+NHDR_NONE = 0xFF
+
+# --- base headers ------------------------------------------------------------------------------
+
+VER_TYPE_BITS = {"version": Bit(0xF0, tshark="version"), "type": Bit(0x0F, tshark="type")}
+
+DataHeader = cs.Struct(
+    field("ver_type", U8, tshark=None, bits=VER_TYPE_BITS),
+    field("next_hdr", U8),
+    field("msglen", U16),
+    field("tidx", U32),
+    field("sqn", U32),
+)
+"""The 12-byte base header of MESSAGE, PRORX and RETRANS messages."""
+
+ControlHeader = cs.Struct(
+    field("ver_type", U8, tshark=None, bits=VER_TYPE_BITS),
+    field("next_hdr", U8),
+    field("msglen", U16),
+)
+"""The 4-byte base header of CONTROL and EOT messages (also the "minimal" framing prefix)."""
+
+DATA_BASE = derive(DataHeader)
+CONTROL_BASE = derive(ControlHeader)
+
+
+# --- extended headers ---------------------------------------------------------------------------
+
+IGNORE16 = {"ignore": 0x8000}
+IGNORE8 = {"ignore": 0x80}
+
+
+def _flags16(**bits: int | Bit) -> cs.Renamed:
+    return field("flags", U16, bits={**IGNORE16, **bits})
+
+
+def _flags8(**bits: int | Bit) -> cs.Renamed:
+    return field("flags", U8, bits={**IGNORE8, **bits})
+
+
+def _size_of(body: Sequence[cs.Construct]) -> int:
+    size = 2
+    for member in body:
+        letter = fixed_format(member)
+        if letter is None:
+            raise TypeError(f"{member} is not fixed-size")
+        size += struct.calcsize(">" + letter)
+    return size
+
+
+def _fixed(*body: cs.Construct) -> cs.Struct:
+    """next_hdr, hdr_len, the fixed body, then whatever a longer hdr_len adds (``trailing``)."""
+    size = _size_of(body)
+    return cs.Struct(
+        field("next_hdr", U8),
+        field("hdr_len", Auto(U8, lambda ctx: size + len(ctx.get("trailing") or b""))),
+        *body,
+        field("trailing", cs.Bytes(this.hdr_len - size), tshark=None),
+    )
+
+
+def _named(member: str, *head: cs.Construct) -> cs.Struct:
+    """next_hdr, hdr_len, a fixed head, then a string filling the rest of ``hdr_len``."""
+    size = _size_of(head)
+    return cs.Struct(
+        field("next_hdr", U8),
+        field("hdr_len", Auto(U8, lambda ctx: size + len(ctx[member]))),
+        *head,
+        field(member, text(this.hdr_len - size)),
+    )
+
+
+@dataclass(frozen=True)
+class HeaderKind:
+    """Everything the codec knows about one extended-header code.
+
+    Attributes:
+        code: the ``next_hdr`` value that announces this header.
+        name: our identifier, equal to the last part of tshark's prefix (``"ume_preg"``).
+        title: tshark's ``next_hdr`` display text ("UME persistent registration").
+        struct: the Construct definition (next_hdr and hdr_len included), or None for headers
+            we carry opaquely.
+        tshark: tshark's container field (``"lbmc.ume_preg"``).
+        field_prefix: prefix of the member fields, when tshark uses another one than the
+            container (the ctxinst family shares ``lbmc.ctxinst.*``).
+        label: the Info-column label a control message with this header gets, if any.
+        min_len: the smallest ``hdr_len`` that decodes without a tshark error.
+        flags16_quirk: tshark shows the one-byte flags of this header as a 16-bit item that
+            also covers the member named here (ume_store & co., wire-lbmc.md 2.1).
+    """
+
+    code: int
+    name: str
+    title: str
+    struct: cs.Struct | None
+    tshark: str
+    field_prefix: str
+    label: str | None
+    min_len: int
+    flags16_quirk: str | None = None
+    fast: FastLayout | None = None
+
+    @property
+    def fixed(self) -> bool:
+        return self.fast is not None and self.fast.complete
+
+
+_KINDS: dict[int, HeaderKind] = {}
+_CLASSES: dict[int, type[Header]] = {}
+
+
+class Header:
+    """One typed LBMC extended header; attributes are its Construct members and bit views.
+
+    Build one with keyword arguments (``UmePreg(reg_id=7, s_flag=1, w_flag=1)``); members left
+    out take neutral defaults (0, ``0.0.0.0``, empty bytes) and ``next_hdr``/``hdr_len`` are
+    computed when the message is built unless given explicitly (to craft invalid packets).
+    """
+
+    kind: ClassVar[HeaderKind]
+    __slots__ = ("values",)
+    values: dict[str, Any]
+
+    def __init__(self, **kwargs: Any) -> None:
+        values = dict(_defaults(self.kind))
+        views: dict[str, Any] = {}
+        for key, value in kwargs.items():
+            if key in values:
+                values[key] = value
+            elif key in _view_index(self.kind):
+                views[key] = value
+            else:
+                raise TypeError(f"{type(self).__name__} has no field {key!r}")
+        for key, value in views.items():
+            member, bit = _view_index(self.kind)[key]
+            values[member] = bit.put(int(values[member]), int(value))
+        object.__setattr__(self, "values", values)
+
+    @property
+    def code(self) -> int:
+        return self.kind.code
+
+    def __getattr__(self, name: str) -> Any:
+        values = object.__getattribute__(self, "values")
+        if name in values:
+            return values[name]
+        view = _view_index(self.kind).get(name)
+        if view is not None:
+            return view[1].get(int(values[view[0]]))
+        raise AttributeError(f"{type(self).__name__} has no field {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.values:
+            self.values[name] = value
+            return
+        view = _view_index(self.kind).get(name)
+        if view is None:
+            raise AttributeError(f"{type(self).__name__} has no field {name!r}")
+        self.values[view[0]] = view[1].put(int(self.values[view[0]]), int(value))
+
+    def resolved(self) -> dict[str, Any]:
+        """Member values with computed lengths filled in (``next_hdr`` stays as given)."""
+        return _resolve(self.kind, self.values)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Header) or other.kind is not self.kind:
+            return NotImplemented
+        mine, theirs = self.resolved(), other.resolved()
+        mine.pop("next_hdr"), theirs.pop("next_hdr")
+        return mine == theirs
+
+    def __hash__(self) -> int:  # headers are mutable records; hash by identity
+        return id(self)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{k}={v!r}" for k, v in self.values.items() if v is not None and k != "trailing"
+        )
+        return f"{type(self).__name__}({shown})"
+
+    def encode(self, next_hdr: int) -> bytes:
+        """The header's bytes, chained to ``next_hdr`` unless one was set explicitly."""
+        values = dict(self.values)
+        if values.get("next_hdr") is None:
+            values["next_hdr"] = next_hdr
+        kind = self.kind
+        try:
+            if kind.fixed and not values.get("trailing") and values.get("hdr_len") is None:
+                assert kind.fast is not None
+                values["hdr_len"] = kind.fast.size
+                return kind.fast.pack(values)
+            assert kind.struct is not None
+            return bytes(kind.struct.build(values))
+        except (cs.ConstructError, struct.error, ValueError, TypeError, KeyError) as exc:
+            raise WireError(kind.tshark, 0, f"cannot encode: {exc}") from None
+
+    def tshark_fields(self, next_hdr: int | None = None) -> list[tuple[str, Any]]:
+        """This header as tshark ``-T fields`` would show it: (display-filter name, value).
+
+        ``next_hdr`` fills the chain link when the header has none of its own yet.
+        """
+        values = self.resolved()
+        if values.get("next_hdr") is None:
+            values["next_hdr"] = next_hdr
+        return _export(self.kind, values)
+
+
+class OpaqueHeader:
+    """A header tshark knows but this project carries as bytes (``next_hdr``, ``hdr_len``, data).
+
+    ``data`` is everything after the first two bytes, so any such header round-trips.
+    """
+
+    __slots__ = ("code", "data", "hdr_len", "next_hdr")
+
+    def __init__(
+        self, code: int, data: bytes = b"\0\0", next_hdr: int | None = None,
+        hdr_len: int | None = None,
+    ) -> None:
+        if code not in KNOWN_CODES:
+            raise ValueError(f"0x{code:02x} is not an LBMC header code tshark knows")
+        self.code = code
+        self.data = bytes(data)
+        self.next_hdr = next_hdr
+        self.hdr_len = hdr_len
+
+    @property
+    def name(self) -> str:
+        return KNOWN_CODES[self.code][0]
+
+    def encode(self, next_hdr: int) -> bytes:
+        nh = next_hdr if self.next_hdr is None else self.next_hdr
+        length = len(self.data) + 2 if self.hdr_len is None else self.hdr_len
+        if not (0 <= nh <= 255 and 0 <= length <= 255):
+            raise WireError(f"lbmc.{self.name}", 0, f"cannot encode hdr_len {length}")
+        return bytes((nh, length)) + self.data
+
+    def tshark_fields(self, next_hdr: int | None = None) -> list[tuple[str, Any]]:
+        """Opaque headers export only their length: their fields are not modelled."""
+        prefix = KNOWN_CODES[self.code][1]
+        return [(f"{prefix}.hdr_len", self._len())]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, OpaqueHeader):
+            return NotImplemented
+        return (self.code, self.data, self._len()) == (other.code, other.data, other._len())
+
+    def _len(self) -> int:
+        return len(self.data) + 2 if self.hdr_len is None else self.hdr_len
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        return f"OpaqueHeader(code=0x{self.code:02x} {self.name}, data={self.data!r})"
+
+
+AnyHeader = Header | OpaqueHeader
+
+
+def _default_for(member: cs.Construct) -> Any:
+    inner = member.subcon
+    if isinstance(inner, Auto) or member.name == "next_hdr":
+        return None
+    if isinstance(inner, cs.Array):
+        return []
+    kind = value_kind(member)
+    if kind == "int":
+        return 0
+    if kind == "ipv4":
+        return "0.0.0.0"
+    letter = fixed_format(member)
+    if kind == "text":
+        return ""
+    if letter is not None:
+        return bytes(int(letter[:-1]))
+    return b""
+
+
+def _defaults(kind: HeaderKind) -> dict[str, Any]:
+    cached = _DEFAULTS.get(kind.code)
+    if cached is None:
+        assert kind.struct is not None
+        cached = {m.name: _default_for(m) for m in members(kind.struct)}
+        _DEFAULTS[kind.code] = cached
+    return cached
+
+
+_DEFAULTS: dict[int, dict[str, Any]] = {}
+_VIEWS: dict[int, dict[str, tuple[str, Bit]]] = {}
+
+
+def _view_index(kind: HeaderKind) -> dict[str, tuple[str, Bit]]:
+    index = _VIEWS.get(kind.code)
+    if index is None:
+        assert kind.struct is not None
+        index = {}
+        for member in members(kind.struct):
+            for view, bit in bit_views(member).items():
+                index.setdefault(view, (member.name, bit))
+        _VIEWS[kind.code] = index
+    return index
+
+
+def _resolve(kind: HeaderKind, values: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(values)
+    assert kind.struct is not None
+    ctx = cs.Container(out)
+    for member in members(kind.struct):
+        if isinstance(member.subcon, Auto) and out.get(member.name) is None:
+            out[member.name] = member.subcon.compute(ctx)
+            ctx[member.name] = out[member.name]
+    return out
+
+
+def qualify(prefix: str, name: str) -> str:
+    """tshark names in definitions are relative to the header prefix unless already absolute."""
+    if name.split(".", 1)[0] in ("lbmc", "lbtru", "lbtrm", "lbttcp", "lbmr"):
+        return name
+    return f"{prefix}.{name}"
+
+
+def export_struct(prefix: str, struct_def: cs.Struct, values: Mapping[str, Any],
+                  ) -> list[tuple[str, Any]]:
+    """Generic tshark-name export of a Construct struct's values (members, bit views, arrays)."""
+    out: list[tuple[str, Any]] = []
+    for member in members(struct_def):
+        value = values.get(member.name)
+        name = tshark_name(member)
+        if isinstance(member.subcon, cs.Array) and name is not None:
+            element = member.subcon.subcon
+            for item in value or []:
+                out.extend(export_struct(qualify(prefix, name), element, item))
+            continue
+        if name is not None:
+            out.append((qualify(prefix, name), value))
+        for view, bit in bit_views(member).items():
+            if bit.when is not None and not bit.when(int(value)):
+                continue
+            out.append((qualify(prefix, bit.tshark or f"{name or member.name}.{view}"),
+                        bit.get(int(value))))
+    return out
+
+
+def _export(kind: HeaderKind, values: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    assert kind.struct is not None
+    out = export_struct(kind.field_prefix, kind.struct, values)
+    if kind.flags16_quirk:
+        wide = (int(values["flags"]) << 8) | int(values[kind.flags16_quirk])
+        out = [
+            (n, wide if n == f"{kind.field_prefix}.flags"
+             else (wide >> 15) & 1 if n == f"{kind.field_prefix}.flags.ignore" else v)
+            for n, v in out
+        ]
+    return out
+
+
+def _class_name(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def _register(
+    code: int, name: str, title: str, struct_def: cs.Struct, *, label: str | None = None,
+    tshark: str | None = None, field_prefix: str | None = None, min_len: int | None = None,
+    flags16_quirk: str | None = None,
+) -> type[Header]:
+    container = tshark or f"lbmc.{name}"
+    fast = derive(struct_def)
+    kind = HeaderKind(
+        code=code, name=name, title=title, struct=struct_def, tshark=container,
+        field_prefix=field_prefix or container, label=label,
+        min_len=min_len if min_len is not None else fast.size,
+        flags16_quirk=flags16_quirk, fast=fast if fast.complete else None,
+    )
+    cls = type(_class_name(name), (Header,), {"__slots__": (), "kind": kind,
+                                               "__doc__": f"LBMC 0x{code:02x}: {title}."})
+    _KINDS[code] = kind
+    _CLASSES[code] = cls
+    return cls
+
+
+# UME headers (wire-lbmc.md section 2.1) ---------------------------------------------------------
+
+PREG_FLAGS = {"f_flag": 0x40, "p_flag": 0x20, "w_flag": 0x10, "d_flag": 0x08}
+MARKER_BITS = {"s_flag": Bit(0x80, tshark="s_flag"), "marker": Bit(0x7F, tshark="marker")}
+
+
+def _no_error(code: int) -> bool:
+    return not code & 0x20
+
+
+def _error(code: int) -> bool:
+    return bool(code & 0x20)
+
+
+UmePreg = _register(0x12, "ume_preg", "UME persistent registration", _fixed(
+    _flags8(**PREG_FLAGS),
+    field("marker_byte", U8, tshark=None, bits=MARKER_BITS),
+    field("reg_id", U32),
+    field("transport_idx", U32),
+    field("topic_idx", U32),
+    field("src_reg_id", U32),
+    field("resp_port", U16),
+    field("res2", U16),
+    field("resp_ip", IPv4),
+), label="PREG")
+
+
+class PregError(IntEnum):
+    """Error codes of ume_preg_resp (low nibble of ``code`` when the E bit is set)."""
+
+    ENOERROR = 0
+    ENOPATTERN = 1
+    ESRCREGID = 2
+    EREGID = 3
+    ETOPICNAME = 4
+    EACTIVE = 5
+    ECONFIG = 6
+
+
+UmePregResp = _register(0x13, "ume_preg_resp", "UME persistent registration response", _fixed(
+    field("code", U8, bits={
+        "ignore": 0x80, "o_flag": 0x40, "e_flag": 0x20,
+        "n_flag": Bit(0x10, when=_no_error), "w_flag": Bit(0x02, when=_no_error),
+        "d_flag": Bit(0x01, when=_no_error),
+        "error_code": Bit(0x0F, tshark="code.code", when=_error),
+    }),
+    field("marker_byte", U8, tshark=None, bits=MARKER_BITS),
+    field("reg_id", U32),
+    field("transport_idx", U32),
+    field("topic_idx", U32),
+    field("low_seqnum", U32),
+    field("high_seqnum", U32),
+), label="PREG-RESP")
+
+
+class AckType(IntEnum):
+    """``ume_ack.type``: consumption/delivery confirmation or stability."""
+
+    CDELV = 0
+    STABLE = 1
+
+
+UmeAck = _register(0x14, "ume_ack", "UME acknowledgement", _fixed(
+    _flags8(o_flag=0x40, f_flag=0x20, u_flag=0x10, e_flag=0x08),
+    field("type", U8),
+    field("transport_idx", U32),
+    field("id_2", U32),
+    field("rcv_reg_id", U32),
+    field("seqnum", U32),
+), label="ACK")
+
+UmeRxreq = _register(0x15, "ume_rxreq", "UME retransmission request", _fixed(
+    _flags16(t=0x4000, marker=Bit(0x00FF, tshark="marker")),
+    field("request_idx", U32),
+    field("transport_idx", U32),
+    field("id_2", U32),
+    field("seqnum", U32),
+    field("rx_port", U16),
+    field("res", U16),
+    field("rx_ip", IPv4),
+), label="RXREQ")
+
+
+class KeepaliveType(IntEnum):
+    """``ume_keepalive.type``: the role of the sender."""
+
+    STORE = 0
+    RECEIVER = 1
+    SOURCE = 2
+
+
+UmeKeepalive = _register(0x16, "ume_keepalive", "UME keepalive", _fixed(
+    _flags8(r_flag=0x40, t_flag=0x20),
+    field("type", U8),
+    field("transport_idx", U32),
+    field("topic_idx", U32),
+    field("reg_id", U32),
+), label="UME-KA")
+
+UmeStoreid = _register(0x17, "ume_storeid", "UME store ID", _fixed(
+    field("store_id_word", U16, tshark=None, bits={
+        "ignore": Bit(0x8000, tshark="ignore"), "store_id": Bit(0x7FFF, tshark="store_id")}),
+))
+
+UmeRangedAck = _register(0x18, "ume_ranged_ack", "UME ranged ACK", _fixed(
+    _flags16(),
+    field("first_seqnum", U32),
+    field("last_seqnum", U32),
+))
+
+UmeAckId = _register(0x19, "ume_ack_id", "UME ACK", _fixed(
+    _flags16(),
+    field("id", U32),
+))
+
+UmeCapability = _register(0x1A, "ume_capability", "UME capability", _fixed(
+    _flags16(qc_flag=0x4000, client_lifetime_flag=0x2000),
+), label="UME-CAP")
+
+UmeProxySrc = _register(0x1B, "ume_proxy_src", "Proxy source", _fixed(
+    _flags16(enable=0x4000, compatibility=0x2000),
+))
+
+UmeStoreGroup = _register(0x1C, "ume_store_group", "Store group", _fixed(
+    _flags8(),
+    field("grp_idx", U8),
+    field("grp_sz", U16),
+    field("res1", U16),
+), flags16_quirk="grp_idx")
+
+_STORE_BODY = (
+    _flags8(),
+    field("grp_idx", U8),
+    field("store_tcp_port", U16),
+    field("store_idx", U16),
+    field("store_ip_addr", IPv4),
+    field("src_reg_id", U32),
+)
+
+UmeStore = _register(0x1D, "ume_store", "Store info", _fixed(*_STORE_BODY),
+                     flags16_quirk="grp_idx")
+
+UmeStoreExt = _register(0x69, "ume_store_ext", "Store extended information", _fixed(
+    *_STORE_BODY,
+    field("domain_id", U32),
+    field("version", U32),
+), flags16_quirk="grp_idx")
+
+UmeLjInfo = _register(0x1E, "ume_lj_info", "UME late-join info", _fixed(
+    _flags16(),
+    field("low_seqnum", U32),
+    field("high_seqnum", U32),
+    field("qidx", U32),
+), label="LJINFO")
+
+UmeStorename = _register(0x3D, "ume_storename", "Store name", _named(
+    "store", _flags16(),
+), min_len=5)
+
+UmePser = _register(0x41, "ume_pser", "UME proxy source election", _fixed(
+    _flags16(source_ctxinst=0x4000, store_ctxinst=0x2000, reelect=0x1000),
+    field("source_ip", IPv4),
+    field("store_ip", IPv4),
+    field("transport_idx", U32),
+    field("topic_idx", U32),
+    field("source_port", U16),
+    field("store_port", U16),
+    field("source_ctxinst", cs.Bytes(8)),
+    field("store_ctxinst", cs.Bytes(8)),
+), label="PSER")
+
+UmePsrcElectionToken = _register(0x6A, "ume_psrc_election_token", "Proxy source election token",
+                                 _fixed(
+    _flags8(),
+    field("store_index", U8),
+    field("token", U32),
+), label="PSRC-ETOK", flags16_quirk="store_index")
+
+UmeClientLifetime = _register(0x46, "ume_client_lifetime", "UME client lifetime", _fixed(
+    _flags16(),
+    field("activity_tmo", U32),
+    field("lifetime", U32),
+    field("ttl", U32),
+))
+
+UmeSid = _register(0x47, "ume_sid", "UME session ID", _fixed(
+    _flags16(),
+    field("sid", U64),
+))
+
+UmeReceiverKeepalive = _register(0x50, "ume_receiver_keepalive", "UME receiver keepalive", _fixed(
+    _flags16(),
+    field("rcv_regid", U32),
+    field("session_id", U64),
+    field("ctxinst", cs.Bytes(8)),
+), label="UME-RCV-KA")
+
+SriReq = _register(0x53, "sri_req", "Source registration information request", _fixed(
+    _flags16(),
+    field("transport_idx", U32),
+    field("topic_idx", U32),
+), label="SRI-REQ")
+
+UmeStoreDomain = _register(0x54, "ume_store_domain", "Store domain", _fixed(
+    _flags16(),
+    field("domain", U32),
+))
+
+Sri = _register(0x55, "sri", "Source registration information", _fixed(
+    _flags16(acktosrc=0x0001, initial_sqn_known=0x0002),
+    field("version", U32),
+    field("low_sqn", U32),
+    field("high_sqn", U32),
+), label="SRI")
+
+# Non-UME headers a persistent exchange uses (wire-lbmc.md section 2.2) ---------------------------
+
+Frag = _register(0x01, "frag", "Fragment", _fixed(
+    _flags16(),
+    field("first_sqn", U32),
+    field("offset", U32),
+    field("len", U32),
+))
+
+Batch = _register(0x02, "batch", "Batch", _fixed(
+    _flags16(batch_start=0x0002, batch_end=0x0001),
+))
+
+TcpRequest = _register(0x04, "tcp_request", "Request", _fixed(
+    field("flags", U8, bits={"ignore": Bit(0x80, tshark="lbmc.tcp_request_flags.ignore")}),
+    field("transport", U8),
+    field("qidx", U32),
+    field("port", U16),
+    field("reserved", U16),
+    field("ipaddr", IPv4),
+))
+
+Topicname = _register(0x05, "topicname", "Topic name", _named("topic", _flags16()), min_len=5)
+
+Apphdr = _register(0x06, "apphdr", "Application header", cs.Struct(
+    field("next_hdr", U8),
+    field("hdr_len", Auto(U8, lambda ctx: 4 + len(ctx.data))),
+    field("code_word", U16, tshark=None, bits={
+        "ignore": Bit(0x8000, tshark="ignore"), "code": Bit(0x7FFF, tshark="code")}),
+    field("data", cs.Bytes(this.hdr_len - 4), tshark=None),
+), min_len=5)
+
+AppHdrChain = _register(0x07, "apphdr_chain", "Application header chain", cs.Struct(
+    field("next_hdr", U8),
+    field("hdr_len", Auto(U8, lambda ctx: 4 + len(ctx.elements))),
+    field("res", U8),
+    field("first_chain_hdr", U8),
+    field("elements", cs.Bytes(this.hdr_len - 4), tshark=None),
+), min_len=4)
+
+Otid = _register(0x0B, "otid", "OTID", _fixed(_flags16(), field("otid", cs.Bytes(32))))
+
+
+def _ctxinst_body() -> tuple[cs.Construct, ...]:
+    return (
+        field("flags", U16, bits={"ignore": Bit(0x8000, tshark="lbmc.ctxinst_flags.ignore")}),
+        field("ctxinst", cs.Bytes(8)),
+    )
+
+
+Ctxinstd = _register(0x0C, "ctxinstd", "Context instance destination", _fixed(*_ctxinst_body()),
+                     field_prefix="lbmc.ctxinst")
+Ctxinstr = _register(0x0D, "ctxinstr", "Context instance return", _fixed(*_ctxinst_body()),
+                     field_prefix="lbmc.ctxinst")
+UmeCtxinsts = _register(0x3C, "ume_ctxinsts", "Store context instance", _fixed(*_ctxinst_body()),
+                        tshark="lbmc.ctxinst")
+Ctxinst = _register(0x42, "ctxinst", "Context instance", _fixed(*_ctxinst_body()))
+
+Srcidx = _register(0x0E, "srcidx", "Source index", _fixed(_flags16(), field("srcidx", U64)))
+
+TsniRecord = cs.Struct(field("tidx", U32), field("sqn", U32))
+
+Tsni = _register(0x20, "tsni", "Topic sequence info", cs.Struct(
+    field("next_hdr", U8),
+    field("hdr_len", Auto(U8, lambda ctx: 4 + 8 * len(ctx.records) + len(ctx.trailing or b""))),
+    field("num_recs_word", U16, tshark=None, bits={
+        "ignore": Bit(0x8000, tshark="ignore"), "num_recs": Bit(0x7FFF, tshark="num_recs")}),
+    field("records", cs.Array((this.hdr_len - 4) // 8, TsniRecord), tshark="tsni_rec"),
+    field("trailing", cs.Bytes((this.hdr_len - 4) % 8), tshark=None),
+), label="TSNI", min_len=4)
+
+TopicInterest = _register(0x39, "topic_interest", "Topic interest", _fixed(
+    _flags16(cancel=0x4000, refresh=0x2000),
+    field("domain_id", U32),
+), label="TOPIC-INT")
+
+Domain = _register(0x43, "domain", "Domain", _fixed(
+    _flags16(active=0x4000), field("domain", U32)), label="DOMAIN")
+
+Odomain = _register(0x4A, "odomain", "Originating Domain", _fixed(
+    _flags16(), field("domain", U32)))
+
+Stream = _register(0x4B, "stream", "Stream", _fixed(
+    _flags16(),
+    field("stream_id", U32),
+    field("sqn", U32),
+    field("ctxinst", cs.Bytes(8)),
+))
+
+LjiReq = _register(0x4E, "lji_req", "Late Join information request", _fixed(
+    _flags16(l_flag=Bit(0x0001, tshark="flags.l_flag"), m_flag=Bit(0x0002, tshark="flags.m_flag"),
+             o_flag=Bit(0x0004, tshark="flags.o_flag")),
+    field("request_idx", U32),
+    field("transport_idx", U32),
+    field("topic_idx", U32),
+    field("req_ip", IPv4),
+    field("req_port", U16),
+    field("res", U16),
+    field("tx_low_sqn", U32),
+    field("rx_req_max", U32),
+    field("rx_req_outstanding_max", U32),
+), label="LJI-REQ")
+
+Destination = _register(0x64, "destination", "Destination", _fixed(
+    _flags16(),
+    field("domain_id", U32),
+    field("ipaddr", IPv4),
+    field("port", U16),
+    field("hops_taken", U16),
+    field("orig_domain_id", U32),
+    field("orig_ipaddr", IPv4),
+    field("orig_port", U16),
+    field("reserved", U16),
+))
+
+TopicIdx = _register(0x65, "topic_idx", "Topic index", _fixed(
+    _flags8(),
+    field("res", U8, tshark=None),
+    field("tidx", U32),
+))
+
+TopicSource = _register(0x67, "topic_source", "Topic source", _fixed(
+    _flags16(eos=0x4000), field("domain_id", U32)), label="TOPIC-SRC")
+
+EXFUNC_FLAGS = {"ulb": 0x8, "umq": 0x4, "ume": 0x2, "lj": 0x1}
+
+TopicSourceExfunc = _register(0x68, "topic_source_exfunc", "Topic source extended functionality",
+                              _fixed(
+    _flags16(),
+    field("src_ip", IPv4),
+    field("src_port", U16),
+    field("unused", U16),
+    field("functionality_flags", U32, bits=EXFUNC_FLAGS),
+))
+
+TcpSid = _register(0x6B, "tcp_sid", "TCP session ID", _fixed(_flags16(), field("sid", U32)),
+                   label="TCP-SID")
+
+
+# Codes tshark knows that we carry opaquely: code -> (name, tshark prefix, title, label).
+KNOWN_CODES: dict[int, tuple[str, str, str, str | None]] = {
+    0x03: ("unhandled", "lbmc.unhandled", "Unknown", None),  # TGIDX: tshark flags it
+    0x08: ("umq_msgid", "lbmc.umq_msgid", "UMQ message ID", None),
+    0x09: ("umq_sqd_rcv", "lbmc.umq_sqd_rcv", "UMQ SQD rcv", None),
+    0x0A: ("umq_resub", "lbmc.umq_resub", "UMQ resub", None),
+    0x0F: ("umq_ulb_msg", "lbmc.umq_ulb_msg", "UMQ ULB Message", None),
+    0x10: ("ssf_init", "lbmc.ssf_init", "Source-side filtering init", "SSF-INIT"),
+    0x11: ("ssf_creq", "lbmc.ssf_creq", "Source-side filtering control request", "SSF-CREQ"),
+    0x30: ("umq_reg", "lbmc.umq_reg", "UMQ registration", "UMQ-REG"),
+    0x31: ("umq_reg_resp", "lbmc.umq_reg_resp", "UMQ registration response", "UMQ-REG-RSP"),
+    0x32: ("umq_ack", "lbmc.umq_ack", "UMQ ACK", "UMQ-ACK"),
+    0x33: ("umq_rcr", "lbmc.umq_rcr", "UMQ receiver control record", "UMQ-RCR"),
+    0x34: ("umq_ka", "lbmc.umq_ka", "UMQ keepalive", "UMQ-KA"),
+    0x35: ("umq_rxreq", "lbmc.umq_rxreq", "UME retransmission request", "UMQ-RXREQ"),
+    0x36: ("umq_qmgmt", "lbmc.umq_qmgmt", "UMQ queue management", "UMQ-QMGMT"),
+    0x37: ("umq_resub_req", "lbmc.umq_resub_req", "UMQ resubmission request", "UMQ-RESUB-REQ"),
+    0x38: ("umq_resub_resp", "lbmc.umq_resub_resp", "UMQ resubmission response",
+           "UMQ-RESUB-RESP"),
+    0x3A: ("pattern_interest", "lbmc.pattern_interest", "Pattern interest", "PAT-INT"),
+    0x3B: ("advertisement", "lbmc.advertisement", "Advertisement", "AD"),
+    0x3E: ("umq_ulb_rcr", "lbmc.umq_ulb_rcr", "UMQ ULB RCR", "UMQ-ULB-RCR"),
+    0x3F: ("umq_lf", "lbmc.umq_lf", "UMQ load factor", "UMQ-LF"),
+    0x40: ("ctxinfo", "lbmc.ctxinfo", "Context information", "CTXINFO"),
+    0x44: ("tnwg_capabilities", "lbmc.tnwg_capabilities", "TNWG Capabilities", "TNWG_CAP"),
+    0x45: ("patidx", "lbmc.patidx", "Pattern index", "PATIDX"),
+    0x48: ("umq_idx_cmd", "lbmc.umq_idx_cmd", "UMQ index command", "UMQ-IDX-CMD"),
+    0x49: ("umq_idx_cmd_resp", "lbmc.umq_idx_cmd_resp", "UMQ index command response",
+           "UMQ-IDX-CMD-RESP"),
+    0x4C: ("topic_md_interest", "lbmc.topic_md_interest", "Topic multi-domain interest",
+           "TOPIC-MD-INT"),
+    0x4D: ("pattern_md_interest", "lbmc.pattern_md_interest", "Pattern multi-domain interest",
+           "PAT-MD-INT"),
+    0x4F: ("tnwg_ka", "lbmc.tnwg_ka", "Gateway peer keepalive", "TNWG-KA"),
+    0x51: ("umq_cmd", "lbmc.umq_cmd", "UMQ command", "UMQ-CMD"),
+    0x52: ("umq_cmd_resp", "lbmc.umq_cmd_resp", "UMQ command response", "UMQ-CMD-RESP"),
+    0x56: ("route_info", "lbmc.route_info", "Route information", "RTE-INFO"),
+    0x57: ("route_info_neighbor", "lbmc.route_info_neighbor", "Route information neighbor", None),
+    0x58: ("gateway_name", "lbmc.gateway_name", "Gateway name", None),
+    0x60: ("auth", "lbmc.auth", "Authentication", "AUTH"),
+    0x62: ("hmac", "lbmc.hmac", "HMAC", "HMAC"),
+    0x63: ("umq_sid", "lbmc.umq_sid", "UMQ session ID", None),
+    0xFE: ("extopt", "lbmc.extopt", "Extended option", "EXTOPT"),
+}
+
+# tshark's label priority for control messages (wire-lbmc.md 1.9).
+LABEL_ORDER = (
+    "SSF-INIT SSF-CREQ PREG PREG-RESP ACK RXREQ UME-KA UME-CAP TSNI UMQ-REG UMQ-REG-RSP UMQ-ACK "
+    "UMQ-KA UMQ-RCR UMQ-RXREQ UMQ-QMGMT LJINFO UMQ-RESUB-REQ UMQ-RESUB-RESP TOPIC-INT PAT-INT AD "
+    "UMQ-ULB-RCR UMQ-LF CTXINFO PSER DOMAIN TNWG_CAP PATIDX UMQ-IDX-CMD UMQ-IDX-CMD-RESP "
+    "TOPIC-MD-INT PAT-MD-INT LJI-REQ TNWG-KA AUTH UME-RCV-KA UMQ-CMD UMQ-CMD-RESP EXTOPT HMAC "
+    "SRI-REQ SRI PSRC-ETOK TOPIC-SRC RTE-INFO TCP-SID"
+).split()
+
+
+def kind_by_code(code: int) -> HeaderKind | None:
+    return _KINDS.get(code)
+
+
+def header_class(code: int) -> type[Header] | None:
+    return _CLASSES.get(code)
+
+
+def header_kinds() -> list[HeaderKind]:
+    """Every header kind with a field-by-field definition, by code."""
+    return [_KINDS[c] for c in sorted(_KINDS)]
+
+
+def is_defined_code(code: int) -> bool:
+    """A code tshark's LBMC dissector knows (the LBT-TCP entry test also allows 0x00)."""
+    return code in _KINDS or code in KNOWN_CODES
+
+
+def label_of(code: int) -> str | None:
+    kind = _KINDS.get(code)
+    if kind is not None:
+        return kind.label
+    known = KNOWN_CODES.get(code)
+    return known[3] if known else None
+
+
+def title_of(code: int) -> str:
+    if code == NHDR_DATA:
+        return "Data"
+    if code == NHDR_NONE:
+        return "None"
+    kind = _KINDS.get(code)
+    if kind is not None:
+        return kind.title
+    known = KNOWN_CODES.get(code)
+    return known[2] if known else "Unknown"
+
+
+# --- messages -----------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class LbmcMessage:
+    """One LBMC message: base header, ordered extended headers, payload.
+
+    Attributes:
+        type: the type nibble (:class:`MessageType`; any 0-15 value may be crafted).
+        headers: extended headers in wire order.
+        payload: bytes after a chain ending in DATA (0x00), message properties included.
+        tidx, sqn: topic index and topic sequence number (data types only).
+        version: the version nibble (0 for every real message).
+        terminator: the code that ends the chain: 0x00 (payload follows), 0xFF (none), or, when
+            parsed from a message that ran out mid-chain, the dangling code.  ``None`` picks 0x00
+            for data types and 0xFF for CONTROL/EOT when building.
+        trailer: bytes inside ``msglen`` after a chain that did not end in DATA; tshark ignores
+            them but they are kept so parse/build round-trips.
+        msglen: explicit ``msglen`` to craft a wrong length; ``None`` computes it.
+    """
+
+    type: int = MessageType.CONTROL
+    headers: list[AnyHeader] = dc_field(default_factory=list)
+    payload: bytes = b""
+    tidx: int = 0
+    sqn: int = 0
+    version: int = 0
+    terminator: int | None = None
+    trailer: bytes = b""
+    msglen: int | None = None
+
+    @property
+    def is_data_type(self) -> bool:
+        return self.type in DATA_TYPES
+
+    @property
+    def base_size(self) -> int:
+        return DATA_BASE.size if self.is_data_type else CONTROL_BASE.size
+
+    def chain_end(self) -> int:
+        if self.terminator is not None:
+            return self.terminator
+        return NHDR_DATA if self.is_data_type else NHDR_NONE
+
+    def build(self) -> bytes:
+        """The message's bytes.  Raises :class:`WireError` for values that cannot be encoded."""
+        end = self.chain_end()
+        if self.payload and end != NHDR_DATA:
+            raise WireError("lbmc", 0, "a payload needs a chain ending in DATA (0x00)")
+        codes = [h.code for h in self.headers] + [end]
+        body = bytearray()
+        for i, header in enumerate(self.headers):
+            try:
+                body += header.encode(codes[i + 1])
+            except WireError as exc:
+                raise exc.shifted(self.base_size + len(body), "lbmc") from None
+        body += self.payload if end == NHDR_DATA else self.trailer
+        total = self.base_size + len(body) if self.msglen is None else self.msglen
+        if not 0 <= total <= 0xFFFF:
+            raise WireError("lbmc", 2, f"msglen {total} does not fit 16 bits (max 65535)")
+        if not (0 <= self.version <= 15 and 0 <= self.type <= 15):
+            raise WireError("lbmc", 0, "version and type must each fit 4 bits")
+        ver_type = (self.version << 4) | self.type
+        try:
+            if self.is_data_type:
+                base = DATA_BASE.codec.pack(ver_type, codes[0], total, self.tidx, self.sqn)
+            else:
+                base = CONTROL_BASE.codec.pack(ver_type, codes[0], total)
+        except struct.error as exc:
+            raise WireError("lbmc", 0, f"cannot encode base header: {exc}") from None
+        return base + bytes(body)
+
+    def header(self, cls: type[Header]) -> Header | None:
+        """The first header of the given class, or None."""
+        for h in self.headers:
+            if isinstance(h, cls):
+                return h
+        return None
+
+    def label(self) -> str:
+        """tshark's Info-column label for this message on a transport channel."""
+        if self.chain_end() == NHDR_DATA:
+            return "DATA[REQ]" if any(h.code == 0x04 for h in self.headers) else "DATA"
+        labels = {label_of(h.code) for h in self.headers}
+        for label in LABEL_ORDER:
+            if label in labels:
+                return label
+        return ""
+
+    def tshark_fields(self) -> list[tuple[str, Any]]:
+        """The message as tshark field (display-filter name, value) pairs, in wire order."""
+        first = self.headers[0].code if self.headers else self.chain_end()
+        out: list[tuple[str, Any]] = [
+            ("lbmc.version", self.version), ("lbmc.type", self.type),
+            ("lbmc.next_hdr", first), ("lbmc.msglen", self.resolved_msglen()),
+        ]
+        if self.is_data_type:
+            out += [("lbmc.tidx", self.tidx), ("lbmc.sqn", self.sqn)]
+        codes = [h.code for h in self.headers] + [self.chain_end()]
+        for i, h in enumerate(self.headers):
+            out += h.tshark_fields(codes[i + 1])
+        return out
+
+    def resolved_msglen(self) -> int:
+        return self.msglen if self.msglen is not None else len(self.build())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LbmcMessage):
+            return NotImplemented
+        return (
+            (self.type, self.version, self.chain_end(), self.payload, self.trailer,
+             self.headers, self.resolved_msglen())
+            == (other.type, other.version, other.chain_end(), other.payload, other.trailer,
+                other.headers, other.resolved_msglen())
+            and (not self.is_data_type or (self.tidx, self.sqn) == (other.tidx, other.sqn))
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _decode_header(code: int, msg: bytes | memoryview, pos: int, hdr_len: int) -> AnyHeader:
+    kind = _KINDS.get(code)
+    if kind is None:
+        if code in KNOWN_CODES and code != 0x03:
+            return OpaqueHeader(code, bytes(msg[pos + 2 : pos + hdr_len]), msg[pos], hdr_len)
+        raise WireError("lbmc", pos, f"unknown header code 0x{code:02x}")
+    if hdr_len < kind.min_len:
+        raise WireError(kind.tshark, pos,
+                        f"hdr_len {hdr_len} is shorter than the {kind.min_len}-byte minimum")
+    cls = _CLASSES[code]
+    obj = cls.__new__(cls)
+    fast = kind.fast
+    if fast is not None:
+        values = fast.decode(msg, pos)
+        values["trailing"] = bytes(msg[pos + fast.size : pos + hdr_len])
+    else:
+        assert kind.struct is not None
+        try:
+            parsed = kind.struct.parse(bytes(msg[pos : pos + hdr_len]))
+        except cs.ConstructError as exc:
+            raise WireError(kind.tshark, pos, f"does not decode: {exc}") from None
+        values = {m.name: _plain(parsed[m.name]) for m in members(kind.struct)}
+    object.__setattr__(obj, "values", values)
+    return obj
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, cs.ListContainer):
+        return [_plain(v) for v in value]
+    if isinstance(value, cs.Container):
+        return {k: _plain(v) for k, v in value.items() if not k.startswith("_")}
+    return value
+
+
+def parse_message(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[LbmcMessage, int]:
+    """Decode one LBMC message at ``offset``; returns it and its length (``msglen``).
+
+    Raises :class:`WireError` (offsets relative to ``offset``) for anything tshark would flag
+    as malformed or as an error: short buffers, msglen 0 or too small, unknown types or codes,
+    zero or overlong ``hdr_len``, headers shorter than their layout.
+    """
+    view = memoryview(buf)[offset:]
+    avail = len(view)
+    if avail < CONTROL_BASE.size:
+        raise WireError("lbmc", 0, f"{avail} bytes left; a message needs at least 4")
+    ver_type, first, msglen = CONTROL_BASE.codec.unpack_from(view, 0)
+    mtype = ver_type & 0x0F
+    if msglen == 0:
+        raise WireError("lbmc", 2, "msglen is zero")
+    if mtype not in MessageType._value2member_map_:
+        raise WireError("lbmc", 0, f"invalid LBMC type 0x{mtype:02x}")
+    base = DATA_BASE.size if mtype in DATA_TYPES else CONTROL_BASE.size
+    if msglen < base:
+        raise WireError("lbmc", 2, f"msglen {msglen} is shorter than the {base}-byte base header")
+    if msglen > avail:
+        raise WireError("lbmc", 2, f"msglen {msglen} but only {avail} bytes present (truncated)")
+    msg = bytes(view[:msglen])
+    message = LbmcMessage(type=MessageType(mtype), version=ver_type >> 4)
+    if base == DATA_BASE.size:
+        _, _, _, message.tidx, message.sqn = DATA_BASE.codec.unpack_from(msg, 0)
+    cur, pos = first, base
+    while pos + 4 <= msglen and cur not in (NHDR_DATA, NHDR_NONE):
+        hdr_len = msg[pos + 1]
+        if hdr_len == 0:
+            raise WireError(_prefix(cur), pos, "hdr_len is zero")
+        if pos + hdr_len > msglen:
+            raise WireError(_prefix(cur), pos,
+                            f"hdr_len {hdr_len} runs past the end of the message ({msglen})")
+        message.headers.append(_decode_header(cur, msg, pos, hdr_len))
+        cur = msg[pos]
+        pos += hdr_len
+    message.terminator = cur
+    if cur == NHDR_DATA:
+        message.payload = msg[pos:]
+    else:
+        message.trailer = msg[pos:]
+    return message, msglen
+
+
+def _prefix(code: int) -> str:
+    kind = _KINDS.get(code)
+    if kind is not None:
+        return kind.tshark
+    known = KNOWN_CODES.get(code)
+    return known[1] if known else "lbmc"
+
+
+def parse_messages(buf: bytes | bytearray | memoryview) -> list[LbmcMessage]:
+    """Decode back-to-back messages filling ``buf`` (a UDP transport payload).
+
+    Like tshark, stops quietly when fewer than 4 bytes remain; raises :class:`WireError` with
+    the offset inside ``buf`` on the first bad message.
+    """
+    out = []
+    for _, message in iter_messages(buf):
+        out.append(message)
+    return out
+
+
+def iter_messages(buf: bytes | bytearray | memoryview) -> Iterator[tuple[int, LbmcMessage]]:
+    """(offset, message) for each back-to-back message in ``buf``."""
+    pos = 0
+    while len(buf) - pos >= CONTROL_BASE.size:
+        try:
+            message, used = parse_message(buf, pos)
+        except WireError as exc:
+            raise exc.shifted(pos) from None
+        yield pos, message
+        pos += used
+
+
+def build_messages(messages: Sequence[LbmcMessage]) -> bytes:
+    return b"".join(m.build() for m in messages)
+
+
+# --- application header chain elements (wire-lbmc.md 3.2) --------------------------------------
+
+AppHdrElement = cs.Struct(
+    field("next_hdr", U8),
+    field("hdr_len", Auto(U8, lambda ctx: 4 + len(ctx.data))),
+    field("res", U16),
+    field("data", cs.Bytes(this.hdr_len - 4)),
+)
+"""A generic element of an apphdr_chain (types other than 6)."""
+
+AppHdrMsgPropLen = cs.Struct(
+    field("next_hdr", U8),
+    field("hdr_len", Auto(U8, lambda ctx: 8)),
+    field("res", U16),
+    field("proplen", U32),
+)
+"""Element type 6: length of the message-properties block at the tail of the payload."""
+
+MSGPROP_ELEMENT = 0x06
+MSGPROP_FAST = derive(AppHdrMsgPropLen)
+
+
+@dataclass
+class ChainElement:
+    """One element of an application header chain.  ``data`` is the body of generic elements;
+    for a message-properties-length element (type 6) ``proplen`` is used instead."""
+
+    type: int
+    data: bytes = b""
+    proplen: int = 0
+    res: int = 0
+
+
+def build_apphdr_chain(elements: Sequence[ChainElement], next_hdr: int | None = None) -> Header:
+    """An AppHdrChain header holding ``elements`` (types carried by the predecessor, as LBMC)."""
+    blob = bytearray()
+    for i, el in enumerate(elements):
+        nxt = elements[i + 1].type if i + 1 < len(elements) else 0xFF
+        if el.type == MSGPROP_ELEMENT:
+            blob += AppHdrMsgPropLen.build({"next_hdr": nxt, "res": el.res, "proplen": el.proplen})
+        else:
+            blob += AppHdrElement.build({"next_hdr": nxt, "res": el.res, "data": el.data})
+    first = elements[0].type if elements else 0xFF
+    return AppHdrChain(first_chain_hdr=first, elements=bytes(blob), next_hdr=next_hdr)
+
+
+def parse_apphdr_chain(header: Header) -> list[ChainElement]:
+    """The elements of an AppHdrChain header, walked as tshark does."""
+    data: bytes = header.elements
+    cur, pos, out = header.first_chain_hdr, 0, []
+    while pos < len(data):
+        if cur == MSGPROP_ELEMENT:
+            if pos + 8 > len(data):
+                raise WireError("lbmc.apphdr_chain.msgprop", 4 + pos, "element truncated")
+            nxt, _, res, proplen = MSGPROP_FAST.unpack_from(data, pos)
+            out.append(ChainElement(MSGPROP_ELEMENT, proplen=proplen, res=res))
+            size = 8
+        else:
+            if pos + 4 > len(data):
+                raise WireError("lbmc.apphdr_chain.element", 4 + pos, "element truncated")
+            size = data[pos + 1]
+            if size < 4 or pos + size > len(data):
+                raise WireError("lbmc.apphdr_chain.element", 4 + pos,
+                                f"element hdr_len {size} is invalid")
+            nxt = data[pos]
+            out.append(ChainElement(cur, data=data[pos + 4 : pos + size],
+                                    res=int.from_bytes(data[pos + 2 : pos + 4], "big")))
+        cur = nxt
+        pos += size
+    return out
+
+
+def msgprop_length(message: LbmcMessage) -> int:
+    """Sum of the message-properties lengths announced in the message's apphdr chains."""
+    total = 0
+    for h in message.headers:
+        if isinstance(h, Header) and h.kind.code == AppHdrChain.kind.code:
+            total += sum(e.proplen for e in parse_apphdr_chain(h) if e.type == MSGPROP_ELEMENT)
+    return total

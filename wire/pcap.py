@@ -1,0 +1,399 @@
+"""Capture files (pcap, pcapng) and the link/IP/UDP/TCP framing around UM traffic.
+
+These are not UM formats, but they are layouts too, so they are written once as Construct
+structs and read through the derived fast path like everything else in :mod:`wire`.
+
+Reading yields every record, including ones we cannot decode: callers (``ump dissect``, the
+Spark reader) must report a frame they do not understand, never drop it silently.  A file that
+ends inside a record raises :class:`~wire.errors.WireError` after the complete records.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import construct as cs
+
+from .errors import WireError
+from .fastpath import derive
+from .fields import U8, U16, U32, IPv4, field, ipv4_to_int
+
+LINKTYPE_NULL = 0
+LINKTYPE_ETHERNET = 1
+LINKTYPE_RAW = 101
+LINKTYPE_LINUX_SLL = 113
+LINKTYPE_IPV4 = 228
+LINKTYPE_LINUX_SLL2 = 276
+
+PCAP_MAGIC_US = 0xA1B2C3D4
+PCAP_MAGIC_NS = 0xA1B23C4D
+PCAPNG_SHB = 0x0A0D0D0A
+PCAPNG_BOM = 0x1A2B3C4D
+
+
+def _pcap_structs(u16: cs.Construct, u32: cs.Construct) -> tuple[cs.Struct, cs.Struct]:
+    header = cs.Struct(
+        field("magic", u32), field("version_major", u16), field("version_minor", u16),
+        field("thiszone", u32), field("sigfigs", u32), field("snaplen", u32),
+        field("linktype", u32),
+    )
+    record = cs.Struct(
+        field("ts_sec", u32), field("ts_frac", u32), field("incl_len", u32),
+        field("orig_len", u32),
+    )
+    return header, record
+
+
+PcapHeaderLE, PcapRecordLE = _pcap_structs(cs.Int16ul, cs.Int32ul)
+PcapHeaderBE, PcapRecordBE = _pcap_structs(cs.Int16ub, cs.Int32ub)
+
+
+def _pcapng_structs(u16: cs.Construct, u32: cs.Construct) -> tuple[cs.Struct, ...]:
+    block = cs.Struct(field("block_type", u32), field("block_length", u32))
+    idb = cs.Struct(field("linktype", u16), field("reserved", u16), field("snaplen", u32))
+    epb = cs.Struct(
+        field("interface_id", u32), field("ts_high", u32), field("ts_low", u32),
+        field("captured_len", u32), field("orig_len", u32),
+    )
+    spb = cs.Struct(field("orig_len", u32))
+    shb = cs.Struct(field("byte_order_magic", u32), field("version_major", u16),
+                    field("version_minor", u16))
+    return block, idb, epb, spb, shb
+
+
+_NG = {
+    "<": [derive(s) for s in _pcapng_structs(cs.Int16ul, cs.Int32ul)],
+    ">": [derive(s) for s in _pcapng_structs(cs.Int16ub, cs.Int32ub)],
+}
+
+EthernetHeader = cs.Struct(
+    field("dst", cs.Bytes(6)), field("src", cs.Bytes(6)), field("ethertype", U16))
+VlanTag = cs.Struct(field("tci", U16), field("ethertype", U16))
+LinuxSll = cs.Struct(
+    field("packet_type", U16), field("arphrd", U16), field("addr_len", U16),
+    field("addr", cs.Bytes(8)), field("protocol", U16))
+LinuxSll2 = cs.Struct(
+    field("protocol", U16), field("reserved", U16), field("ifindex", U32),
+    field("arphrd", U16), field("packet_type", U8), field("addr_len", U8),
+    field("addr", cs.Bytes(8)))
+IPv4Header = cs.Struct(
+    field("ver_ihl", U8), field("tos", U8), field("total_length", U16), field("ident", U16),
+    field("flags_frag", U16), field("ttl", U8), field("protocol", U8), field("checksum", U16),
+    field("src", IPv4), field("dst", IPv4))
+UdpHeader = cs.Struct(
+    field("sport", U16), field("dport", U16), field("length", U16), field("checksum", U16))
+TcpHeader = cs.Struct(
+    field("sport", U16), field("dport", U16), field("seq", U32), field("ack", U32),
+    field("offset_flags", U16), field("window", U16), field("checksum", U16),
+    field("urgent", U16))
+
+ETH, VLAN, SLL, SLL2, IP4, UDP, TCP = (derive(s) for s in (
+    EthernetHeader, VlanTag, LinuxSll, LinuxSll2, IPv4Header, UdpHeader, TcpHeader))
+
+TCP_FIN, TCP_SYN, TCP_RST, TCP_PSH, TCP_ACK = 0x01, 0x02, 0x04, 0x08, 0x10
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CaptureRecord:
+    """One captured frame: 1-based number, time in seconds, link type and bytes."""
+
+    number: int
+    ts: float
+    linktype: int
+    data: bytes
+    orig_len: int
+
+
+def read_capture(path: str | Path) -> Iterator[CaptureRecord]:
+    """Every record of a pcap or pcapng file, in order."""
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+        fh.seek(0)
+        if len(head) < 4:
+            raise WireError("pcap", 0, "file too short to be a capture")
+        magic_le = struct.unpack("<I", head)[0]
+        if magic_le == PCAPNG_SHB:
+            yield from _read_pcapng(fh)
+        else:
+            yield from _read_pcap(fh)
+
+
+def _read_pcap(fh: BinaryIO) -> Iterator[CaptureRecord]:
+    raw = fh.read(24)
+    if len(raw) < 24:
+        raise WireError("pcap", 0, "truncated global header")
+    for header, record in ((PcapHeaderLE, PcapRecordLE), (PcapHeaderBE, PcapRecordBE)):
+        hdr = derive(header).decode(raw)
+        if hdr["magic"] in (PCAP_MAGIC_US, PCAP_MAGIC_NS):
+            break
+    else:
+        raise WireError("pcap", 0, f"not a pcap or pcapng file (magic {raw[:4].hex()})")
+    scale = 1e-9 if hdr["magic"] == PCAP_MAGIC_NS else 1e-6
+    rec = derive(record)
+    offset, number = 24, 0
+    while True:
+        rh = fh.read(rec.size)
+        if not rh:
+            return
+        if len(rh) < rec.size:
+            raise WireError("pcap.record", offset, "file ends inside a record header")
+        sec, frac, incl, orig = rec.unpack_from(rh)
+        data = fh.read(incl)
+        if len(data) < incl:
+            raise WireError("pcap.record", offset,
+                            f"file ends inside a record ({len(data)} of {incl} bytes)")
+        number += 1
+        yield CaptureRecord(number, sec + frac * scale, hdr["linktype"], data, orig)
+        offset += rec.size + incl
+
+
+def _read_pcapng(fh: BinaryIO) -> Iterator[CaptureRecord]:
+    order = "<"
+    interfaces: list[tuple[int, float]] = []
+    offset, number = 0, 0
+    while True:
+        head = fh.read(8)
+        if not head:
+            return
+        if len(head) < 8:
+            raise WireError("pcapng.block", offset, "file ends inside a block header")
+        if struct.unpack("<I", head[:4])[0] == PCAPNG_SHB:
+            bom = fh.read(4)
+            if len(bom) < 4:
+                raise WireError("pcapng.shb", offset, "file ends inside a section header")
+            order = "<" if struct.unpack("<I", bom)[0] == PCAPNG_BOM else ">"
+            length = struct.unpack(order + "I", head[4:])[0]
+            body = bom + fh.read(max(0, length - 12))
+            interfaces = []
+        else:
+            length = struct.unpack(order + "I", head[4:])[0]
+            body = fh.read(max(0, length - 8))
+        if length < 12 or length % 4 or len(body) != length - 8:
+            raise WireError("pcapng.block", offset, f"bad or truncated block (length {length})")
+        btype = struct.unpack(order + "I", head[:4])[0]
+        _, idb, epb, spb, _ = _NG[order]
+        if btype == 1:  # interface description
+            linktype, _, _ = idb.unpack_from(body)
+            interfaces.append((linktype, _if_tsresol(body[idb.size : -4], order)))
+        elif btype == 6:  # enhanced packet
+            iface, hi, lo, cap, orig = epb.unpack_from(body)
+            if iface >= len(interfaces):
+                raise WireError("pcapng.epb", offset, f"unknown interface {iface}")
+            linktype, resol = interfaces[iface]
+            number += 1
+            data = body[epb.size : epb.size + cap]
+            yield CaptureRecord(number, ((hi << 32) | lo) * resol, linktype, data, orig)
+        elif btype == 3:  # simple packet
+            (orig,) = spb.unpack_from(body)
+            if not interfaces:
+                raise WireError("pcapng.spb", offset, "simple packet before any interface")
+            number += 1
+            yield CaptureRecord(number, 0.0, interfaces[0][0],
+                                body[spb.size : spb.size + min(orig, len(body) - 8)], orig)
+        offset += length
+
+
+def _if_tsresol(options: bytes, order: str) -> float:
+    pos = 0
+    while pos + 4 <= len(options):
+        code, length = struct.unpack_from(order + "HH", options, pos)
+        if code == 0:
+            break
+        if code == 9 and length >= 1:
+            value = options[pos + 4]
+            return 2.0 ** -(value & 0x7F) if value & 0x80 else 10.0 ** -value
+        pos += 4 + ((length + 3) & ~3)
+    return 1e-6
+
+
+# --- IP decode ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Segment:
+    """The transport-layer view of a frame: addresses, ports and payload."""
+
+    proto: str  # "udp" or "tcp"
+    src: str
+    dst: str
+    sport: int
+    dport: int
+    payload: bytes
+    seq: int = 0
+    flags: int = 0
+
+
+def decode_frame(linktype: int, data: bytes) -> Segment:
+    """Strip link, IPv4 and UDP/TCP headers.  Raises WireError naming what is not there."""
+    ethertype, pos = _link(linktype, data)
+    if ethertype != 0x0800:
+        raise WireError("eth", 12, f"not IPv4 (ethertype 0x{ethertype:04x})")
+    if len(data) - pos < IP4.size:
+        raise WireError("ip", pos, "truncated IPv4 header")
+    ip = IP4.decode(data, pos)
+    ihl = (ip["ver_ihl"] & 0x0F) * 4
+    if ip["ver_ihl"] >> 4 != 4 or ihl < 20:
+        raise WireError("ip", pos, "not an IPv4 header")
+    if ip["flags_frag"] & 0x3FFF:
+        raise WireError("ip", pos + 6, "IPv4 fragment (reassembly not supported)")
+    end = min(len(data), pos + ip["total_length"])
+    body = pos + ihl
+    if ip["protocol"] == 17:
+        if end - body < UDP.size:
+            raise WireError("udp", body, "truncated UDP header")
+        sport, dport, _, _ = UDP.unpack_from(data, body)
+        return Segment("udp", ip["src"], ip["dst"], sport, dport, data[body + UDP.size : end])
+    if ip["protocol"] == 6:
+        if end - body < TCP.size:
+            raise WireError("tcp", body, "truncated TCP header")
+        sport, dport, seq, _, off_flags, _, _, _ = TCP.unpack_from(data, body)
+        start = body + (off_flags >> 12) * 4
+        return Segment("tcp", ip["src"], ip["dst"], sport, dport, data[start:end], seq,
+                       off_flags & 0x3F)
+    raise WireError("ip", pos + 9, f"IP protocol {ip['protocol']} is neither UDP nor TCP")
+
+
+def _link(linktype: int, data: bytes) -> tuple[int, int]:
+    if linktype == LINKTYPE_ETHERNET:
+        if len(data) < ETH.size:
+            raise WireError("eth", 0, "truncated Ethernet header")
+        ethertype, pos = ETH.unpack_from(data)[2], ETH.size
+        while ethertype in (0x8100, 0x88A8) and len(data) >= pos + VLAN.size:
+            ethertype = VLAN.unpack_from(data, pos)[1]
+            pos += VLAN.size
+        return ethertype, pos
+    if linktype == LINKTYPE_LINUX_SLL and len(data) >= SLL.size:
+        return SLL.unpack_from(data)[-1], SLL.size
+    if linktype == LINKTYPE_LINUX_SLL2 and len(data) >= SLL2.size:
+        return SLL2.unpack_from(data)[0], SLL2.size
+    if linktype == LINKTYPE_NULL and len(data) >= 4:
+        family = int.from_bytes(data[:4], "little")
+        if family > 0xFFFF:
+            family = int.from_bytes(data[:4], "big")
+        return (0x0800 if family == 2 else 0), 4
+    if linktype in (LINKTYPE_RAW, LINKTYPE_IPV4, 12) and data:
+        return (0x0800 if data[0] >> 4 == 4 else 0), 0
+    raise WireError("frame", 0, f"unsupported or truncated link type {linktype}")
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+
+def _checksum(data: bytes) -> int:
+    if len(data) % 2:
+        data += b"\0"
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def _mac(ip: str) -> bytes:
+    return b"\x02\x00" + ipv4_to_int(ip).to_bytes(4, "big")
+
+
+def ipv4_frame(src: str, dst: str, proto: int, l4: bytes, ident: int = 0) -> bytes:
+    """Ethernet + IPv4 around an L4 segment (checksums filled in)."""
+    values = {"ver_ihl": 0x45, "tos": 0, "total_length": IP4.size + len(l4), "ident": ident,
+              "flags_frag": 0x4000, "ttl": 64, "protocol": proto, "checksum": 0,
+              "src": src, "dst": dst}
+    header = IP4.pack(values)
+    values["checksum"] = _checksum(header)
+    eth = ETH.pack({"dst": _mac(dst), "src": _mac(src), "ethertype": 0x0800})
+    return eth + IP4.pack(values) + l4
+
+
+def _pseudo(src: str, dst: str, proto: int, length: int) -> bytes:
+    return struct.pack("!IIBBH", ipv4_to_int(src), ipv4_to_int(dst), 0, proto, length)
+
+
+def udp_frame(src: str, sport: int, dst: str, dport: int, payload: bytes) -> bytes:
+    values = {"sport": sport, "dport": dport, "length": UDP.size + len(payload), "checksum": 0}
+    seg = UDP.pack(values) + payload
+    values["checksum"] = _checksum(_pseudo(src, dst, 17, len(seg)) + seg) or 0xFFFF
+    return ipv4_frame(src, dst, 17, UDP.pack(values) + payload)
+
+
+def tcp_frame(src: str, sport: int, dst: str, dport: int, seq: int, ack: int, flags: int,
+              payload: bytes = b"") -> bytes:
+    values = {"sport": sport, "dport": dport, "seq": seq & 0xFFFFFFFF, "ack": ack & 0xFFFFFFFF,
+              "offset_flags": (5 << 12) | flags, "window": 65535, "checksum": 0, "urgent": 0}
+    seg = TCP.pack(values) + payload
+    values["checksum"] = _checksum(_pseudo(src, dst, 6, len(seg)) + seg)
+    return ipv4_frame(src, dst, 6, TCP.pack(values) + payload)
+
+
+class TcpConversation:
+    """Frames of one TCP connection with consistent sequence numbers (for test captures)."""
+
+    def __init__(self, client: tuple[str, int], server: tuple[str, int],
+                 isn: tuple[int, int] = (1000, 5000)) -> None:
+        self.client, self.server = client, server
+        self.next_seq = {True: isn[0], False: isn[1]}
+
+    def _frame(self, from_client: bool, flags: int, payload: bytes = b"") -> bytes:
+        a, b = (self.client, self.server) if from_client else (self.server, self.client)
+        seq = self.next_seq[from_client]
+        ack = self.next_seq[not from_client] if flags & TCP_ACK else 0
+        advance = len(payload) + (1 if flags & (TCP_SYN | TCP_FIN) else 0)
+        self.next_seq[from_client] = (seq + advance) & 0xFFFFFFFF
+        return tcp_frame(a[0], a[1], b[0], b[1], seq, ack, flags, payload)
+
+    def handshake(self) -> list[bytes]:
+        syn = self._frame(True, TCP_SYN)
+        synack = self._frame(False, TCP_SYN | TCP_ACK)
+        return [syn, synack, self._frame(True, TCP_ACK)]
+
+    def send(self, from_client: bool, payload: bytes) -> bytes:
+        return self._frame(from_client, TCP_PSH | TCP_ACK, payload)
+
+    def close(self) -> list[bytes]:
+        return [self._frame(True, TCP_FIN | TCP_ACK), self._frame(False, TCP_FIN | TCP_ACK),
+                self._frame(True, TCP_ACK)]
+
+
+class PcapWriter:
+    """A classic little-endian pcap file (microsecond or nanosecond timestamps)."""
+
+    def __init__(self, path: str | Path, linktype: int = LINKTYPE_ETHERNET,
+                 nanosecond: bool = False) -> None:
+        self._fh = open(path, "wb")  # noqa: SIM115 - closed in close()/__exit__
+        self._scale = 10**9 if nanosecond else 10**6
+        self._record = derive(PcapRecordLE)
+        self._fh.write(derive(PcapHeaderLE).pack({
+            "magic": PCAP_MAGIC_NS if nanosecond else PCAP_MAGIC_US, "version_major": 2,
+            "version_minor": 4, "thiszone": 0, "sigfigs": 0, "snaplen": 262144,
+            "linktype": linktype}))
+
+    def write(self, ts: float, frame: bytes) -> None:
+        ticks = round(ts * self._scale)
+        sec, frac = divmod(ticks, self._scale)
+        self._fh.write(self._record.pack({"ts_sec": sec, "ts_frac": frac,
+                                          "incl_len": len(frame), "orig_len": len(frame)}))
+        self._fh.write(frame)
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> PcapWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_pcap(path: str | Path, frames: Iterable[bytes], start: float = 0.0,
+               step: float = 1.0) -> int:
+    """Write Ethernet frames at ``start``, ``start+step``, ...; returns the frame count."""
+    count = 0
+    with PcapWriter(path) as writer:
+        for count, frame in enumerate(frames, 1):
+            writer.write(start + (count - 1) * step, frame)
+    return count
