@@ -65,7 +65,7 @@ def field(
     name: str,
     subcon: cs.Construct,
     *,
-    tshark: str | None | object = _DEFAULT,
+    tshark: str | object | None = _DEFAULT,
     bits: Mapping[str, int | Bit] | None = None,
 ) -> cs.Renamed:
     """A named struct member, with the tshark name and bit views Construct cannot carry.
@@ -74,8 +74,8 @@ def field(
     (padding we keep only for byte-exact round trips).
     """
     member = name / subcon
-    member.ump_tshark = name if tshark is _DEFAULT else tshark  # type: ignore[attr-defined]
-    member.ump_bits = {  # type: ignore[attr-defined]
+    member.ump_tshark = name if tshark is _DEFAULT else tshark
+    member.ump_bits = {
         k: (v if isinstance(v, Bit) else Bit(v)) for k, v in (bits or {}).items()
     }
     return member

@@ -23,9 +23,11 @@ the chain rules of the dissector:
 
 from __future__ import annotations
 
+import builtins
 import struct
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field as dc_field
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from enum import IntEnum
 from typing import Any, ClassVar
 
@@ -401,10 +403,11 @@ def export_struct(prefix: str, struct_def: cs.Struct, values: Mapping[str, Any],
         if name is not None:
             out.append((qualify(prefix, name), value))
         for view, bit in bit_views(member).items():
-            if bit.when is not None and not bit.when(int(value)):
+            raw = int(value or 0)
+            if bit.when is not None and not bit.when(raw):
                 continue
             out.append((qualify(prefix, bit.tshark or f"{name or member.name}.{view}"),
-                        bit.get(int(value))))
+                        bit.get(raw)))
     return out
 
 
@@ -412,7 +415,7 @@ def _export(kind: HeaderKind, values: Mapping[str, Any]) -> list[tuple[str, Any]
     assert kind.struct is not None
     out = export_struct(kind.field_prefix, kind.struct, values)
     if kind.flags16_quirk:
-        wide = (int(values["flags"]) << 8) | int(values[kind.flags16_quirk])
+        wide = (int(values["flags"] or 0) << 8) | int(values[kind.flags16_quirk] or 0)
         out = [
             (n, wide if n == f"{kind.field_prefix}.flags"
              else (wide >> 15) & 1 if n == f"{kind.field_prefix}.flags.ignore" else v)
@@ -846,12 +849,14 @@ KNOWN_CODES: dict[int, tuple[str, str, str, str | None]] = {
 
 # tshark's label priority for control messages (wire-lbmc.md 1.9).
 LABEL_ORDER = (
-    "SSF-INIT SSF-CREQ PREG PREG-RESP ACK RXREQ UME-KA UME-CAP TSNI UMQ-REG UMQ-REG-RSP UMQ-ACK "
-    "UMQ-KA UMQ-RCR UMQ-RXREQ UMQ-QMGMT LJINFO UMQ-RESUB-REQ UMQ-RESUB-RESP TOPIC-INT PAT-INT AD "
-    "UMQ-ULB-RCR UMQ-LF CTXINFO PSER DOMAIN TNWG_CAP PATIDX UMQ-IDX-CMD UMQ-IDX-CMD-RESP "
-    "TOPIC-MD-INT PAT-MD-INT LJI-REQ TNWG-KA AUTH UME-RCV-KA UMQ-CMD UMQ-CMD-RESP EXTOPT HMAC "
-    "SRI-REQ SRI PSRC-ETOK TOPIC-SRC RTE-INFO TCP-SID"
-).split()
+    "SSF-INIT", "SSF-CREQ", "PREG", "PREG-RESP", "ACK", "RXREQ", "UME-KA", "UME-CAP", "TSNI",
+    "UMQ-REG", "UMQ-REG-RSP", "UMQ-ACK", "UMQ-KA", "UMQ-RCR", "UMQ-RXREQ", "UMQ-QMGMT", "LJINFO",
+    "UMQ-RESUB-REQ", "UMQ-RESUB-RESP", "TOPIC-INT", "PAT-INT", "AD", "UMQ-ULB-RCR", "UMQ-LF",
+    "CTXINFO", "PSER", "DOMAIN", "TNWG_CAP", "PATIDX", "UMQ-IDX-CMD", "UMQ-IDX-CMD-RESP",
+    "TOPIC-MD-INT", "PAT-MD-INT", "LJI-REQ", "TNWG-KA", "AUTH", "UME-RCV-KA", "UMQ-CMD",
+    "UMQ-CMD-RESP", "EXTOPT", "HMAC", "SRI-REQ", "SRI", "PSRC-ETOK", "TOPIC-SRC", "RTE-INFO",
+    "TCP-SID",
+)
 
 
 def kind_by_code(code: int) -> HeaderKind | None:
@@ -964,17 +969,20 @@ class LbmcMessage:
             raise WireError("lbmc", 0, f"cannot encode base header: {exc}") from None
         return base + bytes(body)
 
-    def header(self, cls: type[Header]) -> Header | None:
+    def header(self, cls: builtins.type[Header]) -> Header | None:
         """The first header of the given class, or None."""
         for h in self.headers:
             if isinstance(h, cls):
                 return h
         return None
 
-    def label(self) -> str:
-        """tshark's Info-column label for this message on a transport channel."""
+    def label(self, transport_channel: bool = True) -> str:
+        """tshark's Info-column label.  Off a transport channel (store and request connections)
+        a data message without SRCIDX is a retransmission to tshark: ``RX-DATA``."""
         if self.chain_end() == NHDR_DATA:
-            return "DATA[REQ]" if any(h.code == 0x04 for h in self.headers) else "DATA"
+            rx = not transport_channel and not any(h.code == 0x0E for h in self.headers)
+            req = "[REQ]" if any(h.code == 0x04 for h in self.headers) else ""
+            return f"{'RX-' if rx else ''}DATA{req}"
         labels = {label_of(h.code) for h in self.headers}
         for label in LABEL_ORDER:
             if label in labels:

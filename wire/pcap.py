@@ -129,7 +129,7 @@ def _read_pcap(fh: BinaryIO) -> Iterator[CaptureRecord]:
     raw = fh.read(24)
     if len(raw) < 24:
         raise WireError("pcap", 0, "truncated global header")
-    for header, record in ((PcapHeaderLE, PcapRecordLE), (PcapHeaderBE, PcapRecordBE)):
+    for header, record in ((PcapHeaderLE, PcapRecordLE), (PcapHeaderBE, PcapRecordBE)):  # noqa: B007
         hdr = derive(header).decode(raw)
         if hdr["magic"] in (PCAP_MAGIC_US, PCAP_MAGIC_NS):
             break

@@ -1,0 +1,147 @@
+"""``ump dissect``: every frame reported, JSON in tshark's names, and the tshark cross-check."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ump.cli import main
+from wire import lbmc
+from wire.lbmc import LbmcMessage, MessageType
+from wire.pcap import TcpConversation, udp_frame, write_pcap
+
+STORE = 29001
+
+
+def _store_capture(path: Path) -> Path:
+    """A source<->store exchange: PREG split over two segments, PREG-RESP, data, garbage."""
+    conv = TcpConversation(("10.0.0.1", 50000), ("10.0.0.2", STORE))
+    preg = LbmcMessage(headers=[lbmc.UmePreg(reg_id=77, s_flag=1, marker=1, w_flag=1,
+                                             resp_ip="10.0.0.1", resp_port=14391)])
+    ka = LbmcMessage(headers=[lbmc.UmeKeepalive(type=2, reg_id=77)])
+    data = LbmcMessage(type=MessageType.RETRANS, headers=[lbmc.Topicname(topic="t.1")],
+                       payload=b"payload", tidx=1, sqn=5)
+    stream = preg.build() + ka.build() + data.build()
+    resp = LbmcMessage(headers=[lbmc.UmePregResp(o_flag=1, reg_id=77, low_seqnum=1,
+                                                 high_seqnum=9), lbmc.UmeStoreid(store_id=3)])
+    bad = bytearray(LbmcMessage(headers=[lbmc.UmeAck(type=1)]).build())
+    bad[5] = 8  # ume_ack hdr_len 8 < 20: tshark calls it malformed, so must we
+    frames = [
+        *conv.handshake(),
+        conv.send(True, stream[:20]),
+        conv.send(True, stream[20:]),
+        conv.send(False, resp.build()),
+        conv.send(False, bytes(bad)),
+        udp_frame("10.0.0.9", 1234, "10.0.0.8", 53, b"dns?"),
+    ]
+    write_pcap(path, frames)
+    return path
+
+
+def test_text_output_reports_every_frame(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                         ) -> None:
+    pcap = _store_capture(tmp_path / "store.pcap")
+    assert main(["dissect", str(pcap), "--store-port", str(STORE)]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line[:6].strip().isdigit()]
+    assert len(lines) == 8  # every frame has a line
+    assert "[pending]" in lines[3]  # first half of the PREG
+    assert "PREG UME-KA RX-DATA" in lines[4]
+    assert "lbmc.ume_preg.reg_id=77" in out
+    assert "PREG-RESP" in lines[5]
+    assert "[malformed]" in lines[6] and "lbmc.ume_ack" in lines[6]
+    assert "[not-um]" in lines[7] and "matches no UM port rule" in lines[7]
+    assert "# 8 frames: 2 UM, 4 not UM, 1 malformed, 1 partial" in out
+
+
+def test_json_uses_tshark_field_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                      ) -> None:
+    pcap = _store_capture(tmp_path / "store.pcap")
+    assert main(["dissect", str(pcap), "--store-port", str(STORE), "--json"]) == 0
+    frames = json.loads(capsys.readouterr().out)
+    assert [f["frame"] for f in frames] == list(range(1, 9))
+    five = frames[4]
+    assert five["status"] == "um" and five["transport"] == "lbttcp"
+    preg, ka, data = five["messages"]
+    assert preg["fields"]["lbmc.ume_preg.reg_id"] == 77
+    assert preg["fields"]["lbmc.ume_preg.flags.w_flag"] == 1
+    assert preg["fields"]["lbmc.ume_preg.resp_ip"] == "10.0.0.1"
+    assert ka["label"] == "UME-KA"
+    assert data["fields"]["lbmc.topicname.topic"] == "t.1"
+    assert frames[6]["status"] == "malformed"
+    assert "hdr_len 8" in frames[6]["reason"]
+
+
+@pytest.mark.oracle
+def test_check_tshark_agrees_on_valid_traffic(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    conv = TcpConversation(("10.0.0.1", 50000), ("10.0.0.2", STORE))
+    msgs = [LbmcMessage(headers=[lbmc.UmeAck(type=1, seqnum=i, rcv_reg_id=i * 3)])
+            for i in range(20)]
+    blob = b"".join(m.build() for m in msgs)
+    frames = conv.handshake() + [conv.send(True, blob[i : i + 50])
+                                 for i in range(0, len(blob), 50)]
+    write_pcap(tmp_path / "ok.pcap", frames)
+    status = main(["dissect", str(tmp_path / "ok.pcap"), "--store-port", str(STORE),
+                   "--check-tshark", "--brief"])
+    err = capsys.readouterr().err
+    assert status == 0, err
+    assert "0 disagreement(s)" in err
+
+
+@pytest.mark.oracle
+def test_check_tshark_catches_a_decoder_that_lies(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    pcap = _store_capture(tmp_path / "store.pcap")
+    real = lbmc.Header.tshark_fields
+
+    def lying(self: lbmc.Header, next_hdr: int | None = None) -> list[tuple[str, object]]:
+        return [(n, v + 1 if n == "lbmc.ume_preg.reg_id" else v)
+                for n, v in real(self, next_hdr)]
+
+    monkeypatch.setattr(lbmc.Header, "tshark_fields", lying)
+    status = main(["dissect", str(pcap), "--store-port", str(STORE), "--check-tshark",
+                   "--brief"])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert "lbmc.ume_preg.reg_id: ours='78' tshark='77'" in err
+
+
+def test_truncated_capture_reports_complete_frames(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    pcap = _store_capture(tmp_path / "store.pcap")
+    cut = tmp_path / "cut.pcap"
+    cut.write_bytes(pcap.read_bytes()[:-10])
+    assert main(["dissect", str(cut), "--store-port", str(STORE), "--brief"]) == 1
+    captured = capsys.readouterr()
+    assert "# 7 frames" in captured.out
+    assert "capture damaged after frame 7" in captured.err
+
+
+@pytest.mark.parametrize("content", [b"", b"not a capture at all", b"\xd4\xc3\xb2\xa1"])
+def test_unreadable_file_is_a_clear_error(tmp_path: Path, content: bytes,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.pcap"
+    bad.write_bytes(content)
+    assert main(["dissect", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ump dissect:") and "Traceback" not in err
+
+
+def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["dissect", "/nonexistent/x.pcap"]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_console_script_runs(tmp_path: Path) -> None:
+    pcap = _store_capture(tmp_path / "store.pcap")
+    proc = subprocess.run([sys.executable, "-m", "ump", "dissect", str(pcap), "--store-port",
+                           str(STORE), "--um-only", "--brief"], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "PREG-RESP" in proc.stdout and "not-um" not in proc.stdout

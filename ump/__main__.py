@@ -1,0 +1,3 @@
+from ump.cli import main
+
+raise SystemExit(main())

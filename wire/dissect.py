@@ -1,0 +1,378 @@
+"""``ump dissect``: decode every UM message of a capture with our decoders, optionally
+cross-checked field by field against tshark.
+
+Classification follows tshark's own rules so that both sides look at the same frames:
+
+* UDP: decode-as ports first (``PortMap.lbtru_ports`` ...), then the heuristics of
+  wire-transports.md: LBMR (resolver multicast group/port, or unicast between the lbmrd port and
+  the resolver client range), LBT-RU (source range <-> receiver range), LBT-RM (content test,
+  multicast group range + destination port, or unicast to the source port range);
+* TCP: a connection with a port in the LBT-TCP source, request or store ranges (or a decode-as
+  port) whose first data passes the LBMC entry test; each direction is reassembled in sequence
+  order and framed by ``msglen``, and a message is reported in the frame that completes it, as
+  tshark does.
+
+Every frame gets a report: its UM messages, or ``not-um`` with the reason it was not taken as
+UM, or ``malformed`` with the decoder's reason.  Nothing is skipped silently.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from .errors import WireError
+from .lbmc import LbmcMessage
+from .lbttcp import LbttcpStream, entry_test
+from .pcap import TCP_SYN, CaptureRecord, Segment, decode_frame, read_capture
+from .tshark import Disagreement, PortMap, compare, read_frames
+
+
+@dataclass
+class Occurrence:
+    """One protocol unit of a frame, in tshark's vocabulary.
+
+    Attributes:
+        protocol: ``lbmc``, ``lbtru``, ``lbtrm`` or ``lbmr`` (the JSON layer name in tshark).
+        label: a short Info-style label (``PREG``, ``DATA``, ``TIR``...).
+        fields: (display-filter name, value) pairs in wire order.
+    """
+
+    protocol: str
+    label: str
+    fields: list[tuple[str, Any]]
+
+
+@dataclass
+class FrameReport:
+    """What we made of one captured frame."""
+
+    number: int
+    time: float
+    status: str  # "um", "not-um", "malformed", "pending"
+    transport: str | None = None  # lbttcp / lbtru / lbtrm / lbmr
+    src: str | None = None
+    dst: str | None = None
+    sport: int | None = None
+    dport: int | None = None
+    reason: str | None = None
+    occurrences: list[Occurrence] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "frame": self.number, "time": round(self.time, 9), "status": self.status,
+            "transport": self.transport, "src": self.src, "sport": self.sport,
+            "dst": self.dst, "dport": self.dport, "reason": self.reason,
+            "messages": [
+                {"protocol": o.protocol, "label": o.label, "fields": _fields_json(o.fields)}
+                for o in self.occurrences
+            ],
+        }
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).hex()
+    if isinstance(value, int):
+        return int(value)
+    return value
+
+
+def _fields_json(fields: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in fields:
+        value = _json_value(value)
+        if name in out:
+            if not isinstance(out[name], list) or name not in _REPEATED:
+                out[name] = [out[name]]
+                _REPEATED.add(name)
+            out[name].append(value)
+        else:
+            out[name] = value
+    _REPEATED.clear()
+    return out
+
+
+_REPEATED: set[str] = set()
+
+
+def lbmc_occurrence(message: LbmcMessage, transport_channel: bool = True) -> Occurrence:
+    return Occurrence("lbmc", message.label(transport_channel), message.tshark_fields())
+
+
+# UDP protocol decoders: payload -> occurrences.  Each transport module provides one.
+UdpDecoder = Callable[[bytes], list[Occurrence]]
+
+
+def _udp_decoders() -> dict[str, UdpDecoder]:
+    decoders: dict[str, UdpDecoder] = {}
+    try:
+        from . import lbtru
+
+        decoders["lbtru"] = lbtru.dissect
+    except (ImportError, AttributeError):
+        pass
+    try:
+        from . import lbtrm
+
+        decoders["lbtrm"] = lbtrm.dissect
+    except (ImportError, AttributeError):
+        pass
+    try:
+        from . import lbmr
+
+        decoders["lbmr"] = lbmr.dissect
+    except (ImportError, AttributeError):
+        pass
+    return decoders
+
+
+def _in(port: int, rng: tuple[int, int]) -> bool:
+    return rng[0] <= port <= rng[1]
+
+
+def _ip_in(addr: str, lo: str, hi: str) -> bool:
+    a = int(ipaddress.IPv4Address(addr))
+    return int(ipaddress.IPv4Address(lo)) <= a <= int(ipaddress.IPv4Address(hi))
+
+
+def _multicast(addr: str) -> bool:
+    return ipaddress.IPv4Address(addr).is_multicast
+
+
+def classify_udp(seg: Segment, ports: PortMap) -> str | None:
+    """Which UM protocol tshark would hand this datagram to (None: not UM)."""
+    for proto, listed in (("lbtru", ports.lbtru_ports), ("lbtrm", ports.lbtrm_ports),
+                          ("lbmr", ports.lbmr_ports)):
+        if seg.sport in listed or seg.dport in listed:
+            return proto
+    if _multicast(seg.dst):
+        if (seg.dst, seg.dport) == ports.lbmr_mc:
+            return "lbmr"
+    elif (ports.lbmr_uc_dest_port in (seg.sport, seg.dport)
+          and (_in(seg.sport, ports.lbmr_uc_ports) or _in(seg.dport, ports.lbmr_uc_ports))):
+        return "lbmr"
+    if ((_in(seg.dport, ports.lbtru_source) and _in(seg.sport, ports.lbtru_receiver))
+            or (_in(seg.dport, ports.lbtru_receiver) and _in(seg.sport, ports.lbtru_source))):
+        return "lbtru"
+    p = seg.payload
+    if len(p) >= 8 and p[0] >> 4 == 0 and p[0] & 0x0F in (0, 2, 3, 4) and p[1] == 0:
+        if _multicast(seg.dst):
+            if _ip_in(seg.dst, *ports.lbtrm_mc_range) and _in(seg.dport, ports.lbtrm_dport):
+                return "lbtrm"
+        elif _in(seg.dport, ports.lbtrm_sport):
+            return "lbtrm"
+    return None
+
+
+def tcp_candidate(seg: Segment, ports: PortMap) -> bool:
+    listed = set(ports.store_ports) | set(ports.lbttcp_ports)
+    if seg.sport in listed or seg.dport in listed:
+        return True
+    return any(_in(p, r) for p in (seg.sport, seg.dport)
+               for r in (ports.lbttcp_source, ports.lbttcp_request))
+
+
+@dataclass
+class _Flow:
+    stream: LbttcpStream
+    next_seq: int | None = None
+    accepted: bool = False
+
+
+class Dissector:
+    """Stateful decoder of a capture, frame by frame (TCP streams need the earlier frames)."""
+
+    def __init__(self, ports: PortMap | None = None) -> None:
+        self.ports = ports or PortMap()
+        self.flows: dict[tuple[str, int, str, int], _Flow] = {}
+        self.udp = _udp_decoders()
+
+    def frame(self, record: CaptureRecord) -> FrameReport:
+        report = FrameReport(record.number, record.ts, "not-um")
+        try:
+            seg = decode_frame(record.linktype, record.data)
+        except WireError as exc:
+            report.reason = exc.reason
+            return report
+        report.src, report.dst, report.sport, report.dport = (seg.src, seg.dst, seg.sport,
+                                                              seg.dport)
+        if seg.proto == "udp":
+            return self._udp(seg, report)
+        return self._tcp(seg, report)
+
+    def _udp(self, seg: Segment, report: FrameReport) -> FrameReport:
+        proto = classify_udp(seg, self.ports)
+        if proto is None:
+            report.reason = f"UDP {seg.sport}->{seg.dport} matches no UM port rule"
+            return report
+        report.transport = proto
+        decoder = self.udp.get(proto)
+        if decoder is None:
+            report.status, report.reason = "malformed", f"no {proto} decoder available"
+            return report
+        try:
+            report.occurrences = decoder(seg.payload)
+            report.status = "um"
+        except WireError as exc:
+            report.status, report.reason = "malformed", str(exc)
+        return report
+
+    def _tcp(self, seg: Segment, report: FrameReport) -> FrameReport:
+        if not tcp_candidate(seg, self.ports):
+            report.reason = f"TCP {seg.sport}->{seg.dport} matches no LBT-TCP port range"
+            return report
+        key = (seg.src, seg.sport, seg.dst, seg.dport)
+        flow = self.flows.get(key)
+        if flow is None or seg.flags & TCP_SYN:
+            flow = self.flows[key] = _Flow(LbttcpStream())
+        if seg.flags & TCP_SYN:
+            flow.next_seq = (seg.seq + 1) & 0xFFFFFFFF
+        data = seg.payload
+        if not data:
+            report.reason = "TCP segment without payload"
+            return report
+        if flow.next_seq is None:
+            flow.next_seq = seg.seq
+        delta = (seg.seq - flow.next_seq) & 0xFFFFFFFF
+        if delta >= 0x80000000:  # retransmission of bytes already seen
+            overlap = (flow.next_seq - seg.seq) & 0xFFFFFFFF
+            if overlap >= len(data):
+                report.reason = "TCP retransmission of data already seen"
+                return report
+            data = data[overlap:]
+        elif delta:
+            report.status = "malformed"
+            report.reason = f"{delta} bytes missing from the capture before this segment"
+            flow.stream, flow.accepted = LbttcpStream(), False
+        flow.next_seq = (seg.seq + len(seg.payload)) & 0xFFFFFFFF
+        report.transport = "lbttcp"
+        if not flow.accepted and flow.stream.pending == 0:
+            why = entry_test(data)
+            if why is not None:
+                report.status, report.reason = "not-um", f"LBT-TCP entry test fails: {why}"
+                return report
+            flow.accepted = True
+        try:
+            items = flow.stream.feed(data)
+        except WireError as exc:
+            report.status, report.reason = "malformed", str(exc)
+            flow.stream, flow.accepted = LbttcpStream(), False
+            return report
+        problems = []
+        for item in items:
+            if item.message is not None:
+                transport = _in(seg.sport, self.ports.lbttcp_source) or _in(
+                    seg.dport, self.ports.lbttcp_source)
+                report.occurrences.append(lbmc_occurrence(item.message, transport))
+            elif item.error is not None:
+                problems.append(str(item.error.shifted(item.offset)))
+        if problems:
+            report.status, report.reason = "malformed", "; ".join(problems)
+        elif report.occurrences:
+            report.status = "um"
+        elif report.status != "malformed":
+            report.status, report.reason = "pending", "part of a message completed later"
+        return report
+
+    def run(self, records: Iterable[CaptureRecord]) -> Iterator[FrameReport]:
+        for record in records:
+            yield self.frame(record)
+
+
+def dissect_file(path: str | Path, ports: PortMap | None = None) -> Iterator[FrameReport]:
+    return Dissector(ports).run(read_capture(path))
+
+
+def check_against_tshark(path: str | Path, reports: list[FrameReport],
+                         ports: PortMap | None = None) -> list[Disagreement]:
+    """Every field where our reports and tshark's dissection of ``path`` differ."""
+    theirs = {f.number: f for f in read_frames(path, ports)}
+    problems: list[Disagreement] = []
+    for report in reports:
+        frame = theirs.get(report.number)
+        if frame is None:
+            problems.append(Disagreement(report.number, "frame", "present", None))
+            continue
+        if frame.malformed and report.status == "um":
+            problems.append(Disagreement(report.number, "_ws.malformed", None,
+                                         "; ".join(frame.malformed)))
+        for proto in ("lbmc", "lbtru", "lbtrm", "lbmr"):
+            ours = [o for o in report.occurrences if o.protocol == proto]
+            their = frame.occurrences(proto)
+            if report.status != "um" and not ours:
+                continue
+            if len(ours) != len(their):
+                problems.append(Disagreement(report.number, f"{proto} (occurrences)",
+                                             str(len(ours)), str(len(their))))
+                continue
+            for mine, other in zip(ours, their, strict=True):
+                problems += compare(report.number, mine.fields, other)
+    return problems
+
+
+# --- text output -----------------------------------------------------------------------------
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).hex() or '""'
+    if isinstance(value, str):
+        return repr(value)
+    return str(int(value)) if isinstance(value, int) else str(value)
+
+
+def print_report(report: FrameReport, out: TextIO, verbose: bool = True) -> None:
+    where = ""
+    if report.src is not None:
+        where = f"{report.src}:{report.sport} -> {report.dst}:{report.dport} "
+    labels = " ".join(o.label for o in report.occurrences if o.label)
+    proto = (report.transport or "").upper()
+    head = f"{report.number:6d} {report.time:14.6f} {where}{proto}"
+    if report.status == "um":
+        out.write(f"{head} {labels}\n")
+    else:
+        out.write(f"{head} [{report.status}] {report.reason or ''}\n")
+        if report.status != "malformed" or not report.occurrences:
+            return
+    if not verbose:
+        return
+    for occ in report.occurrences:
+        out.write(f"         {occ.protocol} {occ.label}\n")
+        line = "           "
+        for name, value in occ.fields:
+            item = f"{name}={_fmt(value)} "
+            if len(line) + len(item) > 110:
+                out.write(line.rstrip() + "\n")
+                line = "           "
+            line += item
+        if line.strip():
+            out.write(line.rstrip() + "\n")
+
+
+def write_json(reports: Iterable[FrameReport], out: TextIO) -> None:
+    out.write("[\n")
+    first = True
+    for report in reports:
+        if not first:
+            out.write(",\n")
+        out.write(json.dumps(report.to_json()))
+        first = False
+    out.write("\n]\n")
+
+
+def summary(reports: list[FrameReport]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in reports:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    counts["messages"] = sum(len(r.occurrences) for r in reports)
+    return counts
+
+
+def main_stream() -> TextIO:
+    return sys.stdout
