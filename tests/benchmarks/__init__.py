@@ -1,0 +1,1 @@
+"""Smoke tests of the benchmarks (they check that figures are produced, never speed)."""
