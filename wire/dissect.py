@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from . import lbmr, lbtrm, lbtru
 from .errors import WireError
 from .lbmc import LbmcMessage
 from .lbttcp import LbttcpStream, entry_test
@@ -105,31 +106,26 @@ def lbmc_occurrence(message: LbmcMessage, transport_channel: bool = True) -> Occ
     return Occurrence("lbmc", message.label(transport_channel), message.tshark_fields())
 
 
-# UDP protocol decoders: payload -> occurrences.  Each transport module provides one.
+# UDP protocol decoders: payload -> occurrences (the carrier, then one per LBMC message).
 UdpDecoder = Callable[[bytes], list[Occurrence]]
 
 
-def _udp_decoders() -> dict[str, UdpDecoder]:
-    decoders: dict[str, UdpDecoder] = {}
-    try:
-        from . import lbtru
+def _transport_occurrences(packet: lbtru.LbtruPacket | lbtrm.LbtrmPacket) -> list[Occurrence]:
+    out = [Occurrence(packet.protocol, packet.info(), packet.tshark_fields())]
+    out += [lbmc_occurrence(m, True) for m in packet.messages()]
+    return out
 
-        decoders["lbtru"] = lbtru.dissect
-    except (ImportError, AttributeError):
-        pass
-    try:
-        from . import lbtrm
 
-        decoders["lbtrm"] = lbtrm.dissect
-    except (ImportError, AttributeError):
-        pass
-    try:
-        from . import lbmr
+def _lbmr_occurrences(payload: bytes) -> list[Occurrence]:
+    packet = lbmr.parse_packet(payload)
+    return [Occurrence("lbmr", packet.info(), packet.tshark_fields())]
 
-        decoders["lbmr"] = lbmr.dissect
-    except (ImportError, AttributeError):
-        pass
-    return decoders
+
+UDP_DECODERS: dict[str, UdpDecoder] = {
+    "lbtru": lambda payload: _transport_occurrences(lbtru.parse_packet(payload)),
+    "lbtrm": lambda payload: _transport_occurrences(lbtrm.parse_packet(payload)),
+    "lbmr": _lbmr_occurrences,
+}
 
 
 def _in(port: int, rng: tuple[int, int]) -> bool:
@@ -191,7 +187,7 @@ class Dissector:
     def __init__(self, ports: PortMap | None = None) -> None:
         self.ports = ports or PortMap()
         self.flows: dict[tuple[str, int, str, int], _Flow] = {}
-        self.udp = _udp_decoders()
+        self.udp = UDP_DECODERS
 
     def frame(self, record: CaptureRecord) -> FrameReport:
         report = FrameReport(record.number, record.ts, "not-um")

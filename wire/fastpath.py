@@ -19,7 +19,7 @@ from typing import Any
 import construct as cs
 import numpy as np
 
-from .fields import byte_order, fixed_format, members, value_kind
+from .fields import byte_order, fixed_format, ipv4_to_int, members, value_kind
 
 
 def _ipv4_decode(value: int) -> str:
@@ -27,9 +27,9 @@ def _ipv4_decode(value: int) -> str:
 
 
 def _ipv4_encode(value: Any) -> int:
-    if isinstance(value, int):
-        return value
-    return int.from_bytes(socket.inet_aton(str(value)), "big")
+    # The same strict parser as the Construct adapter: inet_aton would take "010.0.0.1" as
+    # octal and "127.1" as 127.0.0.1, so the two paths would disagree.
+    return ipv4_to_int(value)
 
 
 _DECODERS: dict[str, Callable[[Any], Any]] = {"ipv4": _ipv4_decode}

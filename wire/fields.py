@@ -205,3 +205,36 @@ def members(struct: cs.Struct) -> Iterator[cs.Renamed]:
     for sc in struct.subcons:
         if getattr(sc, "name", None):
             yield sc
+
+
+# --- tshark export -----------------------------------------------------------------------------
+
+
+def qualify(prefix: str, name: str) -> str:
+    """tshark names in definitions are relative to the header prefix unless already absolute."""
+    if name.split(".", 1)[0] in ("lbmc", "lbtru", "lbtrm", "lbttcp", "lbmr"):
+        return name
+    return f"{prefix}.{name}"
+
+
+def export_struct(prefix: str, struct_def: cs.Struct, values: Mapping[str, Any],
+                  ) -> list[tuple[str, Any]]:
+    """Generic tshark-name export of a Construct struct's values (members, bit views, arrays)."""
+    out: list[tuple[str, Any]] = []
+    for member in members(struct_def):
+        value = values.get(member.name)
+        name = tshark_name(member)
+        if isinstance(member.subcon, cs.Array) and name is not None:
+            element = member.subcon.subcon
+            for item in value or []:
+                out.extend(export_struct(qualify(prefix, name), element, item))
+            continue
+        if name is not None:
+            out.append((qualify(prefix, name), value))
+        for view, bit in bit_views(member).items():
+            raw = int(value or 0)
+            if bit.when is not None and not bit.when(raw):
+                continue
+            out.append((qualify(prefix, bit.tshark or f"{name or member.name}.{view}"),
+                        bit.get(raw)))
+    return out

@@ -45,11 +45,11 @@ from .fields import (
     Bit,
     IPv4,
     bit_views,
+    export_struct,
     field,
     fixed_format,
     members,
     text,
-    tshark_name,
     value_kind,
 )
 
@@ -205,7 +205,9 @@ class Header:
         object.__setattr__(self, "values", values)
 
     @property
-    def code(self) -> int:
+    def header_code(self) -> int:
+        """The LBMC code announcing this header (``code`` may be a member, as in
+        ume_preg_resp, so the header's own code has a name of its own)."""
         return self.kind.code
 
     def __getattr__(self, name: str) -> Any:
@@ -279,7 +281,7 @@ class OpaqueHeader:
     ``data`` is everything after the first two bytes, so any such header round-trips.
     """
 
-    __slots__ = ("code", "data", "hdr_len", "next_hdr")
+    __slots__ = ("data", "hdr_len", "header_code", "next_hdr")
 
     def __init__(
         self, code: int, data: bytes = b"\0\0", next_hdr: int | None = None,
@@ -287,14 +289,14 @@ class OpaqueHeader:
     ) -> None:
         if code not in KNOWN_CODES:
             raise ValueError(f"0x{code:02x} is not an LBMC header code tshark knows")
-        self.code = code
+        self.header_code = code
         self.data = bytes(data)
         self.next_hdr = next_hdr
         self.hdr_len = hdr_len
 
     @property
     def name(self) -> str:
-        return KNOWN_CODES[self.code][0]
+        return KNOWN_CODES[self.header_code][0]
 
     def encode(self, next_hdr: int) -> bytes:
         nh = next_hdr if self.next_hdr is None else self.next_hdr
@@ -305,13 +307,14 @@ class OpaqueHeader:
 
     def tshark_fields(self, next_hdr: int | None = None) -> list[tuple[str, Any]]:
         """Opaque headers export only their length: their fields are not modelled."""
-        prefix = KNOWN_CODES[self.code][1]
+        prefix = KNOWN_CODES[self.header_code][1]
         return [(f"{prefix}.hdr_len", self._len())]
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, OpaqueHeader):
             return NotImplemented
-        return (self.code, self.data, self._len()) == (other.code, other.data, other._len())
+        return ((self.header_code, self.data, self._len())
+                == (other.header_code, other.data, other._len()))
 
     def _len(self) -> int:
         return len(self.data) + 2 if self.hdr_len is None else self.hdr_len
@@ -320,7 +323,7 @@ class OpaqueHeader:
         return id(self)
 
     def __repr__(self) -> str:
-        return f"OpaqueHeader(code=0x{self.code:02x} {self.name}, data={self.data!r})"
+        return f"OpaqueHeader(code=0x{self.header_code:02x} {self.name}, data={self.data!r})"
 
 
 AnyHeader = Header | OpaqueHeader
@@ -378,36 +381,6 @@ def _resolve(kind: HeaderKind, values: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(member.subcon, Auto) and out.get(member.name) is None:
             out[member.name] = member.subcon.compute(ctx)
             ctx[member.name] = out[member.name]
-    return out
-
-
-def qualify(prefix: str, name: str) -> str:
-    """tshark names in definitions are relative to the header prefix unless already absolute."""
-    if name.split(".", 1)[0] in ("lbmc", "lbtru", "lbtrm", "lbttcp", "lbmr"):
-        return name
-    return f"{prefix}.{name}"
-
-
-def export_struct(prefix: str, struct_def: cs.Struct, values: Mapping[str, Any],
-                  ) -> list[tuple[str, Any]]:
-    """Generic tshark-name export of a Construct struct's values (members, bit views, arrays)."""
-    out: list[tuple[str, Any]] = []
-    for member in members(struct_def):
-        value = values.get(member.name)
-        name = tshark_name(member)
-        if isinstance(member.subcon, cs.Array) and name is not None:
-            element = member.subcon.subcon
-            for item in value or []:
-                out.extend(export_struct(qualify(prefix, name), element, item))
-            continue
-        if name is not None:
-            out.append((qualify(prefix, name), value))
-        for view, bit in bit_views(member).items():
-            raw = int(value or 0)
-            if bit.when is not None and not bit.when(raw):
-                continue
-            out.append((qualify(prefix, bit.tshark or f"{name or member.name}.{view}"),
-                        bit.get(raw)))
     return out
 
 
@@ -946,7 +919,7 @@ class LbmcMessage:
         end = self.chain_end()
         if self.payload and end != NHDR_DATA:
             raise WireError("lbmc", 0, "a payload needs a chain ending in DATA (0x00)")
-        codes = [h.code for h in self.headers] + [end]
+        codes = [h.header_code for h in self.headers] + [end]
         body = bytearray()
         for i, header in enumerate(self.headers):
             try:
@@ -980,10 +953,10 @@ class LbmcMessage:
         """tshark's Info-column label.  Off a transport channel (store and request connections)
         a data message without SRCIDX is a retransmission to tshark: ``RX-DATA``."""
         if self.chain_end() == NHDR_DATA:
-            rx = not transport_channel and not any(h.code == 0x0E for h in self.headers)
-            req = "[REQ]" if any(h.code == 0x04 for h in self.headers) else ""
+            rx = not transport_channel and not any(h.header_code == 0x0E for h in self.headers)
+            req = "[REQ]" if any(h.header_code == 0x04 for h in self.headers) else ""
             return f"{'RX-' if rx else ''}DATA{req}"
-        labels = {label_of(h.code) for h in self.headers}
+        labels = {label_of(h.header_code) for h in self.headers}
         for label in LABEL_ORDER:
             if label in labels:
                 return label
@@ -991,14 +964,14 @@ class LbmcMessage:
 
     def tshark_fields(self) -> list[tuple[str, Any]]:
         """The message as tshark field (display-filter name, value) pairs, in wire order."""
-        first = self.headers[0].code if self.headers else self.chain_end()
+        first = self.headers[0].header_code if self.headers else self.chain_end()
         out: list[tuple[str, Any]] = [
             ("lbmc.version", self.version), ("lbmc.type", self.type),
             ("lbmc.next_hdr", first), ("lbmc.msglen", self.resolved_msglen()),
         ]
         if self.is_data_type:
             out += [("lbmc.tidx", self.tidx), ("lbmc.sqn", self.sqn)]
-        codes = [h.code for h in self.headers] + [self.chain_end()]
+        codes = [h.header_code for h in self.headers] + [self.chain_end()]
         for i, h in enumerate(self.headers):
             out += h.tshark_fields(codes[i + 1])
         return out

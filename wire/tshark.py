@@ -15,7 +15,7 @@ import re
 import shutil
 import subprocess
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,23 +140,27 @@ class TsharkFrame:
         return self.protocols.get(protocol, [])
 
 
+Pairs = list[tuple[str, Any]]
+
+
 def _flatten(node: Any, out: list[tuple[str, str]], experts: list[tuple[str, str]],
              malformed: list[str]) -> None:
-    if isinstance(node, dict):
-        for key, value in node.items():
+    """Walk tshark's JSON tree (objects kept as ordered key/value pair lists) depth first."""
+    if isinstance(node, list) and all(isinstance(p, tuple) and len(p) == 2 for p in node):
+        for key, value in node:
             if key == "_ws.expert":
-                for item in value if isinstance(value, list) else [value]:
-                    if isinstance(item, dict):
-                        experts.append((str(item.get("_ws.expert.severity", "")),
-                                        str(item.get("_ws.expert.message", ""))))
+                item = dict(value) if isinstance(value, list) else {}
+                experts.append((str(item.get("_ws.expert.severity", "")),
+                                str(item.get("_ws.expert.message", ""))))
                 continue
             if key.startswith("_ws.malformed"):
-                malformed.append(str(value))
+                malformed.append(str(value if not isinstance(value, list) else key))
                 continue
-            if isinstance(value, dict | list) and not _is_leaf_list(value):
-                _flatten(value, out, experts, malformed)
-            elif isinstance(value, list):
-                out.extend((key, str(v)) for v in value)
+            if isinstance(value, list):
+                if value and all(not isinstance(v, list | tuple) for v in value):
+                    out.extend((key, str(v)) for v in value)  # a multi-valued leaf
+                else:
+                    _flatten(value, out, experts, malformed)
             else:
                 out.append((key, str(value)))
     elif isinstance(node, list):
@@ -164,41 +168,37 @@ def _flatten(node: Any, out: list[tuple[str, str]], experts: list[tuple[str, str
             _flatten(item, out, experts, malformed)
 
 
-def _is_leaf_list(value: Any) -> bool:
-    return isinstance(value, list) and all(not isinstance(v, dict | list) for v in value)
-
-
 def read_frames(pcap: str | Path, ports: PortMap | None = None,
                 protocols: Iterable[str] = UM_PROTOCOLS) -> list[TsharkFrame]:
-    """tshark's JSON of every frame, flattened per UM protocol occurrence."""
+    """tshark's JSON of every frame, flattened per UM protocol occurrence.
+
+    Duplicate keys are kept (no ``--no-duplicate-keys``) and objects are read as ordered pair
+    lists, so fields keep their tree order even when one LBMC message holds several headers
+    whose fields share names (the ctxinst family); each repeated protocol key (``lbmc``
+    twice for two messages in one frame) is one occurrence.
+    """
     ports = ports or PortMap()
     protos = list(protocols)
-    out = run(["-r", str(pcap), *ports.tshark_args(), "-T", "json", "--no-duplicate-keys",
+    out = run(["-r", str(pcap), *ports.tshark_args(), "-T", "json",
                "-J", " ".join([*protos, "_ws"])])
+    packets = json.loads(out or "[]", object_pairs_hook=lambda pairs: pairs)
     frames = []
-    for index, packet in enumerate(json.loads(out or "[]"), 1):
-        layers = packet["_source"]["layers"]
-        number = int(_first(layers.get("frame", {}).get("frame.number", index)))
+    for index, packet in enumerate(packets, 1):
+        source = dict(dict(packet)["_source"])
+        layers: Pairs = source["layers"]
+        frame_fields = dict(dict(layers).get("frame", []))
+        number = int(frame_fields.get("frame.number", index))
         frame = TsharkFrame(number, {})
-        for proto in protos:
-            if proto not in layers:
-                continue
-            raw = layers[proto]
-            items = raw if isinstance(raw, list) else [raw]
-            occ: list[list[tuple[str, str]]] = []
-            for item in items:
+        for key, value in layers:
+            if key in protos:
                 flat: list[tuple[str, str]] = []
-                _flatten(item, flat, frame.experts, frame.malformed)
-                occ.append(flat)
-            frame.protocols[proto] = occ
-        _flatten({k: v for k, v in layers.items() if k.startswith("_ws")}, [], frame.experts,
-                 frame.malformed)
+                if isinstance(value, list):
+                    _flatten(value, flat, frame.experts, frame.malformed)
+                frame.protocols.setdefault(key, []).append(flat)
+            elif key.startswith("_ws"):
+                _flatten([(key, value)], [], frame.experts, frame.malformed)
         frames.append(frame)
     return frames
-
-
-def _first(value: Any) -> Any:
-    return value[0] if isinstance(value, list) else value
 
 
 def expert_summary(pcap: str | Path, ports: PortMap | None = None) -> dict[str, list[str]]:
@@ -266,27 +266,35 @@ class Disagreement:
         return f"frame {self.frame}: {self.field}: ours={self.ours!r} tshark={self.theirs!r}"
 
 
+def _their_text(theirs: str, ours: Any) -> str:
+    """tshark's text read the way our value's type says (FT_BYTES of one byte prints ``05``)."""
+    if isinstance(ours, bytes | bytearray | memoryview):
+        return theirs.replace(":", "").lower()
+    return normalize(theirs)
+
+
 def compare(frame: int, ours: Sequence[tuple[str, Any]], theirs: Sequence[tuple[str, str]],
-            text_fields: Mapping[str, bool] | None = None) -> list[Disagreement]:
+            ) -> list[Disagreement]:
     """Compare two flattened occurrences field by field (each name's values in order).
 
     Every field we emit must be present in tshark's view with the same values in the same order.
     Text values are compared up to their first NUL (tshark displays strings that way).
     """
-    mine: dict[str, list[str]] = defaultdict(list)
+    mine: dict[str, list[Any]] = defaultdict(list)
     for name, value in ours:
         if isinstance(value, str):
             value = value.split("\0", 1)[0]
-        mine[name].append(normalize(value))
+        mine[name].append(value)
     seen: dict[str, list[str]] = defaultdict(list)
     for name, value in theirs:
-        seen[name].append(normalize(value))
+        seen[name].append(value)
     problems = []
     for name, values in mine.items():
         other = seen.get(name, [])
         for i in range(max(len(values), len(other))):
-            a = values[i] if i < len(values) else None
-            b = other[i] if i < len(other) else None
+            a = normalize(values[i]) if i < len(values) else None
+            b = (_their_text(other[i], values[i] if i < len(values) else None)
+                 if i < len(other) else None)
             if a != b:
                 problems.append(Disagreement(frame, name, a, b))
     return problems
