@@ -323,12 +323,16 @@ def _fmt(value: Any) -> str:
     return str(int(value)) if isinstance(value, int) else str(value)
 
 
+DISPLAY_NAMES = {"lbttcp": "LBT-TCP", "lbtru": "LBT-RU", "lbtrm": "LBT-RM", "lbmr": "LBMR"}
+"""tshark's protocol column names."""
+
+
 def print_report(report: FrameReport, out: TextIO, verbose: bool = True) -> None:
     where = ""
     if report.src is not None:
         where = f"{report.src}:{report.sport} -> {report.dst}:{report.dport} "
     labels = " ".join(o.label for o in report.occurrences if o.label)
-    proto = (report.transport or "").upper()
+    proto = DISPLAY_NAMES.get(report.transport or "", "")
     head = f"{report.number:6d} {report.time:14.6f} {where}{proto}"
     if report.status == "um":
         out.write(f"{head} {labels}\n")

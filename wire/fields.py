@@ -15,7 +15,8 @@ Construct cannot express itself are attached to the struct members as attributes
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Iterator, Mapping
+import struct
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,6 +144,57 @@ class Auto(cs.Subconstruct):
         return self.subcon._sizeof(context, path)
 
 
+def resolve_computed(struct_def: cs.Struct, values: Mapping[str, Any],
+                     extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``values`` with every ``Auto`` member left ``None`` computed as building would do,
+    arrays of sub-structs included.  ``extra`` adds context the formulas may read."""
+    out = dict(values)
+    for member in members(struct_def):
+        inner = member.subcon
+        if isinstance(inner, cs.Array) and isinstance(inner.subcon, cs.Struct):
+            out[member.name] = [resolve_computed(inner.subcon, item)
+                                if isinstance(item, Mapping) else item
+                                for item in out.get(member.name) or []]
+    ctx = cs.Container({**out, **(extra or {})})
+    ctx["_parsing"] = False  # counts read the lists, not the count members
+    for member in members(struct_def):
+        if isinstance(member.subcon, Auto) and out.get(member.name) is None:
+            out[member.name] = member.subcon.compute(ctx)
+            ctx[member.name] = out[member.name]
+    return out
+
+
+def forget_computed(struct_def: cs.Struct, values: dict[str, Any],
+                    extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Clear, after parsing, every ``Auto`` member whose wire value is what building computes.
+
+    A parsed record then behaves like one built by hand: edit its content and the lengths and
+    counts follow on the next build.  A wire value that differs from the computed one (a
+    crafted or broken length) is kept, so such input still round-trips byte for byte.
+    Arrays of sub-structs are handled element by element.
+    """
+    for member in members(struct_def):
+        inner = member.subcon
+        if isinstance(inner, cs.Array) and isinstance(inner.subcon, cs.Struct):
+            for item in values.get(member.name) or []:
+                if isinstance(item, dict):
+                    forget_computed(inner.subcon, item)
+    autos = [m.name for m in members(struct_def) if isinstance(m.subcon, Auto)]
+    if not autos:
+        return values
+    trial = dict(values)
+    for name in autos:
+        trial[name] = None
+    try:
+        computed = resolve_computed(struct_def, trial, extra)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return values
+    for name in autos:
+        if values.get(name) == computed[name]:
+            values[name] = None
+    return values
+
+
 class Latin1Adapter(cs.Adapter):
     """ASCII-ish names (topics, store names) as ``str``; bytes map 1:1 so any byte round-trips."""
 
@@ -170,6 +222,8 @@ def unwrap(subcon: cs.Construct) -> cs.Construct:
 
 def fixed_format(subcon: cs.Construct) -> str | None:
     """The ``struct`` format letter(s) of a fixed-size member, or ``None`` if it is variable."""
+    if is_zero_padding(subcon):
+        return f"{subcon.length}x"  # Padding(n): n zero bytes with no value
     inner = unwrap(subcon)
     if isinstance(inner, cs.FormatField):
         return str(inner.fmtstr[1:])
@@ -178,12 +232,36 @@ def fixed_format(subcon: cs.Construct) -> str | None:
     return None
 
 
+def is_zero_padding(subcon: cs.Construct) -> bool:
+    """An unnamed ``Padding(n)`` of zero bytes: the only valueless member a fast layout takes."""
+    return (isinstance(subcon, cs.Padded) and subcon.subcon is cs.Pass
+            and isinstance(subcon.length, int) and subcon.pattern == b"\x00")
+
+
+def fixed_size(body: Iterable[cs.Construct]) -> int:
+    """Total wire size of fixed-size members (TypeError names the first variable one)."""
+    size = 0
+    for member in body:
+        letter = fixed_format(member)
+        if letter is None:
+            raise TypeError(f"{member} is not fixed-size")
+        size += struct.calcsize(">" + letter)
+    return size
+
+
 def byte_order(subcon: cs.Construct) -> str | None:
-    """``">"`` or ``"<"`` for integer members, ``None`` for byte strings."""
+    """``">"`` or ``"<"`` for multi-byte numbers; ``None`` for bytes and single bytes."""
     inner = unwrap(subcon)
-    if isinstance(inner, cs.FormatField) and inner.fmtstr[0] in "<>":
+    if (isinstance(inner, cs.FormatField) and inner.fmtstr[0] in "<>"
+            and inner.length > 1):
         return str(inner.fmtstr[0])
     return None
+
+
+def native_order(subcon: cs.Construct) -> bool:
+    """True for numbers in the host's byte order (``Int32un``): no fixed wire layout."""
+    inner = unwrap(subcon)
+    return isinstance(inner, cs.FormatField) and inner.fmtstr[0] in "=@" and inner.length > 1
 
 
 def value_kind(subcon: cs.Construct) -> str:
@@ -196,7 +274,7 @@ def value_kind(subcon: cs.Construct) -> str:
             return "text"
         node = node.subcon
     if isinstance(node, cs.FormatField):
-        return "int"
+        return "float" if node.fmtstr[-1] in "efd" else "int"
     return "bytes"
 
 

@@ -48,7 +48,10 @@ from .fields import (
     export_struct,
     field,
     fixed_format,
+    fixed_size,
+    forget_computed,
     members,
+    resolve_computed,
     text,
     value_kind,
 )
@@ -106,19 +109,9 @@ def _flags8(**bits: int | Bit) -> cs.Renamed:
     return field("flags", U8, bits={**IGNORE8, **bits})
 
 
-def _size_of(body: Sequence[cs.Construct]) -> int:
-    size = 2
-    for member in body:
-        letter = fixed_format(member)
-        if letter is None:
-            raise TypeError(f"{member} is not fixed-size")
-        size += struct.calcsize(">" + letter)
-    return size
-
-
 def _fixed(*body: cs.Construct) -> cs.Struct:
     """next_hdr, hdr_len, the fixed body, then whatever a longer hdr_len adds (``trailing``)."""
-    size = _size_of(body)
+    size = 2 + fixed_size(body)
     return cs.Struct(
         field("next_hdr", U8),
         field("hdr_len", Auto(U8, lambda ctx: size + len(ctx.get("trailing") or b""))),
@@ -129,7 +122,7 @@ def _fixed(*body: cs.Construct) -> cs.Struct:
 
 def _named(member: str, *head: cs.Construct) -> cs.Struct:
     """next_hdr, hdr_len, a fixed head, then a string filling the rest of ``hdr_len``."""
-    size = _size_of(head)
+    size = 2 + fixed_size(head)
     return cs.Struct(
         field("next_hdr", U8),
         field("hdr_len", Auto(U8, lambda ctx: size + len(ctx[member]))),
@@ -213,10 +206,14 @@ class Header:
     def __getattr__(self, name: str) -> Any:
         values = object.__getattribute__(self, "values")
         if name in values:
-            return values[name]
+            value = values[name]
+            # computed members (hdr_len, counts) read as what building would write; next_hdr
+            # depends on the header's place in a message and stays None until then
+            return self.resolved()[name] if value is None and name != "next_hdr" else value
         view = _view_index(self.kind).get(name)
         if view is not None:
-            return view[1].get(int(values[view[0]]))
+            raw = values[view[0]]
+            return view[1].get(int(self.resolved()[view[0]] if raw is None else raw))
         raise AttributeError(f"{type(self).__name__} has no field {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -231,6 +228,13 @@ class Header:
     def resolved(self) -> dict[str, Any]:
         """Member values with computed lengths filled in (``next_hdr`` stays as given)."""
         return _resolve(self.kind, self.values)
+
+    def wire_values(self, next_hdr: int) -> dict[str, Any]:
+        """Every member as it is on the wire when ``next_hdr`` follows this header."""
+        values = self.resolved()
+        if values.get("next_hdr") is None:
+            values["next_hdr"] = next_hdr
+        return values
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Header) or other.kind is not self.kind:
@@ -253,16 +257,24 @@ class Header:
         values = dict(self.values)
         if values.get("next_hdr") is None:
             values["next_hdr"] = next_hdr
+        # An explicit hdr_len is written as given, after the layout is encoded with the real
+        # length: that is how a conformance case crafts a too-short or too-long header.
+        crafted = values.get("hdr_len")
+        values["hdr_len"] = None
         kind = self.kind
         try:
-            if kind.fixed and not values.get("trailing") and values.get("hdr_len") is None:
+            if kind.fixed and not values.get("trailing"):
                 assert kind.fast is not None
                 values["hdr_len"] = kind.fast.size
-                return kind.fast.pack(values)
-            assert kind.struct is not None
-            return bytes(kind.struct.build(values))
+                raw = kind.fast.pack(values)
+            else:
+                assert kind.struct is not None
+                raw = bytes(kind.struct.build(values))
+            if crafted is not None:
+                raw = raw[:1] + bytes([crafted]) + raw[2:]
         except (cs.ConstructError, struct.error, ValueError, TypeError, KeyError) as exc:
             raise WireError(kind.tshark, 0, f"cannot encode: {exc}") from None
+        return raw
 
     def tshark_fields(self, next_hdr: int | None = None) -> list[tuple[str, Any]]:
         """This header as tshark ``-T fields`` would show it: (display-filter name, value).
@@ -284,13 +296,13 @@ class OpaqueHeader:
     __slots__ = ("data", "hdr_len", "header_code", "next_hdr")
 
     def __init__(
-        self, code: int, data: bytes = b"\0\0", next_hdr: int | None = None,
+        self, code: int, data: bytes | None = None, next_hdr: int | None = None,
         hdr_len: int | None = None,
     ) -> None:
-        if code not in KNOWN_CODES:
-            raise ValueError(f"0x{code:02x} is not an LBMC header code tshark knows")
+        if code not in KNOWN_CODES or code == 0x03:
+            raise ValueError(f"0x{code:02x} is not an LBMC header code tshark dissects")
         self.header_code = code
-        self.data = bytes(data)
+        self.data = bytes(OPAQUE_MIN_LEN[code] - 2) if data is None else bytes(data)
         self.next_hdr = next_hdr
         self.hdr_len = hdr_len
 
@@ -308,6 +320,9 @@ class OpaqueHeader:
     def tshark_fields(self, next_hdr: int | None = None) -> list[tuple[str, Any]]:
         """Opaque headers export only their length: their fields are not modelled."""
         prefix = KNOWN_CODES[self.header_code][1]
+        if self.header_code == 0x60:
+            opid = self.data[1] if len(self.data) > 1 else -1
+            prefix = AUTH_PREFIXES.get(opid, "lbmc.auth_unknown")
         return [(f"{prefix}.hdr_len", self._len())]
 
     def __eq__(self, other: object) -> bool:
@@ -318,6 +333,11 @@ class OpaqueHeader:
 
     def _len(self) -> int:
         return len(self.data) + 2 if self.hdr_len is None else self.hdr_len
+
+    @property
+    def length(self) -> int:
+        """``hdr_len`` as sent: the explicit one, else 2 + ``len(data)``."""
+        return self._len()
 
     def __hash__(self) -> int:
         return id(self)
@@ -374,14 +394,8 @@ def _view_index(kind: HeaderKind) -> dict[str, tuple[str, Bit]]:
 
 
 def _resolve(kind: HeaderKind, values: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(values)
     assert kind.struct is not None
-    ctx = cs.Container(out)
-    for member in members(kind.struct):
-        if isinstance(member.subcon, Auto) and out.get(member.name) is None:
-            out[member.name] = member.subcon.compute(ctx)
-            ctx[member.name] = out[member.name]
-    return out
+    return resolve_computed(kind.struct, values)
 
 
 def _export(kind: HeaderKind, values: Mapping[str, Any]) -> list[tuple[str, Any]]:
@@ -407,7 +421,11 @@ def _register(
     flags16_quirk: str | None = None,
 ) -> type[Header]:
     container = tshark or f"lbmc.{name}"
-    fast = derive(struct_def)
+    names = {m.name for m in members(struct_def)}
+    clash = names & {v for m in members(struct_def) for v in bit_views(m)}
+    if clash:
+        raise TypeError(f"{name}: bit views {sorted(clash)} shadow members of the same name")
+    fast = derive(struct_def, name=container)
     kind = HeaderKind(
         code=code, name=name, title=title, struct=struct_def, tshark=container,
         field_prefix=field_prefix or container, label=label,
@@ -581,7 +599,9 @@ UmeStorename = _register(0x3D, "ume_storename", "Store name", _named(
 ), min_len=5)
 
 UmePser = _register(0x41, "ume_pser", "UME proxy source election", _fixed(
-    _flags16(source_ctxinst=0x4000, store_ctxinst=0x2000, reelect=0x1000),
+    # the flag views get a _flag suffix: the members they announce have the plain names
+    _flags16(source_ctxinst_flag=Bit(0x4000, tshark="flags.source_ctxinst"),
+             store_ctxinst_flag=Bit(0x2000, tshark="flags.store_ctxinst"), reelect=0x1000),
     field("source_ip", IPv4),
     field("store_ip", IPv4),
     field("transport_idx", U32),
@@ -820,6 +840,20 @@ KNOWN_CODES: dict[int, tuple[str, str, str, str | None]] = {
     0xFE: ("extopt", "lbmc.extopt", "Extended option", "EXTOPT"),
 }
 
+# The smallest hdr_len tshark dissects without a Malformed exception, per opaque code: the fixed
+# size of its layout, or of the fixed part of variable layouts (wire-lbmc.md 1.6).  Shorter
+# headers are refused like any header shorter than its layout.
+OPAQUE_MIN_LEN: dict[int, int] = {
+    0x08: 20, 0x09: 20, 0x0A: 16, 0x0F: 20, 0x10: 20, 0x11: 16, 0x30: 20, 0x31: 20, 0x32: 4,
+    0x33: 48, 0x34: 20, 0x35: 12, 0x36: 4, 0x37: 32, 0x38: 28, 0x3A: 16, 0x3B: 48, 0x3E: 40,
+    0x3F: 8, 0x40: 24, 0x44: 20, 0x45: 12, 0x48: 20, 0x49: 20, 0x4C: 8, 0x4D: 16, 0x4F: 64,
+    0x51: 20, 0x52: 20, 0x56: 32, 0x57: 20, 0x58: 5, 0x60: 5, 0x62: 24, 0x63: 16, 0xFE: 8,
+}
+
+# Authentication (0x60) headers are shown under a prefix chosen by the operation at offset 3.
+AUTH_PREFIXES = {1: "lbmc.auth_request", 2: "lbmc.auth_challenge", 3: "lbmc.auth_challenge_rsp",
+                 4: "lbmc.auth_result"}
+
 # tshark's label priority for control messages (wire-lbmc.md 1.9).
 LABEL_ORDER = (
     "SSF-INIT", "SSF-CREQ", "PREG", "PREG-RESP", "ACK", "RXREQ", "UME-KA", "UME-CAP", "TSNI",
@@ -919,6 +953,8 @@ class LbmcMessage:
         end = self.chain_end()
         if self.payload and end != NHDR_DATA:
             raise WireError("lbmc", 0, "a payload needs a chain ending in DATA (0x00)")
+        if self.trailer and end == NHDR_DATA:
+            raise WireError("lbmc", 0, "a chain ending in DATA (0x00) has a payload, not a trailer")
         codes = [h.header_code for h in self.headers] + [end]
         body = bytearray()
         for i, header in enumerate(self.headers):
@@ -997,7 +1033,11 @@ def _decode_header(code: int, msg: bytes | memoryview, pos: int, hdr_len: int) -
     kind = _KINDS.get(code)
     if kind is None:
         if code in KNOWN_CODES and code != 0x03:
-            return OpaqueHeader(code, bytes(msg[pos + 2 : pos + hdr_len]), msg[pos], hdr_len)
+            need = OPAQUE_MIN_LEN[code]
+            if hdr_len < need:
+                raise WireError(KNOWN_CODES[code][1], pos,
+                                f"hdr_len {hdr_len} is shorter than the {need}-byte minimum")
+            return OpaqueHeader(code, bytes(msg[pos + 2 : pos + hdr_len]))
         raise WireError("lbmc", pos, f"unknown header code 0x{code:02x}")
     if hdr_len < kind.min_len:
         raise WireError(kind.tshark, pos,
@@ -1015,7 +1055,8 @@ def _decode_header(code: int, msg: bytes | memoryview, pos: int, hdr_len: int) -
         except cs.ConstructError as exc:
             raise WireError(kind.tshark, pos, f"does not decode: {exc}") from None
         values = {m.name: _plain(parsed[m.name]) for m in members(kind.struct)}
-    object.__setattr__(obj, "values", values)
+    assert kind.struct is not None
+    object.__setattr__(obj, "values", forget_computed(kind.struct, values))
     return obj
 
 
@@ -1061,7 +1102,12 @@ def parse_message(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple
         if pos + hdr_len > msglen:
             raise WireError(_prefix(cur), pos,
                             f"hdr_len {hdr_len} runs past the end of the message ({msglen})")
-        message.headers.append(_decode_header(cur, msg, pos, hdr_len))
+        header = _decode_header(cur, msg, pos, hdr_len)
+        if isinstance(header, Header):
+            # the chain link is the next header's code (or the terminator): computed on build,
+            # so a parsed message can be edited (headers added, removed) and rebuilt
+            header.values["next_hdr"] = None
+        message.headers.append(header)
         cur = msg[pos]
         pos += hdr_len
     message.terminator = cur
@@ -1132,50 +1178,71 @@ MSGPROP_FAST = derive(AppHdrMsgPropLen)
 
 @dataclass
 class ChainElement:
-    """One element of an application header chain.  ``data`` is the body of generic elements;
-    for a message-properties-length element (type 6) ``proplen`` is used instead."""
+    """One element of an application header chain.
+
+    ``data`` is the body of generic elements; a message-properties-length element (type 6)
+    carries ``proplen`` instead.  ``tag`` is the element's byte 0 as sent (None: its own type).
+
+    HINT decided here: the fact sheet calls byte 0 of an element ``next_hdr`` (the *next*
+    element's type), but tshark 4.0 reads the first element's type from ``first_chain_hdr`` and
+    every later element's type from that element's *own* byte 0.  tshark is our oracle, so the
+    builder writes each element's own type into its byte 0 and the parser reads types the way
+    tshark does; a chain built the other way would have its message-properties element missed
+    by tshark and its properties block shown as payload.
+    """
 
     type: int
     data: bytes = b""
     proplen: int = 0
     res: int = 0
+    tag: int | None = None
 
 
 def build_apphdr_chain(elements: Sequence[ChainElement], next_hdr: int | None = None) -> Header:
-    """An AppHdrChain header holding ``elements`` (types carried by the predecessor, as LBMC)."""
+    """An AppHdrChain header holding ``elements`` (element types as tshark reads them)."""
     blob = bytearray()
     for i, el in enumerate(elements):
-        nxt = elements[i + 1].type if i + 1 < len(elements) else 0xFF
-        if el.type == MSGPROP_ELEMENT:
-            blob += AppHdrMsgPropLen.build({"next_hdr": nxt, "res": el.res, "proplen": el.proplen})
-        else:
-            blob += AppHdrElement.build({"next_hdr": nxt, "res": el.res, "data": el.data})
+        tag = el.type if el.tag is None else el.tag
+        try:
+            if el.type == MSGPROP_ELEMENT:
+                blob += AppHdrMsgPropLen.build({"next_hdr": tag, "res": el.res,
+                                                "proplen": el.proplen})
+            else:
+                if not el.data:
+                    raise ValueError("a generic element needs at least one data byte "
+                                     "(tshark: Header length incorrect)")
+                blob += AppHdrElement.build({"next_hdr": tag, "res": el.res, "data": el.data})
+        except (cs.ConstructError, ValueError) as exc:
+            raise WireError("lbmc.apphdr_chain.element", 4 + len(blob),
+                            f"element {i} cannot be encoded: {exc}") from None
+    if len(blob) + 4 > 0xFF:
+        raise WireError("lbmc.apphdr_chain", 1, f"{len(blob) + 4} bytes exceed hdr_len's 255")
     first = elements[0].type if elements else 0xFF
     return AppHdrChain(first_chain_hdr=first, elements=bytes(blob), next_hdr=next_hdr)
 
 
 def parse_apphdr_chain(header: Header) -> list[ChainElement]:
-    """The elements of an AppHdrChain header, walked as tshark does."""
+    """The elements of an AppHdrChain header, walked as tshark does (see :class:`ChainElement`)."""
     data: bytes = header.elements
     cur, pos, out = header.first_chain_hdr, 0, []
     while pos < len(data):
+        if pos and len(data) - pos >= 4:
+            cur = data[pos]
         if cur == MSGPROP_ELEMENT:
             if pos + 8 > len(data):
                 raise WireError("lbmc.apphdr_chain.msgprop", 4 + pos, "element truncated")
-            nxt, _, res, proplen = MSGPROP_FAST.unpack_from(data, pos)
-            out.append(ChainElement(MSGPROP_ELEMENT, proplen=proplen, res=res))
+            tag, _, res, proplen = MSGPROP_FAST.unpack_from(data, pos)
+            out.append(ChainElement(MSGPROP_ELEMENT, proplen=proplen, res=res, tag=tag))
             size = 8
         else:
             if pos + 4 > len(data):
                 raise WireError("lbmc.apphdr_chain.element", 4 + pos, "element truncated")
             size = data[pos + 1]
-            if size < 4 or pos + size > len(data):
+            if size <= 4 or pos + size > len(data):
                 raise WireError("lbmc.apphdr_chain.element", 4 + pos,
                                 f"element hdr_len {size} is invalid")
-            nxt = data[pos]
-            out.append(ChainElement(cur, data=data[pos + 4 : pos + size],
+            out.append(ChainElement(cur, data=data[pos + 4 : pos + size], tag=data[pos],
                                     res=int.from_bytes(data[pos + 2 : pos + 4], "big")))
-        cur = nxt
         pos += size
     return out
 

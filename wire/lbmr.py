@@ -113,7 +113,10 @@ from .fields import (
     export_struct,
     field,
     fixed_format,
+    fixed_size,
+    forget_computed,
     members,
+    resolve_computed,
     text,
     value_kind,
 )
@@ -235,16 +238,6 @@ def _never(raw: int) -> bool:
     return False
 
 
-def _size_of(body: Iterable[cs.Construct]) -> int:
-    size = 0
-    for member in body:
-        letter = fixed_format(member)
-        if letter is None:
-            raise TypeError(f"{member} is not fixed-size")
-        size += struct.calcsize(">" + letter)
-    return size
-
-
 def _flags16(**bits: int | Bit) -> cs.Renamed:
     """A u16 flags word whose 0x8000 bit is tshark's "Ignore"."""
     return field("flags", U16, bits={"ignore": 0x8000, **bits})
@@ -333,22 +326,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, cs.Container | dict):
         return {k: _plain(v) for k, v in value.items() if not k.startswith("_")}
     return value
-
-
-def _resolve_values(struct_def: cs.Struct, values: Mapping[str, Any],
-                    extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Values with every computed (Auto) member filled in, nested array elements included."""
-    out = dict(values)
-    for member in members(struct_def):
-        inner = member.subcon
-        if isinstance(inner, cs.Array) and isinstance(inner.subcon, cs.Struct):
-            out[member.name] = [_resolve_values(inner.subcon, item) for item in out[member.name]]
-    ctx = cs.Container({**out, **(extra or {})})
-    for member in members(struct_def):
-        if isinstance(member.subcon, Auto) and out.get(member.name) is None:
-            out[member.name] = member.subcon.compute(ctx)
-            ctx[member.name] = out[member.name]
-    return out
 
 
 def _reason(exc: BaseException) -> str:
@@ -442,7 +419,7 @@ class Record:
 
     def resolved(self) -> dict[str, Any]:
         """Member values with computed lengths, counts and presence bits filled in."""
-        return _resolve_values(self.kind.struct, self.values, self._context())
+        return resolve_computed(self.kind.struct, self.values, self._context())
 
     def encode(self) -> bytes:
         """This record's own bytes (children included for records that have them)."""
@@ -613,7 +590,7 @@ Qqr = _record("Qqr", "lbmr.qqr", cs.Struct(field("name", cstring())),
 
 def _topt_struct(*body: cs.Construct) -> cs.Struct:
     """type, len (whole option), the fixed body, then whatever a longer ``len`` adds."""
-    size = 2 + _size_of(body)
+    size = 2 + fixed_size(body)
     return cs.Struct(
         field("type", U8),
         field("len", Auto(U8, lambda ctx: size + len(ctx.get("trailing") or b""))),
@@ -770,7 +747,7 @@ TRANSPORT_NAMES: dict[int, str] = {}
 def _transport(code: int, cls_name: str, name: str, *body: cs.Construct, doc: str = "",
                ) -> type[Record]:
     struct_def = cs.Struct(*body)
-    size = _size_of(body)
+    size = fixed_size(body)
     TRANSPORT_NAMES[code] = name
     return _record(cls_name, f"lbmr.tir.{name}", struct_def, code, TRANSPORTS, (code, size),
                    doc=doc or f"{name} transport info, {size} bytes.")
@@ -1099,7 +1076,7 @@ PACKET_OPTIONS: dict[int, type[Record]] = {}
 
 def _popt(code: int, cls_name: str, name: str, *body: cs.Construct, doc: str = "",
           ) -> type[Record]:
-    size = 2 + _size_of(body)
+    size = 2 + fixed_size(body)
     struct_def = cs.Struct(field("type", U8), field("len", Auto(U8, lambda ctx: size)), *body)
     return _record(cls_name, f"lbmr.opt.{name}", struct_def, code, PACKET_OPTIONS,
                    doc=doc or f"LBMR packet option {name} ({size} bytes).")
@@ -1575,28 +1552,8 @@ def _decode_ext(buf: bytes, limit: int) -> tuple[Record, int]:
 
 def _forget_computed(record: Record) -> None:
     """Reset computed members that agree with their formula, so the record re-derives them."""
-    values = record.values
-    struct_def = record.kind.struct
-    for member in members(struct_def):
-        inner = member.subcon
-        if isinstance(inner, cs.Array) and isinstance(inner.subcon, cs.Struct):
-            for item in values[member.name]:
-                _forget_in(inner.subcon, item)
-    _forget_in(struct_def, values, record._context())
+    forget_computed(record.kind.struct, record.values, record._context())
 
-
-def _forget_in(struct_def: cs.Struct, values: dict[str, Any],
-               extra: Mapping[str, Any] | None = None) -> None:
-    autos = [m.name for m in members(struct_def) if isinstance(m.subcon, Auto)]
-    if not autos:
-        return
-    trial = dict(values)
-    for name in autos:
-        trial[name] = None
-    computed = _resolve_values(struct_def, trial, extra)
-    for name in autos:
-        if values[name] == computed[name]:
-            values[name] = None
 
 
 def _decode_options(buf: bytes, pos: int, end: int) -> list[Record]:

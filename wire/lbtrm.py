@@ -35,23 +35,13 @@ Decisions and their reasons:
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Any
 
 import construct as cs
 
 from .errors import WireError
 from .fields import U8, U16, U32, Auto, Bit, field
-from .lbtru import (
-    FORMAT_SELECTIVE,
-    CountOf,
-    NcfReason,
-    RestOf,
-    TransportCodec,
-    TransportOption,
-    TransportPacket,
-    ncf_reason_text,
-    never,
-)
+from .lbtru import FORMAT_SELECTIVE, NcfReason, ncf_reason_text
+from .transport import CodedOption, CountOf, RestOf, TransportCodec, TransportPacket, never
 
 __all__ = [
     "CODEC",
@@ -172,28 +162,12 @@ OptionStruct = cs.Struct(
 """An option: the basic 4-byte option header and opaque data (tshark displays none of it)."""
 
 
-class LbtrmOption(TransportOption):
-    """An LBT-RM option, carried opaquely: ``LbtrmOption(code=1, data=b"....")``.
-
-    ``data`` is everything after the 4-byte basic option header.
-    """
+class LbtrmOption(CodedOption):
+    """An LBT-RM option, carried opaquely: ``LbtrmOption(code=1, data=b"....")``."""
 
     struct = OptionStruct
     prefix = "lbtrm.opt"
-    __slots__ = ("code",)
-
-    def __init__(self, code: int, **fields: Any) -> None:
-        if not 0 < code <= 0xFF:
-            raise ValueError(f"option code {code} must be 1-255 (0 ends the chain)")
-        super().__init__(**fields)
-        self.code = code
-
-    @classmethod
-    def from_wire(cls, code: int, values: dict[str, Any]) -> TransportOption:
-        obj = cls._raw(values)
-        assert isinstance(obj, LbtrmOption)
-        obj.code = code
-        return obj
+    __slots__ = ()
 
 
 class LbtrmPacket(TransportPacket):

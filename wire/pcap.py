@@ -156,7 +156,7 @@ def _read_pcap(fh: BinaryIO) -> Iterator[CaptureRecord]:
 
 def _read_pcapng(fh: BinaryIO) -> Iterator[CaptureRecord]:
     order = "<"
-    interfaces: list[tuple[int, float]] = []
+    interfaces: list[tuple[int, float, int]] = []  # linktype, time resolution, snaplen
     offset, number = 0, 0
     while True:
         head = fh.read(8)
@@ -179,24 +179,38 @@ def _read_pcapng(fh: BinaryIO) -> Iterator[CaptureRecord]:
             raise WireError("pcapng.block", offset, f"bad or truncated block (length {length})")
         btype = struct.unpack(order + "I", head[:4])[0]
         _, idb, epb, spb, _ = _NG[order]
+        # ``body`` runs from after the 8-byte block header to the end, trailing length included
         if btype == 1:  # interface description
-            linktype, _, _ = idb.unpack_from(body)
-            interfaces.append((linktype, _if_tsresol(body[idb.size : -4], order)))
+            if len(body) < idb.size + 4:
+                raise WireError("pcapng.idb", offset, "interface block too short")
+            linktype, _, snaplen = idb.unpack_from(body)
+            interfaces.append((linktype, _if_tsresol(body[idb.size : -4], order), snaplen))
         elif btype == 6:  # enhanced packet
+            if len(body) < epb.size + 4:
+                raise WireError("pcapng.epb", offset, "packet block too short")
             iface, hi, lo, cap, orig = epb.unpack_from(body)
             if iface >= len(interfaces):
                 raise WireError("pcapng.epb", offset, f"unknown interface {iface}")
-            linktype, resol = interfaces[iface]
+            if epb.size + cap > len(body) - 4:
+                raise WireError("pcapng.epb", offset,
+                                f"captured length {cap} runs past the end of the block")
+            linktype, resol, _ = interfaces[iface]
             number += 1
             data = body[epb.size : epb.size + cap]
             yield CaptureRecord(number, ((hi << 32) | lo) * resol, linktype, data, orig)
-        elif btype == 3:  # simple packet
+        elif btype == 3:  # simple packet: length = min(original, snaplen), no timestamp
+            if len(body) < spb.size + 4:
+                raise WireError("pcapng.spb", offset, "packet block too short")
             (orig,) = spb.unpack_from(body)
             if not interfaces:
                 raise WireError("pcapng.spb", offset, "simple packet before any interface")
+            linktype, _, snaplen = interfaces[0]
+            cap = min(orig, snaplen) if snaplen else orig
+            if spb.size + cap > len(body) - 4:
+                raise WireError("pcapng.spb", offset,
+                                f"packet length {cap} runs past the end of the block")
             number += 1
-            yield CaptureRecord(number, 0.0, interfaces[0][0],
-                                body[spb.size : spb.size + min(orig, len(body) - 8)], orig)
+            yield CaptureRecord(number, 0.0, linktype, body[spb.size : spb.size + cap], orig)
         offset += length
 
 
@@ -234,6 +248,9 @@ def decode_frame(linktype: int, data: bytes) -> Segment:
     """Strip link, IPv4 and UDP/TCP headers.  Raises WireError naming what is not there."""
     ethertype, pos = _link(linktype, data)
     if ethertype != 0x0800:
+        if pos == 0 or linktype != LINKTYPE_ETHERNET:
+            version = data[pos] >> 4 if len(data) > pos else 0
+            raise WireError("ip", pos, f"not IPv4 (IP version {version})")
         raise WireError("eth", 12, f"not IPv4 (ethertype 0x{ethertype:04x})")
     if len(data) - pos < IP4.size:
         raise WireError("ip", pos, "truncated IPv4 header")
@@ -255,6 +272,9 @@ def decode_frame(linktype: int, data: bytes) -> Segment:
             raise WireError("tcp", body, "truncated TCP header")
         sport, dport, seq, _, off_flags, _, _, _ = TCP.unpack_from(data, body)
         start = body + (off_flags >> 12) * 4
+        if off_flags >> 12 < 5 or start > end:
+            raise WireError("tcp", body + 12,
+                            f"data offset {off_flags >> 12} words does not fit the segment")
         return Segment("tcp", ip["src"], ip["dst"], sport, dport, data[start:end], seq,
                        off_flags & 0x3F)
     raise WireError("ip", pos + 9, f"IP protocol {ip['protocol']} is neither UDP nor TCP")

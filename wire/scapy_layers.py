@@ -660,10 +660,12 @@ for _kind in lbmc.header_kinds():
         attrs={"ump_code": _kind.code, "ump_kind": _kind},
     )
 for _code, (_name, _prefix, _title, _label) in lbmc.KNOWN_CODES.items():
+    # like lbmc.OpaqueHeader(code): by default data fills the code's minimum hdr_len
+    _opaque_data = bytes(max(0, lbmc.OPAQUE_MIN_LEN.get(_code, 2) - 2))
     _LBMC_LAYERS[_code] = derive_layer(
         OPAQUE_STRUCT, f"LBMC_{_class_name(_name)}", base=LbmcHeaderLayer,
-        display=f"LBMC {_title} (opaque)", defaults={"next_hdr": None}, labels=_LBMC_LABELS,
-        attrs={"ump_code": _code, "ump_kind": None},
+        display=f"LBMC {_title} (opaque)", defaults={"next_hdr": None, "data": _opaque_data},
+        labels=_LBMC_LABELS, attrs={"ump_code": _code, "ump_kind": None},
     )
 
 LBMC_Unknown = derive_layer(

@@ -150,7 +150,9 @@ def test_each_header_kind_matches_wire_lbmc(kind: lbmc.HeaderKind, data: st.Data
     # bytes built by wire.lbmc dissect in Scapy with the same values
     pkt = sl.LBMC(wire_bytes)
     layer = pkt[sl.layer_for_code(kind.code)]
-    assert sl.construct_values(layer) == parsed.headers[0].values  # type: ignore[union-attr]
+    first = parsed.headers[0]
+    assert isinstance(first, lbmc.Header)
+    assert sl.construct_values(layer) == first.wire_values(parsed.chain_end())
     assert raw(pkt) == wire_bytes
 
     # a Scapy-crafted header (only the member values set) parses back with wire.lbmc
@@ -175,19 +177,40 @@ def test_whole_messages_round_trip(message: lbmc.LbmcMessage) -> None:
     assert lbmc.parse_message(raw(crafted))[0] == parsed
 
 
-@pytest.mark.parametrize("code", sorted(c for c in lbmc.KNOWN_CODES if c != 0x03))
+OPAQUE_CODES = sorted(lbmc.OPAQUE_MIN_LEN)
+
+
+@pytest.mark.parametrize("code", OPAQUE_CODES)
 def test_opaque_known_codes(code: int) -> None:
-    message = lbmc.LbmcMessage(headers=[lbmc.OpaqueHeader(code, b"\x80\x00abc"),
+    # at least the code's minimum hdr_len (wire.lbmc refuses shorter opaque headers)
+    data = b"\x80\x00abc".ljust(lbmc.OPAQUE_MIN_LEN[code] - 2, b"z")
+    message = lbmc.LbmcMessage(headers=[lbmc.OpaqueHeader(code, data),
                                         lbmc.UmeStoreid(store_id=5)])
     wire_bytes = message.build()
     pkt = sl.LBMC(wire_bytes)
     layer = pkt[sl.layer_for_code(code)]
-    assert layer.data == b"\x80\x00abc" and layer.hdr_len == 7
+    assert layer.data == data and layer.hdr_len == len(data) + 2
     assert pkt[sl.LBMC_UmeStoreid].store_id == 5  # type: ignore[attr-defined]
     assert sl.to_message(pkt) == lbmc.parse_message(wire_bytes)[0]
-    crafted = sl.LBMC() / sl.layer_for_code(code)(data=b"\x80\x00abc") / sl.LBMC_UmeStoreid(  # type: ignore[attr-defined]
+    crafted = sl.LBMC() / sl.layer_for_code(code)(data=data) / sl.LBMC_UmeStoreid(  # type: ignore[attr-defined]
         store_id=5)
     assert raw(crafted) == wire_bytes
+
+
+@pytest.mark.parametrize("code", OPAQUE_CODES)
+def test_opaque_layer_defaults_to_the_minimum_length(code: int) -> None:
+    """A default opaque layer is what lbmc.OpaqueHeader(code) builds: the code's minimum."""
+    default = raw(sl.LBMC() / sl.layer_for_code(code)())
+    assert default == lbmc.LbmcMessage(headers=[lbmc.OpaqueHeader(code)]).build()
+    assert default[5] == lbmc.OPAQUE_MIN_LEN[code]
+    assert lbmc.parse_message(default)[0].headers == [lbmc.OpaqueHeader(code)]
+    # one byte short: Scapy dissects it (no validation), wire.lbmc refuses it as tshark does
+    short = raw(sl.LBMC() / sl.layer_for_code(code)(data=bytes(lbmc.OPAQUE_MIN_LEN[code] - 3))
+                / sl.LBMC_UmeStoreid())  # type: ignore[attr-defined]
+    assert sl.LBMC(short)[sl.layer_for_code(code)].hdr_len == lbmc.OPAQUE_MIN_LEN[code] - 1
+    with pytest.raises(WireError) as info:
+        lbmc.parse_message(short)
+    assert (info.value.header, info.value.offset) == (lbmc.KNOWN_CODES[code][1], 4)
 
 
 def test_chain_ends_trailer_and_next_message() -> None:
@@ -363,11 +386,11 @@ def test_transport_datagrams_match_the_codec(transport: sl.Transport, cls: Any,
     parsed = transport.codec.parse(wire_bytes)
     pkt = transport.base(wire_bytes)
     assert isinstance(pkt, transport.types[cls.type_code])
-    assert sl.construct_values(pkt) == cls.struct_values(parsed.values)
+    assert sl.construct_values(pkt) == cls.struct_values(parsed.resolved())
     layer = pkt.payload
-    for option in parsed.options:
+    for option, code in zip(parsed.options, parsed.chain()[1:], strict=True):
         assert isinstance(layer, transport.by_record[type(option)])
-        assert sl.construct_values(layer) == option.struct_values(option.values)
+        assert sl.construct_values(layer) == option.struct_values(option.chained(code))
         layer = layer.payload
     found = []
     if isinstance(layer, sl.LBMCMessages):  # (no layer at all when the datagram ends here)
