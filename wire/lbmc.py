@@ -45,16 +45,13 @@ from .fields import (
     Bit,
     IPv4,
     bit_views,
-    export_struct,
     field,
-    fixed_format,
     fixed_size,
     forget_computed,
     members,
-    resolve_computed,
     text,
-    value_kind,
 )
+from .records import StructRecord, plain
 
 
 class MessageType(IntEnum):
@@ -170,32 +167,31 @@ _KINDS: dict[int, HeaderKind] = {}
 _CLASSES: dict[int, type[Header]] = {}
 
 
-class Header:
+class Header(StructRecord):
     """One typed LBMC extended header; attributes are its Construct members and bit views.
 
     Build one with keyword arguments (``UmePreg(reg_id=7, s_flag=1, w_flag=1)``); members left
     out take neutral defaults (0, ``0.0.0.0``, empty bytes) and ``next_hdr``/``hdr_len`` are
     computed when the message is built unless given explicitly (to craft invalid packets).
+
+    The record machinery is :class:`~wire.records.StructRecord`'s; what is LBMC's own: the
+    struct comes from the class's :class:`HeaderKind`, ``next_hdr`` reads ``None`` until set
+    (it depends on the header's place in a message), equality ignores ``next_hdr`` for the
+    same reason, and the export reproduces tshark's 16-bit flags quirk.
     """
 
     kind: ClassVar[HeaderKind]
-    __slots__ = ("values",)
-    values: dict[str, Any]
+    __slots__ = ()
+    _as_given = frozenset({"next_hdr"})
 
-    def __init__(self, **kwargs: Any) -> None:
-        values = dict(_defaults(self.kind))
-        views: dict[str, Any] = {}
-        for key, value in kwargs.items():
-            if key in values:
-                values[key] = value
-            elif key in _view_index(self.kind):
-                views[key] = value
-            else:
-                raise TypeError(f"{type(self).__name__} has no field {key!r}")
-        for key, value in views.items():
-            member, bit = _view_index(self.kind)[key]
-            values[member] = bit.put(int(values[member]), int(value))
-        object.__setattr__(self, "values", values)
+    @classmethod
+    def _declared_struct(cls) -> cs.Struct | None:
+        kind: HeaderKind | None = cls.__dict__.get("kind")
+        return None if kind is None else kind.struct
+
+    @classmethod
+    def _field_prefix(cls) -> str:
+        return cls.kind.field_prefix
 
     @property
     def header_code(self) -> int:
@@ -203,54 +199,20 @@ class Header:
         ume_preg_resp, so the header's own code has a name of its own)."""
         return self.kind.code
 
-    def __getattr__(self, name: str) -> Any:
-        values = object.__getattribute__(self, "values")
-        if name in values:
-            value = values[name]
-            # computed members (hdr_len, counts) read as what building would write; next_hdr
-            # depends on the header's place in a message and stays None until then
-            return self.resolved()[name] if value is None and name != "next_hdr" else value
-        view = _view_index(self.kind).get(name)
-        if view is not None:
-            raw = values[view[0]]
-            return view[1].get(int(self.resolved()[view[0]] if raw is None else raw))
-        raise AttributeError(f"{type(self).__name__} has no field {name!r}")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in self.values:
-            self.values[name] = value
-            return
-        view = _view_index(self.kind).get(name)
-        if view is None:
-            raise AttributeError(f"{type(self).__name__} has no field {name!r}")
-        self.values[view[0]] = view[1].put(int(self.values[view[0]]), int(value))
-
-    def resolved(self) -> dict[str, Any]:
-        """Member values with computed lengths filled in (``next_hdr`` stays as given)."""
-        return _resolve(self.kind, self.values)
-
     def wire_values(self, next_hdr: int) -> dict[str, Any]:
         """Every member as it is on the wire when ``next_hdr`` follows this header."""
+        return self._linked(next_hdr)
+
+    def _same_kind(self, other: StructRecord) -> bool:
+        return isinstance(other, Header) and other.kind is self.kind
+
+    def _key(self) -> dict[str, Any]:
         values = self.resolved()
-        if values.get("next_hdr") is None:
-            values["next_hdr"] = next_hdr
+        values.pop("next_hdr")
         return values
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Header) or other.kind is not self.kind:
-            return NotImplemented
-        mine, theirs = self.resolved(), other.resolved()
-        mine.pop("next_hdr"), theirs.pop("next_hdr")
-        return mine == theirs
-
-    def __hash__(self) -> int:  # headers are mutable records; hash by identity
-        return id(self)
-
-    def __repr__(self) -> str:
-        shown = ", ".join(
-            f"{k}={v!r}" for k, v in self.values.items() if v is not None and k != "trailing"
-        )
-        return f"{type(self).__name__}({shown})"
+    def _shown(self, name: str, value: Any) -> bool:
+        return name != "trailing"
 
     def encode(self, next_hdr: int) -> bytes:
         """The header's bytes, chained to ``next_hdr`` unless one was set explicitly."""
@@ -281,10 +243,21 @@ class Header:
 
         ``next_hdr`` fills the chain link when the header has none of its own yet.
         """
-        values = self.resolved()
-        if values.get("next_hdr") is None:
-            values["next_hdr"] = next_hdr
-        return _export(self.kind, values)
+        return self._export(self._linked(next_hdr))
+
+    def _export(self, values: Mapping[str, Any]) -> list[tuple[str, Any]]:
+        out = super()._export(values)
+        quirk = self.kind.flags16_quirk
+        if quirk:
+            # tshark shows the one-byte flags as a 16-bit item that also covers ``quirk``
+            prefix = self.kind.field_prefix
+            wide = (int(values["flags"] or 0) << 8) | int(values[quirk] or 0)
+            out = [
+                (n, wide if n == f"{prefix}.flags"
+                 else (wide >> 15) & 1 if n == f"{prefix}.flags.ignore" else v)
+                for n, v in out
+            ]
+        return out
 
 
 class OpaqueHeader:
@@ -347,68 +320,6 @@ class OpaqueHeader:
 
 
 AnyHeader = Header | OpaqueHeader
-
-
-def _default_for(member: cs.Construct) -> Any:
-    inner = member.subcon
-    if isinstance(inner, Auto) or member.name == "next_hdr":
-        return None
-    if isinstance(inner, cs.Array):
-        return []
-    kind = value_kind(member)
-    if kind == "int":
-        return 0
-    if kind == "ipv4":
-        return "0.0.0.0"
-    letter = fixed_format(member)
-    if kind == "text":
-        return ""
-    if letter is not None:
-        return bytes(int(letter[:-1]))
-    return b""
-
-
-def _defaults(kind: HeaderKind) -> dict[str, Any]:
-    cached = _DEFAULTS.get(kind.code)
-    if cached is None:
-        assert kind.struct is not None
-        cached = {m.name: _default_for(m) for m in members(kind.struct)}
-        _DEFAULTS[kind.code] = cached
-    return cached
-
-
-_DEFAULTS: dict[int, dict[str, Any]] = {}
-_VIEWS: dict[int, dict[str, tuple[str, Bit]]] = {}
-
-
-def _view_index(kind: HeaderKind) -> dict[str, tuple[str, Bit]]:
-    index = _VIEWS.get(kind.code)
-    if index is None:
-        assert kind.struct is not None
-        index = {}
-        for member in members(kind.struct):
-            for view, bit in bit_views(member).items():
-                index.setdefault(view, (member.name, bit))
-        _VIEWS[kind.code] = index
-    return index
-
-
-def _resolve(kind: HeaderKind, values: Mapping[str, Any]) -> dict[str, Any]:
-    assert kind.struct is not None
-    return resolve_computed(kind.struct, values)
-
-
-def _export(kind: HeaderKind, values: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    assert kind.struct is not None
-    out = export_struct(kind.field_prefix, kind.struct, values)
-    if kind.flags16_quirk:
-        wide = (int(values["flags"] or 0) << 8) | int(values[kind.flags16_quirk] or 0)
-        out = [
-            (n, wide if n == f"{kind.field_prefix}.flags"
-             else (wide >> 15) & 1 if n == f"{kind.field_prefix}.flags.ignore" else v)
-            for n, v in out
-        ]
-    return out
 
 
 def _class_name(name: str) -> str:
@@ -1042,8 +953,6 @@ def _decode_header(code: int, msg: bytes | memoryview, pos: int, hdr_len: int) -
     if hdr_len < kind.min_len:
         raise WireError(kind.tshark, pos,
                         f"hdr_len {hdr_len} is shorter than the {kind.min_len}-byte minimum")
-    cls = _CLASSES[code]
-    obj = cls.__new__(cls)
     fast = kind.fast
     if fast is not None:
         values = fast.decode(msg, pos)
@@ -1054,18 +963,9 @@ def _decode_header(code: int, msg: bytes | memoryview, pos: int, hdr_len: int) -
             parsed = kind.struct.parse(bytes(msg[pos : pos + hdr_len]))
         except cs.ConstructError as exc:
             raise WireError(kind.tshark, pos, f"does not decode: {exc}") from None
-        values = {m.name: _plain(parsed[m.name]) for m in members(kind.struct)}
+        values = {m.name: plain(parsed[m.name]) for m in members(kind.struct)}
     assert kind.struct is not None
-    object.__setattr__(obj, "values", forget_computed(kind.struct, values))
-    return obj
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, cs.ListContainer):
-        return [_plain(v) for v in value]
-    if isinstance(value, cs.Container):
-        return {k: _plain(v) for k, v in value.items() if not k.startswith("_")}
-    return value
+    return _CLASSES[code]._raw(forget_computed(kind.struct, values))
 
 
 def parse_message(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[LbmcMessage, int]:

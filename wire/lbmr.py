@@ -109,17 +109,14 @@ from .fields import (
     Bit,
     IPv4,
     Latin1Adapter,
-    bit_views,
     export_struct,
     field,
-    fixed_format,
     fixed_size,
     forget_computed,
     members,
-    resolve_computed,
     text,
-    value_kind,
 )
+from .records import StructRecord, default_for, plain, view_index
 
 # --- enumerations ----------------------------------------------------------------------------
 
@@ -288,44 +285,17 @@ class RecordKind:
         return "trailing" in self.defaults
 
 
-def _default_for(member: cs.Construct, code: int | None) -> Any:
-    inner = member.subcon
-    if isinstance(inner, Auto):
-        return None
-    if member.name == "type" and code is not None:
-        return code
-    if isinstance(inner, cs.Array):
-        return []
-    kind = value_kind(member)
-    if kind == "int":
-        return 0
-    if kind == "ipv4":
-        return "0.0.0.0"
-    if kind == "text":
-        return ""
-    letter = fixed_format(member)
-    if letter is not None:
-        return bytes(int(letter[:-1]))
-    return b""
-
-
 def _make_kind(name: str, tshark: str, struct_def: cs.Struct, code: int | None) -> RecordKind:
-    views: dict[str, tuple[str, Bit]] = {}
-    for member in members(struct_def):
-        for view, bit in bit_views(member).items():
-            views.setdefault(view, (member.name, bit))
+    defaults = {m.name: default_for(m) for m in members(struct_def)}
+    if code is not None and defaults.get("type") is not None:
+        defaults["type"] = code  # an option's own type byte: its code (computed ones stay None)
     return RecordKind(
         name=name, tshark=tshark, struct=struct_def, code=code, prefix=derive(struct_def),
-        defaults={m.name: _default_for(m, code) for m in members(struct_def)}, views=views,
+        defaults=defaults, views=view_index(struct_def),
     )
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, cs.ListContainer | list):
-        return [_plain(v) for v in value]
-    if isinstance(value, cs.Container | dict):
-        return {k: _plain(v) for k, v in value.items() if not k.startswith("_")}
-    return value
+_plain = plain  # the parse-result helper used to live here (tests still reach it by this name)
 
 
 def _reason(exc: BaseException) -> str:
@@ -338,7 +308,7 @@ _ENCODE_ERRORS = (cs.ConstructError, struct.error, ValueError, TypeError, KeyErr
 _PARSE_ERRORS = (cs.ConstructError, struct.error, ValueError, TypeError, OverflowError)
 
 
-class Record:
+class Record(StructRecord):
     """One typed LBMR record; attributes are its Construct members and their bit views.
 
     Build one with keyword arguments (``ToptUme(store=1, src_reg_id=1000)``).  Members left out
@@ -346,57 +316,28 @@ class Record:
     the option's code, and computed members (lengths, counts, presence bits) are filled in on
     build unless given explicitly.  Equality compares resolved values, so a record built with a
     computed ``len`` equals the same record parsed from the wire.
+
+    The record machinery is :class:`~wire.records.StructRecord`'s; what is LBMR's own: the
+    struct and defaults come from the class's :class:`RecordKind`, and records with children
+    (``Tir``, ``Qir``, ``Tmb``, ``Pser``...) feed their formulas, equality and ``repr`` through
+    the hooks below.
     """
 
     kind: ClassVar[RecordKind]
-    __slots__ = ("values",)
-    values: dict[str, Any]
+    __slots__ = ()
 
-    def __init__(self, **kwargs: Any) -> None:
-        kind = self.kind
-        values = dict(kind.defaults)
-        views: dict[str, Any] = {}
-        for key, value in kwargs.items():
-            if key in values:
-                values[key] = value
-            elif key in kind.views:
-                views[key] = value
-            else:
-                raise TypeError(f"{type(self).__name__} has no field {key!r}")
-        for key, value in views.items():
-            member, bit = kind.views[key]
-            base = values[member]
-            values[member] = bit.put(0 if base is None else int(base), int(value))
-        object.__setattr__(self, "values", values)
+    @classmethod
+    def _declared_struct(cls) -> cs.Struct | None:
+        kind: RecordKind | None = cls.__dict__.get("kind")
+        return None if kind is None else kind.struct
 
-    # -- attribute access -----------------------------------------------------------------
+    @classmethod
+    def _default(cls, member: cs.Construct) -> Any:
+        return cls.kind.defaults[member.name]
 
-    def __getattr__(self, name: str) -> Any:
-        values = object.__getattribute__(self, "values")
-        kind = type(self).kind
-        if name in values:
-            value = values[name]
-            return self.resolved()[name] if value is None else value
-        view = kind.views.get(name)
-        if view is not None:
-            raw = values[view[0]]
-            if raw is None:
-                raw = self.resolved()[view[0]]
-            return view[1].get(int(raw))
-        raise AttributeError(f"{type(self).__name__} has no field {name!r}")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in self.values:
-            self.values[name] = value
-            return
-        view = self.kind.views.get(name)
-        if view is not None:
-            raw = self.values[view[0]]
-            if raw is None:
-                raw = self.resolved()[view[0]]
-            self.values[view[0]] = view[1].put(int(raw), int(value))
-            return
-        object.__setattr__(self, name, value)
+    @classmethod
+    def _field_prefix(cls) -> str:
+        return cls.kind.tshark
 
     @property
     def code(self) -> int | None:
@@ -408,18 +349,21 @@ class Record:
     def _init_extras(self) -> None:
         """Set the child attributes of a freshly decoded record (none by default)."""
 
-    def _context(self) -> dict[str, Any]:
-        """Extra names the computed members' formulas may use (children's sizes etc.)."""
-        return {}
-
     def _extras_key(self) -> tuple[Any, ...]:
+        """What equality compares besides the resolved members (the children)."""
         return ()
 
-    # -- values, bytes, tshark ------------------------------------------------------------
+    def _key(self) -> tuple[Any, ...]:
+        return (self.resolved(), self._extras_key())
 
-    def resolved(self) -> dict[str, Any]:
-        """Member values with computed lengths, counts and presence bits filled in."""
-        return resolve_computed(self.kind.struct, self.values, self._context())
+    def _shown(self, name: str, value: Any) -> bool:
+        return value != b"" and name != "type"
+
+    def _repr_extras(self) -> list[str]:
+        return [f"{slot}={getattr(self, slot)!r}" for slot in self._slots
+                if slot != "values" and getattr(self, slot, None) not in (None, [], 0)]
+
+    # -- bytes, tshark --------------------------------------------------------------------
 
     def encode(self) -> bytes:
         """This record's own bytes (children included for records that have them)."""
@@ -434,14 +378,13 @@ class Record:
 
     def tshark_fields(self) -> list[tuple[str, Any]]:
         """The record as tshark ``-T fields`` shows it: (display-filter name, value) pairs."""
-        return export_struct(self.kind.tshark, self.kind.struct, self.resolved())
+        return self._export(self.resolved())
 
     # -- decoding -------------------------------------------------------------------------
 
     @classmethod
     def _from_values(cls, values: dict[str, Any]) -> Record:
-        obj = cls.__new__(cls)
-        object.__setattr__(obj, "values", values)
+        obj = cls._raw(values)
         obj._init_extras()
         return obj
 
@@ -454,7 +397,7 @@ class Record:
             parsed = kind.struct.parse_stream(stream)
         except _PARSE_ERRORS as exc:
             raise WireError(kind.tshark, pos, f"does not decode: {_reason(exc)}") from None
-        return {m.name: _plain(parsed[m.name]) for m in members(kind.struct)}, stream.tell()
+        return {m.name: plain(parsed[m.name]) for m in members(kind.struct)}, stream.tell()
 
     @classmethod
     def decode(cls, buf: bytes, pos: int, end: int) -> Record:
@@ -489,25 +432,6 @@ class Record:
             return cls.decode(buf, pos, end), end
         values, used = cls._construct_parse(buf, pos, limit)
         return cls._from_values(values), pos + used
-
-    # -- comparison -----------------------------------------------------------------------
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Record) or type(other) is not type(self):
-            return NotImplemented
-        return (self.resolved(), self._extras_key()) == (other.resolved(), other._extras_key())
-
-    def __hash__(self) -> int:  # mutable records hash by identity
-        return id(self)
-
-    def __repr__(self) -> str:
-        parts = [f"{k}={v!r}" for k, v in self.values.items()
-                 if v is not None and v != b"" and k != "type"]
-        for cls in type(self).__mro__:
-            for slot in getattr(cls, "__slots__", ()):
-                if slot != "values" and getattr(self, slot, None) not in (None, [], 0):
-                    parts.append(f"{slot}={getattr(self, slot)!r}")
-        return f"{type(self).__name__}({', '.join(parts)})"
 
 
 def _record(name: str, tshark: str, struct_def: cs.Struct, code: int | None = None,

@@ -16,18 +16,9 @@ import construct as cs
 
 from .errors import WireError
 from .fastpath import FastLayout, derive
-from .fields import (
-    Auto,
-    Bit,
-    bit_views,
-    export_struct,
-    fixed_format,
-    forget_computed,
-    members,
-    resolve_computed,
-    value_kind,
-)
+from .fields import fixed_format, forget_computed, members
 from .lbmc import LbmcMessage, parse_message
+from .records import StructRecord
 
 
 class CountOf:
@@ -66,7 +57,7 @@ def never(raw: int) -> bool:
     return False
 
 
-class Record:
+class Record(StructRecord):
     """The values of one Construct struct as an object: members and bit views as attributes.
 
     Subclasses set ``struct`` (the definition) and ``prefix`` (tshark prefix of the relative
@@ -78,43 +69,42 @@ class Record:
     Build one with keyword arguments naming members or bit views (``LbtruData(sqn=5, rx=1)``);
     members left out take neutral defaults (0, empty) and computed members (``Auto``: counts,
     lengths) and ``next_hdr`` are filled in when building unless given explicitly.
+
+    The record machinery is :class:`~wire.records.StructRecord`'s; this class adds the
+    derived fast layouts and the codec of the variable members, and ``repr`` leaves out
+    members at their defaults.  Transport records are mutable and not hashable.
     """
 
     struct: ClassVar[cs.Struct]
     prefix: ClassVar[str]
     fast: ClassVar[FastLayout]
-    _defaults: ClassVar[dict[str, Any]]
-    _views: ClassVar[dict[str, tuple[str, Bit]]]
-    _auto: ClassVar[tuple[cs.Renamed, ...]]
     _rest: ClassVar[tuple[cs.Renamed, ...]]
     _offsets: ClassVar[dict[str, int]]
     _scalar_lists: ClassVar[dict[str, tuple[str, FastLayout]]]
-    _plain: ClassVar[frozenset[str]] = frozenset()
 
-    __slots__ = ("values",)
-    values: dict[str, Any]
+    __slots__ = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "struct" in cls.__dict__:
             cls._prepare()
-        plain: set[str] = set()
-        for klass in cls.__mro__:
-            plain.update(getattr(klass, "__slots__", ()))
-        cls._plain = frozenset(plain)
+
+    @classmethod
+    def _declared_struct(cls) -> cs.Struct | None:
+        return cls.__dict__.get("struct")
+
+    @classmethod
+    def _field_prefix(cls) -> str:
+        return cls.prefix
 
     @classmethod
     def _prepare(cls) -> None:
+        """Derive the fast layout and the codec tables of the variable members."""
         cls.fast = derive(cls.struct)
-        defaults: dict[str, Any] = {}
-        views: dict[str, tuple[str, Bit]] = {}
         offsets: dict[str, int] = {}
         scalar_lists: dict[str, tuple[str, FastLayout]] = {}
         offset = 0
         for member in members(cls.struct):
-            defaults[member.name] = _default_for(member)
-            for view, bit in bit_views(member).items():
-                views.setdefault(view, (member.name, bit))
             letter = fixed_format(member)
             offsets[member.name] = offset
             if letter is not None:
@@ -134,70 +124,16 @@ class Record:
             if isinstance(inner, cs.Array) and member.name not in scalar_lists:
                 raise TypeError(f"{cls.__name__}.{member.name}: arrays must hold one-member "
                                 "structs")
-        cls._defaults = defaults
-        cls._views = views
         cls._offsets = offsets
         cls._scalar_lists = scalar_lists
-        cls._auto = tuple(m for m in members(cls.struct) if isinstance(m.subcon, Auto))
         cls._rest = rest
 
     def __init__(self, **kwargs: Any) -> None:
-        values = dict(self._defaults)
-        views: dict[str, Any] = {}
-        for key, value in kwargs.items():
-            if key in self._scalar_lists:
-                element = self._scalar_lists[key][0]
-                values[key] = [v[element] if isinstance(v, Mapping) else v for v in value]
-            elif key in values:
-                values[key] = value
-            elif key in self._views:
-                views[key] = value
-            else:
-                raise TypeError(f"{type(self).__name__} has no field {key!r}")
-        for key, value in views.items():
-            member, bit = self._views[key]
-            values[member] = bit.put(int(values[member]), int(value))
-        object.__setattr__(self, "values", values)
-
-    @classmethod
-    def _raw(cls, values: dict[str, Any]) -> Record:
-        """An instance around decoded values, bypassing ``__init__`` (the parse hot path)."""
-        obj = cls.__new__(cls)
-        object.__setattr__(obj, "values", values)
-        return obj
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            values = object.__getattribute__(self, "values")
-        except AttributeError:
-            raise AttributeError(name) from None
-        if name in values:
-            value = values[name]
-            # computed members (counts, lengths, a packet's chain) read as building writes them
-            return self.resolved().get(name) if value is None else value
-        if name.startswith("_"):
-            raise AttributeError(name)
-        view = self._views.get(name)
-        if view is not None:
-            raw = values[view[0]]
-            return view[1].get(int(self.resolved()[view[0]] if raw is None else raw))
-        raise AttributeError(f"{type(self).__name__} has no field {name!r}")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in self._plain:
-            object.__setattr__(self, name, value)
-            return
-        if name in self.values:
-            self.values[name] = value
-            return
-        view = self._views.get(name)
-        if view is None:
-            raise AttributeError(f"{type(self).__name__} has no field {name!r}")
-        self.values[view[0]] = view[1].put(int(self.values[view[0]]), int(value))
-
-    def resolved(self) -> dict[str, Any]:
-        """Member values with computed counts/lengths filled in (``next_hdr`` as given)."""
-        return resolve_computed(self.struct, self.values)
+        super().__init__(**kwargs)
+        for name, (element, _) in self._scalar_lists.items():
+            if name in kwargs:
+                self.values[name] = [v[element] if isinstance(v, Mapping) else v
+                                     for v in kwargs[name]]
 
     @classmethod
     def struct_values(cls, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -264,25 +200,12 @@ class Record:
         return values, cur - pos
 
     def _export(self, values: Mapping[str, Any]) -> list[tuple[str, Any]]:
-        return export_struct(self.prefix, self.struct, self.struct_values(values))
+        return super()._export(self.struct_values(values))
 
-    def __repr__(self) -> str:
-        shown = ", ".join(f"{k}={v!r}" for k, v in self.values.items()
-                          if v is not None and v != self._defaults.get(k))
-        return f"{type(self).__name__}({shown})"
+    def _shown(self, name: str, value: Any) -> bool:
+        return bool(value != self._defaults.get(name))
 
     __hash__ = None  # type: ignore[assignment]
-
-
-def _default_for(member: cs.Construct) -> Any:
-    inner = member.subcon
-    if isinstance(inner, Auto) or member.name == "next_hdr":
-        return None
-    if isinstance(inner, cs.Array):
-        return []
-    if value_kind(member) == "int":
-        return 0
-    return b""
 
 
 class TransportOption(Record):
@@ -297,32 +220,27 @@ class TransportOption(Record):
     @classmethod
     def from_wire(cls, code: int, values: dict[str, Any]) -> TransportOption:
         """An option around decoded values (``code`` matters to classes without a fixed one)."""
-        obj = cls._raw(values)
-        assert isinstance(obj, TransportOption)
-        return obj
+        return cls._raw(values)
 
     def encode(self, next_hdr: int, at: int = 0) -> bytes:
-        values = self.resolved()
-        if values.get("next_hdr") is None:
-            values["next_hdr"] = next_hdr
-        return self.encode_values(values, at)
+        return self.encode_values(self._linked(next_hdr), at)
 
     def chained(self, next_hdr: int) -> dict[str, Any]:
-        values = self.resolved()
-        if values.get("next_hdr") is None:
-            values["next_hdr"] = next_hdr
-        return values
+        """Resolved values with ``next_hdr`` filled in unless set explicitly."""
+        return self._linked(next_hdr)
 
     def tshark_fields(self, next_hdr: int) -> list[tuple[str, Any]]:
         """The option as tshark shows it; ``next_hdr`` fills the chain link if not set."""
-        return self._export(self.chained(next_hdr))
+        return self._export(self._linked(next_hdr))
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, TransportOption):
-            return NotImplemented
-        mine, theirs = self.resolved(), other.resolved()
-        mine.pop("next_hdr", None), theirs.pop("next_hdr", None)
-        return (type(self), self.code, mine) == (type(other), other.code, theirs)
+    def _same_kind(self, other: StructRecord) -> bool:
+        return isinstance(other, TransportOption)
+
+    def _key(self) -> tuple[Any, ...]:
+        # the chain link depends on the option's place in the packet, not on the option
+        values = self.resolved()
+        values.pop("next_hdr", None)
+        return (type(self), self.code, values)
 
 
 class TransportPacket(Record):
@@ -345,10 +263,9 @@ class TransportPacket(Record):
     trailer: bytes
 
     @classmethod
-    def _prepare(cls) -> None:
-        super()._prepare()
-        if "ver_type" in cls._defaults:
-            cls._defaults["ver_type"] = cls.type_code
+    def _default(cls, member: cs.Construct) -> Any:
+        """``ver_type`` defaults to the class's type (version 0)."""
+        return cls.type_code if member.name == "ver_type" else super()._default(member)
 
     def __init__(self, *, options: Iterable[TransportOption] = (),
                  payload: Sequence[LbmcMessage] | bytes = (), trailer: bytes = b"",
@@ -364,7 +281,6 @@ class TransportPacket(Record):
     @classmethod
     def _from_wire(cls, values: dict[str, Any]) -> TransportPacket:
         obj = cls._raw(values)
-        assert isinstance(obj, TransportPacket)
         obj.options, obj.payload, obj.trailer = [], [], b""
         return obj
 
@@ -434,13 +350,10 @@ class TransportPacket(Record):
         opts = [(o.code, type(o), o.chained(codes[i + 1])) for i, o in enumerate(self.options)]
         return (type(self), self.header_values(), opts, self.payload, self.trailer)
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, TransportPacket):
-            return NotImplemented
-        return self._key() == other._key()
+    def _same_kind(self, other: StructRecord) -> bool:
+        return isinstance(other, TransportPacket)
 
-    def __repr__(self) -> str:
-        base = super().__repr__()[:-1]
+    def _repr_extras(self) -> list[str]:
         extra = []
         if self.options:
             extra.append(f"options={self.options!r}")
@@ -448,8 +361,7 @@ class TransportPacket(Record):
             extra.append(f"payload={self.payload!r}")
         if self.trailer:
             extra.append(f"trailer={self.trailer!r}")
-        sep = ", " if extra and not base.endswith("(") else ""
-        return base + sep + ", ".join(extra) + ")"
+        return extra
 
 
 @dataclass(frozen=True)
@@ -557,6 +469,5 @@ class CodedOption(TransportOption):
     @classmethod
     def from_wire(cls, code: int, values: dict[str, Any]) -> TransportOption:
         obj = cls._raw(values)
-        assert isinstance(obj, CodedOption)
         obj.code = code
         return obj
