@@ -14,6 +14,7 @@ Construct cannot express itself are attached to the struct members as attributes
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -106,10 +107,19 @@ class IPv4Adapter(cs.Adapter):
 
 
 def ipv4_to_int(value: Any) -> int:
+    """An IPv4 address as u32, strictly: four decimal octets, no leading zeros (``010.0.0.1``
+    is refused rather than read as octal as ``inet_aton`` would)."""
     if isinstance(value, int):
         if not 0 <= value <= 0xFFFFFFFF:
             raise ValueError(f"IPv4 value {value} out of range")
         return value
+    if isinstance(value, str):
+        parts = value.split(".")
+        if len(parts) == 4 and all(p.isdigit() and p.isascii() and (p == "0" or p[0] != "0")
+                                   and len(p) <= 3 and int(p) <= 255 for p in parts):
+            a, b, c, d = (int(p) for p in parts)
+            return (a << 24) | (b << 16) | (c << 8) | d
+        raise ValueError(f"{value!r} is not a dotted-quad IPv4 address")
     return int(ipaddress.IPv4Address(value))
 
 
@@ -144,23 +154,33 @@ class Auto(cs.Subconstruct):
         return self.subcon._sizeof(context, path)
 
 
+@functools.cache
+def _computed_plan(struct_def: cs.Struct) -> tuple[tuple[tuple[str, Auto], ...],
+                                                   tuple[tuple[str, cs.Struct], ...]]:
+    """The ``Auto`` members and the arrays of sub-structs of a struct, read once per struct
+    (parsing calls :func:`forget_computed` for every record, so this is on the hot path)."""
+    autos = tuple((m.name, m.subcon) for m in members(struct_def) if isinstance(m.subcon, Auto))
+    arrays = tuple((m.name, m.subcon.subcon) for m in members(struct_def)
+                   if isinstance(m.subcon, cs.Array) and isinstance(m.subcon.subcon, cs.Struct))
+    return autos, arrays
+
+
 def resolve_computed(struct_def: cs.Struct, values: Mapping[str, Any],
                      extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``values`` with every ``Auto`` member left ``None`` computed as building would do,
     arrays of sub-structs included.  ``extra`` adds context the formulas may read."""
+    autos, arrays = _computed_plan(struct_def)
     out = dict(values)
-    for member in members(struct_def):
-        inner = member.subcon
-        if isinstance(inner, cs.Array) and isinstance(inner.subcon, cs.Struct):
-            out[member.name] = [resolve_computed(inner.subcon, item)
-                                if isinstance(item, Mapping) else item
-                                for item in out.get(member.name) or []]
+    for name, element in arrays:
+        out[name] = [resolve_computed(element, item) if isinstance(item, Mapping) else item
+                     for item in out.get(name) or []]
+    if not any(out.get(name) is None for name, _ in autos):
+        return out
     ctx = cs.Container({**out, **(extra or {})})
     ctx["_parsing"] = False  # counts read the lists, not the count members
-    for member in members(struct_def):
-        if isinstance(member.subcon, Auto) and out.get(member.name) is None:
-            out[member.name] = member.subcon.compute(ctx)
-            ctx[member.name] = out[member.name]
+    for name, auto in autos:
+        if out.get(name) is None:
+            out[name] = ctx[name] = auto.compute(ctx)
     return out
 
 
@@ -173,23 +193,21 @@ def forget_computed(struct_def: cs.Struct, values: dict[str, Any],
     crafted or broken length) is kept, so such input still round-trips byte for byte.
     Arrays of sub-structs are handled element by element.
     """
-    for member in members(struct_def):
-        inner = member.subcon
-        if isinstance(inner, cs.Array) and isinstance(inner.subcon, cs.Struct):
-            for item in values.get(member.name) or []:
-                if isinstance(item, dict):
-                    forget_computed(inner.subcon, item)
-    autos = [m.name for m in members(struct_def) if isinstance(m.subcon, Auto)]
+    autos, arrays = _computed_plan(struct_def)
+    for name, element in arrays:
+        for item in values.get(name) or []:
+            if isinstance(item, dict):
+                forget_computed(element, item)
     if not autos:
         return values
     trial = dict(values)
-    for name in autos:
+    for name, _ in autos:
         trial[name] = None
     try:
         computed = resolve_computed(struct_def, trial, extra)
     except (KeyError, TypeError, ValueError, AttributeError):
         return values
-    for name in autos:
+    for name, _ in autos:
         if values.get(name) == computed[name]:
             values[name] = None
     return values

@@ -957,6 +957,10 @@ def _decode_header(code: int, msg: bytes | memoryview, pos: int, hdr_len: int) -
     if fast is not None:
         values = fast.decode(msg, pos)
         values["trailing"] = bytes(msg[pos + fast.size : pos + hdr_len])
+        # a fixed layout's hdr_len is by construction its size plus the trailing bytes, which
+        # is exactly what building computes: leave it to be recomputed (see forget_computed)
+        values["hdr_len"] = None
+        return _CLASSES[code]._raw(values)
     else:
         assert kind.struct is not None
         try:
