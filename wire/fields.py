@@ -250,6 +250,22 @@ def fixed_format(subcon: cs.Construct) -> str | None:
     return None
 
 
+def length_prefixed(first: str, length: str, *body: cs.Construct) -> cs.Struct:
+    """The UM record shape: a code byte, a length byte counting the whole record, a fixed
+    body, then whatever a longer length adds (kept as ``trailing``; tshark skips it).
+
+    LBMC extended headers (``next_hdr``, ``hdr_len``) and LBMR topic options (``type``,
+    ``len``) are both written with it.
+    """
+    size = 2 + fixed_size(body)
+    return cs.Struct(
+        field(first, cs.Int8ub),
+        field(length, Auto(cs.Int8ub, lambda ctx: size + len(ctx.get("trailing") or b""))),
+        *body,
+        field("trailing", cs.Bytes(getattr(cs.this, length) - size), tshark=None),
+    )
+
+
 def is_zero_padding(subcon: cs.Construct) -> bool:
     """An unnamed ``Padding(n)`` of zero bytes: the only valueless member a fast layout takes."""
     return (isinstance(subcon, cs.Padded) and subcon.subcon is cs.Pass

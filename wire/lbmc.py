@@ -48,6 +48,7 @@ from .fields import (
     field,
     fixed_size,
     forget_computed,
+    length_prefixed,
     members,
     text,
 )
@@ -108,13 +109,7 @@ def _flags8(**bits: int | Bit) -> cs.Renamed:
 
 def _fixed(*body: cs.Construct) -> cs.Struct:
     """next_hdr, hdr_len, the fixed body, then whatever a longer hdr_len adds (``trailing``)."""
-    size = 2 + fixed_size(body)
-    return cs.Struct(
-        field("next_hdr", U8),
-        field("hdr_len", Auto(U8, lambda ctx: size + len(ctx.get("trailing") or b""))),
-        *body,
-        field("trailing", cs.Bytes(this.hdr_len - size), tshark=None),
-    )
+    return length_prefixed("next_hdr", "hdr_len", *body)
 
 
 def _named(member: str, *head: cs.Construct) -> cs.Struct:

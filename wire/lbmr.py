@@ -113,6 +113,7 @@ from .fields import (
     field,
     fixed_size,
     forget_computed,
+    length_prefixed,
     members,
     text,
 )
@@ -514,13 +515,7 @@ Qqr = _record("Qqr", "lbmr.qqr", cs.Struct(field("name", cstring())),
 
 def _topt_struct(*body: cs.Construct) -> cs.Struct:
     """type, len (whole option), the fixed body, then whatever a longer ``len`` adds."""
-    size = 2 + fixed_size(body)
-    return cs.Struct(
-        field("type", U8),
-        field("len", Auto(U8, lambda ctx: size + len(ctx.get("trailing") or b""))),
-        *body,
-        field("trailing", cs.Bytes(this.len - size), tshark=None),
-    )
+    return length_prefixed("type", "len", *body)
 
 
 TOPIC_OPTIONS: dict[int, type[Record]] = {}
