@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import construct as cs
@@ -12,6 +11,7 @@ from hypothesis import strategies as st
 
 from tests.wire.strategies import messages, values_for
 from tests.wire.test_lbtru import at_least
+from tests.wire.transport_fuzz import check_mutations, check_parse_or_raise
 from wire import lbtrm
 from wire.errors import WireError
 from wire.lbmc import LbmcMessage, MessageType, Topicname, build_messages
@@ -229,14 +229,7 @@ def test_every_truncation_is_a_clean_error(cls: type[LbtrmPacket]) -> None:
 @at_least(500)
 @given(st.binary(max_size=120))
 def test_random_bytes_parse_or_raise_wire_error(raw: bytes) -> None:
-    try:
-        packet = parse_packet(raw, decode_lbmc=False)
-    except WireError:
-        pass
-    else:
-        assert packet.build() == raw
-    with contextlib.suppress(WireError):
-        parse_packet(raw)
+    check_parse_or_raise(parse_packet, raw)
 
 
 @at_least(400)
@@ -245,17 +238,7 @@ def test_random_bytes_parse_or_raise_wire_error(raw: bytes) -> None:
 def test_mutated_packets_parse_or_raise_wire_error(packet: LbtrmPacket,
                                                    edits: list[tuple[int, int]],
                                                    cut: int) -> None:
-    raw = bytearray(packet.build())
-    for pos, value in edits:
-        raw[pos % len(raw)] = value
-    for candidate in (bytes(raw), bytes(raw[: cut % (len(raw) + 1)])):
-        try:
-            lazy = parse_packet(candidate, decode_lbmc=False)
-        except WireError:
-            continue
-        assert lazy.build() == candidate
-        with contextlib.suppress(WireError):
-            parse_packet(candidate)
+    check_mutations(parse_packet, packet.build(), edits, cut)
 
 
 def test_api_errors() -> None:
