@@ -156,8 +156,7 @@ def classify_udp(seg: Segment, ports: PortMap) -> str | None:
     if ((_in(seg.dport, ports.lbtru_source) and _in(seg.sport, ports.lbtru_receiver))
             or (_in(seg.dport, ports.lbtru_receiver) and _in(seg.sport, ports.lbtru_source))):
         return "lbtru"
-    p = seg.payload
-    if len(p) >= 8 and p[0] >> 4 == 0 and p[0] & 0x0F in (0, 2, 3, 4) and p[1] == 0:
+    if lbtrm.heuristic_content_test(seg.payload):
         if _multicast(seg.dst):
             if _ip_in(seg.dst, *ports.lbtrm_mc_range) and _in(seg.dport, ports.lbtrm_dport):
                 return "lbtrm"

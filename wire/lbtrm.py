@@ -39,6 +39,7 @@ from enum import IntEnum
 import construct as cs
 
 from .errors import WireError
+from .fastpath import derive
 from .fields import U8, U16, U32, Auto, Bit, field
 from .lbtru import FORMAT_SELECTIVE, NcfReason, ncf_reason_text
 from .transport import CodedOption, CountOf, RestOf, TransportCodec, TransportPacket, never
@@ -265,7 +266,23 @@ class LbtrmUnknown(LbtrmPacket):
 PACKET_CLASSES: dict[int, type[LbtrmPacket]] = {
     cls.type_code: cls for cls in (LbtrmData, LbtrmSm, LbtrmNak, LbtrmNcf)
 }
-HEADER_SIZE = 8
+COMMON = derive(UnknownTypeHeader, name="lbtrm")
+"""The common 8-byte header every type starts with (read off the structs)."""
+HEADER_SIZE = COMMON.size
+HEURISTIC_TYPES = frozenset({PacketType.DATA, PacketType.SM, PacketType.NAK, PacketType.NCF})
+
+
+def heuristic_content_test(payload: bytes | bytearray | memoryview) -> bool:
+    """The content part of tshark's ``lbtrm_udp`` heuristic: a whole common header, version
+    0, a DATA/SM/NAK/NCF type and no options (``next_hdr`` 0).  The address and port part
+    is the caller's (it depends on the port map)."""
+    if len(payload) < HEADER_SIZE:
+        return False
+    values = COMMON.decode(payload)
+    ver_type = int(values["ver_type"])
+    return (VER_TYPE_BITS["version"].get(ver_type) == 0
+            and VER_TYPE_BITS["type"].get(ver_type) in HEURISTIC_TYPES
+            and values["next_hdr"] == 0)
 DATA_FAST = LbtrmData.fast
 """The derived 20-byte DATA header layout (header + data body)."""
 

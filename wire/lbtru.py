@@ -44,6 +44,7 @@ from typing import Any
 import construct as cs
 
 from .errors import WireError
+from .fastpath import derive
 from .fields import (
     U8,
     U16,
@@ -431,7 +432,9 @@ PACKET_CLASSES: dict[int, type[LbtruPacket]] = {
 OPTION_CLASSES: dict[int, type[LbtruOption]] = {SidOption.code: SidOption,
                                                 CidOption.code: CidOption}
 
-HEADER_SIZE = 4
+COMMON = derive(UnknownTypeHeader, name="lbtru")
+"""The common header every type starts with (read off the structs, as everything here)."""
+HEADER_SIZE = COMMON.size
 DATA_FAST = LbtruData.fast
 """The derived 12-byte DATA header layout (ver_type, next_hdr, flags, sqn, trail_sqn)."""
 

@@ -259,3 +259,13 @@ def test_heuristic_acceptance() -> None:
     assert not LbtrmData(next_hdr=1).heuristic_accepts()
     assert not LbtrmSm(version=1).heuristic_accepts()
     assert not LbtrmUnknown(type=5).heuristic_accepts()
+
+
+@at_least(200)
+@given(any_packet)
+def test_heuristic_content_test_matches_the_packet_view(packet: LbtrmPacket) -> None:
+    """ump dissect's byte-level test (derived from the common header struct) agrees with the
+    packet's own reading of tshark's heuristic."""
+    raw = packet.build()
+    assert lbtrm.heuristic_content_test(raw) == packet.heuristic_accepts()
+    assert not lbtrm.heuristic_content_test(raw[: lbtrm.HEADER_SIZE - 1])
