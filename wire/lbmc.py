@@ -92,6 +92,15 @@ ControlHeader = cs.Struct(
 DATA_BASE = derive(DataHeader)
 CONTROL_BASE = derive(ControlHeader)
 
+BasicHeader = cs.Struct(
+    field("next_hdr", U8),
+    field("hdr_len", U8),
+    field("word", U16, tshark=None),
+)
+"""The 4 bytes every extended header starts with (wire-lbmc.md 1.5): the chain walk reads
+``next_hdr`` and ``hdr_len`` through it; ``word`` is each header's flags/code."""
+BASIC = derive(BasicHeader, name="lbmc")
+
 
 # --- extended headers ---------------------------------------------------------------------------
 
@@ -228,7 +237,8 @@ class Header(StructRecord):
                 assert kind.struct is not None
                 raw = bytes(kind.struct.build(values))
             if crafted is not None:
-                raw = raw[:1] + bytes([crafted]) + raw[2:]
+                nxt, _, word = BASIC.unpack_from(raw)
+                raw = BASIC.codec.pack(nxt, crafted, word) + raw[BASIC.size :]
         except (cs.ConstructError, struct.error, ValueError, TypeError, KeyError) as exc:
             raise WireError(kind.tshark, 0, f"cannot encode: {exc}") from None
         return raw
@@ -994,8 +1004,8 @@ def parse_message(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple
     if base == DATA_BASE.size:
         _, _, _, message.tidx, message.sqn = DATA_BASE.codec.unpack_from(msg, 0)
     cur, pos = first, base
-    while pos + 4 <= msglen and cur not in (NHDR_DATA, NHDR_NONE):
-        hdr_len = msg[pos + 1]
+    while pos + BASIC.size <= msglen and cur not in (NHDR_DATA, NHDR_NONE):
+        following, hdr_len, _ = BASIC.unpack_from(msg, pos)
         if hdr_len == 0:
             raise WireError(_prefix(cur), pos, "hdr_len is zero")
         if pos + hdr_len > msglen:
@@ -1007,7 +1017,7 @@ def parse_message(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple
             # so a parsed message can be edited (headers added, removed) and rebuilt
             header.values["next_hdr"] = None
         message.headers.append(header)
-        cur = msg[pos]
+        cur = following
         pos += hdr_len
     message.terminator = cur
     if cur == NHDR_DATA:
@@ -1073,6 +1083,7 @@ AppHdrMsgPropLen = cs.Struct(
 
 MSGPROP_ELEMENT = 0x06
 MSGPROP_FAST = derive(AppHdrMsgPropLen)
+ELEMENT_HEAD = derive(AppHdrElement)  # next_hdr, hdr_len, res (data follows)
 
 
 @dataclass
@@ -1125,8 +1136,8 @@ def parse_apphdr_chain(header: Header) -> list[ChainElement]:
     data: bytes = header.elements
     cur, pos, out = header.first_chain_hdr, 0, []
     while pos < len(data):
-        if pos and len(data) - pos >= 4:
-            cur = data[pos]
+        if pos and len(data) - pos >= ELEMENT_HEAD.size:
+            cur = ELEMENT_HEAD.unpack_from(data, pos)[0]
         if cur == MSGPROP_ELEMENT:
             if pos + 8 > len(data):
                 raise WireError("lbmc.apphdr_chain.msgprop", 4 + pos, "element truncated")
@@ -1134,14 +1145,14 @@ def parse_apphdr_chain(header: Header) -> list[ChainElement]:
             out.append(ChainElement(MSGPROP_ELEMENT, proplen=proplen, res=res, tag=tag))
             size = 8
         else:
-            if pos + 4 > len(data):
+            if pos + ELEMENT_HEAD.size > len(data):
                 raise WireError("lbmc.apphdr_chain.element", 4 + pos, "element truncated")
-            size = data[pos + 1]
-            if size <= 4 or pos + size > len(data):
+            tag, size, res = ELEMENT_HEAD.unpack_from(data, pos)
+            if size <= ELEMENT_HEAD.size or pos + size > len(data):
                 raise WireError("lbmc.apphdr_chain.element", 4 + pos,
                                 f"element hdr_len {size} is invalid")
-            out.append(ChainElement(cur, data=data[pos + 4 : pos + size], tag=data[pos],
-                                    res=int.from_bytes(data[pos + 2 : pos + 4], "big")))
+            out.append(ChainElement(cur, data=data[pos + ELEMENT_HEAD.size : pos + size],
+                                    tag=tag, res=res))
         pos += size
     return out
 

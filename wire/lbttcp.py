@@ -101,8 +101,8 @@ class LbttcpStream:
         items: list[StreamItem] = []
         pos = 0
         buf = self._buf
-        while len(buf) - pos >= 4:
-            msglen = (buf[pos + 2] << 8) | buf[pos + 3]
+        while len(buf) - pos >= CONTROL_BASE.size:
+            _, _, msglen = CONTROL_BASE.codec.unpack_from(buf, pos)
             if msglen < 4:
                 err = WireError("lbttcp", self._consumed + pos + 2,
                                 f"msglen {msglen} cannot frame a message; stream cannot resync")
