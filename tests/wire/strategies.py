@@ -100,3 +100,26 @@ def messages(draw: st.DrawFn, max_headers: int = 4) -> lbmc.LbmcMessage:
         tidx=draw(st.integers(0, 0xFFFFFFFF)), sqn=draw(st.integers(0, 0xFFFFFFFF)),
     )
     return message
+
+
+def transport_packets(cls: type[Any], option_lists: st.SearchStrategy[list[Any]], *,
+                      versions: st.SearchStrategy[int], max_messages: int = 3,
+                      payload_messages: st.SearchStrategy[lbmc.LbmcMessage] | None = None,
+                      ) -> st.SearchStrategy[Any]:
+    """Random LBT-RU/LBT-RM packets of one type: every member (read off ``cls.struct``), the
+    given option lists, LBMC messages for DATA, and ignored trailing bytes."""
+    if cls.carries_lbmc:
+        payloads = st.lists(messages() if payload_messages is None else payload_messages,
+                            max_size=max_messages)
+        trailers = st.binary(max_size=3)
+    else:
+        payloads, trailers = st.just([]), st.binary(max_size=8)
+
+    def make(values: dict[str, Any], version: int, options: list[Any], payload: list[Any],
+             trailer: bytes) -> Any:
+        packet = cls(options=options, payload=payload, trailer=trailer, **values)
+        packet.version = version
+        return packet
+
+    return st.builds(make, values_for(cls.struct, skip=("next_hdr", "ver_type")), versions,
+                     option_lists, payloads, trailers)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.wire.strategies import messages, values_for
+from tests.wire.strategies import transport_packets, values_for
 from tests.wire.test_lbtru import at_least
 from tests.wire.transport_fuzz import check_mutations, check_parse_or_raise
 from wire import lbtrm
@@ -46,20 +46,8 @@ def lbtrm_packets(cls: type[LbtrmPacket], *, options: bool = True, max_messages:
     ``options=False`` (and version 0) gives packets tshark's heuristic accepts.
     """
     option_lists = st.lists(rm_options(), max_size=3) if options else st.just([])
-    if cls.carries_lbmc:
-        payloads = st.lists(messages() if lbmc is None else lbmc, max_size=max_messages)
-        trailers = st.binary(max_size=3)
-    else:
-        payloads, trailers = st.just([]), st.binary(max_size=8)
-
-    def make(values: dict[str, Any], version: int, opts: list[Any], payload: list[Any],
-             trailer: bytes) -> LbtrmPacket:
-        packet = cls(options=opts, payload=payload, trailer=trailer, **values)
-        packet.version = version
-        return packet
-
-    return st.builds(make, values_for(cls.struct, skip=("next_hdr", "ver_type")), versions,
-                     option_lists, payloads, trailers)
+    return transport_packets(cls, option_lists, versions=versions, max_messages=max_messages,
+                             payload_messages=lbmc)
 
 
 any_packet = st.sampled_from(PACKET_TYPES).flatmap(lbtrm_packets)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.wire.strategies import messages, values_for
+from tests.wire.strategies import transport_packets, values_for
 from tests.wire.transport_fuzz import check_mutations, check_parse_or_raise
 from wire import lbtru
 from wire.errors import WireError
@@ -68,23 +68,9 @@ def lbtru_packets(cls: type[LbtruPacket], *, unknown: bool = True, max_messages:
                   ) -> st.SearchStrategy[LbtruPacket]:
     """Random packets of one type: every member, options, LBMC payload (DATA) and trailer."""
     opts = st.one_of(known_options(), unknown_options()) if unknown else known_options()
-    option_lists = st.lists(opts, max_size=3)
-    if cls is LbtruRst:
-        option_lists = st.just([])
-    if cls.carries_lbmc:
-        payloads = st.lists(messages() if lbmc is None else lbmc, max_size=max_messages)
-        trailers = st.binary(max_size=3)
-    else:
-        payloads, trailers = st.just([]), st.binary(max_size=8)
-
-    def make(values: dict[str, Any], version: int, options: list[Any], payload: list[Any],
-             trailer: bytes) -> LbtruPacket:
-        packet = cls(options=options, payload=payload, trailer=trailer, **values)
-        packet.version = version
-        return packet
-
-    return st.builds(make, values_for(cls.struct, skip=("next_hdr", "ver_type")), versions,
-                     option_lists, payloads, trailers)
+    option_lists = st.lists(opts, max_size=3) if cls is not LbtruRst else st.just([])
+    return transport_packets(cls, option_lists, versions=versions, max_messages=max_messages,
+                             payload_messages=lbmc)
 
 
 PACKET_TYPES = [LbtruData, LbtruSm, LbtruNak, LbtruNcf, LbtruAck, LbtruCreq, LbtruRst]
