@@ -1,0 +1,341 @@
+"""What every reference core shares: a UM *context* without I/O.
+
+A UM application owns a context; the context owns the sockets (a topic-resolution UDP port, TCP
+listeners for the data transport and for persistence requests, outgoing TCP connections to
+stores and sources).  :class:`ContextCore` keeps all of that as plain state and speaks the
+sans-IO interface of :mod:`reference_impl.sim` (the same one :mod:`reference_impl.aio` puts on
+real sockets):
+
+* ``receive(data, addr, now)`` for UDP datagrams (LBMR topic resolution);
+* ``stream_event(event, now)`` / ``stream_commands(now)`` for TCP connections, each framed as
+  LBT-TCP (LBMC messages back to back, :class:`wire.lbttcp.LbttcpStream`);
+* ``get_timer()`` / ``handle_timer(now)`` driven by named deadlines;
+* ``next_event()`` for the application events of :mod:`reference_impl.events`.
+
+Subclasses (store, source, receiver, resolver) only see decoded messages and named timers.
+Connections to a peer are opened on demand by :meth:`ContextCore.send_to` and keyed by the
+peer's address, so a core says "send this PREG to the store at 10.0.0.1:14567" and the base
+class connects, queues until connected and reports a lost peer exactly once.
+
+Malformed input never raises out of a core: it becomes an :class:`~reference_impl.events.
+InputDropped` event and a log line, and the state is untouched (issue 3, "Bad input").
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from reference_impl.events import Addr, Event, InputDropped, Level, LogRecord
+from reference_impl.sim import (
+    Connect,
+    ConnKey,
+    StreamClose,
+    StreamCommand,
+    StreamEvent,
+    StreamEventKind,
+    StreamWrite,
+)
+from wire import lbmr
+from wire.errors import WireError
+from wire.lbmc import LbmcMessage, parse_message
+from wire.lbttcp import LbttcpStream
+
+EPHEMERAL: Addr = ("0.0.0.0", 0)
+
+
+@dataclass(eq=False)
+class Connection:
+    """One TCP connection as a core sees it.
+
+    Attributes:
+        key: (local address, remote address).
+        outgoing: we opened it (to a store or a source); else a peer connected to us.
+        open: established and not closed.
+        framer: LBT-TCP framer for the bytes we receive.
+        pending: bytes written before the connection was established.
+        tag: what the subclass uses this connection for (free-form).
+    """
+
+    key: ConnKey
+    outgoing: bool
+    open: bool = False
+    framer: LbttcpStream = field(default_factory=lambda: LbttcpStream(decode=False))
+    pending: list[bytes] = field(default_factory=list)
+    tag: object = None
+
+    @property
+    def local(self) -> Addr:
+        return self.key[0]
+
+    @property
+    def remote(self) -> Addr:
+        return self.key[1]
+
+
+class ContextCore:
+    """Sans-IO base of every reference core (see the module docstring).
+
+    Args:
+        name: used in log lines and events.
+        ip: the address this context binds and advertises.
+        lbmr_port: its topic-resolution UDP port (what it sends LBMR from).
+        resolver: the unicast resolver daemon's address, or None for no topic resolution.
+    """
+
+    component = "context"
+
+    def __init__(self, name: str, ip: str, *, lbmr_port: int = 0,
+                 resolver: Addr | None = None) -> None:
+        self.name = name
+        self.ip = ip
+        self.lbmr_addr: Addr = (ip, lbmr_port)
+        self.resolver = resolver
+        self.now = 0.0
+        self._datagrams: list[tuple[bytes, Addr]] = []
+        self._commands: list[StreamCommand] = []
+        self._events: deque[Event] = deque()
+        self._deadlines: dict[str, float] = {}
+        self._heap: list[tuple[float, str]] = []
+        self.connections: dict[ConnKey, Connection] = {}
+        self._outgoing: dict[Addr, Connection] = {}  # remote -> our (pending) connection to it
+        self._connecting: dict[Addr, list[bytes]] = {}  # remote -> bytes waiting for CONNECTED
+        self.stats: dict[str, int] = {"dropped_inputs": 0}
+        self.closed = False
+
+    # --- the sans-IO interface --------------------------------------------------------------
+
+    def receive(self, data: bytes, addr: Addr, now: float) -> None:
+        """A UDP datagram arrived (only LBMR in this implementation)."""
+        self.now = now
+        if self.closed:
+            return
+        try:
+            packet = lbmr.parse_packet(data)
+        except WireError as exc:
+            self.drop(addr, f"LBMR does not decode: {exc}", len(data))
+            return
+        self.on_lbmr(packet, addr)
+
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, Addr]]:
+        out, self._datagrams = self._datagrams, []
+        return out
+
+    def stream_commands(self, now: float) -> list[StreamCommand]:
+        out, self._commands = self._commands, []
+        return out
+
+    def get_timer(self) -> float | None:
+        heap = self._heap
+        while heap:
+            at, name = heap[0]
+            if self._deadlines.get(name) == at:
+                return at
+            heapq.heappop(heap)  # superseded or cancelled
+        return None
+
+    def handle_timer(self, now: float) -> None:
+        self.now = now
+        if self.closed:
+            return
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            at, name = heapq.heappop(heap)
+            if self._deadlines.get(name) != at:
+                continue
+            del self._deadlines[name]
+            self.on_timer(name)
+
+    def stream_event(self, event: StreamEvent, now: float) -> None:
+        self.now = now
+        if self.closed:
+            return
+        kind, key = event.kind, event.conn
+        if kind is StreamEventKind.DATA:
+            conn = self.connections.get(key)
+            if conn is not None:
+                self._feed(conn, event.data)
+        elif kind is StreamEventKind.ACCEPTED:
+            conn = Connection(key, outgoing=False, open=True)
+            self.connections[key] = conn
+            self.on_accepted(conn)
+        elif kind is StreamEventKind.CONNECTED:
+            remote = key[1]
+            conn = self._outgoing.get(remote)
+            if conn is None or conn.open:
+                self._commands.append(StreamClose(key))  # nobody wants it any more
+                return
+            if conn.key != key:
+                self.connections.pop(conn.key, None)
+                conn.key = key
+            conn.open = True
+            self.connections[key] = conn
+            data = b"".join(conn.pending)
+            conn.pending.clear()
+            if data:
+                self._commands.append(StreamWrite(key, data))
+            self.on_connected(conn)
+        else:  # CLOSED, RESET, REFUSED
+            conn = self.connections.pop(key, None)
+            if conn is None and kind is StreamEventKind.REFUSED:
+                conn = self._outgoing.get(key[1])
+            if conn is None:
+                return
+            self.connections.pop(conn.key, None)
+            if self._outgoing.get(conn.remote) is conn:
+                del self._outgoing[conn.remote]
+            was_open = conn.open
+            conn.open = False
+            if kind is StreamEventKind.CLOSED and was_open:
+                self._commands.append(StreamClose(conn.key))
+            self.on_connection_lost(conn, refused=kind is StreamEventKind.REFUSED)
+
+    def next_event(self) -> Event | None:
+        """The next application event, or None."""
+        return self._events.popleft() if self._events else None
+
+    def events(self) -> list[Event]:
+        """Drain every queued event."""
+        out = list(self._events)
+        self._events.clear()
+        return out
+
+    # --- helpers for subclasses -------------------------------------------------------------
+
+    def emit(self, event: Event) -> None:
+        self._events.append(event)
+
+    def log(self, level: Level, text: str) -> None:
+        self._events.append(LogRecord(f"{self.component} {self.name}", level, text))
+
+    def drop(self, peer: Addr, reason: str, size: int) -> None:
+        """Log and discard bad input; the caller must not have changed any state."""
+        self.stats["dropped_inputs"] += 1
+        self._events.append(InputDropped(peer, reason, size))
+        self.log(Level.WARNING, f"dropped {size} bytes from {peer[0]}:{peer[1]}: {reason}")
+
+    def set_timer(self, name: str, at: float) -> None:
+        """(Re)arm the named deadline; one deadline per name."""
+        if self._deadlines.get(name) == at:
+            return
+        self._deadlines[name] = at
+        heapq.heappush(self._heap, (at, name))
+
+    def set_timer_if_later(self, name: str, at: float) -> None:
+        """Arm the deadline unless an earlier one with that name is already set."""
+        current = self._deadlines.get(name)
+        if current is None or at < current:
+            self.set_timer(name, at)
+
+    def cancel_timer(self, name: str) -> None:
+        self._deadlines.pop(name, None)
+
+    def timer_at(self, name: str) -> float | None:
+        return self._deadlines.get(name)
+
+    def send_datagram(self, data: bytes, addr: Addr) -> None:
+        self._datagrams.append((data, addr))
+
+    def send_lbmr(self, packet: lbmr.LbmrPacket) -> None:
+        """Send a topic-resolution packet to the resolver daemon (no multicast here)."""
+        if self.resolver is not None:
+            self._datagrams.append((packet.build(), self.resolver))
+
+    def send_to(self, remote: Addr, data: bytes, tag: object = None) -> Connection:
+        """Write ``data`` on our connection to ``remote``, opening it first if needed."""
+        conn = self._outgoing.get(remote)
+        if conn is None:
+            conn = Connection((EPHEMERAL, remote), outgoing=True, tag=tag)
+            self._outgoing[remote] = conn
+            self._commands.append(Connect((self.ip, 0), remote))
+        if conn.open:
+            self._commands.append(StreamWrite(conn.key, data))
+        else:
+            conn.pending.append(data)
+        return conn
+
+    def connection_to(self, remote: Addr) -> Connection | None:
+        return self._outgoing.get(remote)
+
+    def write(self, conn: Connection, data: bytes) -> None:
+        """Write on an existing connection (either direction); dropped if it is gone."""
+        if conn.open:
+            self._commands.append(StreamWrite(conn.key, data))
+        elif conn.outgoing and self._outgoing.get(conn.remote) is conn:
+            conn.pending.append(data)
+
+    def close_connection(self, conn: Connection) -> None:
+        if self._outgoing.get(conn.remote) is conn:
+            del self._outgoing[conn.remote]
+        self.connections.pop(conn.key, None)
+        if conn.open:
+            conn.open = False
+            self._commands.append(StreamClose(conn.key))
+
+    def close(self) -> None:
+        """Close every connection and stop (an orderly application exit)."""
+        for conn in list(self.connections.values()):
+            self.close_connection(conn)
+        self._outgoing.clear()
+        self._deadlines.clear()
+        self._heap.clear()
+        self.closed = True
+
+    def _feed(self, conn: Connection, data: bytes) -> None:
+        try:
+            items = conn.framer.feed(data)
+        except WireError as exc:
+            self.drop(conn.remote, f"LBT-TCP framing broken, closing: {exc.reason}", len(data))
+            self.close_connection(conn)
+            self.on_connection_lost(conn, refused=False)
+            return
+        for item in items:
+            if not conn.open and not conn.outgoing:
+                return
+            self.on_raw_message(conn, item.raw)
+
+    def on_raw_message(self, conn: Connection, raw: bytes) -> None:
+        """A framed message; the default decodes it fully (the store overrides for speed)."""
+        try:
+            message, _ = parse_message(raw)
+        except WireError as exc:
+            self.drop(conn.remote, f"LBMC does not decode: {exc}", len(raw))
+            return
+        self.on_message(conn, message, raw)
+
+    # --- hooks -------------------------------------------------------------------------------
+
+    def on_lbmr(self, packet: lbmr.LbmrPacket, addr: Addr) -> None:
+        """A topic-resolution packet arrived."""
+
+    def on_message(self, conn: Connection, message: LbmcMessage, raw: bytes) -> None:
+        """A decoded LBMC message arrived on ``conn``."""
+
+    def on_accepted(self, conn: Connection) -> None:
+        """A peer connected to one of our listeners."""
+
+    def on_connected(self, conn: Connection) -> None:
+        """Our connection to ``conn.remote`` is established (queued bytes already sent)."""
+
+    def on_connection_lost(self, conn: Connection, *, refused: bool) -> None:
+        """A connection closed, was reset, or (``refused``) could not be opened."""
+
+    def on_timer(self, name: str) -> None:
+        """The named deadline passed."""
+
+
+def control(*headers: object) -> bytes:
+    """A CONTROL message carrying ``headers`` (chain ending 0xFF), as bytes."""
+    return LbmcMessage(headers=list(headers)).build()  # type: ignore[arg-type]
+
+
+def first_header(message: LbmcMessage, cls: type) -> object | None:
+    for h in message.headers:
+        if isinstance(h, cls):
+            return h
+    return None
+
+
+Hook = Callable[[Event], None]

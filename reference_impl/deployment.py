@@ -1,0 +1,206 @@
+"""Whole UM persistence deployments in the simulator: resolver, stores, sources, receivers.
+
+Scenario tests, the capture generator and ``ump demo --simulated`` all need the same wiring:
+one node per process, the well-known ports tshark decodes (resolver 15380, LBMR client ports
+14402-14406, LBT-TCP transports 14371-14390, request ports 14391-14395, store port chosen by
+the test and given to ``ump dissect --store-port``), and helpers that restart a process with
+fresh state.  :class:`SimDeployment` is that wiring; every process is a core bound to a
+:class:`~reference_impl.sim.SimNetwork` node, so a scenario of minutes runs in milliseconds and
+the trace can be written as a pcap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from reference_impl.events import Event
+from reference_impl.receiver import ReceiverConfig, ReceiverCore, RecoveryCallback
+from reference_impl.resolver import DEFAULT_PORT, ResolverCore
+from reference_impl.sim import LinkConfig, SimNetwork
+from reference_impl.source import SourceConfig, SourceCore, StoreSpec
+from reference_impl.store import StoreCore, StoreSettings
+
+LBMR_PORT = 14402
+TRANSPORT_PORT = 14371
+SOURCE_REQUEST_PORT = 14391
+RECEIVER_REQUEST_PORT = 14392
+STORE_PORT = 14567
+
+
+class SimDeployment:
+    """Processes of one deployment on a simulated network (see the module docstring).
+
+    Each ``add_*`` call creates a node named after the process with the next free address in
+    10.0.0.0/24 and binds the core; ``restart_*`` kills the node and binds a fresh core (the
+    process lost its memory, not its disk).
+    """
+
+    def __init__(self, seed: int = 0, *, link: LinkConfig | None = None) -> None:
+        self.net = SimNetwork(seed)
+        self._next_host = 1
+        self.resolver_addr = ("10.0.0.1", DEFAULT_PORT)
+        self.net.add_node("resolver", self.resolver_addr[0])
+        self._next_host = 2
+        self.resolver = ResolverCore(self.resolver_addr[0], DEFAULT_PORT, now=self.net.now)
+        self.net.bind("resolver", DEFAULT_PORT, self.resolver)
+        self.stores: dict[str, StoreCore] = {}
+        self.sources: dict[str, SourceCore] = {}
+        self.receivers: dict[str, ReceiverCore] = {}
+        self.ips: dict[str, str] = {}
+        self._factories: dict[str, Callable[[], object]] = {}
+        self.link = link
+        self.log: list[tuple[float, str, Event]] = []
+
+    @property
+    def now(self) -> float:
+        return self.net.now
+
+    def _host(self, name: str) -> str:
+        if name in self.ips:
+            return self.ips[name]
+        ip = f"10.0.0.{self._next_host}"
+        self._next_host += 1
+        self.net.add_node(name, ip)
+        if self.link is not None:
+            for other in ["resolver", *self.ips]:
+                self.net.set_link(name, other, self.link)
+        self.ips[name] = ip
+        return ip
+
+    # --- processes --------------------------------------------------------------------------
+
+    def add_store(self, name: str, *, port: int = STORE_PORT, **settings: object) -> StoreCore:
+        ip = self._host(name)
+
+        def make() -> StoreCore:
+            cfg = StoreSettings(name=name, ip=ip, port=port, lbmr_port=LBMR_PORT,
+                                resolver=self.resolver_addr, **settings)  # type: ignore[arg-type]
+            return StoreCore(cfg, now=self.net.now)
+
+        store = make()
+        self._factories[name] = make
+        self.stores[name] = store
+        self._bind(name, store, [LBMR_PORT, port])
+        return store
+
+    def add_source(self, name: str, topic: str, stores: list[str] | None = None,
+                   **options: object) -> SourceCore:
+        ip = self._host(name)
+        if "ume_store" not in options:
+            names = list(self.stores) if stores is None else stores
+            options["ume_store"] = tuple(
+                StoreSpec(self.stores[s].addr[0], self.stores[s].addr[1]) for s in names)
+        config = SourceConfig(**options)  # type: ignore[arg-type]
+
+        def make() -> SourceCore:
+            return SourceCore(topic, config, ip=ip, transport_port=TRANSPORT_PORT,
+                              request_port=SOURCE_REQUEST_PORT, lbmr_port=LBMR_PORT,
+                              resolver=self.resolver_addr, now=self.net.now)
+
+        source = make()
+        self._factories[name] = make
+        self.sources[name] = source
+        self._bind(name, source, [LBMR_PORT, TRANSPORT_PORT, SOURCE_REQUEST_PORT])
+        return source
+
+    def add_receiver(self, name: str, topic: str, *,
+                     recovery_callback: RecoveryCallback | None = None,
+                     **options: object) -> ReceiverCore:
+        ip = self._host(name)
+        config = ReceiverConfig(**options)  # type: ignore[arg-type]
+
+        def make() -> ReceiverCore:
+            return ReceiverCore(topic, config, ip=ip, request_port=RECEIVER_REQUEST_PORT,
+                                lbmr_port=LBMR_PORT, resolver=self.resolver_addr,
+                                recovery_callback=recovery_callback, now=self.net.now)
+
+        receiver = make()
+        self._factories[name] = make
+        self.receivers[name] = receiver
+        self._bind(name, receiver, [LBMR_PORT, RECEIVER_REQUEST_PORT])
+        return receiver
+
+    def _bind(self, name: str, core: object, ports: list[int]) -> None:
+        for port in ports:
+            self.net.bind(name, port, core)  # type: ignore[arg-type]
+
+    def kill(self, name: str) -> None:
+        """Crash the process (its node): connections reset, memory gone."""
+        self.net.kill(name)
+
+    def restart(self, name: str, **changes: object) -> object:
+        """Restart a killed (or running) process with a fresh core; ``changes`` replace
+        config fields (a source restarted with its saved RegIDs, say)."""
+        self.net.kill(name)
+        old = self.stores.get(name) or self.sources.get(name) or self.receivers.get(name)
+        if isinstance(old, StoreCore):
+            old.close()
+        if changes:
+            self._apply_changes(name, old, changes)
+        core = self._factories[name]()
+        ports = [p for p, _ in self._bound_ports(name)]
+        self.net.restart(name, {p: core for p in ports})  # type: ignore[misc]
+        for registry in (self.stores, self.sources, self.receivers):
+            if name in registry:
+                registry[name] = core  # type: ignore[assignment]
+        return core
+
+    def _apply_changes(self, name: str, old: object, changes: dict[str, object]) -> None:
+        make = self._factories[name]
+        if isinstance(old, SourceCore):
+            config = replace(old.config, **changes)  # type: ignore[arg-type]
+            topic, ip = old.topic, old.ip
+
+            def remake() -> SourceCore:
+                return SourceCore(topic, config, ip=ip, transport_port=TRANSPORT_PORT,
+                                  request_port=SOURCE_REQUEST_PORT, lbmr_port=LBMR_PORT,
+                                  resolver=self.resolver_addr, now=self.net.now)
+            self._factories[name] = remake
+        elif isinstance(old, ReceiverCore):
+            rconfig = replace(old.config, **changes)  # type: ignore[arg-type]
+            rtopic, rip, cb = old.topic, old.ip, old.recovery_callback
+
+            def remake_r() -> ReceiverCore:
+                return ReceiverCore(rtopic, rconfig, ip=rip, request_port=RECEIVER_REQUEST_PORT,
+                                    lbmr_port=LBMR_PORT, resolver=self.resolver_addr,
+                                    recovery_callback=cb, now=self.net.now)
+            self._factories[name] = remake_r
+        else:
+            raise ValueError(f"no config changes for {name!r} ({make})")
+
+    def _bound_ports(self, name: str) -> list[tuple[int, object]]:
+        node = self.net._node(name)  # the deployment owns the network; reading it is fine
+        return list(node.endpoints.items())
+
+    # --- running ----------------------------------------------------------------------------
+
+    def run(self, seconds: float) -> None:
+        """Advance virtual time by ``seconds``, collecting every core's events."""
+        self.net.run_until(self.net.now + seconds)
+        self.collect()
+
+    def collect(self) -> None:
+        for registry in (self.stores, self.sources, self.receivers):
+            for name, core in registry.items():
+                for event in core.events():
+                    self.log.append((self.net.now, name, event))
+
+    def events(self, name: str, kind: type | tuple[type, ...] = object) -> list[Event]:
+        """Every event ``name`` produced so far of the given class(es), oldest first."""
+        self.collect()
+        return [e for _, n, e in self.log if n == name and isinstance(e, kind)]
+
+    def run_until(self, predicate: Callable[[], bool], limit: float = 60.0,
+                  step: float = 0.05) -> bool:
+        """Run in ``step`` increments until ``predicate()`` or ``limit`` more seconds passed."""
+        end = self.net.now + limit
+        while self.net.now < end:
+            if predicate():
+                return True
+            self.run(step)
+        return predicate()
+
+    def write_pcap(self, path: str | Path) -> int:
+        return self.net.write_pcap(path)

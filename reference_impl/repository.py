@@ -1,0 +1,288 @@
+"""Message repositories of the reference store: one per source (per topic per RegID).
+
+A repository holds the source's messages exactly as they arrived (the framed LBMC data message,
+so a retransmission is the same bytes with the type nibble changed) and applies the retention
+rules of the guide's "Repository Thresholds and Limits" (semantics.md §1.15):
+
+* ``repository-size-threshold``: above it the oldest messages are released until below;
+* ``repository-size-limit``: a message that would take the repository over it is dropped
+  (an *intentional drop*, shown as "Drops" by the web monitor);
+* ``repository-age-threshold`` (seconds, 0 = off): older messages are released;
+* RPP: messages are kept until every required receiver consumed them (the store decides and
+  calls :meth:`Repository.release_through`); sizes then count the payload only.
+
+SPP sizes count the whole message plus :data:`PER_MESSAGE_OVERHEAD` (the guide puts the
+store's state per message at about 72 bytes), so ``used_bytes`` compares with the web
+monitor's "Memory" figure.
+
+A *disk* repository writes every message to a cache file before the store acknowledges it, so
+a store killed with SIGKILL recovers every message it called stable: the file is an LBT-TCP
+byte stream (LBMC messages back to back), read back with :class:`wire.lbttcp.LbttcpStream`, and
+a torn final message from a crash is cut off on restart.  The thresholds above then apply to
+the *memory cache* (``mem_trail_sqn``); ``repository-disk-file-size-limit`` bounds the file:
+when it is reached the file is compacted to the newest messages that fit in half of it (the
+product overwrites a ring; compaction gives the same retention with a simpler file).
+
+Files are the only I/O a core performs, through this class; the store core stays free of
+sockets and clocks (semantics of "sans-IO" in this project: no network, no time source).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from wire.lbmc import DATA_BASE, MessageType
+from wire.lbttcp import LbttcpStream
+
+PER_MESSAGE_OVERHEAD = 72
+
+
+@dataclass(frozen=True)
+class RetentionLimits:
+    """The retention options of one repository (bytes, seconds)."""
+
+    size_threshold: int = 1024
+    size_limit: int = 50_331_648
+    age_threshold: float = 0.0
+    disk_file_size_limit: int = 104_857_600
+    rpp: bool = False
+
+
+@dataclass
+class AddResult:
+    """What :meth:`Repository.add` did.
+
+    Attributes:
+        stored: the message is now held (and, on disk, written).
+        duplicate: it was already held (the store still re-acknowledges it).
+        dropped: refused because of the size limit (an intentional drop).
+        released: sequence numbers released to make room or by age, oldest first.
+    """
+
+    stored: bool = False
+    duplicate: bool = False
+    dropped: bool = False
+    released: tuple[int, ...] = ()
+
+
+class Repository:
+    """Messages of one source; memory-only unless ``cache_file`` is given (see module doc)."""
+
+    def __init__(self, limits: RetentionLimits, *, cache_file: Path | None = None) -> None:
+        self.limits = limits
+        self.kind = "disk" if cache_file is not None else "memory"
+        self._mem: OrderedDict[int, tuple[bytes, float]] = OrderedDict()  # sqn -> (raw, time)
+        self._disk: dict[int, tuple[int, int]] = {}  # sqn -> (file offset, length)
+        self.used_bytes = 0
+        self.lead_sqn: int | None = None
+        self.intentional_drops = 0
+        self.released_total = 0
+        self.cache_file = cache_file
+        self._fh: BinaryIO | None = None
+        self.file_offset = 0
+        if cache_file is not None:
+            self._open_cache(cache_file)
+
+    # --- queries ---------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._disk) if self.kind == "disk" else len(self._mem)
+
+    def __contains__(self, sqn: int) -> bool:
+        return sqn in self._disk or sqn in self._mem
+
+    @property
+    def trail_sqn(self) -> int | None:
+        """Oldest sequence number held (memory or disk)."""
+        if self.kind == "disk" and self._disk:
+            return min(self._disk)
+        return next(iter(self._mem)) if self._mem else None
+
+    @property
+    def mem_trail_sqn(self) -> int | None:
+        """Oldest sequence number in memory."""
+        return next(iter(self._mem)) if self._mem else None
+
+    def get(self, sqn: int) -> bytes | None:
+        """The stored message bytes, or None."""
+        hit = self._mem.get(sqn)
+        if hit is not None:
+            return hit[0]
+        loc = self._disk.get(sqn)
+        if loc is None or self._fh is None:
+            return None
+        self._fh.seek(loc[0])
+        return self._fh.read(loc[1])
+
+    def sqns(self) -> list[int]:
+        return sorted(self._disk) if self.kind == "disk" else list(self._mem)
+
+    # --- updates ---------------------------------------------------------------------------
+
+    def _size(self, raw: bytes) -> int:
+        if self.limits.rpp:
+            return max(0, len(raw) - DATA_BASE.size)
+        return len(raw) + PER_MESSAGE_OVERHEAD
+
+    def add(self, sqn: int, raw: bytes, now: float) -> AddResult:
+        if sqn in self:
+            return AddResult(duplicate=True)
+        size = self._size(raw)
+        released: list[int] = []
+        if not self.limits.rpp:
+            released += self._release_by_age(now)
+        if self.used_bytes + size > self.limits.size_limit:
+            if self.limits.rpp or self.kind == "memory":
+                self.intentional_drops += 1
+                return AddResult(dropped=True, released=tuple(released))
+            # a disk repository keeps the message on disk and evicts from its memory cache
+            self._evict_memory(self.limits.size_limit - size)
+        if self._fh is not None:
+            self._append(sqn, raw)
+        self._mem[sqn] = (raw, now)
+        self.used_bytes += size
+        if self.lead_sqn is None or sqn > self.lead_sqn:
+            self.lead_sqn = sqn
+        if not self.limits.rpp and self.used_bytes > self.limits.size_threshold:
+            released += self._shrink_to(self.limits.size_threshold)
+        return AddResult(stored=True, released=tuple(released))
+
+    def _release_by_age(self, now: float) -> list[int]:
+        age = self.limits.age_threshold
+        if age <= 0:
+            return []
+        out = []
+        while self._mem:
+            _, (_, at) = next(iter(self._mem.items()))
+            if now - at <= age:
+                break
+            out += self._release_oldest()
+        return out
+
+    def _shrink_to(self, target: int) -> list[int]:
+        out: list[int] = []
+        while self.used_bytes > target and len(self._mem) > 1:
+            out += self._release_oldest()
+        return out
+
+    def _evict_memory(self, target: int) -> None:
+        while self.used_bytes > target and self._mem:
+            _, (raw, _) = self._mem.popitem(last=False)
+            self.used_bytes -= self._size(raw)
+
+    def _release_oldest(self) -> list[int]:
+        sqn, (raw, _) = self._mem.popitem(last=False)
+        self.used_bytes -= self._size(raw)
+        if self.kind == "disk":
+            return []  # still on disk: only the memory cache shrank
+        self.released_total += 1
+        return [sqn]
+
+    def release_through(self, sqn: int) -> list[int]:
+        """Release every message up to and including ``sqn`` (RPP consumption, deregistration)."""
+        out = [s for s in self.sqns() if s <= sqn]
+        for s in out:
+            hit = self._mem.pop(s, None)
+            if hit is not None:
+                self.used_bytes -= self._size(hit[0])
+            self._disk.pop(s, None)
+        self.released_total += len(out)
+        return out
+
+    def clear(self) -> None:
+        """Forget everything (state deleted); a disk cache file is removed."""
+        self._mem.clear()
+        self._disk.clear()
+        self.used_bytes = 0
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+        if self.cache_file is not None and self.cache_file.exists():
+            self.cache_file.unlink()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    # --- disk -----------------------------------------------------------------------------
+
+    def _open_cache(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        good = 0
+        if path.exists():
+            framer = LbttcpStream(decode=False)
+            with path.open("rb") as fh:
+                data = fh.read()
+            try:
+                items = framer.feed(data)
+            except Exception:
+                items = []
+            for item in items:
+                _, _, _, _, sqn = DATA_BASE.codec.unpack_from(item.raw, 0)
+                self._disk[sqn] = (item.offset, len(item.raw))
+                if self.lead_sqn is None or sqn > self.lead_sqn:
+                    self.lead_sqn = sqn
+                good = item.offset + len(item.raw)
+            if good != len(data):  # a torn write from a crash: cut it off
+                with path.open("r+b") as fh:
+                    fh.truncate(good)
+        self._fh = path.open("a+b")
+        self.file_offset = good
+
+    def _append(self, sqn: int, raw: bytes) -> None:
+        assert self._fh is not None
+        if self.file_offset + len(raw) > self.limits.disk_file_size_limit:
+            self._compact(self.limits.disk_file_size_limit // 2)
+        fh = self._fh
+        fh.seek(0, os.SEEK_END)
+        fh.write(raw)
+        fh.flush()  # in the OS before we acknowledge: a SIGKILL cannot lose it
+        self._disk[sqn] = (self.file_offset, len(raw))
+        self.file_offset += len(raw)
+
+    def _compact(self, budget: int) -> None:
+        assert self._fh is not None and self.cache_file is not None
+        keep: list[tuple[int, bytes]] = []
+        total = 0
+        for sqn in sorted(self._disk, reverse=True):
+            raw = self.get(sqn)
+            assert raw is not None
+            if total + len(raw) > budget:
+                break
+            keep.append((sqn, raw))
+            total += len(raw)
+        keep.reverse()
+        gone = len(self._disk) - len(keep)
+        tmp = self.cache_file.with_suffix(".compact")
+        with tmp.open("wb") as out:
+            for _, raw in keep:
+                out.write(raw)
+        self._fh.close()
+        os.replace(tmp, self.cache_file)
+        self._disk.clear()
+        offset = 0
+        for sqn, raw in keep:
+            self._disk[sqn] = (offset, len(raw))
+            offset += len(raw)
+        self.file_offset = offset
+        self.released_total += gone
+        for sqn in [s for s in self._mem if s not in self._disk]:
+            raw_mem, _ = self._mem.pop(sqn)
+            self.used_bytes -= self._size(raw_mem)
+        self._fh = self.cache_file.open("a+b")
+
+
+def as_retransmission(raw: bytes) -> bytes:
+    """The stored data message re-typed as a RETRANS (type 10), same topic index and sqn.
+
+    The base header is rewritten through the derived LBMC data-header layout, never by offset.
+    """
+    ver_type, next_hdr, msglen, tidx, sqn = DATA_BASE.codec.unpack_from(raw, 0)
+    head = DATA_BASE.codec.pack((ver_type & 0xF0) | MessageType.RETRANS, next_hdr, msglen,
+                                tidx, sqn)
+    return head + raw[DATA_BASE.size:]

@@ -1,0 +1,688 @@
+"""The reference persistent source: a sans-IO state machine for one topic.
+
+Flow (guide "Operational View", semantics.md §1.1-1.12):
+
+1. Advertise the topic through the resolver (a TIR with the UME, store, store-group and
+   extended-functionality options) and answer queries (TQR) for it.
+2. Register with every configured store in parallel (PREG with a ``topicname``, Session ID,
+   capability and client-lifetime headers), retrying every ``ume_registration_interval``;
+   each answer gives :class:`~reference_impl.events.SourceRegistrationSuccess` or
+   :class:`~reference_impl.events.SourceRegistrationError`.
+3. Registration Complete when the intragroup and intergroup rules hold and either every store
+   answered or one full registration interval passed; the source then resumes after the
+   consensus sequence number (``ume_consensus_sequence_number_behavior``) and sends SRI
+   ``ume_sri_max_number_of_sri_per_update`` times, ``ume_sri_inter_sri_interval`` apart, and
+   whenever a receiver or store asks (SRI request).
+4. :meth:`SourceCore.send` puts each message on the LBT-TCP transport (every receiver and store
+   connected to the transport port gets it) and keeps it until it is stable per the group rules
+   and has ``ume_retention_unique_confirmations`` delivery confirmations.  The flight size
+   (``ume_flight_size`` / ``_bytes``) blocks (:class:`SendError` ``would_block``) or notifies.
+5. Every ``ume_store_check_interval`` it checks store liveness (``ume_store_activity_timeout``;
+   "(quorum lost)" when the rules fail, and sends fail with ``not_registered`` until the
+   stores return), retransmits proactively what has not been stable for
+   ``ume_message_stability_timeout`` and gives up after ``ume_message_stability_lifetime``.
+
+Choices where the fact sheets are silent: SRI travels on the transport as a CONTROL message
+naming the topic with a ``topic_idx`` header, followed by one ``ume_store_group`` per group
+and one ``ume_store_ext`` per registered store (carrying the per-store version); a restarted
+source with stores that answer OLD but hold no message resumes at 0.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from reference_impl.context import Connection, ContextCore, control
+from reference_impl.events import (
+    Addr,
+    DeliveryConfirmation,
+    FlightSizeNotification,
+    FlightState,
+    Level,
+    MessageNotStable,
+    MessageReclaimed,
+    MessageStable,
+    SourceDeregistered,
+    SourceRegistrationComplete,
+    SourceRegistrationError,
+    SourceRegistrationSuccess,
+    StableFlags,
+    StoreInfo,
+    StoreUnresponsive,
+)
+from reference_impl.fastmsg import data_message
+from wire import lbmr
+from wire.lbmc import (
+    AckType,
+    Header,
+    KeepaliveType,
+    LbmcMessage,
+    MessageType,
+    PregError,
+    Sri,
+    SriReq,
+    TopicIdx,
+    Topicname,
+    UmeAck,
+    UmeCapability,
+    UmeClientLifetime,
+    UmeKeepalive,
+    UmePreg,
+    UmePregResp,
+    UmeSid,
+    UmeStoreExt,
+    UmeStoreGroup,
+)
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """One ``ume_store`` entry: ``DomainID:IP:port:RegID:GroupIDX``."""
+
+    ip: str
+    port: int
+    reg_id: int = 0
+    group: int = 0
+    domain_id: int = 0
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """The source options the core uses; names are the UM option names, times in ms.
+
+    Defaults are the current product's (semantics.md §1.16); ``profile="guide-5.3"`` values
+    come from :mod:`reference_impl.config` when a configuration file is read.
+    """
+
+    ume_store: tuple[StoreSpec, ...] = ()
+    ume_store_group: tuple[tuple[int, int], ...] = ()  # (group index, size)
+    ume_session_id: int = 0
+    ume_registration_interval: int = 3000
+    ume_store_activity_timeout: int = 10_000
+    ume_store_check_interval: int = 500
+    ume_sri_inter_sri_interval: int = 500
+    ume_sri_max_number_of_sri_per_update: int = 20
+    ume_consensus_sequence_number_behavior: str = "highest"
+    ume_retention_intragroup_stability_behavior: str = "quorum"
+    ume_retention_intergroup_stability_behavior: str = "any"
+    ume_flight_size: int = 1000
+    ume_flight_size_bytes: int = 0
+    ume_flight_size_behavior: str = "block"
+    ume_message_stability_timeout: int = 5000
+    ume_message_stability_lifetime: int = 1_200_000
+    ume_retention_unique_confirmations: int = 0
+    ume_confirmed_delivery_notification: int = 0
+    ume_activity_timeout: int = 0
+    ume_state_lifetime: int = 0
+    ume_receiver_paced_persistence: int = 0
+    ume_proactive_keepalive_interval: int = 3000
+    retransmit_retention_size_limit: int = 25_165_824
+    retransmit_retention_size_threshold: int = 0
+    resolver_advertisement_interval: int = 1000
+
+
+class SendErrorCode(StrEnum):
+    NOT_REGISTERED = "not_registered"  # LBM_EUMENOREG
+    WOULD_BLOCK = "would_block"  # LBM_EWOULDBLOCK because of the flight size
+    TOO_BIG = "too_big"  # payload exceeds ume_flight_size_bytes
+    DEREGISTERED = "deregistered"
+
+
+class SendError(Exception):
+    """A send the source refused; ``code`` says why (see :class:`SendErrorCode`)."""
+
+    def __init__(self, code: SendErrorCode, text: str) -> None:
+        super().__init__(text)
+        self.code = code
+
+
+@dataclass(eq=False)
+class StoreLink:
+    """The source's view of one configured store."""
+
+    info: StoreInfo
+    spec: StoreSpec
+    reg_id: int
+    registered: bool = False
+    old: bool = False
+    high_seqnum: int = 0
+    rpp: bool = False
+    last_heard: float = 0.0
+    first_attempt: float | None = None
+    unresponsive: bool = False
+    version: int = 0
+    failed: bool = False  # refused with an error: not retried
+    next_attempt: float = 0.0
+
+
+@dataclass(eq=False)
+class Retained:
+    payload: bytes
+    first_sent: float
+    sent_at: float
+    stable_at: set[int] = field(default_factory=set)  # store indexes
+    stable: bool = False
+    confirmed_by: set[int] = field(default_factory=set)
+    inflight: bool = True
+
+
+class SourceCore(ContextCore):
+    """A persistent source for one topic (see the module docstring).
+
+    Args:
+        topic: the topic name.
+        config: its options.
+        ip: the address it binds.
+        transport_port: its LBT-TCP transport listener (receivers and stores connect here).
+        request_port: its request listener (SRI requests and delivery confirmations).
+        lbmr_port, resolver: topic resolution.
+        topic_idx, transport_idx: the indexes it advertises.
+        now: the time it starts.
+    """
+
+    component = "source"
+
+    def __init__(self, topic: str, config: SourceConfig, *, ip: str, transport_port: int,
+                 request_port: int, lbmr_port: int = 0, resolver: Addr | None = None,
+                 topic_idx: int = 1, transport_idx: int = 1, now: float = 0.0) -> None:
+        super().__init__(topic, ip, lbmr_port=lbmr_port, resolver=resolver)
+        self.topic = topic
+        self.config = config
+        self.transport_addr: Addr = (ip, transport_port)
+        self.request_addr: Addr = (ip, request_port)
+        self.topic_idx, self.transport_idx = topic_idx, transport_idx
+        self.now = now
+        self.started = now
+        self.links = [StoreLink(StoreInfo(i, s.group, (s.ip, s.port)), s, s.reg_id)
+                      for i, s in enumerate(config.ume_store)]
+        groups = dict(config.ume_store_group)
+        for link in self.links:
+            groups.setdefault(link.info.group,
+                              sum(1 for x in self.links if x.info.group == link.info.group))
+        self.group_sizes: dict[int, int] = groups
+        self.complete = False
+        self.next_sqn = 0
+        self.sri_version = 0
+        self._sri_left = 0
+        self.retained: OrderedDict[int, Retained] = OrderedDict()
+        self.retained_bytes = 0
+        self.inflight = 0
+        self.inflight_bytes = 0
+        self._over = False
+        self._transport_conns: list[Connection] = []
+        self._confirmed: dict[int, int] = {}  # receiver RegID -> highest confirmed
+        self.deregistering = False
+        self.deregistered = False
+        self.stats.update(sent=0, proactive_retransmissions=0, stable=0)
+        for link in self.links:
+            self._register(link)
+        self.set_timer("check", now + config.ume_store_check_interval / 1000)
+        self.set_timer("advertise", now)
+
+    # --- application API ---------------------------------------------------------------------
+
+    @property
+    def persistent(self) -> bool:
+        return bool(self.links)
+
+    def send(self, payload: bytes) -> int:
+        """Send one message now; returns its sequence number or raises :class:`SendError`."""
+        cfg = self.config
+        if self.deregistered or self.deregistering:
+            raise SendError(SendErrorCode.DEREGISTERED, "source deregistered")
+        if self.persistent and not self.complete:
+            raise SendError(SendErrorCode.NOT_REGISTERED,
+                            "Not currently registered with enough UME stores")
+        if cfg.ume_flight_size_bytes and len(payload) > cfg.ume_flight_size_bytes:
+            raise SendError(SendErrorCode.TOO_BIG, "Payload exceeds flight size bytes maximum")
+        if self.persistent and self._flight_exceeded(len(payload)) \
+                and cfg.ume_flight_size_behavior.lower() == "block":
+            raise SendError(SendErrorCode.WOULD_BLOCK, "send would block because of flight size")
+        sqn = self.next_sqn
+        self.next_sqn = (sqn + 1) & 0xFFFFFFFF
+        raw = data_message(self.topic_idx, sqn, payload)
+        for conn in self._transport_conns:
+            self.write(conn, raw)
+        self.stats["sent"] += 1
+        if self.persistent:
+            self.retained[sqn] = Retained(payload, self.now, self.now)
+            self.retained_bytes += len(payload)
+            self.inflight += 1
+            self.inflight_bytes += len(payload)
+            if self._flight_exceeded(0) and not self._over:
+                self._over = True
+                self.emit(FlightSizeNotification(FlightState.OVER, self.inflight))
+            self._apply_retention()
+        return sqn
+
+    def _flight_exceeded(self, extra: int) -> bool:
+        cfg = self.config
+        over_count = self.inflight + (1 if extra else 0) > cfg.ume_flight_size
+        over_bytes = bool(cfg.ume_flight_size_bytes) and \
+            self.inflight_bytes + extra > cfg.ume_flight_size_bytes
+        return over_count or over_bytes
+
+    def can_send(self) -> bool:
+        """True when :meth:`send` of a small message would succeed now."""
+        if self.deregistered or self.deregistering:
+            return False
+        if not self.persistent:
+            return True
+        return self.complete and not self._flight_exceeded(1)
+
+    def deregister(self) -> None:
+        """Deregister from every store (``lbm_src_ume_deregister``)."""
+        self.deregistering = True
+        for link in self.links:
+            if link.registered:
+                self.send_to(link.info.addr, control(self._preg(link, deregister=True)))
+
+    # --- registration -------------------------------------------------------------------------
+
+    def _preg(self, link: StoreLink, deregister: bool = False) -> Header:
+        return UmePreg(s_flag=1, marker=0, d_flag=int(deregister),
+                       w_flag=int(bool(self.config.ume_receiver_paced_persistence)),
+                       reg_id=link.reg_id, transport_idx=self.transport_idx,
+                       topic_idx=self.topic_idx, resp_port=self.request_addr[1],
+                       resp_ip=self.request_addr[0])
+
+    def _register(self, link: StoreLink) -> None:
+        cfg = self.config
+        headers: list[object] = [self._preg(link), Topicname(topic=self.topic),
+                                 UmeCapability(qc_flag=1, client_lifetime_flag=1)]
+        if cfg.ume_session_id:
+            headers.append(UmeSid(sid=cfg.ume_session_id))
+        if cfg.ume_activity_timeout or cfg.ume_state_lifetime:
+            headers.append(UmeClientLifetime(activity_tmo=cfg.ume_activity_timeout,
+                                             lifetime=cfg.ume_state_lifetime))
+        if link.first_attempt is None:
+            link.first_attempt = self.now
+        link.next_attempt = self.now + cfg.ume_registration_interval / 1000
+        self.send_to(link.info.addr, control(*headers), tag=link)
+
+    def _link_for(self, conn: Connection) -> StoreLink | None:
+        tag = conn.tag
+        return tag if isinstance(tag, StoreLink) else None
+
+    def on_message(self, conn: Connection, message: LbmcMessage, raw: bytes) -> None:
+        link = self._link_for(conn) if conn.outgoing else None
+        if link is not None:
+            link.last_heard = self.now
+            for header in message.headers:
+                if isinstance(header, UmePregResp):
+                    self._on_preg_resp(link, header)
+                elif isinstance(header, UmeAck) and header.type == AckType.STABLE:
+                    self._on_stable(link, header.seqnum)
+                elif isinstance(header, UmeKeepalive) and header.r_flag:
+                    self._keepalive(link)
+            return
+        handled = False
+        for header in message.headers:
+            if isinstance(header, SriReq):
+                handled = True
+                if header.topic_idx == self.topic_idx and self.complete:
+                    self._send_sri()
+            elif isinstance(header, UmeAck) and header.type == AckType.CDELV:
+                handled = True
+                self._on_confirmation(header)
+        if not handled:
+            self.drop(conn.remote, f"unexpected message on the source ({message.label()})",
+                      len(raw))
+
+    def _keepalive(self, link: StoreLink) -> None:
+        self.send_to(link.info.addr, control(UmeKeepalive(
+            type=KeepaliveType.SOURCE, transport_idx=self.transport_idx,
+            topic_idx=self.topic_idx, reg_id=link.reg_id)))
+
+    def _on_preg_resp(self, link: StoreLink, resp: Header) -> None:
+        if resp.d_flag and not resp.e_flag:
+            link.registered = False
+            self.emit(SourceDeregistered(link.info))
+            if not any(x.registered for x in self.links):
+                self.deregistered = True
+                self.deregistering = False
+                self.emit(SourceDeregistered(None))
+            return
+        if resp.e_flag:
+            code = resp.error_code
+            link.failed = True
+            text = _PREG_ERRORS.get(code, f"error code {code}")
+            self.emit(SourceRegistrationError(link.info, code, text,
+                                              rpp=bool(self.config.ume_receiver_paced_persistence)))
+            self.log(Level.ERROR, f"store {link.info.index} refused registration: {text}")
+            return
+        if link.registered and link.reg_id == resp.reg_id:
+            return  # a duplicate answer to a retried PREG
+        link.registered, link.unresponsive = True, False
+        link.reg_id, link.old = resp.reg_id, bool(resp.o_flag)
+        link.high_seqnum = resp.high_seqnum
+        link.rpp = bool(resp.w_flag)
+        link.version += 1
+        self.emit(SourceRegistrationSuccess(link.info, resp.reg_id, link.old,
+                                            resp.high_seqnum if link.old else 0, link.rpp))
+        if self.complete:
+            # a store came back: bump the SRI versions and tell receivers (semantics §1.3)
+            self._advertise()
+            self._start_sri()
+            self._resend_unstable(link)
+            return
+        self._check_complete()
+
+    def _group_ok(self, group: int, members: set[int]) -> bool:
+        size = self.group_sizes.get(group, 0)
+        count = sum(1 for link in self.links if link.info.group == group
+                    and link.info.index in members)
+        behaviour = self.config.ume_retention_intragroup_stability_behavior.lower()
+        if behaviour in ("all", "all-stores"):
+            return count >= size
+        if behaviour == "all-active":
+            active = {x.info.index for x in self.links if x.info.group == group and x.registered}
+            quorum = count >= size // 2 + 1
+            return quorum if members == active else (members >= active and bool(active))
+        return count >= size // 2 + 1
+
+    def _groups_ok(self, members: set[int]) -> tuple[bool, set[int]]:
+        groups = sorted(self.group_sizes)
+        ok = {g for g in groups if self._group_ok(g, members)}
+        behaviour = self.config.ume_retention_intergroup_stability_behavior.lower()
+        if behaviour in ("all", "all-groups"):
+            return len(ok) == len(groups), ok
+        if behaviour == "majority":
+            return len(ok) > len(groups) // 2, ok
+        if behaviour == "all-active":
+            registered = {x.info.index for x in self.links if x.registered}
+            active = {g for g in groups if self._group_ok(g, registered)}
+            return bool(active) and active <= ok, ok
+        return bool(ok), ok
+
+    def _registered_set(self) -> set[int]:
+        return {x.info.index for x in self.links if x.registered}
+
+    def _check_complete(self) -> None:
+        if self.complete or not self.links:
+            return
+        registered = self._registered_set()
+        ok, _ = self._groups_ok(registered)
+        if not ok:
+            return
+        everyone = len(registered) == len([x for x in self.links if not x.failed])
+        waited = self.now - self.started >= self.config.ume_registration_interval / 1000
+        if not (everyone or waited):
+            self.set_timer("complete", self.started +
+                           self.config.ume_registration_interval / 1000)
+            return
+        old = [x.high_seqnum for x in self.links if x.registered and x.old]
+        if old and not self.stats["sent"]:
+            self.next_sqn = (_consensus(old, self.config.ume_consensus_sequence_number_behavior)
+                             + 1) & 0xFFFFFFFF
+        self.complete = True
+        self.sri_version += 1
+        self.emit(SourceRegistrationComplete(self.next_sqn, quorum=True))
+        self.log(Level.INFO, f"registration complete, next sequence number {self.next_sqn}")
+        self._advertise()
+        self._start_sri()
+
+    # --- SRI ----------------------------------------------------------------------------------
+
+    def _start_sri(self) -> None:
+        self.sri_version += 1
+        self._sri_left = self.config.ume_sri_max_number_of_sri_per_update
+        self._send_sri()
+        self._sri_left -= 1
+        if self._sri_left > 0:
+            self.set_timer("sri", self.now + self.config.ume_sri_inter_sri_interval / 1000)
+
+    def _sri_bytes(self) -> bytes:
+        cfg = self.config
+        low = next(iter(self.retained)) if self.retained else self.next_sqn
+        high = (self.next_sqn - 1) & 0xFFFFFFFF if self.stats["sent"] else 0
+        headers: list[object] = [
+            Sri(version=self.sri_version, low_sqn=low, high_sqn=high,
+                initial_sqn_known=1,
+                acktosrc=int(bool(cfg.ume_confirmed_delivery_notification
+                                  or cfg.ume_retention_unique_confirmations))),
+            TopicIdx(tidx=self.topic_idx)]
+        for group, size in sorted(self.group_sizes.items()):
+            headers.append(UmeStoreGroup(grp_idx=group, grp_sz=size))
+        for link in self.links:
+            if link.registered:
+                headers.append(UmeStoreExt(
+                    grp_idx=link.info.group, store_tcp_port=link.info.addr[1],
+                    store_idx=link.info.index, store_ip_addr=link.info.addr[0],
+                    src_reg_id=link.reg_id, domain_id=link.spec.domain_id,
+                    version=link.version))
+        return control(*headers)
+
+    def _send_sri(self) -> None:
+        raw = self._sri_bytes()
+        for conn in self._transport_conns:
+            self.write(conn, raw)
+
+    # --- topic resolution ---------------------------------------------------------------------
+
+    def _tir(self) -> lbmr.Tir:
+        first = next((x for x in self.links if x.registered), self.links[0] if self.links else None)
+        options: list[lbmr.Record] = []
+        if first is not None:
+            options.append(lbmr.ToptUme(
+                store=1, latejoin=1, qccap=1,
+                acktosrc=int(bool(self.config.ume_confirmed_delivery_notification)),
+                store_tcp_port=first.info.addr[1], store_tcp_addr=first.info.addr[0],
+                src_tcp_port=self.request_addr[1], src_tcp_addr=self.request_addr[0],
+                src_reg_id=first.reg_id, transport_idx=self.transport_idx,
+                high_seqnum=max(self.next_sqn - 1, 0), low_seqnum=0))
+            for link in self.links:
+                options.append(lbmr.ToptUmeStore(
+                    grp_idx=link.info.group, store_tcp_port=link.info.addr[1],
+                    store_idx=link.info.index, store_ip_addr=link.info.addr[0],
+                    src_reg_id=link.reg_id))
+            for group, size in sorted(self.group_sizes.items()):
+                options.append(lbmr.ToptUmeStoreGroup(grp_idx=group, grp_sz=size))
+        options.append(lbmr.ToptExfunc(src_tcp_port=self.request_addr[1],
+                                       src_ip_addr=self.request_addr[0],
+                                       ume=int(first is not None), lj=1))
+        return lbmr.Tir(name=self.topic, ttl=1, index=self.topic_idx,
+                        info=lbmr.TcpInfo(ip=self.transport_addr[0],
+                                          port=self.transport_addr[1]),
+                        options=options)
+
+    def _advertise(self) -> None:
+        self.send_lbmr(lbmr.LbmrPacket(tirs=[self._tir()]))
+
+    def on_lbmr(self, packet: lbmr.LbmrPacket, addr: Addr) -> None:
+        if any(getattr(q, "name", None) == self.topic for q in packet.tqrs):
+            self._advertise()
+
+    # --- connections ---------------------------------------------------------------------------
+
+    def on_accepted(self, conn: Connection) -> None:
+        if conn.local[1] == self.transport_addr[1]:
+            conn.tag = "transport"
+            self._transport_conns.append(conn)
+        else:
+            conn.tag = "request"
+
+    def on_connection_lost(self, conn: Connection, *, refused: bool) -> None:
+        if conn in self._transport_conns:
+            self._transport_conns.remove(conn)
+
+    # --- stability, confirmation, retention ------------------------------------------------
+
+    def _on_stable(self, link: StoreLink, sqn: int) -> None:
+        msg = self.retained.get(sqn)
+        if msg is None or link.info.index in msg.stable_at:
+            return
+        msg.stable_at.add(link.info.index)
+        ok, groups = self._groups_ok(msg.stable_at)
+        flags = StableFlags.STORE
+        if link.info.group in groups:
+            flags |= StableFlags.INTRAGROUP
+        if ok:
+            flags |= StableFlags.INTERGROUP
+        if ok and not msg.stable:
+            msg.stable = True
+            flags |= StableFlags.STABLE
+            self.stats["stable"] += 1
+            self._maybe_land(sqn, msg)
+        self.emit(MessageStable(sqn, link.info, flags))
+
+    def _on_confirmation(self, ack: Header) -> None:
+        rcv = ack.rcv_reg_id or ack.id_2
+        start = self._confirmed.get(rcv, -1) + 1
+        if ack.seqnum < start:
+            return
+        self._confirmed[rcv] = ack.seqnum
+        need = self.config.ume_retention_unique_confirmations
+        explicit = bool(ack.e_flag)
+        for sqn in range(max(start, next(iter(self.retained), ack.seqnum + 1)), ack.seqnum + 1):
+            msg = self.retained.get(sqn)
+            if msg is None:
+                continue
+            msg.confirmed_by.add(rcv)
+            count = len(msg.confirmed_by)
+            self.emit(DeliveryConfirmation(sqn, rcv, count, count >= need, explicit))
+            self._maybe_land(sqn, msg)
+
+    def _maybe_land(self, sqn: int, msg: Retained) -> None:
+        """Take the message out of flight once it is stable and confirmed enough."""
+        if not msg.inflight or not msg.stable:
+            return
+        if len(msg.confirmed_by) < self.config.ume_retention_unique_confirmations:
+            return
+        msg.inflight = False
+        self.inflight -= 1
+        self.inflight_bytes -= len(msg.payload)
+        if self._over and not self._flight_exceeded(0):
+            self._over = False
+            self.emit(FlightSizeNotification(FlightState.UNDER, self.inflight))
+        self._apply_retention()
+
+    def _apply_retention(self) -> None:
+        cfg = self.config
+        while self.retained:
+            sqn, msg = next(iter(self.retained.items()))
+            if self.retained_bytes > cfg.retransmit_retention_size_limit and len(self.retained) > 1:
+                self._reclaim(sqn, msg, forced=True)
+                continue
+            if msg.inflight or self.retained_bytes <= cfg.retransmit_retention_size_threshold:
+                break
+            self._reclaim(sqn, msg, forced=False)
+
+    def _reclaim(self, sqn: int, msg: Retained, *, forced: bool) -> None:
+        del self.retained[sqn]
+        self.retained_bytes -= len(msg.payload)
+        if msg.inflight:
+            msg.inflight = False
+            self.inflight -= 1
+            self.inflight_bytes -= len(msg.payload)
+            if self._over and not self._flight_exceeded(0):
+                self._over = False
+                self.emit(FlightSizeNotification(FlightState.UNDER, self.inflight))
+        self.emit(MessageReclaimed(sqn, forced))
+
+    def _resend_unstable(self, link: StoreLink) -> None:
+        for sqn, msg in self.retained.items():
+            if not msg.stable and link.info.index not in msg.stable_at:
+                self._proactive(link, sqn, msg)
+
+    def _proactive(self, link: StoreLink, sqn: int, msg: Retained) -> None:
+        self.send_to(link.info.addr, data_message(self.topic_idx, sqn, msg.payload,
+                                                  MessageType.PRORX))
+        self.stats["proactive_retransmissions"] += 1
+
+    # --- timers -------------------------------------------------------------------------------
+
+    def on_timer(self, name: str) -> None:
+        cfg = self.config
+        if name == "check":
+            self._check_stores()
+            self._check_stability()
+            self.set_timer("check", self.now + cfg.ume_store_check_interval / 1000)
+        elif name == "complete":
+            self._check_complete()
+        elif name == "sri":
+            self._send_sri()
+            self._sri_left -= 1
+            if self._sri_left > 0:
+                self.set_timer("sri", self.now + cfg.ume_sri_inter_sri_interval / 1000)
+        elif name == "advertise":
+            self._advertise()
+            self.set_timer("advertise", self.now + cfg.resolver_advertisement_interval / 1000)
+
+    def _check_stores(self) -> None:
+        cfg = self.config
+        timeout = cfg.ume_store_activity_timeout / 1000
+        for link in self.links:
+            if link.failed:
+                continue
+            if link.registered:
+                if self.now - link.last_heard > timeout:
+                    self._unresponsive(link, "")
+                elif self.now - link.last_heard > cfg.ume_proactive_keepalive_interval / 1000:
+                    self._keepalive(link)
+                continue
+            first = link.first_attempt if link.first_attempt is not None else self.now
+            if not link.unresponsive and self.now - first > timeout:
+                self._unresponsive(link, " - no registration response")
+            if self.now >= link.next_attempt:
+                self._register(link)
+
+    def _unresponsive(self, link: StoreLink, suffix: str) -> None:
+        link.registered = False
+        link.unresponsive = True
+        conn = self.connection_to(link.info.addr)
+        if conn is not None:
+            self.close_connection(conn)
+        quorum_lost = False
+        if self.complete and not self._groups_ok(self._registered_set())[0]:
+            self.complete = False
+            quorum_lost = True
+        text = f"store {link.info.index} [{link.info.addr[0]}:{link.info.addr[1]}] " \
+               f"unresponsive{suffix}{' (quorum lost)' if quorum_lost else ''}"
+        self.emit(StoreUnresponsive(link.info, text, quorum_lost))
+        self.log(Level.WARNING, text)
+        link.first_attempt = self.now
+
+    def _check_stability(self) -> None:
+        cfg = self.config
+        timeout = cfg.ume_message_stability_timeout / 1000
+        lifetime = cfg.ume_message_stability_lifetime / 1000
+        if not timeout:
+            return
+        for sqn, msg in list(self.retained.items()):
+            if msg.stable:
+                continue
+            if lifetime and self.now - msg.first_sent >= lifetime:
+                self.emit(MessageNotStable(sqn))
+                self._reclaim(sqn, msg, forced=True)
+                continue
+            if self.now - msg.sent_at >= timeout:
+                msg.sent_at = self.now
+                for link in self.links:
+                    if link.registered and link.info.index not in msg.stable_at:
+                        self._proactive(link, sqn, msg)
+
+
+def _consensus(values: list[int], behaviour: str) -> int:
+    """The consensus sequence number of the stores' answers (semantics.md §1.2)."""
+    ordered = sorted(values)
+    behaviour = behaviour.lower()
+    if behaviour == "lowest":
+        return ordered[0]
+    if behaviour == "majority":
+        # the latest value that a majority of the answering stores hold or exceed
+        need = len(ordered) // 2 + 1
+        return ordered[len(ordered) - need]
+    return ordered[-1]
+
+
+_PREG_ERRORS = {
+    PregError.ENOPATTERN: "store has no matching topic pattern",
+    PregError.ESRCREGID: "source RegID not found",
+    PregError.EREGID: "RegID is in use by a receiver",
+    PregError.ETOPICNAME: "topic name does not match the previous registration",
+    PregError.EACTIVE: "RegID is in use by a different source",
+    PregError.ECONFIG: "source and store configuration values are incompatible",
+}

@@ -1,0 +1,949 @@
+"""The reference store: a sans-IO state machine for one ``<store>`` of a umestored daemon.
+
+What it does follows the guide's "Operational View" and semantics.md §1:
+
+* **Registration** (PREG → PREG_RESP on the client's TCP connection to the store port).
+  Sources and receivers get the RegID they ask for, or a random one when they ask for 0; with a
+  Session ID the store looks up topic + Session ID first ("How Stores Associate Session IDs and
+  RegIDs").  A RegID that an *active* client holds is refused (code 5 for sources, 3 when a
+  receiver holds it; "strong RegIDs"); a source that re-registers gets the OLD flag and the
+  highest sequence number the store holds, a receiver gets OLD and its low sequence number
+  (last acknowledged + 1) or, if new, where ``receiver-new-registration-rollback`` puts it.
+  RPP follows the compatibility matrix of semantics.md §2.1.
+* **Persistence**: the store resolves the source's topic (TIR through the resolver), joins the
+  source's LBT-TCP transport as an ordinary receiver, keeps each message in the source's
+  :class:`~reference_impl.repository.Repository` and sends a stability ACK to the source
+  (batched by ``stability-ack-minimum-number``/``-interval``; withheld for RPP when less than
+  one flight size of room is left).  Duplicates are acknowledged again; proactive
+  retransmissions from the source are stored like live data.
+* **Consumption ACKs** from receivers are cumulative (acknowledging N acknowledges everything up
+  to N); in RPP they release messages once every blocking receiver consumed them.
+* **Retransmission requests** go to a worker paced at ``retransmission-request-processing-rate``
+  with a queue of four times that rate; the excess is dropped and counted (web monitor "Drop").
+* **Liveness**: keepalives to idle clients every ``keepalive-interval``; every
+  ``source-check-interval`` clients silent for longer than their activity timeout become
+  inactive (their RegID may be reused) and their state is deleted when their state lifetime
+  (the shorter of client and store value) runs out - at once when no lifetime is set.
+* **Disk state**: with ``repository-type`` disk the messages go to cache files and
+  registrations and acknowledgements to a state journal, so a restarted store knows its
+  sources, receivers and messages.
+
+Choices where the fact sheets are silent (each tested in tests/reference_impl/test_store.py):
+
+* A PREG carries a ``topicname`` header naming its topic, so a store can match its topic
+  patterns before it has seen the source's TIR; without it the store waits for the TIR that
+  names the PREG's request address and indexes, and refuses (code 1) after one activity timeout.
+* How RPP parameter overrides travel in a PREG is unknown (semantics.md §1.13): this store
+  applies its own topic values to RPP sources, as if every override were 0 ("use the store's
+  value").
+* An RPP repository with no blocking receivers releases by the size threshold, like SPP.
+* Stability ACKs name the source's transport and topic index (``id_2``); ``rcv_reg_id`` is 0.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reference_impl.context import Connection, ContextCore, control
+from reference_impl.events import (
+    Addr,
+    ClientRegistered,
+    ClientRejected,
+    ClientStateDeleted,
+    Level,
+)
+from reference_impl.fastmsg import ControlTemplate, data_fields
+from reference_impl.repository import Repository, RetentionLimits, as_retransmission
+from wire import lbmr
+from wire.lbmc import (
+    AckType,
+    Header,
+    KeepaliveType,
+    LbmcMessage,
+    MessageType,
+    PregError,
+    SriReq,
+    Topicname,
+    UmeAck,
+    UmeClientLifetime,
+    UmeKeepalive,
+    UmePreg,
+    UmePregResp,
+    UmeRxreq,
+    UmeSid,
+    UmeStoreid,
+    parse_message,
+)
+
+MAX_REGID = 0xFFFFFFFF
+DATA_TYPES = (MessageType.MESSAGE, MessageType.PRORX, MessageType.RETRANS)
+_ACK = ControlTemplate(UmeAck)
+
+
+@dataclass(frozen=True)
+class TopicPolicy:
+    """The topic-level ``type="store"`` options the store core uses (semantics.md §3.4).
+
+    Names are the XML option names with ``-`` as ``_``; times in milliseconds unless noted.
+    Defaults are the current product's.
+    """
+
+    repository_type: str = "memory"
+    repository_size_threshold: int = 1024
+    repository_size_limit: int = 50_331_648
+    repository_age_threshold: int = 0  # seconds
+    repository_disk_file_size_limit: int = 104_857_600
+    source_activity_timeout: int = 30_000
+    source_state_lifetime: int = 0
+    receiver_activity_timeout: int = 30_000
+    receiver_state_lifetime: int = 0
+    source_check_interval: int = 750
+    keepalive_interval: int = 3000
+    receiver_new_registration_rollback: int = 2_147_483_647
+    stability_ack_interval: int = 200
+    stability_ack_minimum_number: int = 1
+    repository_allow_receiver_paced_persistence: int = 0
+    repository_allow_ack_on_reception: int = 0
+    repository_disk_write_delay: int = 0
+    source_flight_size_bytes_maximum: int = 4_194_304
+    retransmission_request_forwarding: int = 0
+
+
+@dataclass(frozen=True)
+class TopicRule:
+    """One ``<topic>``: a pattern (direct = exact, else a regular expression) and its options."""
+
+    pattern: str
+    policy: TopicPolicy = TopicPolicy()
+    kind: str = "direct"
+
+    def matches(self, topic: str) -> bool:
+        if self.kind == "direct":
+            return topic == self.pattern
+        return re.fullmatch(self.pattern, topic) is not None
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """One ``<store>`` element, with what the daemon adds (address and resolver).
+
+    Attributes:
+        name: the store's name (logs, web monitor).
+        ip: the interface it listens on.
+        port: its TCP port for registrations (the "store port").
+        topics: topic rules in document order; the first match applies.
+        context_name: the name sources use in ``ume_store_name``.
+        disk_cache_directory, disk_state_directory: where disk repositories and state live.
+        retransmission_request_processing_rate: requests per second the worker serves.
+        lbmr_port: the UDP port for topic resolution.
+        resolver: the resolver daemon's address.
+        seed: seeds RegID assignment (deterministic tests and captures).
+    """
+
+    name: str
+    ip: str
+    port: int
+    topics: tuple[TopicRule, ...] = (TopicRule(".*", kind="PCRE"),)
+    context_name: str | None = None
+    disk_cache_directory: Path | None = None
+    disk_state_directory: Path | None = None
+    retransmission_request_processing_rate: int = 262_144
+    lbmr_port: int = 0
+    resolver: Addr | None = None
+    seed: int | None = None
+
+    def policy_for(self, topic: str) -> TopicPolicy | None:
+        for rule in self.topics:
+            if rule.matches(topic):
+                return rule.policy
+        return None
+
+
+@dataclass(eq=False)
+class Client:
+    """What a store knows of a registered source or receiver."""
+
+    role: str  # "source" | "receiver"
+    reg_id: int
+    topic: str
+    session_id: int
+    transport_idx: int
+    topic_idx: int
+    request_addr: Addr  # where the client's requests come from (its resp_ip/resp_port)
+    activity_timeout: float  # seconds (client override or store value)
+    state_lifetime: float  # seconds, 0 = none
+    last_activity: float = 0.0
+    last_sent: float = 0.0
+    active: bool = True
+    conn: Connection | None = None
+    rpp: int = 0  # 0 SPP; sources 1 = RPP; receivers 1 blocking, 2 non-blocking
+
+    def expired(self, now: float) -> bool:
+        return self.activity_timeout > 0 and now - self.last_activity > self.activity_timeout
+
+    def lifetime_over(self, now: float) -> bool:
+        end = max(self.activity_timeout, self.state_lifetime)
+        return now - self.last_activity > end
+
+
+@dataclass(eq=False)
+class SourceState(Client):
+    """A source's registration, repository and receivers."""
+
+    repo: Repository | None = None
+    policy: TopicPolicy = TopicPolicy()
+    transport: Addr | None = None  # its LBT-TCP transport, learnt from its TIR
+    tir_seen: bool = False
+    receivers: dict[int, ReceiverState] = field(default_factory=dict)
+    unacked: list[int] = field(default_factory=list)  # stability ACKs batched or withheld
+    high_received: int | None = None
+    warned: set[int] = field(default_factory=set)  # receivers warned about early release
+
+
+@dataclass(eq=False)
+class ReceiverState(Client):
+    """A receiver's registration with one source's repository."""
+
+    source_reg_id: int = 0
+    last_ack: int | None = None
+    rx_addr: Addr | None = None
+
+
+@dataclass
+class RetransmissionStats:
+    """Counters of the retransmission worker (web monitor store page)."""
+
+    received: int = 0
+    serviced: int = 0
+    dropped: int = 0
+    total_dropped: int = 0
+    since: float = 0.0
+
+
+class StoreCore(ContextCore):
+    """One store instance; see the module docstring."""
+
+    component = "store"
+
+    def __init__(self, settings: StoreSettings, *, now: float = 0.0) -> None:
+        super().__init__(settings.name, settings.ip, lbmr_port=settings.lbmr_port,
+                         resolver=settings.resolver)
+        self.settings = settings
+        self.addr: Addr = (settings.ip, settings.port)
+        self.now = now
+        self._rng = random.Random(settings.seed)
+        self.sources: dict[int, SourceState] = {}
+        self.receivers: dict[int, ReceiverState] = {}
+        self._sessions: dict[tuple[str, str, int, int], int] = {}
+        self._tirs: dict[tuple[Addr, int, int], tuple[str, Addr]] = {}
+        self._routes: dict[tuple[Addr, int], SourceState] = {}
+        self._rxq: deque[tuple[ReceiverState, int]] = deque()
+        self.rx = RetransmissionStats(since=now)
+        self._rate = max(1, settings.retransmission_request_processing_rate)
+        self._rx_budget = float(self._rate) / 10
+        self._rx_budget_at = now
+        self._journal_path: Path | None = None
+        if settings.disk_state_directory is not None:
+            self._journal_path = Path(settings.disk_state_directory) / f"{settings.name}.state"
+            self._restore()
+        self.set_timer("check", now + self._check_interval())
+        self.set_timer("resolve", now)
+
+    # --- small helpers ------------------------------------------------------------------------
+
+    def _check_interval(self) -> float:
+        intervals = [s.policy.source_check_interval for s in self.sources.values()]
+        return (min(intervals) if intervals else TopicPolicy().source_check_interval) / 1000
+
+    def _new_reg_id(self) -> int:
+        while True:
+            reg_id = self._rng.randint(1, MAX_REGID)
+            if reg_id not in self.sources and reg_id not in self.receivers:
+                return reg_id
+
+    def _send_client(self, client: Client, data: bytes) -> None:
+        if client.conn is not None and client.conn.open:
+            self.write(client.conn, data)
+            client.last_sent = self.now
+
+    def _respond(self, conn: Connection, preg: Header, *, reg_id: int, error: int = 0,
+                 old: bool = False, low: int = 0, high: int = 0, rpp: bool = False) -> None:
+        if error:
+            resp = UmePregResp(e_flag=1, error_code=error, s_flag=preg.s_flag,
+                               marker=preg.marker, reg_id=reg_id,
+                               transport_idx=preg.transport_idx, topic_idx=preg.topic_idx)
+        else:
+            resp = UmePregResp(o_flag=int(old), w_flag=int(rpp), d_flag=preg.d_flag,
+                               s_flag=preg.s_flag, marker=preg.marker, reg_id=reg_id,
+                               transport_idx=preg.transport_idx, topic_idx=preg.topic_idx,
+                               low_seqnum=low & MAX_REGID, high_seqnum=high & MAX_REGID)
+        store_id = self.settings.port & 0x7FFF
+        self.write(conn, control(resp, UmeStoreid(store_id=store_id)))
+
+    def _reject(self, conn: Connection, preg: Header, code: PregError, text: str) -> None:
+        role = "source" if preg.s_flag else "receiver"
+        self._respond(conn, preg, reg_id=preg.reg_id, error=code)
+        self.emit(ClientRejected(role, preg.reg_id, int(code), text))
+        self.log(Level.WARNING, f"{role} registration (RegID {preg.reg_id}) refused: {text}")
+
+    # --- topic resolution ---------------------------------------------------------------------
+
+    def on_lbmr(self, packet: lbmr.LbmrPacket, addr: Addr) -> None:
+        for tir in packet.tirs:
+            ume = next((o for o in (tir.options or []) if isinstance(o, lbmr.ToptUme)), None)
+            info = tir.info
+            if ume is None or not isinstance(info, lbmr.TcpInfo | lbmr.TcpSidInfo):
+                continue
+            key = ((ume.src_tcp_addr, ume.src_tcp_port), ume.transport_idx, tir.index)
+            self._tirs[key] = (tir.name, (info.ip, info.port))
+            for src in self.sources.values():
+                if (src.request_addr, src.transport_idx, src.topic_idx) == key[0:1] + key[1:]:
+                    self._join_transport(src, (info.ip, info.port))
+
+    def _join_transport(self, src: SourceState, transport: Addr) -> None:
+        if src.tir_seen and src.transport == transport:
+            return
+        if src.transport is not None:
+            self._routes.pop((src.transport, src.topic_idx), None)
+        src.transport, src.tir_seen = transport, True
+        self._routes[(transport, src.topic_idx)] = src
+        if self.connection_to(transport) is None:
+            self.send_to(transport, b"", tag="transport")
+        # Ask for SRI so this store sees the source complete its registration (semantics §1.1.6)
+        if src.active:
+            self.send_to(src.request_addr, control(SriReq(transport_idx=src.transport_idx,
+                                                          topic_idx=src.topic_idx)))
+
+    def _find_tir(self, src: SourceState) -> None:
+        hit = self._tirs.get((src.request_addr, src.transport_idx, src.topic_idx))
+        if hit is not None:
+            self._join_transport(src, hit[1])
+
+    # --- messages -----------------------------------------------------------------------------
+
+    def on_raw_message(self, conn: Connection, raw: bytes) -> None:
+        # the hot path: data messages from a transport are stored without a full decode
+        mtype, next_hdr, tidx, sqn = data_fields(raw) if len(raw) >= 12 else (-1, 0, 0, 0)
+        if mtype in DATA_TYPES and next_hdr == 0:
+            src = self._routes.get((conn.remote, tidx)) if conn.outgoing else None
+            if src is None and mtype == MessageType.PRORX:
+                src = self._source_on(conn, tidx)
+            if src is not None:
+                self._persist(src, sqn, raw)
+                return
+        super().on_raw_message(conn, raw)
+
+    def _source_on(self, conn: Connection, tidx: int) -> SourceState | None:
+        tag = conn.tag
+        if isinstance(tag, SourceState) and tag.topic_idx == tidx:
+            return tag
+        return None
+
+    def on_message(self, conn: Connection, message: LbmcMessage, raw: bytes) -> None:
+        peer = conn.remote
+        if message.is_data_type:
+            src = self._routes.get((peer, message.tidx)) if conn.outgoing else \
+                self._source_on(conn, message.tidx)
+            if src is None:
+                if not conn.outgoing:
+                    self.drop(peer, f"data for unknown topic index {message.tidx}", len(raw))
+                return  # other topics of a shared transport session are not ours
+            self._persist(src, message.sqn, raw)
+            return
+        if conn.outgoing and conn.tag == "transport":
+            return  # SRI and other control traffic on the source's transport
+        handled = False
+        for header in message.headers:
+            if isinstance(header, UmePreg):
+                self._on_preg(conn, message, header)
+                handled = True
+                break
+            if isinstance(header, UmeAck):
+                self._on_ack(conn, header, len(raw))
+                handled = True
+            elif isinstance(header, UmeRxreq):
+                self._on_rxreq(conn, header, len(raw))
+                handled = True
+            elif isinstance(header, UmeKeepalive):
+                self._on_keepalive(conn, header)
+                handled = True
+        if not handled and not conn.outgoing:
+            self.drop(peer, f"no store request in message ({message.label()})", len(raw))
+
+    def on_connection_lost(self, conn: Connection, *, refused: bool) -> None:
+        if conn.tag == "transport":
+            for (transport, tidx), src in list(self._routes.items()):
+                if transport == conn.remote:
+                    src.tir_seen = False
+                    del self._routes[(transport, tidx)]
+        elif isinstance(conn.tag, Client) and conn.tag.conn is conn:
+            conn.tag.conn = None
+
+    # --- registration -------------------------------------------------------------------------
+
+    def _on_preg(self, conn: Connection, message: LbmcMessage, preg: Header) -> None:
+        topic_hdr = message.header(Topicname)
+        sid_hdr = message.header(UmeSid)
+        life_hdr = message.header(UmeClientLifetime)
+        session_id = sid_hdr.sid if sid_hdr is not None else 0
+        request_addr = (preg.resp_ip, preg.resp_port)
+        topic = topic_hdr.topic if topic_hdr is not None else None
+        if preg.s_flag:
+            if topic is None:
+                hit = self._tirs.get((request_addr, preg.transport_idx, preg.topic_idx))
+                topic = hit[0] if hit else None
+            if topic is None:
+                self._reject(conn, preg, PregError.ENOPATTERN,
+                             "topic unknown: no topic name in the registration and no TIR seen")
+                return
+            self._register_source(conn, preg, topic, session_id, request_addr, life_hdr)
+        else:
+            self._register_receiver(conn, preg, topic, session_id, request_addr, life_hdr)
+
+    def _lifetimes(self, life: Header | None, timeout_ms: int,
+                   lifetime_ms: int) -> tuple[float, float]:
+        activity = timeout_ms
+        lifetime = lifetime_ms
+        if life is not None:
+            if life.activity_tmo:
+                activity = life.activity_tmo
+            if life.lifetime:
+                lifetime = min(lifetime, life.lifetime) if lifetime else life.lifetime
+        return activity / 1000, lifetime / 1000
+
+    def _register_source(self, conn: Connection, preg: Header, topic: str, session_id: int,
+                         request_addr: Addr, life: Header | None) -> None:
+        policy = self.settings.policy_for(topic)
+        if policy is None:
+            self._reject(conn, preg, PregError.ENOPATTERN,
+                         f"no topic pattern of this store matches {topic!r}")
+            return
+        rpp = bool(preg.w_flag)
+        reg_id = preg.reg_id
+        if preg.d_flag:
+            self._deregister(conn, preg, self.sources.get(reg_id))
+            return
+        if session_id and not reg_id:
+            reg_id = self._sessions.get(("source", topic, session_id, 0), 0)
+        existing = self.sources.get(reg_id) if reg_id else None
+        if reg_id and existing is None and reg_id in self.receivers:
+            self._reject(conn, preg, PregError.EREGID, f"RegID {reg_id} is in use by a receiver")
+            return
+        if existing is not None:
+            same_client = existing.request_addr == request_addr and existing.conn is conn
+            if existing.active and not existing.expired(self.now) and not same_client \
+                    and existing.conn is not None and existing.conn.open:
+                self._reject(conn, preg, PregError.EACTIVE,
+                             f"RegID {reg_id} is in use by a different source")
+                return
+            if existing.topic != topic:
+                self._reject(conn, preg, PregError.ETOPICNAME,
+                             f"topic {topic!r} does not match the registration's "
+                             f"{existing.topic!r}")
+                return
+            if existing.session_id and session_id and existing.session_id != session_id:
+                self._reject(conn, preg, PregError.ECONFIG,
+                             "Session ID differs from the repository's")
+                return
+            if bool(existing.rpp) != rpp:
+                self._reject(conn, preg, PregError.ECONFIG,
+                             "previously RPP source re-registers as SPP" if existing.rpp else
+                             "previously SPP source re-registers as RPP")
+                return
+            src = existing
+            old = True
+            src.transport_idx, src.topic_idx = preg.transport_idx, preg.topic_idx
+            if src.request_addr != request_addr or src.transport is None:
+                src.tir_seen = False
+            src.request_addr = request_addr
+        else:
+            if rpp and not policy.repository_allow_receiver_paced_persistence:
+                self._reject(conn, preg, PregError.ECONFIG,
+                             "registering as an RPP source but RPP is not allowed")
+                return
+            if not reg_id:
+                reg_id = self._new_reg_id()
+            activity, lifetime = self._lifetimes(life, policy.source_activity_timeout,
+                                                 policy.source_state_lifetime)
+            src = SourceState("source", reg_id, topic, session_id, preg.transport_idx,
+                              preg.topic_idx, request_addr, activity, lifetime,
+                              policy=policy, rpp=int(rpp))
+            src.repo = self._new_repository(src)
+            self.sources[reg_id] = src
+            if session_id:
+                self._sessions[("source", topic, session_id, 0)] = reg_id
+            old = False
+        src.conn, conn.tag = conn, src
+        src.active, src.last_activity = True, self.now
+        lead = src.repo.lead_sqn if src.repo is not None else None
+        trail = src.repo.trail_sqn if src.repo is not None else None
+        self._respond(conn, preg, reg_id=reg_id, old=old, low=trail or 0, high=lead or 0,
+                      rpp=rpp)
+        src.last_sent = self.now
+        self._journal_client(src)
+        self.emit(ClientRegistered("source", reg_id, topic, session_id, old))
+        self.log(Level.INFO, f"source RegID {reg_id} topic {topic!r} "
+                             f"{'re-registered' if old else 'registered'}")
+        self._find_tir(src)
+        if not src.tir_seen:
+            self.send_lbmr(lbmr.LbmrPacket(tqrs=[lbmr.Tqr(name=topic)]))
+        self.set_timer_if_later("check", self.now + self._check_interval())
+
+    def _new_repository(self, src: SourceState) -> Repository:
+        p = src.policy
+        limits = RetentionLimits(p.repository_size_threshold, p.repository_size_limit,
+                                 float(p.repository_age_threshold),
+                                 p.repository_disk_file_size_limit, rpp=bool(src.rpp))
+        cache = None
+        if p.repository_type == "disk":
+            base = self.settings.disk_cache_directory or Path("umestored-cache")
+            cache = Path(base) / f"{self.settings.name}-{src.reg_id}-cache"
+        return Repository(limits, cache_file=cache)
+
+    def _register_receiver(self, conn: Connection, preg: Header, topic: str | None,
+                           session_id: int, request_addr: Addr,
+                           life: Header | None) -> None:
+        src = self.sources.get(preg.src_reg_id)
+        if src is None:
+            self._reject(conn, preg, PregError.ESRCREGID,
+                         f"source RegID {preg.src_reg_id} not found")
+            return
+        if preg.d_flag:
+            self._deregister(conn, preg, self.receivers.get(preg.reg_id))
+            return
+        mode = 1 if preg.w_flag else 0
+        if src.rpp and not mode:
+            self._reject(conn, preg, PregError.ECONFIG,
+                         "non-RPP receiver attempting to register to an RPP topic")
+            return
+        if mode and not src.rpp:
+            self._reject(conn, preg, PregError.ECONFIG, "RPP receiver on an SPP repository")
+            return
+        reg_id = preg.reg_id
+        if session_id:
+            reg_id = self._sessions.get(("receiver", src.topic, session_id, src.reg_id), reg_id)
+        existing = self.receivers.get(reg_id) if reg_id else None
+        if reg_id and existing is None and reg_id in self.sources:
+            self._reject(conn, preg, PregError.EREGID, f"RegID {reg_id} is in use by a source")
+            return
+        policy = src.policy
+        if existing is not None and existing.source_reg_id != src.reg_id:
+            if existing.active and not existing.expired(self.now):
+                self._reject(conn, preg, PregError.EREGID,
+                             f"RegID {reg_id} is in use by a receiver of another source")
+                return
+            self._delete_client(existing, "re-registered for another source")
+            existing = None
+        if existing is not None:
+            if existing.active and not existing.expired(self.now) and existing.conn is not None \
+                    and existing.conn.open and existing.conn is not conn \
+                    and existing.request_addr != request_addr:
+                self._reject(conn, preg, PregError.EREGID,
+                             f"RegID {reg_id} is in use by another receiver")
+                return
+            if bool(existing.rpp) != bool(mode):
+                self._reject(conn, preg, PregError.ECONFIG, "receiver changed its RPP mode")
+                return
+            rcv = existing
+            old = True
+            rcv.request_addr = request_addr
+        else:
+            if not reg_id:
+                reg_id = self._new_reg_id()
+            activity, lifetime = self._lifetimes(life, policy.receiver_activity_timeout,
+                                                 policy.receiver_state_lifetime)
+            rcv = ReceiverState("receiver", reg_id, src.topic, session_id, preg.transport_idx,
+                                preg.topic_idx, request_addr, activity, lifetime, rpp=mode,
+                                source_reg_id=src.reg_id)
+            self.receivers[reg_id] = rcv
+            src.receivers[reg_id] = rcv
+            if session_id:
+                self._sessions[("receiver", src.topic, session_id, src.reg_id)] = reg_id
+            old = False
+        rcv.conn, conn.tag = conn, rcv
+        rcv.active, rcv.last_activity = True, self.now
+        src.warned.discard(reg_id)
+        repo = src.repo
+        lead = repo.lead_sqn if repo is not None and repo.lead_sqn is not None else None
+        trail = repo.trail_sqn if repo is not None else None
+        if old and rcv.last_ack is not None:
+            low = rcv.last_ack + 1
+        elif lead is None:
+            low = 0
+        elif src.rpp:
+            low = lead + 1  # RPP: nothing sent before the initial registration
+        else:
+            rollback = policy.receiver_new_registration_rollback
+            low = max(trail if trail is not None else 0, lead + 1 - rollback)
+        self._respond(conn, preg, reg_id=reg_id, old=old, low=low, high=lead or 0,
+                      rpp=bool(mode))
+        rcv.last_sent = self.now
+        self._journal_client(rcv)
+        self.emit(ClientRegistered("receiver", reg_id, src.topic, session_id, old))
+        self.log(Level.INFO, f"receiver RegID {reg_id} for source RegID {src.reg_id} "
+                             f"{'re-registered' if old else 'registered'}, low sqn {low}")
+
+    def _deregister(self, conn: Connection, preg: Header, client: Client | None) -> None:
+        if client is None:
+            self._reject(conn, preg, PregError.ESRCREGID if preg.s_flag else PregError.EREGID,
+                         f"deregistration of unknown RegID {preg.reg_id}")
+            return
+        self._respond(conn, preg, reg_id=client.reg_id)
+        self._delete_client(client, "deregistered")
+
+    # --- data and acknowledgements -----------------------------------------------------------
+
+    def _persist(self, src: SourceState, sqn: int, raw: bytes) -> None:
+        repo = src.repo
+        if repo is None:
+            return
+        src.last_activity = self.now
+        result = repo.add(sqn, raw, self.now)
+        if result.released:
+            self._warn_unconsumed(src, result.released)
+        if result.dropped:
+            self.log(Level.WARNING, f"source RegID {src.reg_id}: repository size limit "
+                                    f"reached, message {sqn} dropped")
+            return
+        if src.high_received is None or sqn > src.high_received:
+            src.high_received = sqn
+        self._stable(src, sqn)
+
+    def _stable(self, src: SourceState, sqn: int) -> None:
+        p = src.policy
+        if src.rpp and src.repo is not None:
+            room = src.repo.limits.size_limit - src.repo.used_bytes
+            if room <= p.source_flight_size_bytes_maximum or src.unacked:
+                src.unacked.append(sqn)  # withheld: less than one flight size of room left
+                return
+        if p.stability_ack_minimum_number > 1:
+            src.unacked.append(sqn)
+            if len(src.unacked) >= p.stability_ack_minimum_number:
+                self._flush_acks(src)
+            else:
+                self.set_timer_if_later(f"acks {src.reg_id}",
+                                        self.now + p.stability_ack_interval / 1000)
+            return
+        self._send_client(src, _ACK.pack(type=AckType.STABLE, transport_idx=src.transport_idx,
+                                         id_2=src.topic_idx, seqnum=sqn))
+
+    def _flush_acks(self, src: SourceState) -> None:
+        acks = [_ACK.pack(type=AckType.STABLE, transport_idx=src.transport_idx,
+                          id_2=src.topic_idx, seqnum=s) for s in src.unacked]
+        src.unacked.clear()
+        self.cancel_timer(f"acks {src.reg_id}")
+        if acks:
+            self._send_client(src, b"".join(acks))
+
+    def _release_withheld(self, src: SourceState) -> None:
+        if not src.unacked or src.repo is None:
+            return
+        room = src.repo.limits.size_limit - src.repo.used_bytes
+        if room > src.policy.source_flight_size_bytes_maximum:
+            self._flush_acks(src)
+
+    def _warn_unconsumed(self, src: SourceState, released: tuple[int, ...]) -> None:
+        newest = released[-1]
+        for rcv in src.receivers.values():
+            if rcv.reg_id in src.warned:
+                continue
+            if rcv.last_ack is None or rcv.last_ack < newest:
+                src.warned.add(rcv.reg_id)
+                self.log(Level.WARNING,
+                         f"source RegID {src.reg_id}: repository released message {newest} "
+                         f"before receiver RegID {rcv.reg_id} consumed it")
+
+    def _on_ack(self, conn: Connection, ack: Header, size: int) -> None:
+        rcv = self.receivers.get(ack.rcv_reg_id) or self.receivers.get(ack.id_2)
+        if rcv is None or ack.type != AckType.CDELV:
+            self.drop(conn.remote, f"ACK from unknown receiver RegID {ack.rcv_reg_id}", size)
+            return
+        rcv.last_activity = self.now
+        rcv.active = True
+        if rcv.last_ack is None or ack.seqnum > rcv.last_ack:
+            rcv.last_ack = ack.seqnum
+            self._journal({"ack": rcv.reg_id, "sqn": ack.seqnum})
+        src = self.sources.get(rcv.source_reg_id)
+        if src is not None and src.rpp:
+            self._rpp_release(src)
+
+    def _rpp_release(self, src: SourceState) -> None:
+        blocking = [r for r in src.receivers.values() if r.rpp == 1]
+        if not blocking or src.repo is None:
+            return
+        if any(r.last_ack is None for r in blocking):
+            return
+        floor = min(r.last_ack for r in blocking if r.last_ack is not None)
+        if src.repo.release_through(floor):
+            self._release_withheld(src)
+
+    def _on_keepalive(self, conn: Connection, ka: Header) -> None:
+        client: Client | None = conn.tag if isinstance(conn.tag, Client) else None
+        if client is None:
+            client = self.sources.get(ka.reg_id) or self.receivers.get(ka.reg_id)
+        if client is None:
+            return
+        client.last_activity = self.now
+        if ka.r_flag:
+            self._keepalive(client)
+
+    def _keepalive(self, client: Client) -> None:
+        no_tir = isinstance(client, SourceState) and not client.tir_seen
+        self._send_client(client, control(UmeKeepalive(
+            t_flag=int(no_tir), type=KeepaliveType.STORE, transport_idx=client.transport_idx,
+            topic_idx=client.topic_idx, reg_id=client.reg_id)))
+
+    # --- retransmissions -------------------------------------------------------------------
+
+    def _on_rxreq(self, conn: Connection, req: Header, size: int) -> None:
+        rcv = self.receivers.get(req.id_2)
+        if rcv is None:
+            self.drop(conn.remote, f"RXREQ from unknown receiver RegID {req.id_2}", size)
+            return
+        rcv.last_activity = self.now
+        self.rx.received += 1
+        if len(self._rxq) >= 4 * self._rate:
+            self.rx.dropped += 1
+            self.rx.total_dropped += 1
+            return
+        self._rxq.append((rcv, req.seqnum))
+        self._serve_retransmissions()
+
+    def _serve_retransmissions(self) -> None:
+        # token bucket: at most rate/s, bursts of a tenth of a second
+        rate = self._rate
+        self._rx_budget = min(rate / 10, self._rx_budget + (self.now - self._rx_budget_at) * rate)
+        self._rx_budget_at = self.now
+        while self._rxq and self._rx_budget >= 1:
+            rcv, sqn = self._rxq.popleft()
+            self._rx_budget -= 1
+            src = self.sources.get(rcv.source_reg_id)
+            raw = src.repo.get(sqn) if src is not None and src.repo is not None else None
+            if raw is None or rcv.conn is None:
+                continue
+            self.rx.serviced += 1
+            self._send_client(rcv, as_retransmission(raw))
+        if self._rxq:
+            self.set_timer("rx", self.now + (1 - self._rx_budget) / rate)
+
+    def reset_rate_stats(self) -> None:
+        """The web monitor's "Reset Rate Stats"."""
+        self.rx = RetransmissionStats(total_dropped=self.rx.total_dropped, since=self.now)
+
+    # --- timers -------------------------------------------------------------------------------
+
+    def on_timer(self, name: str) -> None:
+        if name == "check":
+            self._check_clients()
+            self.set_timer("check", self.now + self._check_interval())
+        elif name == "rx":
+            self._serve_retransmissions()
+        elif name == "resolve":
+            # say hello to the resolver so it relays advertisements to us; ask for unknown TIRs
+            missing = [lbmr.Tqr(name=s.topic) for s in self.sources.values()
+                       if s.active and not s.tir_seen]
+            self.send_lbmr(lbmr.LbmrPacket(tqrs=missing[:8]))
+            self.set_timer("resolve", self.now + 1.0)
+        elif name.startswith("acks "):
+            src = self.sources.get(int(name.split()[1]))
+            if src is not None:
+                self._flush_acks(src)
+
+    def _check_clients(self) -> None:
+        now = self.now
+        for client in [*self.sources.values(), *self.receivers.values()]:
+            policy = client.policy if isinstance(client, SourceState) else \
+                self._policy_of(client)
+            if client.active and client.expired(now):
+                client.active = False
+                self.log(Level.NOTICE, f"{client.role} RegID {client.reg_id} inactive "
+                                       f"(activity timeout)")
+            if not client.active and client.lifetime_over(now):
+                reason = "state lifetime expired" if client.state_lifetime else \
+                    "activity timeout"
+                self._delete_client(client, reason)
+                continue
+            if client.active and now - client.last_sent >= policy.keepalive_interval / 1000:
+                self._keepalive(client)
+
+    def _policy_of(self, client: Client) -> TopicPolicy:
+        src = self.sources.get(getattr(client, "source_reg_id", 0))
+        return src.policy if src is not None else TopicPolicy()
+
+    def _delete_client(self, client: Client, reason: str) -> None:
+        if isinstance(client, SourceState):
+            self.sources.pop(client.reg_id, None)
+            for rcv in list(client.receivers.values()):
+                self.receivers.pop(rcv.reg_id, None)
+            if client.repo is not None:
+                client.repo.clear()
+            if client.transport is not None:
+                self._routes.pop((client.transport, client.topic_idx), None)
+            key = ("source", client.topic, client.session_id, 0)
+        else:
+            assert isinstance(client, ReceiverState)
+            self.receivers.pop(client.reg_id, None)
+            src = self.sources.get(client.source_reg_id)
+            if src is not None:
+                src.receivers.pop(client.reg_id, None)
+                if src.rpp:
+                    self._rpp_release(src)
+            key = ("receiver", client.topic, client.session_id, client.source_reg_id)
+        if self._sessions.get(key) == client.reg_id:
+            del self._sessions[key]
+        self._journal({"delete": client.reg_id})
+        self.emit(ClientStateDeleted(client.role, client.reg_id, reason))
+        self.log(Level.NOTICE, f"{client.role} RegID {client.reg_id} state deleted ({reason})")
+
+    # --- disk state -------------------------------------------------------------------------
+
+    def _journal(self, record: dict[str, object]) -> None:
+        if self._journal_path is None:
+            return
+        with self._journal_path.open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+    def _journal_client(self, client: Client) -> None:
+        if self._journal_path is None:
+            return
+        record = {k: v for k, v in asdict_shallow(client).items()
+                  if k in _JOURNALLED}
+        record["request_addr"] = list(client.request_addr)
+        if isinstance(client, SourceState):
+            record["policy"] = asdict(client.policy)
+            if client.policy.repository_type != "disk":
+                return  # memory repositories do not survive a restart
+        else:
+            src = self.sources.get(client.source_reg_id)  # type: ignore[attr-defined]
+            if src is None or src.policy.repository_type != "disk":
+                return
+        self._journal({"client": record})
+
+    def _restore(self) -> None:
+        assert self._journal_path is not None
+        self._journal_path.parent.mkdir(parents=True, exist_ok=True)
+        if not self._journal_path.exists():
+            return
+        clients: dict[int, dict[str, Any]] = {}
+        acks: dict[int, int] = {}
+        for line_no, line in enumerate(self._journal_path.read_text().splitlines(), 1):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                self.log(Level.WARNING, f"state journal line {line_no} is torn; ignored")
+                continue
+            if "client" in record:
+                clients[record["client"]["reg_id"]] = record["client"]
+            elif "ack" in record:
+                acks[record["ack"]] = max(acks.get(record["ack"], -1), record["sqn"])
+            elif "delete" in record:
+                clients.pop(record["delete"], None)
+        for rec in sorted(clients.values(), key=lambda r: r["role"] != "source"):
+            self._restore_client(rec, acks)
+        # rewrite the journal compactly
+        self._journal_path.write_text("")
+        for src in self.sources.values():
+            self._journal_client(src)
+        for rcv in self.receivers.values():
+            self._journal_client(rcv)
+            if rcv.last_ack is not None:
+                self._journal({"ack": rcv.reg_id, "sqn": rcv.last_ack})
+        self.log(Level.INFO, f"restored {len(self.sources)} sources and {len(self.receivers)} "
+                             f"receivers from disk state")
+
+    def _restore_client(self, rec: dict[str, Any], acks: dict[int, int]) -> None:
+        common = dict(role=rec["role"], reg_id=rec["reg_id"], topic=rec["topic"],
+                      session_id=rec["session_id"], transport_idx=rec["transport_idx"],
+                      topic_idx=rec["topic_idx"], request_addr=tuple(rec["request_addr"]),
+                      activity_timeout=rec["activity_timeout"],
+                      state_lifetime=rec["state_lifetime"], rpp=rec["rpp"],
+                      last_activity=self.now, active=False)
+        if rec["role"] == "source":
+            policy = TopicPolicy(**rec["policy"])
+            src = SourceState(**common, policy=policy)
+            src.repo = self._new_repository(src)
+            self.sources[src.reg_id] = src
+            if src.session_id:
+                self._sessions[("source", src.topic, src.session_id, 0)] = src.reg_id
+        else:
+            owner = self.sources.get(rec["source_reg_id"])
+            if owner is None:
+                return
+            rcv = ReceiverState(**common, source_reg_id=owner.reg_id)
+            rcv.last_ack = acks.get(rcv.reg_id)
+            self.receivers[rcv.reg_id] = rcv
+            owner.receivers[rcv.reg_id] = rcv
+            if rcv.session_id:
+                self._sessions[("receiver", rcv.topic, rcv.session_id, owner.reg_id)] = \
+                    rcv.reg_id
+
+    def close(self) -> None:
+        for src in self.sources.values():
+            if src.repo is not None:
+                src.repo.close()
+        super().close()
+
+    # --- for the web monitor ------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, object]:
+        """Everything the web monitor shows, as plain data."""
+        seconds = max(self.now - self.rx.since, 1e-9)
+        sources = []
+        for src in self.sources.values():
+            repo = src.repo
+            sources.append({
+                "reg_id": src.reg_id, "topic": src.topic, "session_id": src.session_id,
+                "request_addr": f"{src.request_addr[0]}:{src.request_addr[1]}",
+                "transport_idx": src.transport_idx, "topic_idx": src.topic_idx,
+                "active": src.active, "last_activity": src.last_activity,
+                "repository": repo.kind if repo else None, "rpp": src.rpp,
+                "message_map": len(repo) if repo else 0,
+                "window": [repo.trail_sqn, repo.mem_trail_sqn, repo.lead_sqn] if repo else None,
+                "memory": [repo.used_bytes if repo else 0, src.policy.repository_size_threshold,
+                           src.policy.repository_size_limit],
+                "age_threshold": src.policy.repository_age_threshold,
+                "drops": repo.intentional_drops if repo else 0,
+                "offsets": [0, repo.file_offset if repo else 0,
+                            src.policy.repository_disk_file_size_limit],
+                "receivers": [{"reg_id": r.reg_id, "session_id": r.session_id,
+                               "ack": r.last_ack, "active": r.active,
+                               "last_activity": r.last_activity, "rpp": r.rpp,
+                               "topic_idx": r.topic_idx, "transport_idx": r.transport_idx,
+                               "request_addr": f"{r.request_addr[0]}:{r.request_addr[1]}"}
+                              for r in src.receivers.values()],
+            })
+        return {
+            "name": self.settings.name, "interface": f"{self.addr[0]}:{self.addr[1]}",
+            "cache_dir": str(self.settings.disk_cache_directory or ""),
+            "state_dir": str(self.settings.disk_state_directory or ""),
+            "retransmission_rate": self._rate, "seconds": seconds,
+            "rx_received_rate": self.rx.received / seconds,
+            "rx_service_rate": self.rx.serviced / seconds,
+            "rx_drop_rate": self.rx.dropped / seconds,
+            "rx_total_dropped": self.rx.total_dropped,
+            "patterns": [(r.pattern, r.kind) for r in self.settings.topics],
+            "sources": sources,
+        }
+
+
+_JOURNALLED = {"role", "reg_id", "topic", "session_id", "transport_idx", "topic_idx",
+               "activity_timeout", "state_lifetime", "rpp", "source_reg_id"}
+
+
+def asdict_shallow(obj: object) -> dict[str, object]:
+    return {k: getattr(obj, k) for k in _JOURNALLED if hasattr(obj, k)}
+
+
+def parse_any(raw: bytes) -> LbmcMessage:
+    """Decode a framed message (for tests and tools)."""
+    return parse_message(raw)[0]
+
+
+PolicyLookup = Callable[[str], TopicPolicy | None]
