@@ -123,6 +123,11 @@ class SourceConfig:
     resolver_advertisement_interval: int = 1000
 
 
+MAX_CONFIRMATION_EVENTS = 65536
+"""At most this many confirmation events for one cumulative ACK (a receiver's first ACK
+after a long recovery would otherwise name every message since 0)."""
+
+
 class SendErrorCode(StrEnum):
     NOT_REGISTERED = "not_registered"  # LBM_EUMENOREG
     WOULD_BLOCK = "would_block"  # LBM_EWOULDBLOCK because of the flight size
@@ -536,14 +541,17 @@ class SourceCore(ContextCore):
         self._confirmed[rcv] = ack.seqnum
         need = self.config.ume_retention_unique_confirmations
         explicit = bool(ack.e_flag)
-        for sqn in range(max(start, next(iter(self.retained), ack.seqnum + 1)), ack.seqnum + 1):
+        if start == 0 and self.retained:
+            start = next(iter(self.retained))  # a receiver's first ACK: from what we hold
+        for sqn in range(max(start, ack.seqnum - MAX_CONFIRMATION_EVENTS + 1), ack.seqnum + 1):
             msg = self.retained.get(sqn)
-            if msg is None:
-                continue
-            msg.confirmed_by.add(rcv)
-            count = len(msg.confirmed_by)
+            count = 1
+            if msg is not None:
+                msg.confirmed_by.add(rcv)
+                count = len(msg.confirmed_by)
             self.emit(DeliveryConfirmation(sqn, rcv, count, count >= need, explicit))
-            self._maybe_land(sqn, msg)
+            if msg is not None:
+                self._maybe_land(sqn, msg)
 
     def _maybe_land(self, sqn: int, msg: Retained) -> None:
         """Take the message out of flight once it is stable and confirmed enough."""

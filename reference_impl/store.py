@@ -721,7 +721,7 @@ class StoreCore(ContextCore):
         rate = self._rate
         self._rx_budget = min(rate / 10, self._rx_budget + (self.now - self._rx_budget_at) * rate)
         self._rx_budget_at = self.now
-        while self._rxq and self._rx_budget >= 1:
+        while self._rxq and self._rx_budget >= 1 - 1e-9:
             rcv, sqn = self._rxq.popleft()
             self._rx_budget -= 1
             src = self.sources.get(rcv.source_reg_id)
@@ -731,7 +731,9 @@ class StoreCore(ContextCore):
             self.rx.serviced += 1
             self._send_client(rcv, as_retransmission(raw))
         if self._rxq:
-            self.set_timer("rx", self.now + (1 - self._rx_budget) / rate)
+            # never less than 0.1 ms ahead: float rounding must not make the timer due again
+            # at the same instant with the same empty budget
+            self.set_timer("rx", self.now + max((1 - self._rx_budget) / rate, 1e-4))
 
     def reset_rate_stats(self) -> None:
         """The web monitor's "Reset Rate Stats"."""

@@ -1,0 +1,825 @@
+"""The store web monitor of the reference daemon (semantics.md §4, guide chapter "Web Monitor").
+
+umestored serves a small read-only HTML monitor (``<web-monitor>Address:Port</web-monitor>``).
+Operators read it and tools scrape it (UltraMessaging's ``store_scraper`` greps the pages line by
+line), so :class:`WebMonitor` reproduces the product's URL layout and the HTML fragments those
+tools match, and adds a JSON form of every page for tools written today.
+
+URL layout (a number is decimal ASCII; repeated or trailing ``/`` are ignored, because
+``store_scraper`` fetches ``$W/$HREF`` and so asks for ``//stores/0``):
+
+=====================================  ========================================================
+``/``                                  index: banner and version, build line, time, "Stores"
+``/stores``                            ``Store N:<A HREF="/stores/N">name</A>`` per store
+``/stores/<n>``                        store page (``<H3>Store N: name</H3>``, rates, topics)
+``/stores/<n>/reset``                  "Reset Rate Stats": zeroes the rate-calculation seconds
+``/stores/<n>/<src-regid>``            source page (``<H3>REGID: Source [...]</H3>``, Window...)
+``/stores/<n>/<src-regid>/<rcv-regid>``  receiver page (``ACK: <hex>``)
+=====================================  ========================================================
+
+**JSON.**  Append ``?format=json`` to any URL (``?format=html`` is the default).  The JSON
+object holds exactly the values the HTML shows, in their native types (integers where the HTML
+prints hex, Unix times where it prints clock times, ``null`` where it prints ``-``), plus the
+``href`` of every link, so a tool can crawl the JSON alone.  A query string was chosen over a
+``/json`` path suffix because it leaves the product's URL space alone (``/stores/<n>/json``
+would sit where RegIDs go) and needs no second route per page.  Any other query parameter is
+a 400: a typo must not silently give HTML.
+
+**Fields the store core does not model.**  Pages show what :meth:`StoreCore.snapshot` and the
+core's public ``sources`` give.  Values this reference store has no counterpart for are left
+out rather than printed as invented zeros: the source page has no "In Progress", "Active ULBs"
+or "Loss" line (writes are synchronous and the store never sees unrecoverable loss on LBT-TCP),
+and "LBM Stats" carries only the transport's source string (``TCP:ip:port``), because the core
+counts no per-transport messages, bytes, duplicates or NAKs.  "Sync" is derived: disk writes
+reach the OS before the store acknowledges, so the completed and submitted sync SQNs are both
+the newest SQN held (for a memory repository "held" is all the persistence there is), and
+``contig_sqn`` is the end of the gap-free run starting at the trail.  "Drops" shows
+``0 / total``: intentional drops happen synchronously, so none is ever in progress.  Memory
+repositories show a two-value Window ``[trail, lead]`` as the product does; disk repositories
+show ``[trail, mem_trail, lead]``.  "Last Activity" converts the core's clock to wall-clock time
+of day (``HH:MM:SS.ffffff``, local time).  Source and receiver pages add a ``State:
+active|inactive`` line (an expired client whose state is still kept).
+
+**Threading.**  There is none.  The HTTP server runs on the asyncio loop that drives the cores
+(:class:`reference_impl.aio.AioHost` calls into a core only from loop callbacks), and a page is
+built from the cores in one synchronous stretch with no ``await`` in between, so it always sees
+a consistent state and needs no lock (the product's monitor thread takes a lock and slows
+message processing; here a page costs the loop one snapshot).  Do not hand this monitor cores
+that another thread drives.  "Reset Rate Stats" calls :meth:`StoreCore.reset_rate_stats` the
+same way.  ``HEAD /stores/<n>/reset`` answers as GET would but resets nothing (HEAD is safe).
+
+**HTTP.**  A deliberately small HTTP/1.1 server on :func:`asyncio.start_server`: GET and HEAD
+only (405 with ``Allow`` otherwise), 404 for unknown paths, 400 for malformed requests (bad
+request line, bad header syntax, obsolete line folding, missing or repeated ``Host`` on
+HTTP/1.1, bad percent-escape, a request body, unknown query parameters), 414/431 over the size
+limits (:class:`HttpLimits`), 505 for other HTTP versions, 503 over the connection limit.
+Keep-alive is supported on HTTP/1.1; any error response closes the connection.  Paths are only
+ever matched against the routes above: nothing is read from the filesystem, so there is no path
+to traverse (the product's monitor had such a hole, semantics.md §4).  Responses carry
+``Cache-Control: no-store``, ``X-Content-Type-Options: nosniff`` and a
+``Content-Security-Policy`` that forbids scripts; every user-supplied string (topic names!) is
+HTML-escaped, control characters included, so a topic cannot break the page or the
+one-field-per-line layout scrapers depend on.
+
+**Address.**  ``address`` is the XML ``web-monitor`` value, ``Address:Port`` or ``*:Port``
+(``str()`` of :class:`reference_impl.config.store_xml.WebMonitorAddress` fits); ``*`` binds all
+interfaces (0.0.0.0) and must be asked for explicitly: the default is ``127.0.0.1:0`` because
+the monitor has no authentication.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import html
+import ipaddress
+import json
+import logging
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from email.utils import formatdate
+from typing import Any
+from urllib.parse import parse_qsl, unquote_to_bytes, urlsplit
+
+from reference_impl.repository import Repository
+from reference_impl.store import StoreCore
+
+__all__ = [
+    "PRODUCT",
+    "HttpLimits",
+    "Response",
+    "WebMonitor",
+    "clock_time",
+    "parse_address",
+]
+
+log = logging.getLogger(__name__)
+
+PRODUCT = "UltraMessaging Persistent Store"
+RESET_MESSAGE = "Rate Statistics have been reset"
+DOMAIN_ID = 0  # the reference implementation has no UM domain IDs
+ALLOWED_METHODS = ("GET", "HEAD")
+LINGER_SECONDS = 1.0  # after a response that closes the connection, see WebMonitor._linger
+LINGER_BYTES = 1 << 20
+
+StoreList = Sequence[StoreCore] | Callable[[], Sequence[StoreCore]]
+
+_REASONS = {
+    200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+    414: "URI Too Long", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
+    503: "Service Unavailable", 505: "HTTP Version Not Supported",
+}
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_VERSION = re.compile(r"HTTP/([0-9])\.([0-9])")
+_TARGET_CHARS = re.compile(r"[\x21-\x7e]+")
+_FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
+_BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_NUMBER = re.compile(r"[0-9]{1,10}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+# --- addresses -----------------------------------------------------------------------------
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``Address:Port`` / ``*:Port`` / ``[v6]:Port`` -> (host, port); ``*`` is 0.0.0.0.
+
+    Port 0 asks the kernel for a free port (tests).  Raises ValueError with the reason.
+    """
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"web monitor address {text!r} must be Address:Port or *:Port")
+    if not port_text.isascii() or not port_text.isdigit() or int(port_text) > 65535:
+        raise ValueError(f"web monitor port {port_text!r} must be a number 0-65535")
+    if host == "*":
+        return "0.0.0.0", int(port_text)
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(
+            f"web monitor address {host!r} must be an IP address or * (all interfaces)"
+        ) from None
+    return host, int(port_text)
+
+
+# --- formatting ----------------------------------------------------------------------------
+
+
+def _control_ref(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return "&#xFFFD;" if code == 0 else f"&#{code};"
+
+
+def esc(value: object) -> str:
+    """HTML-escape a value, quotes and control characters too: a topic name with a newline
+    must not split a line that scrapers read as one field."""
+    return _CONTROL.sub(_control_ref, html.escape(str(value), quote=True))
+
+
+def hex_or_dash(value: int | None) -> str:
+    return "-" if value is None else format(value, "x")
+
+
+def clock_time(epoch: float | None) -> str:
+    """A Unix time as the monitor's time of day (``HH:MM:SS.ffffff``, local time)."""
+    if epoch is None:
+        return "-"
+    return datetime.fromtimestamp(epoch).strftime("%H:%M:%S.%f")
+
+
+def _dotted(addr: str) -> str:
+    """``ip:port`` as the product writes it in page titles: ``ip.port``."""
+    ip, _, port = addr.rpartition(":")
+    return f"{ip}.{port}"
+
+
+def _sqn_list(values: dict[str, int | None]) -> str:
+    return "[" + ", ".join(hex_or_dash(v) for v in values.values()) + "]"
+
+
+# --- responses -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Response:
+    """One HTTP response, before serialisation."""
+
+    status: int
+    content_type: str
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+class HttpError(Exception):
+    """A request the server refuses; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, message: str,
+                 headers: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers
+
+
+@dataclass(frozen=True)
+class Page:
+    """A page as data (the JSON form) and as HTML (rendered from that data only)."""
+
+    title: str
+    data: dict[str, Any]
+    body: list[str]
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """Bounds that keep a misbehaving client from costing the store's loop memory or time.
+
+    Attributes:
+        request_line: longest request line (bytes, without CRLF); beyond it 414.
+        header_line: longest header line; beyond it 431.
+        header_bytes: all header lines together; beyond it 431.
+        header_count: number of header lines; beyond it 431.
+        header_timeout: seconds a client may take to send a whole request head (also the
+            keep-alive idle time); then the connection is closed.
+        write_timeout: seconds a response may take to drain to a slow reader.
+        max_connections: concurrent connections; beyond it 503.
+        max_requests: requests served on one keep-alive connection.
+    """
+
+    request_line: int = 8192
+    header_line: int = 8192
+    header_bytes: int = 32768
+    header_count: int = 100
+    header_timeout: float = 10.0
+    write_timeout: float = 10.0
+    max_connections: int = 64
+    max_requests: int = 1000
+
+
+@dataclass
+class _Request:
+    method: str
+    target: str
+    version: tuple[int, int]
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+    def header_values(self, name: str) -> list[str]:
+        return [v for n, v in self.headers if n == name]
+
+    @property
+    def keep_alive(self) -> bool:
+        tokens = {t.strip().lower() for v in self.header_values("connection")
+                  for t in v.split(",")}
+        return self.version >= (1, 1) and "close" not in tokens
+
+
+# --- the monitor ---------------------------------------------------------------------------
+
+
+class WebMonitor:
+    """Pages over a list of store cores, and the HTTP server that serves them.
+
+    Args:
+        stores: the daemon's stores in configuration order (their index is the store number),
+            or a callable returning them on every request (for daemons that restart stores).
+        version: shown in the banner ("UltraMessaging Persistent Store v<version>").
+        address: ``Address:Port`` or ``*:Port`` (see :func:`parse_address`).
+        clock: the clock the cores' ``now`` comes from; the default ``time.monotonic`` is what
+            asyncio's ``loop.time()`` and so :class:`~reference_impl.aio.AioHost` use.  A
+            simulated deployment passes its virtual clock.
+        wall_clock: Unix time (shown as the current time and used to convert core times).
+        limits: HTTP size and time limits.
+    """
+
+    def __init__(self, stores: StoreList, *, version: str, address: str = "127.0.0.1:0",
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time,
+                 limits: HttpLimits | None = None) -> None:
+        self._stores = stores
+        self.version = version
+        self.host, self.port = parse_address(address)
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.limits = limits or HttpLimits()
+        self._server: asyncio.Server | None = None
+        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        self.stats: dict[str, int] = {"requests": 0, "errors": 0, "connections": 0}
+
+    # --- data ------------------------------------------------------------------------------
+
+    def stores(self) -> Sequence[StoreCore]:
+        return self._stores() if callable(self._stores) else self._stores
+
+    def _store(self, number: str) -> tuple[int, StoreCore]:
+        stores = self.stores()
+        index = int(number)
+        if index >= len(stores):
+            raise HttpError(404, f"no store {index} (this daemon has {len(stores)})")
+        return index, stores[index]
+
+    def _wall(self, core_time: float) -> float:
+        """A core time (its ``now`` clock) as Unix time."""
+        return self.wall_clock() - (self.clock() - core_time)
+
+    # --- pages -----------------------------------------------------------------------------
+
+    def index_page(self) -> Page:
+        now = self.wall_clock()
+        build = (f"ump-harness reference implementation, Python "
+                 f"{sys.version_info.major}.{sys.version_info.minor}."
+                 f"{sys.version_info.micro}")
+        data = {"page": "index", "product": PRODUCT, "version": self.version, "build": build,
+                "time": now, "stores_href": "/stores"}
+        body = [
+            f"<H2>{esc(PRODUCT)} v{esc(self.version)}</H2>",
+            f"<P>Build: {esc(build)}</P>",
+            f"<P>Time: {esc(time.ctime(now))}</P>",
+            '<P><A HREF="/stores">Stores</A></P>',
+        ]
+        return Page(f"{PRODUCT} v{self.version}", data, body)
+
+    def stores_page(self) -> Page:
+        entries = [{"index": i, "name": core.settings.name, "href": f"/stores/{i}"}
+                   for i, core in enumerate(self.stores())]
+        body = [f"<H2>{esc(PRODUCT)}s</H2>", "<UL>"]
+        body += [f'<LI>Store {e["index"]}:<A HREF="{esc(e["href"])}">{esc(e["name"])}</A></LI>'
+                 for e in entries]
+        body.append("</UL>")
+        return Page(f"{PRODUCT}s", {"page": "stores", "stores": entries}, body)
+
+    def store_page(self, number: str) -> Page:
+        index, core = self._store(number)
+        snap: dict[str, Any] = core.snapshot()
+        by_topic: dict[str, list[dict[str, Any]]] = {}
+        for src in snap["sources"]:
+            by_topic.setdefault(src["topic"], []).append({
+                "reg_id": src["reg_id"], "session_id": src["session_id"],
+                "href": f"/stores/{index}/{src['reg_id']}"})
+        data = {
+            "page": "store", "store": index, "name": snap["name"],
+            "interface": snap["interface"], "cache_dir": snap["cache_dir"],
+            "state_dir": snap["state_dir"],
+            "retransmission_request_processing_rate": snap["retransmission_rate"],
+            "seconds": int(snap["seconds"]),
+            "received_rate": round(snap["rx_received_rate"], 6),
+            "service_rate": round(snap["rx_service_rate"], 6),
+            "drop_rate": round(snap["rx_drop_rate"], 6),
+            "total_dropped": snap["rx_total_dropped"],
+            "patterns": [{"pattern": p, "type": k} for p, k in snap["patterns"]],
+            "topics": [{"topic": t, "sources": s} for t, s in by_topic.items()],
+            "reset_href": f"/stores/{index}/reset",
+        }
+        body = [
+            f"<H3>Store {index}: {esc(data['name'])}</H3>",
+            "<DL>",
+            f"<DD>Interface: {esc(data['interface'])}",
+            f"<DD>Cache Dir: {esc(data['cache_dir'])}",
+            f"<DD>State Dir: {esc(data['state_dir'])}",
+            "<DD>Configured Retransmission Request Processing Rate: "
+            f"{data['retransmission_request_processing_rate']}",
+            f"<DD>Total seconds used for rate calculations: {data['seconds']}",
+            f"<DD>Retransmission Request Received Rate: {data['received_rate']:.6f}",
+            f"<DD>Retransmission Request Service Rate: {data['service_rate']:.6f}",
+            f"<DD>Retransmission Request Drop Rate: {data['drop_rate']:.6f}",
+            f"<DD>Retransmission Request Total Dropped: {data['total_dropped']}",
+            f"<DD>Patterns: {len(data['patterns'])}",
+        ]
+        body += [f'<UL><LI>"{esc(p["pattern"])}", {esc(p["type"])}</UL>'
+                 for p in data["patterns"]]
+        body.append(f"<DD>Topics: {len(data['topics'])}")
+        for topic in data["topics"]:
+            # one line per topic, every link followed by a space: store_scraper's loop
+            # strips `<A HREF="...">regid(sid)</A> ` repeatedly from `<LI>"topic" -  `
+            links = "".join(
+                f'<A HREF="{esc(s["href"])}">{s["reg_id"]}({s["session_id"]})</A> '
+                for s in topic["sources"])
+            body.append(f'<UL><LI>"{esc(topic["topic"])}" -  {links}</UL>')
+        body += ["</DL>", f'<P><A HREF="{esc(data["reset_href"])}">Reset Rate Stats</A></P>']
+        return Page(f"Store {index}: {data['name']}", data, body)
+
+    def reset_page(self, number: str, *, perform: bool) -> Page:
+        index, core = self._store(number)
+        if perform:
+            core.reset_rate_stats()
+        name = core.settings.name
+        data = {"page": "reset", "store": index, "name": name, "message": RESET_MESSAGE,
+                "back_href": f"/stores/{index}"}
+        body = [f"<H3>Store {index}: {esc(name)}</H3>", f"<P>{RESET_MESSAGE}</P>",
+                f'<P><A HREF="/stores/{index}">Back</A></P>']
+        return Page(f"Store {index}: {name}", data, body)
+
+    def _source(self, index: int, core: StoreCore, reg_text: str) -> dict[str, Any]:
+        reg_id = int(reg_text)
+        snap: dict[str, Any] = core.snapshot()
+        for src in snap["sources"]:
+            if src["reg_id"] == reg_id:
+                return src
+        raise HttpError(404, f"no source RegID {reg_id} in store {index}")
+
+    def source_page(self, number: str, reg_text: str) -> Page:
+        index, core = self._store(number)
+        src = self._source(index, core, reg_text)
+        reg_id = src["reg_id"]
+        state = core.sources.get(reg_id)
+        repo = state.repo if state is not None else None
+        trail, mem_trail, lead = src["window"] or (None, None, None)
+        window: dict[str, int | None] = {"trail_sqn": trail}
+        if src["repository"] == "disk":
+            window["mem_trail_sqn"] = mem_trail
+        window["lead_sqn"] = lead
+        transport = state.transport if state is not None else None
+        used, threshold, limit = src["memory"]
+        start, offset, max_offset = src["offsets"]
+        data = {
+            "page": "source", "store": index, "reg_id": reg_id, "domain": DOMAIN_ID,
+            "request_addr": src["request_addr"], "transport_idx": src["transport_idx"],
+            "topic_idx": src["topic_idx"], "topic": src["topic"],
+            "session_id": src["session_id"],
+            "last_activity": self._wall(src["last_activity"]),
+            "state": "active" if src["active"] else "inactive",
+            "repository": src["repository"], "rpp": src["rpp"],
+            "message_map": src["message_map"], "window": window,
+            "memory": {"used": used, "threshold": threshold, "limit": limit},
+            "age_threshold": src["age_threshold"],
+            "sync": _sync(repo, lead),
+            "offsets": {"start": start, "offset": offset, "max": max_offset},
+            "drops": {"active": 0, "total": src["drops"]},
+            "source_string": None if transport is None else f"TCP:{transport[0]}:{transport[1]}",
+            "receivers": [{"reg_id": r["reg_id"], "session_id": r["session_id"],
+                           "href": f"/stores/{index}/{reg_id}/{r['reg_id']}"}
+                          for r in src["receivers"]],
+        }
+        title = (f"{reg_id}: Source [{DOMAIN_ID} {_dotted(data['request_addr'])} "
+                 f"{data['transport_idx']}.{data['topic_idx']}]")
+        memory, drops, offs = data["memory"], data["drops"], data["offsets"]
+        links = "".join(f'<A HREF="{esc(r["href"])}">{r["reg_id"]}({r["session_id"]})</A> '
+                        for r in data["receivers"])
+        body = [
+            f"<H3>{esc(title)}</H3>",
+            "<DL>",
+            f'<DD>Topic: "{esc(data["topic"])}"',
+            f"<DD>Session ID: {data['session_id']}",
+            f"<DD>Last Activity: {clock_time(data['last_activity'])}",
+            f"<DD>State: {data['state']}",
+            f"<DD>Repository: {esc(data['repository'] or '-')}",
+            "<DD><UL>",
+            f"<LI>Receiver Paced Persistence: {data['rpp']}",
+            f"<LI>Message Map: {data['message_map']}",
+            f"<LI>Window: {_sqn_list(window)}",
+            f"<LI>Memory: {memory['used']} / {memory['threshold']} / {memory['limit']}",
+            f"<LI>Age Threshold: {data['age_threshold']}",
+            f"<LI>Sync: {_sqn_list(data['sync'])}",
+            f"<LI>Offsets: {offs['start']} / {offs['offset']} / {offs['max']}",
+            f"<LI>Drops: {drops['active']} / {drops['total']}",
+            "</UL>",
+            f"<DD>LBM Stats: [{esc(data['source_string'] or '-')}]",
+            f"<DD>Receivers: {links}",
+            "</DL>",
+            f'<P><A HREF="/stores/{index}">Store {index}</A></P>',
+        ]
+        return Page(title, data, body)
+
+    def receiver_page(self, number: str, src_text: str, rcv_text: str) -> Page:
+        index, core = self._store(number)
+        src = self._source(index, core, src_text)
+        rcv_id = int(rcv_text)
+        rcv = next((r for r in src["receivers"] if r["reg_id"] == rcv_id), None)
+        if rcv is None:
+            raise HttpError(404, f"no receiver RegID {rcv_id} of source RegID "
+                                 f"{src['reg_id']} in store {index}")
+        data = {
+            "page": "receiver", "store": index, "reg_id": rcv_id, "domain": DOMAIN_ID,
+            "request_addr": rcv["request_addr"], "transport_idx": rcv["transport_idx"],
+            "topic_idx": rcv["topic_idx"], "topic": src["topic"],
+            "last_activity": self._wall(rcv["last_activity"]),
+            "state": "active" if rcv["active"] else "inactive",
+            "source_reg_id": src["reg_id"], "source_href": f"/stores/{index}/{src['reg_id']}",
+            "source_session_id": src["session_id"], "ack": rcv["ack"],
+        }
+        title = (f"{rcv_id}: Receiver [{DOMAIN_ID} {_dotted(data['request_addr'])} "
+                 f"{data['transport_idx']}.{data['topic_idx']}]")
+        body = [
+            f"<H3>{esc(title)}</H3>",
+            "<DL>",
+            f'<DD>Topic: "{esc(data["topic"])}"',
+            f"<DD>Last Activity: {clock_time(data['last_activity'])}",
+            f"<DD>State: {data['state']}",
+            f'<DD>Source RegID: <A HREF="{esc(data["source_href"])}">{data["source_reg_id"]}</A>',
+            f"<DD>Source Session ID: {data['source_session_id']}",
+            f"<DD>ACK: {hex_or_dash(data['ack'])}",
+            "</DL>",
+        ]
+        return Page(title, data, body)
+
+    # --- routing ---------------------------------------------------------------------------
+
+    def route(self, path: str, *, perform_actions: bool = True) -> Page:
+        """The page at ``path`` (already percent-decoded); raises HttpError(404)."""
+        parts = [p for p in path.split("/") if p]
+        if not parts:
+            return self.index_page()
+        if parts[0] != "stores" or len(parts) > 4 \
+                or not all(_NUMBER.fullmatch(p) for p in parts[1:2] + parts[3:]):
+            raise HttpError(404, "no such page")
+        if len(parts) == 1:
+            return self.stores_page()
+        if len(parts) == 2:
+            return self.store_page(parts[1])
+        if parts[2] == "reset" and len(parts) == 3:
+            return self.reset_page(parts[1], perform=perform_actions)
+        if not _NUMBER.fullmatch(parts[2]):
+            raise HttpError(404, "no such page")
+        if len(parts) == 3:
+            return self.source_page(parts[1], parts[2])
+        return self.receiver_page(parts[1], parts[2], parts[3])
+
+    def render(self, target: str, *, method: str = "GET") -> Response:
+        """Answer a request target (``/path?query``) without a socket; errors as responses.
+
+        HEAD is answered like GET (same headers) but performs no action (no rate reset).
+        """
+        want_json = False
+        try:
+            path, want_json = _parse_target(target)
+            page = self.route(path, perform_actions=method != "HEAD")
+        except HttpError as err:
+            return self._error(err, want_json)
+        except Exception:
+            log.exception("web monitor: building %s failed", target)
+            return self._error(HttpError(500, "internal error (see the store log)"), want_json)
+        if want_json:
+            return Response(200, "application/json", _json_bytes(page.data))
+        return Response(200, "text/html; charset=utf-8", _html_bytes(page.title, page.body))
+
+    def _error(self, err: HttpError, want_json: bool) -> Response:
+        self.stats["errors"] += 1
+        reason = _REASONS.get(err.status, "Error")
+        if want_json:
+            body = _json_bytes({"status": err.status, "error": reason, "detail": err.message})
+            return Response(err.status, "application/json", body, err.headers)
+        page = [f"<H3>{err.status} {esc(reason)}</H3>", f"<P>{esc(err.message)}</P>"]
+        return Response(err.status, "text/html; charset=utf-8",
+                        _html_bytes(f"{err.status} {reason}", page), err.headers)
+
+    # --- server ----------------------------------------------------------------------------
+
+    async def start(self) -> tuple[str, int]:
+        """Listen; returns the bound (host, port) (the real port when port 0 was asked)."""
+        if self._server is not None:
+            raise RuntimeError("web monitor already started")
+        line_limit = max(self.limits.request_line, self.limits.header_line) + 2
+        self._server = await asyncio.start_server(self._serve, self.host, self.port,
+                                                  limit=line_limit)
+        sockname = self._server.sockets[0].getsockname()
+        self.port = int(sockname[1])
+        log.info("web monitor listening on %s:%d", sockname[0], self.port)
+        return str(sockname[0]), self.port
+
+    async def stop(self) -> None:
+        """Stop listening and close every open connection."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
+        for writer in list(self._connections.values()):
+            writer.close()
+        tasks = list(self._connections)
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.limits.write_timeout)
+        for task in tasks:
+            task.cancel()
+        await server.wait_closed()
+
+    async def __aenter__(self) -> WebMonitor:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.stats["connections"] += 1
+        self._connections[task] = writer
+        try:
+            if len(self._connections) > self.limits.max_connections:
+                await self._send(writer, self._error(HttpError(503, "too many connections"),
+                                                     False), head_only=False, close=True)
+                return
+            for served in range(1, self.limits.max_requests + 1):
+                last = served == self.limits.max_requests
+                if not await self._one_request(reader, writer, last=last):
+                    break
+        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
+            pass  # the client went away or stalled: nothing to answer
+        finally:
+            with contextlib.suppress(Exception):
+                await self._linger(reader, writer)
+            del self._connections[task]
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Half-close, then discard what the client still sends, briefly.
+
+        Closing a socket with unread input makes the kernel send RST, and an RST can destroy
+        the response (a 400 or 503 explaining the refusal) before the client read it.
+        """
+        if writer.is_closing() or self._server is None:
+            return
+        if writer.can_write_eof():
+            writer.write_eof()
+        discarded = 0
+        async with asyncio.timeout(LINGER_SECONDS):
+            while discarded < LINGER_BYTES:
+                chunk = await reader.read(65536)
+                if not chunk:
+                    break
+                discarded += len(chunk)
+
+    async def _one_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                           *, last: bool) -> bool:
+        """Serve one request (``last``: the connection's quota is used up); False when the
+        connection must close."""
+        try:
+            async with asyncio.timeout(self.limits.header_timeout):
+                request = await self._read_request(reader)
+        except HttpError as err:
+            await self._send(writer, self._error(err, False), head_only=False, close=True)
+            return False
+        if request is None:
+            return False
+        self.stats["requests"] += 1
+        try:
+            _check_request(request)
+        except HttpError as err:
+            await self._send(writer, self._error(err, False),
+                             head_only=request.method == "HEAD", close=True)
+            return False
+        response = self.render(request.target, method=request.method)
+        keep = request.keep_alive and response.status == 200 and not last
+        await self._send(writer, response, head_only=request.method == "HEAD", close=not keep)
+        return keep
+
+    async def _read_request(self, reader: asyncio.StreamReader) -> _Request | None:
+        limits = self.limits
+        line = await _read_line(reader, limits.request_line, 414, "request line too long")
+        if line is None:
+            return None
+        if line == "":  # one empty line before the request line is tolerated (RFC 9112 2.2)
+            line = await _read_line(reader, limits.request_line, 414, "request line too long")
+            if line is None:
+                return None
+        request = _parse_request_line(line)
+        total = 0
+        while True:
+            header = await _read_line(reader, limits.header_line, 431, "header line too long")
+            if header is None:
+                raise asyncio.IncompleteReadError(b"", None)
+            if header == "":
+                return request
+            total += len(header) + 2
+            if total > limits.header_bytes or len(request.headers) >= limits.header_count:
+                raise HttpError(431, "request headers too large")
+            request.headers.append(_parse_header(header))
+
+    async def _send(self, writer: asyncio.StreamWriter, response: Response, *,
+                    head_only: bool, close: bool) -> None:
+        lines = [f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Error')}",
+                 f"Date: {formatdate(usegmt=True)}",
+                 f"Server: ump-harness-webmon/{self.version}",
+                 f"Content-Type: {response.content_type}",
+                 f"Content-Length: {len(response.body)}",
+                 "Cache-Control: no-store",
+                 "X-Content-Type-Options: nosniff",
+                 "Content-Security-Policy: default-src 'none'",
+                 f"Connection: {'close' if close else 'keep-alive'}"]
+        lines += [f"{name}: {value}" for name, value in response.headers]
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace")
+        writer.write(head if head_only else head + response.body)
+        async with asyncio.timeout(self.limits.write_timeout):
+            await writer.drain()
+
+
+# --- HTTP parsing helpers ------------------------------------------------------------------
+
+
+async def _read_line(reader: asyncio.StreamReader, limit: int, status: int,
+                     message: str) -> str | None:
+    """One CRLF- (or LF-) terminated line without its terminator; None at a clean EOF."""
+    try:
+        raw = await reader.readuntil(b"\n")
+    except asyncio.LimitOverrunError:
+        raise HttpError(status, message) from None
+    except asyncio.IncompleteReadError as err:
+        if not err.partial:
+            return None
+        raise
+    raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
+    if len(raw) > limit:
+        raise HttpError(status, message)
+    if b"\r" in raw or b"\x00" in raw:
+        raise HttpError(400, "stray CR or NUL in the request head")
+    return raw.decode("latin-1")
+
+
+def _parse_request_line(line: str) -> _Request:
+    parts = line.split(" ")
+    if len(parts) != 3 or not all(parts):
+        raise HttpError(400, "malformed request line (want: METHOD SP target SP HTTP/1.1)")
+    method, target, version_text = parts
+    if not _TOKEN.fullmatch(method):
+        raise HttpError(400, "malformed method")
+    version = _VERSION.fullmatch(version_text)
+    if version is None:
+        raise HttpError(400, f"malformed HTTP version {version_text!r}")
+    major, minor = int(version.group(1)), int(version.group(2))
+    if major != 1:
+        raise HttpError(505, f"HTTP/{major}.{minor} is not supported (use HTTP/1.1)")
+    if not _TARGET_CHARS.fullmatch(target):
+        raise HttpError(400, "request target has characters that must be percent-encoded")
+    return _Request(method, target, (major, minor))
+
+
+def _parse_header(line: str) -> tuple[str, str]:
+    if line[0] in " \t":
+        raise HttpError(400, "obsolete header line folding is not accepted")
+    name, sep, value = line.partition(":")
+    if not sep or not _TOKEN.fullmatch(name):
+        raise HttpError(400, f"malformed header line {line[:40]!r}")
+    value = value.strip(" \t")
+    if not _FIELD_VALUE.fullmatch(value):
+        raise HttpError(400, f"control character in header {name!r}")
+    return name.lower(), value
+
+
+def _check_request(request: _Request) -> None:
+    """What a syntactically valid request must also satisfy before it is routed."""
+    if request.method not in ALLOWED_METHODS:
+        raise HttpError(405, f"method {request.method} is not allowed (GET or HEAD only)",
+                        (("Allow", ", ".join(ALLOWED_METHODS)),))
+    hosts = request.header_values("host")
+    if request.version >= (1, 1) and len(hosts) != 1:
+        raise HttpError(400, "an HTTP/1.1 request needs exactly one Host header")
+    if request.header_values("transfer-encoding"):
+        raise HttpError(400, "request bodies are not accepted")
+    lengths = request.header_values("content-length")
+    if any(v != "0" for v in lengths):
+        raise HttpError(400, "request bodies are not accepted")
+
+
+def _parse_target(target: str) -> tuple[str, bool]:
+    """(percent-decoded path, JSON wanted) of an origin- or absolute-form target."""
+    if target.startswith(("http://", "https://")):
+        split = urlsplit(target)
+        target = (split.path or "/") + (f"?{split.query}" if split.query else "")
+    if not target.startswith("/"):
+        raise HttpError(400, "request target must be a path starting with /")
+    if "#" in target:
+        raise HttpError(400, "a fragment (#) does not belong in a request")
+    raw_path, _, query = target.partition("?")
+    if _BAD_PERCENT.search(raw_path):
+        raise HttpError(400, "malformed percent-escape in the path")
+    try:
+        path = unquote_to_bytes(raw_path).decode("utf-8")
+    except UnicodeDecodeError:
+        raise HttpError(400, "path is not UTF-8") from None
+    want_json = False
+    if query:
+        try:
+            params = parse_qsl(query, keep_blank_values=True, strict_parsing=True)
+        except ValueError:
+            raise HttpError(400, "malformed query string") from None
+        for key, value in params:
+            if key != "format" or value not in ("json", "html") or len(params) > 1:
+                raise HttpError(400, "the only query parameter is format=json or format=html")
+            want_json = value == "json"
+    return path, want_json
+
+
+def _sync(repo: Repository | None, lead: int | None) -> dict[str, int | None]:
+    """Sync ``[sync_complete_sqn, sync_sqn, contig_sqn]`` (see the module docstring)."""
+    return {"sync_complete_sqn": lead, "sync_sqn": lead,
+            "contig_sqn": _contiguous(repo) if repo is not None else None}
+
+
+def _contiguous(repo: Repository) -> int | None:
+    """End of the gap-free run of SQNs that starts at the trail.
+
+    O(1) in the usual case (as many messages as SQNs between trail and lead); otherwise a scan
+    that stops at the first gap.
+    """
+    trail, lead = repo.trail_sqn, repo.lead_sqn
+    if trail is None or lead is None:
+        return None
+    if len(repo) == lead - trail + 1:
+        return lead
+    sqn = trail
+    while sqn + 1 in repo:
+        sqn += 1
+    return sqn
+
+
+def _json_bytes(data: dict[str, Any]) -> bytes:
+    return (json.dumps(data, indent=1, sort_keys=False) + "\n").encode("ascii")
+
+
+def _html_bytes(title: str, body: list[str]) -> bytes:
+    text = "\n".join([
+        "<!DOCTYPE html>",
+        f'<HTML><HEAD><META charset="utf-8"><TITLE>{esc(title)}</TITLE></HEAD><BODY>',
+        *body,
+        f'<HR><P><A HREF="/">{esc(PRODUCT)}</A> web monitor (ump-harness reference '
+        'implementation) - <A HREF="?format=json">this page as JSON</A></P>',
+        "</BODY></HTML>",
+        "",
+    ])
+    return text.encode("utf-8", "replace")
