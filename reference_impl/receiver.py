@@ -167,6 +167,7 @@ class ReceiverCore(ContextCore):
         self.recovery_callback = recovery_callback
         self.now = now
         self.source: Source | None = None
+        self.transport_up = False
         self.sri_version = 0
         self.acktosrc = False
         self.stores: dict[int, StoreReg] = {}
@@ -201,7 +202,7 @@ class ReceiverCore(ContextCore):
     # --- resolution ---------------------------------------------------------------------------
 
     def on_lbmr(self, packet: lbmr.LbmrPacket, addr: Addr) -> None:
-        if self.source is not None:
+        if self.source is not None and self.transport_up:
             return
         for tir in packet.tirs:
             if tir.name != self.topic or not isinstance(tir.info,
@@ -210,10 +211,17 @@ class ReceiverCore(ContextCore):
             ume = next((o for o in (tir.options or []) if isinstance(o, lbmr.ToptUme)), None)
             persistent = ume is not None and bool(ume.store) and bool(self.config.ume_use_store)
             request = (ume.src_tcp_addr, ume.src_tcp_port) if ume is not None else None
+            again = self.source is not None
             self.source = Source((tir.info.ip, tir.info.port), request, tir.index,
                                  ume.transport_idx if ume is not None else 0, persistent)
+            self.transport_up = True
             self.cancel_timer("resolve")
             self.send_to(self.source.transport, b"", tag="transport")
+            if again:
+                # a restarted source numbers its SRI versions afresh; our registrations stand
+                self.sri_version = 0
+                self.log(Level.INFO, f"source back: transport {tir.info.ip}:{tir.info.port}")
+                return
             if persistent:
                 self.set_timer("sri-request",
                                self.now + self.config.ume_sri_request_interval / 1000)
@@ -263,7 +271,7 @@ class ReceiverCore(ContextCore):
             self.log(Level.WARNING, f"lost store {store.info.index} {store.info.addr}")
         elif conn.tag == "transport" and self.source is not None:
             self.log(Level.WARNING, "source transport connection lost; resolving again")
-            self.source = None
+            self.transport_up = False
             self.set_timer("resolve", self.now + self.config.resolver_query_interval / 1000)
 
     # --- SRI and registration ----------------------------------------------------------------
@@ -528,7 +536,7 @@ class ReceiverCore(ContextCore):
     def on_timer(self, name: str) -> None:
         cfg = self.config
         if name == "resolve":
-            if self.source is None:
+            if self.source is None or not self.transport_up:
                 self.send_lbmr(lbmr.LbmrPacket(tqrs=[lbmr.Tqr(name=self.topic)]))
                 self.set_timer("resolve", self.now + cfg.resolver_query_interval / 1000)
         elif name == "sri-request":

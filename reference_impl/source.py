@@ -22,10 +22,13 @@ Flow (guide "Operational View", semantics.md §1.1-1.12):
    stores return), retransmits proactively what has not been stable for
    ``ume_message_stability_timeout`` and gives up after ``ume_message_stability_lifetime``.
 
-Choices where the fact sheets are silent: SRI travels on the transport as a CONTROL message
-naming the topic with a ``topic_idx`` header, followed by one ``ume_store_group`` per group
-and one ``ume_store_ext`` per registered store (carrying the per-store version); a restarted
-source with stores that answer OLD but hold no message resumes at 0.
+Choices where the fact sheets are silent: a store counts towards Registration Complete once it
+has also said on the transport that it receives it (a store keepalive naming our RegID; see
+:mod:`reference_impl.store`), or :data:`JOIN_WAIT` after its answer; SRI travels on the
+transport as a CONTROL message naming the topic with a ``topic_idx`` header, followed by one
+``ume_store_group`` per group and one ``ume_store_ext`` per registered store (carrying the
+per-store version); a restarted source with stores that answer OLD but hold no message resumes
+at 0.
 """
 
 from __future__ import annotations
@@ -128,6 +131,10 @@ MAX_CONFIRMATION_EVENTS = 65536
 after a long recovery would otherwise name every message since 0)."""
 
 
+JOIN_WAIT = 2.0
+"""Seconds a source waits for a registered store to say it receives the transport."""
+
+
 class SendErrorCode(StrEnum):
     NOT_REGISTERED = "not_registered"  # LBM_EUMENOREG
     WOULD_BLOCK = "would_block"  # LBM_EWOULDBLOCK because of the flight size
@@ -160,6 +167,7 @@ class StoreLink:
     version: int = 0
     failed: bool = False  # refused with an error: not retried
     next_attempt: float = 0.0
+    joined: bool = False  # the store said on our transport that it receives us
 
 
 @dataclass(eq=False)
@@ -220,6 +228,7 @@ class SourceCore(ContextCore):
         self._confirmed: dict[int, int] = {}  # receiver RegID -> highest confirmed
         self.deregistering = False
         self.deregistered = False
+        self._joined_ids: set[int] = set()
         self.stats.update(sent=0, proactive_retransmissions=0, stable=0)
         for link in self.links:
             self._register(link)
@@ -325,7 +334,10 @@ class SourceCore(ContextCore):
             return
         handled = False
         for header in message.headers:
-            if isinstance(header, SriReq):
+            if isinstance(header, UmeKeepalive) and header.type == KeepaliveType.STORE:
+                handled = True
+                self._store_joined(header.reg_id)
+            elif isinstance(header, SriReq):
                 handled = True
                 if header.topic_idx == self.topic_idx and self.complete:
                     self._send_sri()
@@ -335,6 +347,13 @@ class SourceCore(ContextCore):
         if not handled:
             self.drop(conn.remote, f"unexpected message on the source ({message.label()})",
                       len(raw))
+
+    def _store_joined(self, reg_id: int) -> None:
+        self._joined_ids.add(reg_id)
+        for link in self.links:
+            if link.registered and link.reg_id == reg_id and not link.joined:
+                link.joined = True
+                self._check_complete()
 
     def _keepalive(self, link: StoreLink) -> None:
         self.send_to(link.info.addr, control(UmeKeepalive(
@@ -365,6 +384,9 @@ class SourceCore(ContextCore):
         link.high_seqnum = resp.high_seqnum
         link.rpp = bool(resp.w_flag)
         link.version += 1
+        link.joined = resp.reg_id in self._joined_ids
+        if not link.joined:
+            self.set_timer(f"join {link.info.index}", self.now + JOIN_WAIT)
         self.emit(SourceRegistrationSuccess(link.info, resp.reg_id, link.old,
                                             resp.high_seqnum if link.old else 0, link.rpp))
         if self.complete:
@@ -408,7 +430,7 @@ class SourceCore(ContextCore):
     def _check_complete(self) -> None:
         if self.complete or not self.links:
             return
-        registered = self._registered_set()
+        registered = {x.info.index for x in self.links if x.registered and x.joined}
         ok, _ = self._groups_ok(registered)
         if not ok:
             return
@@ -610,6 +632,11 @@ class SourceCore(ContextCore):
             self.set_timer("check", self.now + cfg.ume_store_check_interval / 1000)
         elif name == "complete":
             self._check_complete()
+        elif name.startswith("join "):
+            link = self.links[int(name.split()[1])]
+            if link.registered and not link.joined:  # no word from the store: go on anyway
+                link.joined = True
+                self._check_complete()
         elif name == "sri":
             self._send_sri()
             self._sri_left -= 1

@@ -38,6 +38,10 @@ Choices where the fact sheets are silent (each tested in tests/reference_impl/te
   value").
 * An RPP repository with no blocking receivers releases by the size threshold, like SPP.
 * Stability ACKs name the source's transport and topic index (``id_2``); ``rcv_reg_id`` is 0.
+* The store answers a source's registration once it has joined the source's transport (or
+  after :data:`JOIN_WAIT` without a TIR), so nothing sent after Registration Complete can miss
+  it; the current guide says the same thing the other way round ("the Stores must receive
+  this SRI", semantics.md §1.1.6).
 """
 
 from __future__ import annotations
@@ -83,6 +87,8 @@ from wire.lbmc import (
 )
 
 MAX_REGID = 0xFFFFFFFF
+JOIN_WAIT = 2.0
+"""Seconds a store holds a source's PREG_RESP while it joins the source's transport."""
 DATA_TYPES = (MessageType.MESSAGE, MessageType.PRORX, MessageType.RETRANS)
 _ACK = ControlTemplate(UmeAck)
 
@@ -123,8 +129,11 @@ class TopicRule:
     pattern: str
     policy: TopicPolicy = TopicPolicy()
     kind: str = "direct"
+    matcher: Callable[[str], bool] | None = None  # e.g. the XML reader's own pattern test
 
     def matches(self, topic: str) -> bool:
+        if self.matcher is not None:
+            return self.matcher(topic)
         if self.kind == "direct":
             return topic == self.pattern
         return re.fullmatch(self.pattern, topic) is not None
@@ -204,6 +213,7 @@ class SourceState(Client):
     receivers: dict[int, ReceiverState] = field(default_factory=dict)
     unacked: list[int] = field(default_factory=list)  # stability ACKs batched or withheld
     high_received: int | None = None
+    pending_response: Callable[[], None] | None = None  # PREG_RESP waiting for the join
     warned: set[int] = field(default_factory=set)  # receivers warned about early release
 
 
@@ -304,7 +314,7 @@ class StoreCore(ContextCore):
             key = ((ume.src_tcp_addr, ume.src_tcp_port), ume.transport_idx, tir.index)
             self._tirs[key] = (tir.name, (info.ip, info.port))
             for src in self.sources.values():
-                if (src.request_addr, src.transport_idx, src.topic_idx) == key[0:1] + key[1:]:
+                if (src.request_addr, src.transport_idx, src.topic_idx) == key:
                     self._join_transport(src, (info.ip, info.port))
 
     def _join_transport(self, src: SourceState, transport: Addr) -> None:
@@ -484,9 +494,12 @@ class StoreCore(ContextCore):
         src.active, src.last_activity = True, self.now
         lead = src.repo.lead_sqn if src.repo is not None else None
         trail = src.repo.trail_sqn if src.repo is not None else None
-        self._respond(conn, preg, reg_id=reg_id, old=old, low=trail or 0, high=lead or 0,
-                      rpp=rpp)
-        src.last_sent = self.now
+
+        def respond() -> None:
+            self._respond(conn, preg, reg_id=reg_id, old=old, low=trail or 0,
+                          high=lead or 0, rpp=rpp)
+            src.last_sent = self.now
+        src.pending_response = respond
         self._journal_client(src)
         self.emit(ClientRegistered("source", reg_id, topic, session_id, old))
         self.log(Level.INFO, f"source RegID {reg_id} topic {topic!r} "
@@ -494,7 +507,34 @@ class StoreCore(ContextCore):
         self._find_tir(src)
         if not src.tir_seen:
             self.send_lbmr(lbmr.LbmrPacket(tqrs=[lbmr.Tqr(name=topic)]))
+        transport = self.connection_to(src.transport) if src.transport is not None else None
+        if transport is not None and transport.open:
+            self._hello(src, transport)
+            self._answer(src)
+        else:  # answer once on the source's transport (or after JOIN_WAIT, see module doc)
+            self.set_timer(f"answer {reg_id}", self.now + JOIN_WAIT)
         self.set_timer_if_later("check", self.now + self._check_interval())
+
+    def _answer(self, src: SourceState) -> None:
+        respond, src.pending_response = src.pending_response, None
+        self.cancel_timer(f"answer {src.reg_id}")
+        if respond is not None:
+            respond()
+
+    def on_connected(self, conn: Connection) -> None:
+        if conn.tag == "transport":
+            for src in list(self.sources.values()):
+                if src.transport == conn.remote and src.pending_response is not None:
+                    self._hello(src, conn)
+                    self._answer(src)
+
+    def _hello(self, src: SourceState, conn: Connection) -> None:
+        """Tell the source on its own transport that this store now receives it (a store
+        keepalive naming the source's RegID); the source completes registration only after
+        this, so its first message cannot race the store's join."""
+        self.write(conn, control(UmeKeepalive(
+            type=KeepaliveType.STORE, transport_idx=src.transport_idx,
+            topic_idx=src.topic_idx, reg_id=src.reg_id)))
 
     def _new_repository(self, src: SourceState) -> Repository:
         p = src.policy
@@ -753,6 +793,10 @@ class StoreCore(ContextCore):
                        if s.active and not s.tir_seen]
             self.send_lbmr(lbmr.LbmrPacket(tqrs=missing[:8]))
             self.set_timer("resolve", self.now + 1.0)
+        elif name.startswith("answer "):
+            src = self.sources.get(int(name.split()[1]))
+            if src is not None:
+                self._answer(src)
         elif name.startswith("acks "):
             src = self.sources.get(int(name.split()[1]))
             if src is not None:

@@ -460,8 +460,8 @@ def test_repository_threshold_releases_oldest_and_warns_about_unconsumed() -> No
     small = TopicPolicy(repository_size_threshold=1500, repository_size_limit=100_000)
     d = deployment(policy=small)
     d.add_source("src", TOPIC)
-    rcv = d.add_receiver("rcv", TOPIC, ume_explicit_ack_only=1)
-    assert d.run_until(lambda: rcv.complete, 10)
+    lagging = d.add_receiver("rcv", TOPIC, ume_explicit_ack_only=1)
+    assert d.run_until(lambda: lagging.complete, 10)
     send(d, "src", 40)
     d.run(1)
     (state,) = d.stores["store0"].sources.values()
@@ -491,8 +491,8 @@ def test_retransmissions_are_paced_by_the_processing_rate() -> None:
     send(d, "src", 100)
     d.run(12)
     start = d.now
-    rcv = d.add_receiver("rcv", TOPIC, retransmit_request_outstanding_maximum=100,
-                         retransmit_request_interval=5000)
+    d.add_receiver("rcv", TOPIC, retransmit_request_outstanding_maximum=100,
+                   retransmit_request_interval=5000)
     assert d.run_until(lambda: len(delivered(d, "rcv")) == 100, 30, step=0.1)
     assert d.now - start >= 100 / 50 - 0.5  # ~2 s at 50 requests/s (plus a 5 req burst)
 
@@ -514,7 +514,7 @@ def test_rpp_matrix_receivers_must_match_the_repository_mode() -> None:
     d = deployment(policy=allow)
     src = d.add_source("src", TOPIC, ume_receiver_paced_persistence=1,
                        ume_flight_size_bytes=100_000)
-    spp = d.add_receiver("spp", TOPIC)
+    d.add_receiver("spp", TOPIC)
     rpp = d.add_receiver("rpp", TOPIC, ume_receiver_paced_persistence=1)
     d.run(3)
     assert src.complete and d.events("src", ev.SourceRegistrationSuccess)[0].rpp
@@ -525,3 +525,64 @@ def test_rpp_matrix_receivers_must_match_the_repository_mode() -> None:
     d.run(1)
     (state,) = d.stores["store0"].sources.values()
     assert state.repo is not None and len(state.repo) == 0  # consumed by the only receiver
+
+
+def test_source_restart_under_a_running_receiver_keeps_delivery_in_order() -> None:
+    d = deployment()
+    d.add_source("src", TOPIC, ume_session_id=11)
+    rcv = d.add_receiver("rcv", TOPIC, ume_session_id=12)
+    assert d.run_until(lambda: rcv.complete, 10)
+    send(d, "src", 30)
+    d.run(1)
+    d.kill("src")
+    d.run(1)
+    src = d.restart("src")
+    assert d.run_until(lambda: src.complete, 15)  # type: ignore[attr-defined]
+    assert src.next_sqn == 30  # type: ignore[attr-defined]
+    send(d, "src", 30)
+    d.run(3)
+    assert [m.sequence_number for m in delivered(d, "rcv")] == list(range(60))
+
+
+def test_registration_waits_until_the_store_receives_the_transport() -> None:
+    d = deployment()
+    src = d.add_source("src", TOPIC)
+    assert d.run_until(lambda: src.complete, 5)
+    src.send(b"first")  # sent the instant registration completes
+    d.run(0.5)
+    (state,) = d.stores["store0"].sources.values()
+    assert state.repo is not None and state.repo.sqns() == [0]
+    assert src.stats["proactive_retransmissions"] == 0
+
+
+@pytest.mark.oracle
+def test_simulated_traffic_dissects_identically_in_tshark(tmp_path: Path) -> None:
+    from reference_impl.deployment import STORE_PORT
+    from wire.dissect import check_against_tshark, dissect_file
+    from wire.tshark import PortMap, expert_summary
+
+    d = deployment(stores=2)
+    d.add_source("src", TOPIC, ume_session_id=5, ume_confirmed_delivery_notification=1)
+    rcv = d.add_receiver("rcv", TOPIC)
+    assert d.run_until(lambda: rcv.complete, 10)
+    send(d, "src", 20)
+    d.run(1)
+    d.kill("rcv")
+    send(d, "src", 10)
+    d.restart("rcv")
+    d.run(14)  # recovery, keepalives, SRI requests
+    late = d.add_receiver("late", TOPIC)
+    assert d.run_until(lambda: late.complete, 10)
+    d.run(3)
+    path = tmp_path / "sim.pcap"
+    d.write_pcap(path)
+    ports = PortMap(store_ports=[STORE_PORT])
+    reports = list(dissect_file(path, ports))
+    assert reports and all(r.status in ("um", "not-um") for r in reports)
+    labels = {o.label for r in reports for o in r.occurrences}
+    assert {"PREG", "PREG-RESP", "SRI", "SRI-REQ", "ACK", "RXREQ", "UME-KA"} <= labels
+    assert check_against_tshark(path, reports, ports) == []
+    experts = expert_summary(path, ports)
+    # the killed receiver's connections end in RST: TCP's warning, not a UM one
+    assert "Errors" not in experts, experts
+    assert set(experts.get("Warns", [])) <= {"Connection reset (RST)"}, experts

@@ -1,0 +1,235 @@
+"""``ump resolver``, ``ump store``, ``ump source``, ``ump receiver`` and ``ump demo``.
+
+Each command is one UM process of the reference implementation on real sockets (see
+:mod:`reference_impl.runtime`); ``ump demo`` starts all of them as separate processes on
+loopback, kills and restarts the receiver and the source mid-stream, and checks that every
+message arrived once and in order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from reference_impl import runtime
+from reference_impl.aio import AioHost, run_forever
+from reference_impl.config import ConfigError, profile_names
+from reference_impl.config.store_xml import load_store_config
+from reference_impl.events import Addr, FlightSizeNotification, MessageStable
+
+log = logging.getLogger("ump")
+
+
+def _addr(text: str) -> Addr:
+    host, _, port = text.rpartition(":")
+    try:
+        return (host or "127.0.0.1", int(port))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected IP:PORT, got {text!r}") from None
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    common.add_argument("--profile", choices=profile_names(), default="current",
+                        help="default values: the current product or the guide (5.3)")
+
+    p = sub.add_parser("resolver", parents=[common], help="run the unicast resolver daemon",
+                       description="Relay LBMR topic resolution between contexts (lbmrd role).")
+    p.add_argument("--listen", type=_addr, default=runtime.DEFAULT_RESOLVER,
+                   help="UDP address to listen on (default 127.0.0.1:15380)")
+    p.set_defaults(handler=cmd_resolver)
+
+    p = sub.add_parser("store", parents=[common], help="run a store daemon (umestored)",
+                       description="Run the stores of a umestored XML configuration file.")
+    p.add_argument("-c", "--config", required=True, help="umestored XML configuration file")
+    p.add_argument("--resolver", type=_addr, default=None,
+                   help="resolver daemon IP:PORT (default: from <lbm-config>, else "
+                        "127.0.0.1:15380)")
+    p.set_defaults(handler=cmd_store)
+
+    p = sub.add_parser("source", parents=[common], help="run a persistent source",
+                       description="Register with the configured stores and send messages.")
+    p.add_argument("-c", "--config", help="UM configuration file (ume_store ...)")
+    p.add_argument("--topic", required=True)
+    p.add_argument("--count", type=int, default=1000, help="messages to send (default 1000)")
+    p.add_argument("--until-sqn", type=int, default=None,
+                   help="send until this sequence number is reached (resumes after restarts)")
+    p.add_argument("--rate", type=float, default=0.0, help="messages per second (0: max)")
+    p.add_argument("--size", type=int, default=64, help="payload bytes (default 64)")
+    p.add_argument("--linger", type=float, default=2.0,
+                   help="seconds to wait for stability at the end (default 2)")
+    p.set_defaults(handler=cmd_source)
+
+    p = sub.add_parser("receiver", parents=[common], help="run a persistent receiver",
+                       description="Receive a topic; print or log every delivered message.")
+    p.add_argument("-c", "--config", help="UM configuration file")
+    p.add_argument("--topic", required=True)
+    p.add_argument("--count", type=int, default=0, help="exit after this many (0: never)")
+    p.add_argument("--out", help="append deliveries as JSON lines to this file")
+    p.add_argument("--reg-id", type=int, default=0, help="RegID to ask the stores for")
+    p.add_argument("--dedupe", action="store_true",
+                   help="skip deliveries at or below the highest sequence number already in "
+                        "--out (the application-level de-duplication the guide asks for)")
+    p.set_defaults(handler=cmd_receiver)
+
+    p = sub.add_parser("demo", parents=[common],
+                       help="resolver, store, source and receiver on loopback, with restarts",
+                       description="Start every reference process on loopback, kill and "
+                                   "restart the receiver and the source mid-stream, and check "
+                                   "that every message arrived once and in order.")
+    p.add_argument("--messages", type=int, default=3000)
+    p.add_argument("--workdir", help="where configurations, logs and state go (default: temp)")
+    p.add_argument("--store-port", type=int, default=14567)
+    p.add_argument("--capture", help="also capture the loopback traffic to this pcap")
+    p.set_defaults(handler=cmd_demo)
+
+
+def _run(setup: Any, verbose: bool) -> int:
+    _setup_logging(verbose)
+    try:
+        return run_forever(setup)
+    except (ConfigError, runtime.RuntimeError_) as exc:
+        print(f"ump: {exc}", file=sys.stderr)
+        return 2
+
+
+def cmd_resolver(args: argparse.Namespace) -> int:
+    async def setup(host: AioHost) -> None:
+        await runtime.run_resolver(host, args.listen)
+    return _run(setup, args.verbose)
+
+
+def cmd_store(args: argparse.Namespace) -> int:
+    try:
+        config = load_store_config(args.config, profile=args.profile)
+    except (ConfigError, OSError) as exc:
+        print(f"ump store: {exc}", file=sys.stderr)
+        return 2
+    for warning in config.warnings:
+        print(f"ump store: warning: {warning}", file=sys.stderr)
+    resolver = args.resolver
+    if resolver is None and config.daemon.lbm_config:
+        base = Path(args.config).parent
+        client = runtime.load_client(str(base / config.daemon.lbm_config), args.profile)
+        resolver = runtime.resolver_of(client)
+    resolver = resolver or runtime.DEFAULT_RESOLVER
+    base = Path(args.config).resolve().parent
+
+    async def setup(host: AioHost) -> None:
+        cores = await runtime.start_stores(host, config, resolver=resolver, base=base)
+        asyncio.get_running_loop().create_task(
+            runtime.pump_events(list(cores), lambda core, event: runtime.log_event(event)))
+        if config.daemon.web_monitor is not None:
+            from reference_impl.webmon import WebMonitor
+            monitor = WebMonitor(cores, version="ump-harness reference store",
+                                 address=str(config.daemon.web_monitor),
+                                 clock=host.now)
+            where = await monitor.start()
+            print(f"web monitor on http://{where[0]}:{where[1]}/", file=sys.stderr)
+        for core in cores:
+            print(f'Store "{core.name}" ready to accept registrations on '
+                  f"{core.addr[0]}:{core.addr[1]}", file=sys.stderr, flush=True)
+    return _run(setup, args.verbose)
+
+
+def cmd_source(args: argparse.Namespace) -> int:
+    try:
+        client = runtime.load_client(args.config, args.profile)
+    except (ConfigError, OSError) as exc:
+        print(f"ump source: {exc}", file=sys.stderr)
+        return 2
+    status = {"code": 0}
+
+    async def setup(host: AioHost) -> None:
+        source = await runtime.start_source(host, args.topic, client)
+        stable = {"n": 0}
+
+        def handle(core: Any, event: Any) -> None:
+            if isinstance(event, MessageStable):
+                stable["n"] += 1
+            elif not isinstance(event, FlightSizeNotification):
+                runtime.log_event(event)
+        pump = asyncio.get_running_loop().create_task(runtime.pump_events([source], handle))
+
+        async def work() -> None:
+            try:
+                await host.wait_until(lambda: source.complete or not source.persistent,
+                                      timeout=30)
+            except TimeoutError:
+                print("ump source: registration did not complete within 30 s",
+                      file=sys.stderr)
+                status["code"] = 1
+                host.close()
+                return
+            print(f"ump source: registered; next sequence number {source.next_sqn}",
+                  file=sys.stderr, flush=True)
+            count = args.count
+            if args.until_sqn is not None:
+                count = max(0, args.until_sqn - source.next_sqn)
+            sent = await runtime.send_messages(host, source, count, rate=args.rate,
+                                               size=args.size, start=source.next_sqn)
+            with contextlib.suppress(TimeoutError):
+                await host.wait_until(lambda: source.inflight == 0, timeout=args.linger)
+            print(f"ump source: sent {sent} messages, {source.inflight} still in flight",
+                  file=sys.stderr, flush=True)
+            status["code"] = 0 if sent == count else 1
+            pump.cancel()
+            host.close()
+        asyncio.get_running_loop().create_task(work())
+    code = _run(setup, args.verbose)
+    return code or status["code"]
+
+
+def cmd_receiver(args: argparse.Namespace) -> int:
+    try:
+        client = runtime.load_client(args.config, args.profile)
+    except (ConfigError, OSError) as exc:
+        print(f"ump receiver: {exc}", file=sys.stderr)
+        return 2
+    floor = -1
+    if args.dedupe and args.out and Path(args.out).exists():
+        for line in Path(args.out).read_text().splitlines():
+            try:
+                floor = max(floor, json.loads(line)["sqn"])
+            except (ValueError, KeyError):
+                continue
+    out = open(args.out, "a", buffering=1) if args.out else sys.stdout  # noqa: SIM115
+
+    async def setup(host: AioHost) -> None:
+        receiver = await runtime.start_receiver(host, args.topic, client, reg_id=args.reg_id)
+        writer = runtime.DeliveryLog(out)
+        skipped = {"n": 0}
+
+        def handle(core: Any, event: Any) -> None:
+            sqn = getattr(event, "sequence_number", None)
+            if type(event).__name__ == "MessageDelivered" and sqn is not None and sqn <= floor:
+                skipped["n"] += 1
+                return
+            writer(core, event)
+            if args.count and writer.count >= args.count:
+                host.close()
+        asyncio.get_running_loop().create_task(runtime.pump_events([receiver], handle))
+    try:
+        return _run(setup, args.verbose)
+    finally:
+        if out is not sys.stdout:
+            out.close()
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from reference_impl.demo import run_demo
+    _setup_logging(args.verbose)
+    return run_demo(messages=args.messages, workdir=args.workdir, store_port=args.store_port,
+                    capture=args.capture, profile=args.profile)

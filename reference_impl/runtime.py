@@ -1,0 +1,291 @@
+"""Real processes: the reference cores built from configuration files and run on sockets.
+
+This is the glue between three pieces that know nothing of each other: the configuration
+readers (:mod:`reference_impl.config`, the product's file formats), the sans-IO cores, and the
+asyncio driver (:mod:`reference_impl.aio`).  Each ``run_*`` coroutine is one UM process -
+resolver daemon, store daemon, source application, receiver application - and is what the
+``ump resolver|store|source|receiver`` commands run.
+
+Applications talk to their core only through :meth:`AioHost.call`, so every action happens on
+the loop that drives the core, between two network events, exactly as in the simulator.
+Events are drained every few milliseconds: log records go to the process log, deliveries to
+the application callback.
+
+Address choices (where the product would use its port ranges): a source binds its LBT-TCP
+transport in ``transport_tcp_port_low..high`` (14371-14390) and its request port in
+``request_tcp_port_low..high`` (14391-14395), the first free port of each; LBMR goes from an
+ephemeral UDP port to the resolver daemon (``resolver_unicast_daemon``, default
+127.0.0.1:15380).  A store whose ``interface`` is 0.0.0.0 listens on every address and
+advertises 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from reference_impl.aio import AioHost
+from reference_impl.config import (
+    ClientConfig,
+    ReceiverOptions,
+    SourceOptions,
+    StoreAddress,
+    load_client_config,
+)
+from reference_impl.config.store_xml import StoreConfig, StoreDaemonConfig, TopicOptions
+from reference_impl.context import ContextCore
+from reference_impl.events import Addr, Event, Level, LogRecord, MessageDelivered
+from reference_impl.receiver import ReceiverConfig, ReceiverCore
+from reference_impl.resolver import DEFAULT_PORT, ResolverCore
+from reference_impl.source import SendError, SendErrorCode, SourceConfig, SourceCore, StoreSpec
+from reference_impl.store import StoreCore, StoreSettings, TopicPolicy, TopicRule
+
+log = logging.getLogger("ump")
+DEFAULT_RESOLVER: Addr = ("127.0.0.1", DEFAULT_PORT)
+TRANSPORT_PORTS = (14371, 14390)
+REQUEST_PORTS = (14391, 14395)
+
+
+class RuntimeError_(Exception):
+    """A process could not start (ports taken, unsupported option); the CLI prints it."""
+
+
+# --- configuration adapters -------------------------------------------------------------------
+
+
+def topic_policy(options: TopicOptions) -> TopicPolicy:
+    """The store core's view of one topic's options (same names, plain ints)."""
+    values: dict[str, Any] = {f.name: getattr(options, f.name)
+                              for f in dataclasses.fields(TopicPolicy)}
+    plain: dict[str, Any] = {k: v if isinstance(v, str) else int(v) for k, v in values.items()}
+    return TopicPolicy(**plain)
+
+
+def store_settings(store: StoreConfig, *, resolver: Addr, seed: int | None = None,
+                   base: Path | None = None) -> StoreSettings:
+    """A ``<store>`` element as the store core's settings (relative directories from ``base``)."""
+    ip = "127.0.0.1" if store.interface in ("0.0.0.0", "") else str(
+        store.interface_network.network_address)
+    root = base or Path.cwd()
+    rules = tuple(TopicRule(t.pattern, topic_policy(t.options), kind=t.type, matcher=t.matches)
+                  for t in store.topics)
+    return StoreSettings(
+        name=store.name, ip=ip, port=store.port, topics=rules, context_name=store.context_name,
+        disk_cache_directory=root / store.disk_cache_directory,
+        disk_state_directory=root / store.disk_state_directory,
+        retransmission_request_processing_rate=store.retransmission_request_processing_rate,
+        resolver=resolver, seed=seed)
+
+
+def source_config(client: ClientConfig) -> SourceConfig:
+    opts: SourceOptions = client.source
+    specs = []
+    for entry in opts.stores:
+        if not isinstance(entry, StoreAddress):
+            raise RuntimeError_(f"ume_store_name {entry} needs store name resolution, which the "
+                                f"reference source does not implement yet; use ume_store")
+        specs.append(StoreSpec(entry.ip, entry.port, entry.reg_id, entry.group_idx,
+                               entry.domain_id))
+    if opts.transport != "tcp":
+        raise RuntimeError_(f"transport {opts.transport} is not implemented by the reference "
+                            f"source yet; use transport tcp")
+    names = {f.name for f in dataclasses.fields(SourceConfig)}
+    values: dict[str, Any] = {n: getattr(opts, n) for n in names if hasattr(opts, n)}
+    values["ume_store"] = tuple(specs)
+    values["ume_store_group"] = tuple((g.index, g.size) for g in opts.ume_store_group)
+    values["ume_session_id"] = opts.ume_session_id or client.context.ume_session_id
+    values["ume_proactive_keepalive_interval"] = client.context.ume_proactive_keepalive_interval
+    for key, value in list(values.items()):
+        if isinstance(value, bool):
+            values[key] = int(value)
+    return SourceConfig(**values)
+
+
+def receiver_config(client: ClientConfig, reg_id: int = 0) -> ReceiverConfig:
+    opts: ReceiverOptions = client.receiver
+    names = {f.name for f in dataclasses.fields(ReceiverConfig)}
+    values: dict[str, Any] = {n: getattr(opts, n) for n in names if hasattr(opts, n)}
+    values["ume_session_id"] = opts.ume_session_id or client.context.ume_session_id
+    values["ume_ack_batching_interval"] = client.context.ume_ack_batching_interval
+    values["ume_proactive_keepalive_interval"] = client.context.ume_proactive_keepalive_interval
+    values["reg_id"] = reg_id or client.context.ume_user_receiver_registration_id
+    for key, value in list(values.items()):
+        if isinstance(value, bool):
+            values[key] = int(value)
+    return ReceiverConfig(**values)
+
+
+def resolver_of(client: ClientConfig | None) -> Addr:
+    if client is not None and client.context.resolver_unicast_daemon:
+        first = client.context.resolver_unicast_daemon[0]
+        return (first.ip, first.port)
+    return DEFAULT_RESOLVER
+
+
+def load_client(path: str | None, profile: str) -> ClientConfig:
+    if path is None:
+        return ClientConfig.from_mapping({}, profile=profile)
+    return load_client_config(path, profile=profile)
+
+
+# --- event plumbing ---------------------------------------------------------------------------
+
+
+def log_event(event: Event) -> None:
+    if isinstance(event, LogRecord):
+        level = {Level.INFO: logging.INFO, Level.NOTICE: logging.INFO,
+                 Level.WARNING: logging.WARNING, Level.ERROR: logging.ERROR}[event.level]
+        log.log(level, "%s: %s", event.component, event.text)
+    elif not isinstance(event, MessageDelivered):
+        log.info("event %s", event)
+
+
+async def pump_events(cores: list[ContextCore], handler: Callable[[ContextCore, Event], None],
+                      interval: float = 0.005) -> None:
+    """Drain the cores' events forever (cancel the task to stop)."""
+    while True:
+        for core in cores:
+            for event in core.events():
+                handler(core, event)
+        await asyncio.sleep(interval)
+
+
+# --- processes ----------------------------------------------------------------------------------
+
+
+async def run_resolver(host: AioHost, address: Addr = DEFAULT_RESOLVER) -> ResolverCore:
+    core = ResolverCore(address[0], address[1], now=host.now())
+    await host.bind_udp(core, address, name="resolver")
+    log.info("resolver listening on %s:%d", *address)
+    return core
+
+
+async def start_stores(host: AioHost, config: StoreDaemonConfig, *, resolver: Addr,
+                       base: Path | None = None, seed: int | None = None) -> list[StoreCore]:
+    """Bind one store core per ``<store>``; the web monitor is the caller's business."""
+    cores = []
+    for store in config.stores:
+        settings = store_settings(store, resolver=resolver, seed=seed, base=base)
+        for d in (settings.disk_cache_directory, settings.disk_state_directory):
+            if d is not None:
+                d.mkdir(parents=True, exist_ok=True)
+        core = StoreCore(settings, now=host.now())
+        await host.bind_udp(core, (settings.ip, 0), name=f"store {store.name}")
+        listen_ip = "0.0.0.0" if store.interface in ("0.0.0.0", "") else settings.ip
+        try:
+            await host.listen_tcp(core, (listen_ip, store.port))
+        except OSError as exc:
+            raise RuntimeError_(f"store {store.name!r}: cannot listen on port {store.port}: "
+                                f"{exc.strerror}") from None
+        cores.append(core)
+        log.info('Store "%s" ready to accept registrations on %s:%d', store.name,
+                 settings.ip, store.port)
+    return cores
+
+
+def free_tcp_port(ip: str, ports: tuple[int, int], taken: frozenset[int] = frozenset()) -> int:
+    """The first port of the range nobody listens on (checked by binding a throwaway socket)."""
+    for port in range(ports[0], ports[1] + 1):
+        if port in taken:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((ip, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError_(f"no free TCP port in {ports[0]}-{ports[1]} on {ip}")
+
+
+async def start_source(host: AioHost, topic: str, client: ClientConfig, *,
+                       ip: str = "127.0.0.1") -> SourceCore:
+    """A source core listening on the first free transport and request ports."""
+    config = source_config(client)
+    for _ in range(10):  # another process may take a port between the check and the bind
+        transport = free_tcp_port(ip, TRANSPORT_PORTS)
+        request = free_tcp_port(ip, REQUEST_PORTS)
+        core = SourceCore(topic, config, ip=ip, transport_port=transport,
+                          request_port=request, resolver=resolver_of(client), now=host.now())
+        await host.bind_udp(core, (ip, 0), name=f"source {topic}")
+        try:
+            await host.listen_tcp(core, (ip, transport))
+            await host.listen_tcp(core, (ip, request))
+        except OSError:
+            continue
+        return core
+    raise RuntimeError_("could not bind the source's transport and request ports")
+
+
+async def start_receiver(host: AioHost, topic: str, client: ClientConfig, *,
+                         ip: str = "127.0.0.1", reg_id: int = 0) -> ReceiverCore:
+    config = receiver_config(client, reg_id)
+    core = ReceiverCore(topic, config, ip=ip, request_port=0, resolver=resolver_of(client),
+                        now=host.now())
+    await host.bind_udp(core, (ip, 0), name=f"receiver {topic}")
+    return core
+
+
+async def send_messages(host: AioHost, source: SourceCore, count: int, *, rate: float = 0.0,
+                        size: int = 64, start: int = 0,
+                        progress: Callable[[int], None] | None = None,
+                        timeout: float = 60.0) -> int:
+    """Send ``count`` messages numbered from ``start`` (payload ``"<number>:"`` padded to
+    ``size`` bytes), waiting out flight size and registration; returns how many were sent."""
+    sent = 0
+    deadline = time.monotonic() + timeout
+    interval = 1.0 / rate if rate > 0 else 0.0
+    next_at = time.monotonic()
+    while sent < count:
+        number = start + sent
+        payload = f"{number}:".encode().ljust(size, b".")
+
+        def act(now: float, payload: bytes = payload) -> int | None:
+            try:
+                return source.send(payload)
+            except SendError as exc:
+                if exc.code in (SendErrorCode.WOULD_BLOCK, SendErrorCode.NOT_REGISTERED):
+                    return None
+                raise
+        if host.call(source, act) is None:
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.001)
+            continue
+        sent += 1
+        deadline = time.monotonic() + timeout
+        if progress is not None:
+            progress(1)
+        if interval:
+            next_at += interval
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        elif sent % 256 == 0:
+            await asyncio.sleep(0)
+    return sent
+
+
+class DeliveryLog:
+    """Writes every delivered message as a JSON line (sequence number, retransmission flag,
+    payload as text), so another process (the demo, a test) can check order and uniqueness."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.count = 0
+
+    def __call__(self, core: ContextCore, event: Event) -> None:
+        if isinstance(event, MessageDelivered):
+            self.out.write(json.dumps({"sqn": event.sequence_number,
+                                       "rx": event.retransmission,
+                                       "payload": event.payload.decode("latin-1")}) + "\n")
+            self.count += 1
+        else:
+            log_event(event)
