@@ -39,7 +39,7 @@ def _setup_logging(verbose: bool) -> None:
                         format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     common.add_argument("--profile", choices=profile_names(), default="current",
