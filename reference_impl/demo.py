@@ -212,8 +212,23 @@ def run_demo(*, messages: int = 3000, workdir: str | None = None, store_port: in
         return demo.run()
     from reference_impl.capture import LoopbackCapture
     ports = [store_port, 15380, *range(14371, 14396)]
-    with LoopbackCapture(Path(capture).resolve(), ports=ports):
+    with LoopbackCapture(Path(capture).resolve(), ports=ports) as cap:
         code = demo.run()
-    print(f"ump demo: capture written to {capture}; check it with: ump dissect {capture} "
-          f"--store-port {store_port} --check-tshark")
-    return code
+    print(f"ump demo: {cap.frames} frames captured to {capture}")
+    return code or check_capture(Path(capture), store_port)
+
+
+def check_capture(path: Path, store_port: int) -> int:
+    """Decode the capture with wire/ and with tshark and compare every field."""
+    from wire.dissect import check_against_tshark, dissect_file
+    from wire.tshark import PortMap
+
+    ports = PortMap(store_ports=[store_port])
+    reports = list(dissect_file(path, ports))
+    um = sum(1 for r in reports if r.status == "um")
+    bad = [r for r in reports if r.status not in ("um", "not-um")]
+    disagreements = check_against_tshark(path, reports, ports)
+    print(f"ump demo: {um} UM frames; {len(bad)} malformed; {len(disagreements)} "
+          f"disagreements with tshark (ump dissect {path} --store-port {store_port} "
+          f"--check-tshark shows them)")
+    return 1 if bad or disagreements else 0
