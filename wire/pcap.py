@@ -19,7 +19,7 @@ from typing import BinaryIO
 import construct as cs
 
 from .errors import WireError
-from .fastpath import derive
+from .fastpath import FastLayout, derive
 from .fields import U8, U16, U32, IPv4, field, ipv4_to_int
 
 LINKTYPE_NULL = 0
@@ -417,3 +417,40 @@ def write_pcap(path: str | Path, frames: Iterable[bytes], start: float = 0.0,
         for count, frame in enumerate(frames, 1):
             writer.write(start + (count - 1) * step, frame)
     return count
+
+
+# --- accessors for split readers (spark_analysis.splits) ----------------------------------------
+
+
+def _pcapng_option_struct(u16: cs.Construct) -> cs.Struct:
+    return cs.Struct(field("code", u16), field("length", u16))
+
+
+_NG_OPTION = {"<": derive(_pcapng_option_struct(cs.Int16ul)),
+              ">": derive(_pcapng_option_struct(cs.Int16ub))}
+
+
+def pcapng_layouts(order: str) -> tuple[FastLayout, ...]:
+    """The derived (block, idb, epb, spb, shb) layouts of one byte order (``"<"`` or ``">"``).
+
+    Readers that walk a pcapng file themselves (the Spark split reader starts mid-file) use
+    the same compiled layouts as :func:`read_capture` instead of writing the blocks again."""
+    return tuple(_NG[order])
+
+
+def pcapng_options(options: bytes, order: str) -> Iterator[tuple[int, bytes]]:
+    """(code, value) of each option in a block's option area, up to ``opt_endofopt``.
+
+    A truncated option ends the walk: options are metadata, a damaged one must not make the
+    packets unreadable (the same tolerance as the ``if_tsresol`` lookup of read_capture)."""
+    layout = _NG_OPTION[order]
+    pos = 0
+    while pos + layout.size <= len(options):
+        code, length = layout.unpack_from(options, pos)
+        if code == 0:
+            return
+        start = pos + layout.size
+        if start + length > len(options):
+            return
+        yield code, options[start : start + length]
+        pos = start + ((length + 3) & ~3)

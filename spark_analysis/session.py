@@ -1,0 +1,73 @@
+"""The SparkSession every analysis uses: local by default, the cluster's under spark-submit.
+
+``get_spark()`` in a plain ``python`` process starts Spark in-process on all local cores
+(``local[*]``, spark-submit's own default, unless ``master=`` or ``PYSPARK_SUBMIT_ARGS`` says
+otherwise) with settings that suit captures on one machine.  Under ``spark-submit`` (or in a
+notebook that already has a session) what was chosen there wins: the master is never forced and
+each default below applies only when the configuration does not already name that key.  Either
+way the ``pcap`` data source is registered.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from pyspark import SparkConf, SparkContext
+from pyspark.sql import SparkSession
+
+from .pcap_source import register
+
+
+def default_config() -> dict[str, str]:
+    """Settings that suit analysis of captures; each applies only when not already set."""
+    cores = os.cpu_count() or 2
+    return {
+        # the default 200 shuffle partitions cost more than the work on one machine
+        "spark.sql.shuffle.partitions": str(max(4, 2 * cores)),
+        # Arrow for toPandas/createDataFrame, the same columnar path the data source uses
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # timestamps derived from ts_ns print the same on every machine
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.showConsoleProgress": "false",
+    }
+
+
+def get_spark(app_name: str = "ump-analysis", master: str | None = None,
+              config: Mapping[str, str] | None = None, log_level: str = "WARN") -> SparkSession:
+    """The active session, or a new one (see the module docstring for what wins).
+
+    Args:
+        app_name: shown in the Spark UI and logs (ignored when a session already exists).
+        master: force a master (``"local[2]"``, ``"spark://host:7077"``); by default the one
+            spark-submit or ``spark-defaults.conf`` gives, else ``local[*]``.
+        config: extra settings; they override :func:`default_config`, and under spark-submit
+            they too give way to what its command line set.
+        log_level: Spark's log level once started (startup messages come before it applies).
+    """
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        register(active)
+        return active
+    settings = {**default_config(), **(config or {})}
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
+    if _under_spark_submit():
+        # the JVM exists already: read what spark-submit was told and only fill the gaps
+        SparkContext._ensure_initialized()
+        existing = SparkConf()
+        settings = {k: v for k, v in settings.items() if not existing.contains(k)}
+    # else getOrCreate launches the JVM itself (with these settings, so launch-time ones such
+    # as spark.driver.memory apply) and spark-submit's own default master is local[*]
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(log_level)
+    register(spark)
+    return spark
+
+
+def _under_spark_submit() -> bool:
+    """spark-submit starts the JVM first and hands Python its gateway port."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ

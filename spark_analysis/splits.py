@@ -1,0 +1,1272 @@
+"""Byte-range splits of pcap and pcapng captures, and the reader of one split.
+
+Spark reads a large capture in parallel only if each task can start in the middle of the file.
+Neither format has sync markers, so a task that starts at an arbitrary byte must *find* the
+next record boundary.  This module does that without Spark (pure Python + numpy + pyarrow), so
+the boundary logic is tested on its own and the data source (:mod:`spark_analysis.pcap_source`)
+stays a thin wrapper.
+
+Ownership.  A split ``[start, end)`` owns the records whose header starts at or after
+``sync(start)`` and before ``sync(end)``, where ``sync(x)`` (:meth:`CaptureFile.sync`) is the
+first record boundary at or after ``x`` as found by the heuristics below.  When ``sync`` is exact
+(what the heuristics are built and tested for) that is exactly "the records whose header starts
+in ``[start, end)``".  Because the reader of the *previous* split walks the true record chain
+and stops at the same ``sync(end)``, a boundary that the heuristics pass over is not lost (the
+previous split reads a little further), and a boundary they invent inside a record is caught: the
+previous split sees its last record straddle ``sync(end)`` and raises :class:`CaptureError`
+instead of letting two tasks disagree.  Nothing is ever dropped or duplicated silently.
+
+Classic pcap resync (:meth:`CaptureFile.sync` for pcap).  A candidate offset must hold a
+*plausible* record header (all thresholds are module constants):
+
+* ``caplen <= snaplen`` (``snaplen`` from the file header; 262144 when it is 0 or larger),
+  ``caplen <= origlen <= max(262144, snaplen bound)``;
+* the fraction below 10^6 (microsecond magic) or 10^9 (nanosecond magic);
+* the seconds within ``[first - TS_BEFORE_FIRST, first + TS_AFTER_FIRST]`` of the file's first
+  record (1 day before, 366 days after).
+
+and a *chain*: the ``SYNC_CHAIN`` (4) headers that follow, each placed exactly after the
+previous record's data, must also be plausible and within ``TS_NEIGHBOUR`` (1 day) of their
+predecessor; a chain may also end exactly at end of file, in a partial header or in a final
+record whose data runs past end of file.  A single fake header inside a payload whose length
+points exactly at the next real record passes any forward test, so the search also *looks
+back* one maximal record (``16 + caplen bound`` bytes): it follows the chains of every candidate
+in ``[x - W, x)`` to their first offset at or after ``x`` and takes the answer most of them agree
+on (ties: the later offset, the safe side).  All real boundaries in the window vote for the true
+answer and a fake inside a payload converges onto it, so only an adversarial nest of fakes can
+win the vote, and then the straddle check above raises.  Near the start of the file the walk
+simply follows the real chain from the first record.  With no vote (no plausible chain behind
+``x``) ``sync`` takes the first candidate at or after ``x`` whose chain holds, and when there is
+none up to the end of the file (say, every later record is implausible, like a clock that jumped
+by years) it returns the file size: the previous split reads on, which is slow but correct.
+The window is what the search reads: ``2 W`` bytes, about 512 KiB for a 262144 snaplen.
+
+pcapng resync.  Blocks start at multiples of 4 and end with a copy of their length, which makes a
+fake block that merges into the real chain impossible (its trailer would have to equal the real
+block's length).  A candidate needs a block type of the specification (1-10, SHB, custom), a
+total length that is a multiple of 4, ``>= 12`` and ``<= PCAPNG_SYNC_MAX_BLOCK`` (16 MiB), the
+trailing copy of that length, for an EPB a captured length that fits and an interface id the
+section declares, and ``SYNC_CHAIN`` following blocks that pass the same test (any non-zero
+type) or end the file.  No look-back is needed.
+
+pcapng context.  An EPB names its interface by number; the interface descriptions (link type,
+``if_tsresol``, ``if_tsoffset``) live in IDBs at the start of the section, possibly far before a
+split.  ``pcapng_index="head"`` (the default) reads only the first section's head (SHB and the
+IDBs before the first packet) on the driver; a reader that meets a later SHB or IDB raises
+:class:`CaptureError` naming ``"scan"``, so a multi-section file fails loudly instead of being
+misread.  ``pcapng_index="scan"`` walks every block header of the file once on the driver
+(headers only; bodies of blocks larger than a chunk are skipped) and handles any number of
+sections and interfaces.
+
+Reading.  Files are opened through a pyarrow filesystem (local paths, ``file://``, ``hdfs://``,
+``s3://``...), read in chunks of ``DEFAULT_CHUNK_SIZE`` (8 MiB) with the incomplete tail of one
+chunk carried into the next, so a task holds one chunk plus one record whatever the split size.
+Records are found by one ``struct`` unpack per record (the sequential dependency leaves nothing
+to vectorise); their headers are then gathered with numpy through the derived dtypes and the
+packet bytes are cut out with one mask, into batches of at most ``DEFAULT_MAX_ROWS`` rows.
+
+Truncated last record.  A capture cut short (tcpdump killed, disk full) ends inside a record.
+Like tshark ("cut short in the middle of a packet") the complete records are all returned and
+the partial one is dropped and *reported*: :attr:`SplitReader.truncated` names it, and the
+reader logs a warning (``on_truncated="warn"``, the default) or raises
+(``on_truncated="error"``).
+
+Timestamps are integer nanoseconds since the epoch, exact for every decimal and binary
+``if_tsresol`` up to 2^-34; finer binary resolutions are truncated to the nanosecond.  Simple
+Packet Blocks carry no time: their ``ts_ns`` is null.  The pcap link type keeps the 16 bits of
+the link-layer type (the FCS bits some writers set above them are dropped).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import math
+import posixpath
+import struct
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from wire import pcap as wpcap
+from wire.fastpath import FastLayout, derive
+
+log = logging.getLogger(__name__)
+
+# --- the output ----------------------------------------------------------------------------------
+
+CAPTURE_SCHEMA = pa.schema([
+    pa.field("file", pa.string(), nullable=False),
+    pa.field("file_offset", pa.int64(), nullable=False),  # offset of the record header
+    pa.field("ts_ns", pa.int64()),  # null for pcapng Simple Packet Blocks (no timestamp)
+    pa.field("caplen", pa.int32(), nullable=False),
+    pa.field("origlen", pa.int32(), nullable=False),
+    pa.field("linktype", pa.int32(), nullable=False),
+    pa.field("interface_id", pa.int32(), nullable=False),  # 0 for classic pcap
+    pa.field("data", pa.binary(), nullable=False),
+])
+"""One row per captured frame; ``(file, file_offset)`` identifies a row across runs and split
+sizes (a frame number would need the whole file read from the start)."""
+
+# --- tuning (documented in the module docstring; tests refer to them by name) --------------------
+
+MiB = 1 << 20
+DEFAULT_SPLIT_SIZE = 64 * MiB
+DEFAULT_CHUNK_SIZE = 8 * MiB
+DEFAULT_MAX_ROWS = 65536
+SYNC_CHAIN = 4
+DAY = 86400
+TS_BEFORE_FIRST = DAY
+TS_AFTER_FIRST = 366 * DAY
+TS_NEIGHBOUR = DAY
+DEFAULT_CAPLEN_BOUND = 262144
+PCAPNG_SYNC_MAX_BLOCK = 16 * MiB
+MAX_RECORD = 256 * MiB  # a declared record length above this is damage, not a packet
+_PCAPNG_SYNC_REGION = 64 * 1024  # bytes scanned per step of the pcapng boundary search
+_PCAPNG_HEAD_CHUNK = 64 * 1024  # the head of a pcapng file is read in reads this small
+_INT32_MAX = 2**31 - 1
+
+# --- layouts, derived once from the Construct structs in wire.pcap -------------------------------
+
+_PCAP_HEADER = {"<": derive(wpcap.PcapHeaderLE), ">": derive(wpcap.PcapHeaderBE)}
+_PCAP_RECORD = {"<": derive(wpcap.PcapRecordLE), ">": derive(wpcap.PcapRecordBE)}
+_PCAP_HEADER_SIZE = _PCAP_HEADER["<"].size
+_PCAP_RECORD_SIZE = _PCAP_RECORD["<"].size
+
+
+@dataclass(frozen=True)
+class _NgLayouts:
+    block: FastLayout
+    idb: FastLayout
+    epb: FastLayout
+    spb: FastLayout
+    shb: FastLayout
+
+    @property
+    def epb_data(self) -> int:
+        """Offset of an EPB's packet data from the block start."""
+        return self.block.size + self.epb.size
+
+    @property
+    def spb_data(self) -> int:
+        return self.block.size + self.spb.size
+
+
+_NG = {order: _NgLayouts(*wpcap.pcapng_layouts(order)) for order in "<>"}
+_SHB = wpcap.PCAPNG_SHB
+_BLOCK_IDB, _BLOCK_OLD_PACKET, _BLOCK_SPB, _BLOCK_EPB = 1, 2, 3, 6
+# the block types of the pcapng specification (1-10, SHB, the two custom types)
+_SYNC_BLOCK_TYPES = np.array([*range(1, 11), _SHB, 0x00000BAD, 0x40000BAD], np.int64)
+_OPT_TSRESOL, _OPT_TSOFFSET = 9, 14
+
+
+def _field_offset(layout: FastLayout, name: str) -> int:
+    fields = layout.dtype().fields
+    assert fields is not None
+    return int(fields[name][1])
+
+
+def _u32_format(order: str) -> struct.Struct:
+    """The struct of one u32 member, read off a derived layout (all pcap members are u32)."""
+    return struct.Struct(order + _PCAP_RECORD[order].format[1])
+
+
+_U32 = {order: _u32_format(order) for order in "<>"}
+_INCL_AT = _field_offset(_PCAP_RECORD["<"], "incl_len")
+
+
+class CaptureError(ValueError):
+    """A capture that cannot be read as asked: missing, not a capture, damaged, or ambiguous.
+
+    The message names the file and, where it applies, the byte offset; it is meant for the
+    person who gave the path, so no traceback is needed to understand it."""
+
+
+# --- files and globs -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """A file to read: how to show it (the ``file`` column), its filesystem and path there."""
+
+    name: str
+    filesystem: pafs.FileSystem
+    path: str
+
+
+_GLOB_CHARS = frozenset("*?[")
+
+
+def _has_glob(component: str) -> bool:
+    return any(ch in _GLOB_CHARS for ch in component)
+
+
+def _resolve(uri: str) -> tuple[pafs.FileSystem, str]:
+    if "://" in uri:
+        try:
+            return pafs.FileSystem.from_uri(uri)
+        except Exception as exc:  # pyarrow raises ArrowInvalid/OSError with its own wording
+            raise CaptureError(f"{uri}: cannot open this location ({exc})") from None
+    return pafs.LocalFileSystem(), str(Path(uri).expanduser().absolute())
+
+
+def _glob_match(parts: Sequence[str], pattern: Sequence[str]) -> bool:
+    """fnmatch per path component; ``**`` matches any number of components."""
+    if not pattern:
+        return not parts
+    if pattern[0] == "**":
+        return any(_glob_match(parts[i:], pattern[1:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], pattern[0]) and _glob_match(
+        parts[1:], pattern[1:])
+
+
+def _visible(name: str) -> bool:
+    # the convention of Spark's file sources: _SUCCESS, .crc files and the like are not data
+    return not name.startswith((".", "_"))
+
+
+def expand_paths(paths: str | Sequence[str]) -> list[FileRef]:
+    """Local paths, URIs (``s3://``, ``hdfs://``, ``file://``), directories and globs.
+
+    A directory means its visible files (not recursive); glob characters (``* ? [``) may appear
+    in any component and ``**`` spans directories.  Every pattern must match at least one file:
+    a typo is an error, not an empty DataFrame."""
+    if isinstance(paths, str):
+        paths = [paths]
+    out: list[FileRef] = []
+    for spec in paths:
+        found = _expand_one(spec)
+        if not found:
+            raise CaptureError(f"{spec}: no file matches")
+        out.extend(found)
+    return out
+
+
+def _expand_one(spec: str) -> list[FileRef]:
+    scheme, sep, rest = spec.partition("://")
+    prefix, body = (scheme + sep, rest) if sep else ("", spec)
+    components = body.split("/")
+    first_glob = next((i for i, c in enumerate(components) if _has_glob(c)), None)
+    if first_glob is None:
+        filesystem, path = _resolve(spec)
+        info = filesystem.get_file_info(path)
+        if info.type == pafs.FileType.NotFound:
+            raise CaptureError(f"{spec}: no such file")
+        if info.type == pafs.FileType.Directory:
+            entries = filesystem.get_file_info(pafs.FileSelector(path))
+            files = sorted(e.path for e in entries
+                           if e.type == pafs.FileType.File and _visible(e.base_name))
+            shown = spec.rstrip("/") if sep else path
+            return [FileRef(f"{shown}/{posixpath.basename(f)}", filesystem, f) for f in files]
+        return [FileRef(spec if sep else path, filesystem, path)]
+    base = "/".join(components[:first_glob]) or ("/" if body.startswith("/") else ".")
+    pattern = components[first_glob:]
+    filesystem, base_path = _resolve(prefix + base)
+    if filesystem.get_file_info(base_path).type != pafs.FileType.Directory:
+        raise CaptureError(f"{spec}: no such directory {prefix + base}")
+    recursive = len(pattern) > 1 or "**" in pattern
+    entries = filesystem.get_file_info(pafs.FileSelector(base_path, recursive=recursive))
+    shown_base = (prefix + base).rstrip("/") if sep else base_path.rstrip("/")
+    refs = []
+    for entry in entries:
+        if entry.type != pafs.FileType.File:
+            continue
+        rel = posixpath.relpath(entry.path, base_path)
+        parts = rel.split("/")
+        if all(_visible(p) for p in parts) and _glob_match(parts, pattern):
+            refs.append(FileRef(f"{shown_base}/{rel}", filesystem, entry.path))
+    return sorted(refs, key=lambda r: r.name)
+
+
+# --- what the driver learns about a file ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PcapInfo:
+    """The global header of a classic pcap, and the first record's seconds (for sync)."""
+
+    order: str
+    tick_ns: int  # 1000 (microsecond magic) or 1 (nanosecond magic)
+    snaplen: int
+    linktype: int
+    first_ts_sec: int | None  # None: no complete first record header
+
+    @property
+    def frac_limit(self) -> int:
+        return 10**9 // self.tick_ns
+
+    @property
+    def caplen_bound(self) -> int:
+        """The largest caplen :meth:`CaptureFile.sync` believes (see the module docstring)."""
+        return self.snaplen if 0 < self.snaplen <= DEFAULT_CAPLEN_BOUND else DEFAULT_CAPLEN_BOUND
+
+
+@dataclass(frozen=True)
+class Interface:
+    """One pcapng IDB: where it is, and what its packets need (link type, clock)."""
+
+    offset: int
+    linktype: int
+    snaplen: int
+    tsresol: int = 6  # the raw if_tsresol byte: 10^-n, or 2^-(n & 0x7F) when bit 7 is set
+    tsoffset: int = 0  # if_tsoffset, seconds added to every timestamp
+
+
+@dataclass(frozen=True)
+class Section:
+    offset: int
+    order: str
+    interfaces: tuple[Interface, ...]
+
+
+@dataclass(frozen=True)
+class PcapngIndex:
+    """Sections and interfaces known on the driver (see "pcapng context" above).
+
+    ``complete``: every SHB and IDB of the file is listed (``"scan"``).  Otherwise only those
+    before ``head_end`` (the first packet block) are, and a reader that meets another one raises.
+    """
+
+    sections: tuple[Section, ...]
+    complete: bool
+    head_end: int
+
+    def section_at(self, offset: int) -> Section:
+        current = self.sections[0]
+        for section in self.sections:
+            if section.offset > offset:
+                break
+            current = section
+        return current
+
+
+@dataclass(frozen=True)
+class CaptureFile:
+    """A capture as planned on the driver; picklable, shipped inside every split."""
+
+    ref: FileRef
+    size: int
+    info: PcapInfo | PcapngIndex
+
+    @property
+    def name(self) -> str:
+        return self.ref.name
+
+    @property
+    def format(self) -> Literal["pcap", "pcapng"]:
+        return "pcap" if isinstance(self.info, PcapInfo) else "pcapng"
+
+    @property
+    def first_record(self) -> int:
+        return _PCAP_HEADER_SIZE if isinstance(self.info, PcapInfo) else 0
+
+    def open(self) -> _Source:
+        return _Source(self)
+
+    def sync(self, offset: int) -> int:
+        """The first record boundary at or after ``offset`` (file size when there is none)."""
+        with self.open() as source:
+            return source.sync(offset)
+
+
+PcapngIndexMode = Literal["head", "scan"]
+
+
+def open_capture(ref: FileRef | str, pcapng_index: PcapngIndexMode = "head",
+                 chunk_size: int = DEFAULT_CHUNK_SIZE) -> CaptureFile:
+    """Read a capture's header (and, for pcapng, its section index) on the driver."""
+    if pcapng_index not in ("head", "scan"):
+        raise CaptureError(f"pcapngIndex must be 'head' or 'scan', not {pcapng_index!r}")
+    if isinstance(ref, str):
+        refs = expand_paths(ref)
+        if len(refs) != 1:
+            raise CaptureError(f"{ref}: {len(refs)} files; open_capture takes one")
+        ref = refs[0]
+    try:
+        handle = ref.filesystem.open_input_file(ref.path)
+    except FileNotFoundError:
+        raise CaptureError(f"{ref.name}: no such file") from None
+    except OSError as exc:
+        raise CaptureError(f"{ref.name}: cannot open ({exc})") from None
+    with handle:
+        size = handle.size()
+        head = handle.read_at(_PCAP_HEADER_SIZE + _PCAP_RECORD_SIZE, 0)
+        if len(head) < 4:
+            raise CaptureError(f"{ref.name}: {size} bytes, too short to be a capture")
+        if _U32["<"].unpack_from(head)[0] == _SHB:
+            scan = pcapng_index == "scan"
+            index = _pcapng_index(ref, handle, size, complete=scan,
+                                  chunk_size=chunk_size if scan else _PCAPNG_HEAD_CHUNK)
+            return CaptureFile(ref, size, index)
+        return CaptureFile(ref, size, _pcap_info(ref, head))
+
+
+def _pcap_info(ref: FileRef, head: bytes) -> PcapInfo:
+    for order in "<>":
+        layout = _PCAP_HEADER[order]
+        if len(head) >= layout.size:
+            header = layout.decode(head)
+            if header["magic"] in (wpcap.PCAP_MAGIC_US, wpcap.PCAP_MAGIC_NS):
+                break
+    else:
+        magics = {magic.to_bytes(4, end) for magic in (wpcap.PCAP_MAGIC_US, wpcap.PCAP_MAGIC_NS)
+                  for end in ("little", "big")}
+        what = ("truncated pcap header" if head[:4] in magics
+                else f"not a pcap or pcapng file (magic {head[:4].hex()})")
+        raise CaptureError(f"{ref.name}: {what}")
+    first_sec = None
+    if len(head) >= _PCAP_HEADER_SIZE + _PCAP_RECORD_SIZE:
+        first_sec = _PCAP_RECORD[order].unpack_from(head, _PCAP_HEADER_SIZE)[0]
+    return PcapInfo(order, 1 if header["magic"] == wpcap.PCAP_MAGIC_NS else 1000,
+                    header["snaplen"], header["linktype"] & 0xFFFF, first_sec)
+
+
+# --- pcapng block headers ------------------------------------------------------------------------
+
+
+class _Bytes:
+    """Random access to a file through one cached window: a chunk read serves many small reads."""
+
+    def __init__(self, handle: Any, size: int, chunk_size: int) -> None:
+        self.handle, self.size, self.chunk_size = handle, size, chunk_size
+        self.base, self.buf = 0, b""
+
+    def get(self, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes at ``offset`` (fewer only at end of file)."""
+        rel = offset - self.base
+        if rel < 0 or rel + length > len(self.buf):
+            want = max(length, self.chunk_size)
+            self.buf = self.handle.read_at(max(0, min(want, self.size - offset)), offset)
+            self.base, rel = offset, 0
+        return self.buf[rel : rel + length]
+
+    def peek(self, offset: int, length: int) -> bytes:
+        """Like :meth:`get`, but a read outside the window does not move it.
+
+        The boundary search checks a few far-away headers (the next hop of a chain, a block's
+        trailing length) while it scans one region; re-reading a whole chunk for each of them
+        would cost a chunk per candidate."""
+        rel = offset - self.base
+        if rel >= 0 and rel + length <= len(self.buf):
+            return self.buf[rel : rel + length]
+        return bytes(self.handle.read_at(max(0, min(length, self.size - offset)), offset))
+
+    def u32(self, offset: int, order: str, peek: bool = False) -> int | None:
+        raw = self.peek(offset, 4) if peek else self.get(offset, 4)
+        return _U32[order].unpack_from(raw)[0] if len(raw) == 4 else None
+
+
+def _shb_order(source: _Bytes, offset: int, peek: bool = False) -> str | None:
+    bom = source.u32(offset + _NG["<"].block.size, "<", peek)
+    if bom == wpcap.PCAPNG_BOM:
+        return "<"
+    if bom is not None and bom.to_bytes(4, "little") == wpcap.PCAPNG_BOM.to_bytes(4, "big"):
+        return ">"
+    return None
+
+
+def _parse_idb(offset: int, block: bytes, order: str) -> Interface:
+    lay = _NG[order]
+    body = block[lay.block.size : len(block) - 4]
+    if len(body) < lay.idb.size:
+        raise CaptureError(f"interface block at offset {offset} is too short")
+    linktype, _, snaplen = lay.idb.unpack_from(body)
+    tsresol, tsoffset = 6, 0
+    for code, value in wpcap.pcapng_options(body[lay.idb.size :], order):
+        if code == _OPT_TSRESOL and value:
+            tsresol = value[0]
+        elif code == _OPT_TSOFFSET and len(value) == 8:
+            tsoffset = int.from_bytes(value, "little" if order == "<" else "big", signed=True)
+    return Interface(offset, linktype, snaplen, tsresol, tsoffset)
+
+
+def _pcapng_index(ref: FileRef, handle: Any, size: int, *, complete: bool,
+                  chunk_size: int) -> PcapngIndex:
+    source = _Bytes(handle, size, chunk_size)
+    order = _shb_order(source, 0)
+    if order is None:
+        raise CaptureError(f"{ref.name}: pcapng section header without a valid byte-order mark")
+    sections: list[Section] = []
+    interfaces: list[Interface] = []
+    section_start = 0
+    pos, head_end = 0, size
+    stop_at = {_SHB, _BLOCK_IDB} | (set() if complete else {_BLOCK_EPB, _BLOCK_SPB,
+                                                             _BLOCK_OLD_PACKET})
+    while pos + 8 <= size:
+        # fast path: step over the ordinary blocks inside the cached chunk
+        source.get(pos, 8)
+        buf, base = source.buf, source.base
+        unpack, p, n = _NG[order].block.codec.unpack_from, pos - base, len(source.buf)
+        while p + 8 <= n:
+            btype, length = unpack(buf, p)
+            if btype in stop_at or length < 12 or length & 3 or base + p + length > size:
+                break
+            p += length
+        pos = base + p
+        if pos + 8 > size or p + 8 > n:
+            continue  # end of file, or the next header lies past the chunk: read on
+        btype = source.u32(pos, order)
+        if btype == _SHB:
+            new_order = _shb_order(source, pos)
+            if new_order is None:
+                raise CaptureError(f"{ref.name}: section header at offset {pos} has no "
+                                   "valid byte-order mark")
+            if pos:
+                sections.append(Section(section_start, order, tuple(interfaces)))
+            order, section_start, interfaces = new_order, pos, []
+        length = source.u32(pos + 4, order)
+        assert length is not None
+        if length < 12 or length % 4:
+            raise CaptureError(f"{ref.name}: damaged pcapng block at offset {pos} "
+                               f"(length {length})")
+        if pos + length > size:
+            break  # a truncated last block: the reader of its split reports it
+        if btype == _BLOCK_IDB:
+            interfaces.append(_parse_idb(pos, source.get(pos, length), order))
+        elif btype in (_BLOCK_EPB, _BLOCK_SPB, _BLOCK_OLD_PACKET) and not complete:
+            head_end = pos
+            break
+        pos += length
+    sections.append(Section(section_start, order, tuple(interfaces)))
+    return PcapngIndex(tuple(sections), complete, size if complete else head_end)
+
+
+# --- planning ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Split:
+    """Bytes ``[start, end)`` of one capture; see "Ownership" in the module docstring."""
+
+    capture: CaptureFile
+    start: int
+    end: int
+
+
+def plan_splits(capture: CaptureFile, split_size: int = DEFAULT_SPLIT_SIZE) -> list[Split]:
+    """Equal byte ranges covering the file (at least one, even for an empty capture)."""
+    if split_size <= 0:
+        raise CaptureError(f"splitSize must be a positive number of bytes, not {split_size}")
+    count = max(1, math.ceil(capture.size / split_size))
+    return [Split(capture, i * split_size, min(capture.size, (i + 1) * split_size))
+            for i in range(count)]
+
+
+def plan(paths: str | Sequence[str], split_size: int = DEFAULT_SPLIT_SIZE,
+         pcapng_index: PcapngIndexMode = "head") -> list[Split]:
+    """Expand, open and split every file: what the Spark source does on the driver."""
+    splits: list[Split] = []
+    for ref in expand_paths(paths):
+        splits.extend(plan_splits(open_capture(ref, pcapng_index), split_size))
+    return splits
+
+
+# --- reading -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TruncatedRecord:
+    """The record a capture ends inside: where it starts, what it declares, what is there."""
+
+    file: str
+    offset: int
+    declared: int | None  # bytes the header announces (header included); None: header cut
+    available: int
+
+    def __str__(self) -> str:
+        wanted = "a record header" if self.declared is None else f"{self.declared} bytes"
+        return (f"{self.file}: the capture is cut short at offset {self.offset} "
+                f"({self.available} of {wanted}); the partial record is dropped")
+
+
+class _Source:
+    """An open capture: the boundary search and the chunked record walks."""
+
+    def __init__(self, capture: CaptureFile, chunk_size: int = DEFAULT_CHUNK_SIZE) -> None:
+        self.capture, self.size, self.chunk_size = capture, capture.size, chunk_size
+        ref = capture.ref
+        try:
+            self.handle = ref.filesystem.open_input_file(ref.path)
+        except OSError as exc:
+            raise CaptureError(f"{ref.name}: cannot open ({exc})") from None
+        if self.handle.size() != self.size:
+            raise CaptureError(f"{ref.name}: the file changed size since it was planned "
+                               f"({self.size} -> {self.handle.size()} bytes)")
+
+    def __enter__(self) -> _Source:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.close()
+
+    def error(self, offset: int, reason: str) -> CaptureError:
+        return CaptureError(f"{self.capture.name}: offset {offset}: {reason}")
+
+    def sync(self, x: int) -> int:
+        first = self.capture.first_record
+        if x <= first:
+            return min(first, self.size)
+        if x >= self.size:
+            return self.size
+        if isinstance(self.capture.info, PcapInfo):
+            return _PcapSync(self, self.capture.info).find(x)
+        return _PcapngSync(self, self.capture.info).find(x)
+
+
+# --- pcap resync ---------------------------------------------------------------------------------
+
+
+class _PcapSync:
+    def __init__(self, source: _Source, info: PcapInfo) -> None:
+        self.source, self.info, self.size = source, info, source.size
+        self.layout = _PCAP_RECORD[info.order]
+        self.bound = info.caplen_bound
+        self.orig_bound = max(DEFAULT_CAPLEN_BOUND, self.bound)
+        first = info.first_ts_sec or 0
+        self.sec_lo, self.sec_hi = first - TS_BEFORE_FIRST, first + TS_AFTER_FIRST
+        self.window = self.layout.size + self.bound
+        # one read covers the look-back and look-ahead windows; chain hops past it are peeks
+        self.bytes = _Bytes(source.handle, self.size, 2 * self.window + self.layout.size)
+
+    def plausible(self, sec: int, frac: int, incl: int, orig: int) -> bool:
+        return (incl <= self.bound and incl <= orig <= self.orig_bound
+                and frac < self.info.frac_limit and self.sec_lo <= sec <= self.sec_hi)
+
+    def header(self, offset: int) -> tuple[int, int, int, int]:
+        return self.layout.unpack_from(self.bytes.peek(offset, self.layout.size))
+
+    def terminal(self, offset: int) -> bool:
+        """End of file exactly, a partial header, or past the end (a truncated record)."""
+        return offset > self.size - self.layout.size
+
+    def chain_ok(self, offset: int) -> bool:
+        """``offset`` and the SYNC_CHAIN records after it are plausible and adjacent."""
+        if self.terminal(offset):
+            return True
+        head = self.header(offset)
+        if not self.plausible(*head):
+            return False
+        for _ in range(SYNC_CHAIN):
+            nxt = offset + self.layout.size + head[2]
+            if self.terminal(nxt):
+                return True
+            following = self.header(nxt)
+            if not self.plausible(*following) or abs(following[0] - head[0]) > TS_NEIGHBOUR:
+                return False
+            offset, head = nxt, following
+        return True
+
+    def candidates(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Offsets in ``[lo, hi)`` holding a plausible header, with their caplen and seconds.
+
+        Vectorised: the four u32 members are read at *every* byte offset at once."""
+        raw = self.bytes.get(lo, hi - lo + self.layout.size - 1)
+        count = len(raw) - self.layout.size + 1
+        if count <= 0:
+            empty = np.zeros(0, np.int64)
+            return empty, empty, empty
+        u32 = _at_every_byte(raw, np.dtype(self.info.order + "u4"))
+        sec, frac, incl, orig = (u32[_field_offset(self.layout, name) :][:count].astype(np.int64)
+                                 for name in self.layout.names)
+        ok = ((incl <= self.bound) & (incl <= orig) & (orig <= self.orig_bound)
+              & (frac < self.info.frac_limit) & (sec >= self.sec_lo) & (sec <= self.sec_hi))
+        where = np.flatnonzero(ok)
+        return where + lo, incl[where], sec[where]
+
+    def find(self, x: int) -> int:
+        first = _PCAP_HEADER_SIZE
+        rec = self.layout.size
+        lo = max(first, x - self.window)
+        if lo == first:
+            # the real chain from the first record reaches x within one window: just walk it
+            self.bytes.get(first, x - first + rec)
+            pos = first
+            while pos < x:
+                if self.terminal(pos):
+                    return self.size
+                pos += rec + self.header(pos)[2]
+            return min(pos, self.size)
+        offsets, incls, secs = self.candidates(lo, x + self.window)
+        by_offset = {int(o): i for i, o in enumerate(offsets)}
+        answers: dict[int, int | None] = {}
+        votes: Counter[int] = Counter()
+        for i in range(int(np.searchsorted(offsets, x)) - 1, -1, -1):
+            p = int(offsets[i])
+            nxt = p + rec + int(incls[i])
+            answer: int | None
+            if self.terminal(nxt):
+                # p is the last record: a partial header at or after x is the answer, else
+                # the file ends before x (or inside p's data) and nothing follows x
+                answer = nxt if x <= nxt < self.size else self.size
+            else:
+                j = by_offset.get(nxt)
+                if j is None or abs(int(secs[j]) - int(secs[i])) > TS_NEIGHBOUR:
+                    answer = None
+                else:
+                    answer = nxt if nxt >= x else answers.get(nxt)
+            answers[p] = answer
+            if answer is not None:
+                votes[answer] += 1
+        valid = {a: n for a, n in votes.items() if a >= self.size or self.chain_ok(a)}
+        if valid:
+            return max(valid, key=lambda a: (valid[a], a))
+        return self.forward(x)
+
+    def forward(self, x: int) -> int:
+        """The first candidate at or after ``x`` with a chain (no look-back answer exists)."""
+        lo = x
+        while lo < self.size:
+            hi = min(self.size, lo + self.window * 4)
+            offsets, _, _ = self.candidates(lo, hi)
+            for p in offsets:
+                if self.chain_ok(int(p)):
+                    return int(p)
+            lo = hi
+        return self.size
+
+
+# --- pcapng resync -------------------------------------------------------------------------------
+
+
+class _PcapngSync:
+    def __init__(self, source: _Source, index: PcapngIndex) -> None:
+        self.source, self.index, self.size = source, index, source.size
+        self.bytes = _Bytes(source.handle, self.size, _PCAPNG_SYNC_REGION)
+
+    def block(self, offset: int, order: str, interfaces: int | None
+              ) -> tuple[Literal["ok", "bad", "end"], int, str]:
+        """Is there a plausible block at ``offset``?  (verdict, next offset, byte order after).
+
+        ``"end"``: end of file, a partial block header, or a plausible block cut by the end of
+        the file (so its trailer cannot be checked)."""
+        if offset > self.size - 8:
+            return "end", self.size, order
+        btype = self.bytes.u32(offset, order, peek=True)
+        if btype == _SHB:
+            shb_order = _shb_order(self.bytes, offset, peek=True)
+            if shb_order is None:
+                return "bad", offset, order
+            order, interfaces = shb_order, None
+        length = self.bytes.u32(offset + 4, order, peek=True)
+        if not btype or length is None or length < 12 or length % 4 or \
+                length > PCAPNG_SYNC_MAX_BLOCK:
+            return "bad", offset, order
+        if offset + length > self.size:
+            return "end", self.size, order
+        if self.bytes.u32(offset + length - 4, order, peek=True) != length:
+            return "bad", offset, order
+        if btype == _BLOCK_EPB:
+            lay = _NG[order]
+            if length < lay.epb_data + 4:
+                return "bad", offset, order
+            iface, _, _, cap, _ = lay.epb.unpack_from(self.bytes.peek(offset + 8, lay.epb.size))
+            if cap > length - lay.epb_data - 4 or (interfaces is not None
+                                                   and iface >= interfaces):
+                return "bad", offset, order
+        return "ok", offset + length, order
+
+    def chain_ok(self, offset: int, order: str, interfaces: int | None) -> bool:
+        """The block at ``offset`` is complete (trailer checked) and so are the SYNC_CHAIN
+        blocks after it; only those may end the chain at end of file or in a cut block."""
+        for hop in range(SYNC_CHAIN + 1):
+            verdict, offset, new_order = self.block(offset, order, interfaces)
+            if verdict == "bad" or (verdict == "end" and hop == 0):
+                return False
+            if verdict == "end":
+                return True
+            if new_order != order:
+                order, interfaces = new_order, None
+        return True
+
+    def find(self, x: int) -> int:
+        pos = (x + 3) & ~3
+        section = self.index.section_at(pos)
+        interfaces, order = len(section.interfaces), section.order
+        region = _PCAPNG_SYNC_REGION
+        while pos < self.size:
+            raw = self.bytes.get(pos, region)
+            words = np.frombuffer(raw[: len(raw) & ~3], np.dtype(order + "u4"))
+            if len(words) >= 2:
+                types, lengths = words[:-1].astype(np.int64), words[1:].astype(np.int64)
+                # a boundary is only looked for at a standard block type; a chain may pass
+                # through any type (see the module docstring)
+                ok = np.isin(types, _SYNC_BLOCK_TYPES) & (lengths >= 12) & (
+                    lengths % 4 == 0) & (lengths <= PCAPNG_SYNC_MAX_BLOCK)
+                idx = np.arange(len(types))
+                trailer_at = idx + lengths // 4 - 1
+                inside = trailer_at < len(words)
+                trailer = np.where(inside, words[np.minimum(trailer_at, len(words) - 1)], -1)
+                ok &= (~inside) | (trailer == lengths) | (types == _SHB)
+                for i in np.flatnonzero(ok | (types == _SHB)):
+                    offset = pos + 4 * int(i)
+                    if self.chain_ok(offset, order, interfaces):
+                        return offset
+            pos += max(4, len(words) * 4 - 4)
+        return self.size
+
+
+# --- the split reader ----------------------------------------------------------------------------
+
+
+OnTruncated = Literal["warn", "error"]
+
+
+@dataclass
+class SplitReader:
+    """Iterate the records of one split as Arrow record batches (:data:`CAPTURE_SCHEMA`).
+
+    Memory stays bounded by ``chunk_size`` plus one record: the file is read in chunks with the
+    incomplete tail of each chunk carried over.  After iteration :attr:`truncated` names the
+    partial last record, if this split owns one."""
+
+    split: Split
+    max_rows: int = DEFAULT_MAX_ROWS
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    on_truncated: OnTruncated | Callable[[TruncatedRecord], None] = "warn"
+    truncated: TruncatedRecord | None = field(default=None, init=False)
+    start: int = field(default=-1, init=False)
+    stop: int = field(default=-1, init=False)
+
+    def __post_init__(self) -> None:
+        if self.max_rows <= 0:
+            raise CaptureError(f"maxRecordsPerBatch must be positive, not {self.max_rows}")
+        if self.chunk_size < 64:
+            raise CaptureError(f"chunk size {self.chunk_size} is too small")
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        capture = self.split.capture
+        with _Source(capture, self.chunk_size) as source:
+            self.start = source.sync(self.split.start)
+            self.stop = source.sync(self.split.end)
+            if self.start >= self.stop:
+                return
+            if isinstance(capture.info, PcapInfo):
+                walk = _walk_pcap(source, capture.info, self.start, self.stop, self._truncate)
+            else:
+                walk = _walk_pcapng(source, capture.info, self.start, self.stop, self._truncate)
+            for columns in walk:
+                yield from _batches(capture.name, columns, self.max_rows)
+
+    def _truncate(self, record: TruncatedRecord) -> None:
+        self.truncated = record
+        if callable(self.on_truncated):
+            self.on_truncated(record)
+        elif self.on_truncated == "error":
+            raise CaptureError(str(record))
+        else:
+            log.warning("%s", record)
+
+
+def read_split(split: Split, max_rows: int = DEFAULT_MAX_ROWS,
+               chunk_size: int = DEFAULT_CHUNK_SIZE,
+               on_truncated: OnTruncated | Callable[[TruncatedRecord], None] = "warn",
+               ) -> Iterator[pa.RecordBatch]:
+    """The record batches of one split (see :class:`SplitReader` for the report)."""
+    return iter(SplitReader(split, max_rows, chunk_size, on_truncated))
+
+
+@dataclass
+class _Columns:
+    """The records of one chunk, as numpy arrays plus the packed data column."""
+
+    offset: np.ndarray
+    ts_ns: np.ndarray
+    ts_valid: np.ndarray | None
+    caplen: np.ndarray
+    origlen: np.ndarray
+    linktype: np.ndarray
+    interface_id: np.ndarray
+    data: bytes  # every record's bytes, back to back in record order
+
+
+def _batches(name: str, cols: _Columns, max_rows: int) -> Iterator[pa.RecordBatch]:
+    total = len(cols.offset)
+    if not total:
+        return
+    ends = np.zeros(total + 1, np.int64)
+    np.cumsum(cols.caplen, out=ends[1:])
+    values = pa.py_buffer(cols.data)
+    for lo in range(0, total, max_rows):
+        hi = min(total, lo + max_rows)
+        rel = (ends[lo : hi + 1] - ends[lo]).astype(np.int32)
+        data = pa.Array.from_buffers(pa.binary(), hi - lo, [
+            None, pa.py_buffer(rel), values.slice(int(ends[lo]), int(ends[hi] - ends[lo]))])
+        mask = None if cols.ts_valid is None else ~cols.ts_valid[lo:hi]
+        yield pa.RecordBatch.from_arrays([
+            pa.repeat(pa.scalar(name, pa.string()), hi - lo),
+            pa.array(cols.offset[lo:hi], pa.int64()),
+            pa.array(cols.ts_ns[lo:hi], pa.int64(), mask=mask),
+            pa.array(cols.caplen[lo:hi], pa.int32()),
+            pa.array(cols.origlen[lo:hi], pa.int32()),
+            pa.array(cols.linktype[lo:hi], pa.int32()),
+            pa.array(cols.interface_id[lo:hi], pa.int32()),
+            data,
+        ], schema=CAPTURE_SCHEMA)
+
+
+def _at_every_byte(buf: bytes, dtype: np.dtype) -> np.ndarray:
+    """A read-only view of ``buf`` as ``dtype`` items starting at *every* byte offset.
+
+    Indexing it with record offsets gathers unaligned headers in one numpy call; the view
+    itself copies nothing."""
+    count = max(0, len(buf) - dtype.itemsize + 1)
+    return np.ndarray(shape=(count,), dtype=dtype, buffer=buf, strides=(1,))
+
+
+def _pack(buf: bytes, starts: np.ndarray, lengths: np.ndarray) -> bytes:
+    """The byte ranges ``[start, start + length)`` of ``buf`` (in increasing, disjoint order)
+    back to back: one boolean mask over the span they cover, built with ``np.repeat``."""
+    if not len(starts):
+        return b""
+    first, end = int(starts[0]), int(starts[-1] + lengths[-1])
+    counts = np.empty(2 * len(starts) - 1, np.int64)
+    counts[0::2] = lengths
+    counts[1::2] = np.diff(starts) - lengths[:-1]  # the headers and padding in between
+    alternate = np.zeros(len(counts), bool)
+    alternate[0::2] = True
+    keep = np.repeat(alternate, counts)
+    return np.frombuffer(buf, np.uint8, count=end - first, offset=first)[keep].tobytes()
+
+
+def _check_int32(source: _Source, offsets: np.ndarray, values: np.ndarray, what: str) -> None:
+    bad = np.flatnonzero(values > _INT32_MAX)
+    if len(bad):
+        raise source.error(int(offsets[bad[0]]), f"{what} {int(values[bad[0]])} is not a "
+                           "plausible length (damaged file?)")
+
+
+class _Chunk:
+    """The bytes ``[base, base + len(buf))`` of the file, refilled with carry-over."""
+
+    def __init__(self, source: _Source, start: int) -> None:
+        self.source, self.base, self.buf = source, start, b""
+
+    @property
+    def end(self) -> int:
+        return self.base + len(self.buf)
+
+    @property
+    def at_eof(self) -> bool:
+        return self.end >= self.source.size
+
+    def refill(self, pos: int, need: int) -> None:
+        """Keep ``[pos, end)`` and read on so that at least ``need`` bytes follow ``pos``."""
+        keep = self.buf[pos - self.base :]
+        want = max(need, self.source.chunk_size) - len(keep)
+        more = self.source.handle.read_at(max(0, min(want, self.source.size - self.end)),
+                                          self.end)
+        self.buf, self.base = keep + more, pos
+
+
+def _walk_pcap(source: _Source, info: PcapInfo, start: int, stop: int,
+               truncate: Callable[[TruncatedRecord], None]) -> Iterator[_Columns]:
+    order = info.order
+    layout = _PCAP_RECORD[order]
+    rec = layout.size
+    incl_of = _U32[order].unpack_from
+    dtype = layout.dtype()
+    chunk = _Chunk(source, start)
+    pos = start
+    while pos < stop:
+        chunk.refill(pos, rec)
+        buf, base = chunk.buf, chunk.base
+        n, p, limit = len(buf), pos - base, stop - base
+        found: list[int] = []
+        append, at = found.append, _INCL_AT
+        try:  # the hot loop: one unpack per record; a header cut by the chunk end raises
+            while p < limit:
+                end = p + rec + incl_of(buf, p + at)[0]
+                if end > n:
+                    break
+                append(p)
+                p = end
+        except struct.error:
+            pass
+        if found:
+            yield _pcap_columns(source, info, buf, base, np.array(found, np.int64), dtype)
+        last = found[-1] if found else None
+        pos = base + p
+        if pos >= stop:
+            if last is not None and pos > stop and base + last < stop:
+                raise _straddle(source, base + last, stop)
+            return
+        # the record at pos does not fit in the chunk
+        declared = rec + incl_of(buf, p + _INCL_AT)[0] if n - p >= rec else None
+        if not _grow(source, chunk, pos, stop, declared, truncate):
+            return
+
+
+def _grow(source: _Source, chunk: _Chunk, pos: int, stop: int, declared: int | None,
+          truncate: Callable[[TruncatedRecord], None]) -> bool:
+    """The record at ``pos`` does not fit in the chunk: end of file, or read on (False: done).
+
+    ``declared`` is the record's whole length, None when even its header is incomplete."""
+    size = source.size
+    if (declared is None and chunk.at_eof) or (declared is not None and pos + declared > size):
+        if stop < size:
+            raise _straddle(source, pos, stop)
+        truncate(TruncatedRecord(source.capture.name, pos, declared, size - pos))
+        return False
+    if declared is not None and declared > MAX_RECORD:
+        raise source.error(pos, f"record length {declared} is not plausible (damaged file?)")
+    if declared is not None and declared > source.chunk_size:
+        chunk.refill(pos, declared)
+    return True
+
+
+def _straddle(source: _Source, record: int, stop: int) -> CaptureError:
+    return source.error(record, f"the record here runs over the split boundary {stop} that "
+                        "the boundary search chose: the data near it looks like record "
+                        "headers; read with a different splitSize")
+
+
+def _pcap_columns(source: _Source, info: PcapInfo, buf: bytes, base: int, found: np.ndarray,
+                  dtype: np.dtype) -> _Columns:
+    rec = dtype.itemsize
+    heads = _at_every_byte(buf, dtype)[found]
+    sec, frac, incl, orig = (heads[name].astype(np.int64) for name in dtype.names or ())
+    offsets = found + base
+    _check_int32(source, offsets, orig, "original length")
+    data = _pack(buf, found + rec, incl)
+    count = len(found)
+    return _Columns(offsets, sec * 1_000_000_000 + frac * info.tick_ns, None, incl, orig,
+                    np.full(count, info.linktype, np.int64), np.zeros(count, np.int64), data)
+
+
+# --- pcapng walk ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Context:
+    """The section a pcapng walk is in: byte order and the interfaces declared so far."""
+
+    order: str
+    interfaces: list[Interface]
+
+
+def _context_at(index: PcapngIndex, offset: int) -> _Context:
+    section = index.section_at(offset)
+    return _Context(section.order, [i for i in section.interfaces if i.offset < offset])
+
+
+def _walk_pcapng(source: _Source, index: PcapngIndex, start: int, stop: int,
+                 truncate: Callable[[TruncatedRecord], None]) -> Iterator[_Columns]:
+    ctx = _context_at(index, start)
+    chunk = _Chunk(source, start)
+    pos = start
+    while pos < stop:
+        chunk.refill(pos, 12)
+        buf, base = chunk.buf, chunk.base
+        n, p, limit = len(buf), pos - base, stop - base
+        # packet blocks are grouped by the interface table they were read under
+        groups: list[_Group] = []
+        epbs: list[int] = []
+        spbs: list[int] = []
+        header = _NG[ctx.order].block.codec.unpack_from
+        last = -1
+        while p < limit and p + 12 <= n:
+            btype, length = header(buf, p)
+            if btype == _BLOCK_EPB and length >= 12 and not length & 3 and p + length <= n:
+                epbs.append(p)  # the common case, kept short: the checks are vectorised later
+                last = p
+                p += length
+                continue
+            if btype in (_SHB, _BLOCK_IDB):
+                groups.append(_Group(ctx.order, tuple(ctx.interfaces), epbs, spbs))
+                epbs, spbs = [], []
+                ctx = _context_change(source, index, ctx, buf, p, base)
+                header = _NG[ctx.order].block.codec.unpack_from
+                btype, length = header(buf, p)
+            if length < 12 or length % 4:
+                raise source.error(base + p, f"damaged pcapng block (length {length})")
+            if p + length > n:
+                break
+            if btype == _BLOCK_EPB:
+                epbs.append(p)
+            elif btype == _BLOCK_SPB:
+                spbs.append(p)
+            elif btype == _BLOCK_IDB:
+                ctx.interfaces.append(_parse_idb(base + p, buf[p : p + length], ctx.order))
+            elif btype == _BLOCK_OLD_PACKET:
+                raise source.error(base + p, "obsolete Packet Block (type 2) is not supported; "
+                                   "convert the file with editcap first")
+            last = p
+            p += length
+        groups.append(_Group(ctx.order, tuple(ctx.interfaces), epbs, spbs))
+        cols = [_pcapng_columns(source, g, buf, base) for g in groups if g.epbs or g.spbs]
+        if cols:
+            yield _concat(cols)
+        pos = base + p
+        if pos >= stop:
+            if pos > stop and last >= 0 and base + last < stop:
+                raise _straddle(source, base + last, stop)
+            return
+        declared = _declared_block_length(buf, p, ctx.order)
+        if declared is not None and (declared < 12 or declared % 4):
+            raise source.error(pos, f"damaged pcapng block (length {declared})")
+        if not _grow(source, chunk, pos, stop, declared, truncate):
+            return
+
+
+def _declared_block_length(buf: bytes, p: int, order: str) -> int | None:
+    """The length of the block at ``p`` (None: not enough bytes to know it yet).
+
+    A section header's length is in the byte order its own byte-order mark gives."""
+    if len(buf) - p < 8:
+        return None
+    btype, length = _NG[order].block.unpack_from(buf, p)
+    if btype != _SHB:
+        return int(length)
+    if len(buf) - p < 12:
+        return None
+    for shb_order in "<>":
+        if _U32[shb_order].unpack_from(buf, p + 8)[0] == wpcap.PCAPNG_BOM:
+            return int(_NG[shb_order].block.unpack_from(buf, p)[1])
+    return int(length)  # no valid mark: the walk reports it when the block is complete
+
+
+@dataclass(frozen=True)
+class _Group:
+    order: str
+    interfaces: tuple[Interface, ...]
+    epbs: list[int]
+    spbs: list[int]
+
+
+def _context_change(source: _Source, index: PcapngIndex, ctx: _Context, buf: bytes, p: int,
+                    base: int) -> _Context:
+    """A new section starts or (for an IDB) the same one goes on; refuse what "head" missed."""
+    offset = base + p
+    btype = _NG[ctx.order].block.unpack_from(buf, p)[0]
+    if not index.complete and ((btype == _SHB and offset > 0)
+                               or (btype == _BLOCK_IDB and offset > index.head_end)):
+        what = "section header" if btype == _SHB else "interface description"
+        raise source.error(offset, f"a {what} after the first packet: this file needs "
+                           "the driver to index it first, read it with option "
+                           "pcapngIndex=scan")
+    if btype != _SHB:
+        return ctx
+    bom = _U32["<"].unpack_from(buf, p + 8)[0] if p + 12 <= len(buf) else None
+    if bom == wpcap.PCAPNG_BOM:
+        return _Context("<", [])
+    if bom is not None and _U32[">"].unpack_from(buf, p + 8)[0] == wpcap.PCAPNG_BOM:
+        return _Context(">", [])
+    raise source.error(offset, "section header without a valid byte-order mark")
+
+
+def _concat(cols: list[_Columns]) -> _Columns:
+    if len(cols) == 1:
+        return cols[0]
+
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([getattr(c, name) for c in cols])
+
+    valid = np.concatenate([np.ones(len(c.offset), bool) if c.ts_valid is None else c.ts_valid
+                            for c in cols])
+    return _Columns(cat("offset"), cat("ts_ns"), valid, cat("caplen"), cat("origlen"),
+                    cat("linktype"), cat("interface_id"), b"".join(c.data for c in cols))
+
+
+def _gather(buf: bytes, at: np.ndarray, layout: FastLayout) -> np.ndarray:
+    return _at_every_byte(buf, layout.dtype())[at]
+
+
+def _ticks_to_ns(ticks: np.ndarray, tsresol: int, tsoffset: int) -> np.ndarray:
+    """Exact integer nanoseconds (floor) for a decimal or binary if_tsresol."""
+    ticks = ticks.astype(np.uint64)
+    if tsresol & 0x80:
+        shift = tsresol & 0x7F
+        if shift >= 64:
+            whole, part = np.zeros_like(ticks), ticks
+        else:
+            whole, part = ticks >> np.uint64(shift), ticks & np.uint64((1 << shift) - 1)
+        if shift > 34:  # keep part * 10^9 inside 64 bits; below a nanosecond is dropped
+            part, shift_part = part >> np.uint64(shift - 34), 34
+        else:
+            shift_part = shift
+        frac = (part * np.uint64(10**9)) >> np.uint64(shift_part)
+        ns = whole.astype(np.int64) * 1_000_000_000 + frac.astype(np.int64)
+    elif tsresol <= 9:
+        ns = (ticks * np.uint64(10 ** (9 - tsresol))).astype(np.int64)
+    else:
+        divisor = 10 ** (tsresol - 9)
+        ns = (ticks // np.uint64(divisor)).astype(np.int64) if divisor < 2**64 else \
+            np.zeros(len(ticks), np.int64)
+    return ns + tsoffset * 1_000_000_000
+
+
+def _pcapng_columns(source: _Source, group: _Group, buf: bytes, base: int) -> _Columns:
+    epbs, spbs, ifaces = group.epbs, group.spbs, group.interfaces
+    lay = _NG[group.order]
+    parts: list[tuple[np.ndarray, ...]] = []  # offset, ts, valid, cap, orig, link, iface, start
+    if epbs:
+        at = np.array(epbs, np.int64)
+        blocks = _gather(buf, at, lay.block)
+        epb = _gather(buf, at + lay.block.size, lay.epb)
+        length = blocks["block_length"].astype(np.int64)
+        iface = epb["interface_id"].astype(np.int64)
+        cap = epb["captured_len"].astype(np.int64)
+        orig = epb["orig_len"].astype(np.int64)
+        bad = np.flatnonzero((length < lay.epb_data + 4) | (iface >= len(ifaces))
+                             | (cap > length - lay.epb_data - 4))
+        if len(bad):
+            i = int(bad[0])
+            reason = ("packet block too short" if length[i] < lay.epb_data + 4 else
+                      f"unknown interface {iface[i]}" if iface[i] >= len(ifaces) else
+                      f"captured length {cap[i]} runs past the end of the block")
+            raise source.error(base + epbs[i], reason)
+        ticks = (epb["ts_high"].astype(np.uint64) << np.uint64(32)) | epb["ts_low"].astype(
+            np.uint64)
+        ts = np.zeros(len(at), np.int64)
+        link = np.zeros(len(at), np.int64)
+        for number in np.unique(iface):
+            desc = ifaces[int(number)]
+            sel = iface == number
+            ts[sel] = _ticks_to_ns(ticks[sel], desc.tsresol, desc.tsoffset)
+            link[sel] = desc.linktype
+        parts.append((at, ts, np.ones(len(at), bool), cap, orig, link, iface,
+                      at + lay.epb_data))
+    if spbs:
+        at = np.array(spbs, np.int64)
+        if not ifaces:
+            raise source.error(base + spbs[0], "simple packet before any interface")
+        length = _gather(buf, at, lay.block)["block_length"].astype(np.int64)
+        orig = _gather(buf, at + lay.block.size, lay.spb)["orig_len"].astype(np.int64)
+        snaplen = ifaces[0].snaplen
+        cap = np.minimum(orig, snaplen) if snaplen else orig
+        bad = np.flatnonzero((length < lay.spb_data + 4) | (cap > length - lay.spb_data - 4))
+        if len(bad):
+            i = int(bad[0])
+            raise source.error(base + spbs[i], f"packet length {cap[i]} runs past the end of "
+                               "the block")
+        zeros = np.zeros(len(at), np.int64)
+        parts.append((at, zeros, np.zeros(len(at), bool), cap, orig,
+                      np.full(len(at), ifaces[0].linktype, np.int64), zeros,
+                      at + lay.spb_data))
+    at, ts, valid, cap, orig, link, iface, data_at = (np.concatenate(c) for c in zip(*parts,
+                                                                                   strict=True))
+    order = np.argsort(at, kind="stable")
+    at, ts, valid, cap, orig, link, iface, data_at = (
+        a[order] for a in (at, ts, valid, cap, orig, link, iface, data_at))
+    _check_int32(source, at + base, orig, "original length")
+    data = _pack(buf, data_at, cap)
+    return _Columns(at + base, ts, valid, cap, orig, link, iface, data)
+
+
+# --- convenience ---------------------------------------------------------------------------------
+
+
+def read_table(paths: str | Sequence[str], split_size: int = DEFAULT_SPLIT_SIZE,
+               pcapng_index: PcapngIndexMode = "head", max_rows: int = DEFAULT_MAX_ROWS,
+               on_truncated: OnTruncated | Callable[[TruncatedRecord], None] = "warn",
+               ) -> pa.Table:
+    """Every record of the files as one Arrow table, split by split (no Spark needed)."""
+    batches = [batch for split in plan(paths, split_size, pcapng_index)
+               for batch in read_split(split, max_rows, on_truncated=on_truncated)]
+    return pa.Table.from_batches(batches, schema=CAPTURE_SCHEMA)
