@@ -1,0 +1,289 @@
+"""Store throughput and recovery rate: ``python -m benchmarks.store [--quick] [--json PATH]``.
+
+Three figures, each on real loopback sockets, with the store daemon in its own process
+(``python -m ump store -c store.xml``, a generated XML) so that the store and the
+application do not share one interpreter's core:
+
+* **memory** and **disk** throughput: one source (in this process) sends N 64-byte messages
+  to one store, ``ume_flight_size`` large enough never to block; the clock runs from the first
+  send until the source has seen every message stable (``stats["stable"] == N`` and nothing
+  in flight), so the figure includes the stability ACK round trip and, for the disk
+  repository, the store's write-before-ACK;
+* **recovery**: N messages are sent with no receiver; then a new receiver (in this process,
+  ``retransmit_request_outstanding_maximum`` 1000) registers and recovers them all from a
+  memory-repository store; the figure is N over the time from the receiver's start until the
+  last delivery.
+
+Each figure is printed with its ratio to the issue's target (100,000 msg/s memory, 50,000 disk,
+recovery 100,000 msg/s of 1,000,000 messages).  The benchmark reports; it never fails the
+process because a target is missed.  A run that does not finish within its time limit is
+reported as such, with the rate of what did finish.
+
+Ports: store 14767, resolver 15480 (not the product defaults, so a running demo does not
+interfere); the source takes its ports from the reference runtime's ranges.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from reference_impl import runtime
+from reference_impl.aio import AioHost
+from reference_impl.config import ClientConfig
+from reference_impl.events import Event, MessageDelivered
+from reference_impl.source import SourceCore
+
+STORE_PORT = 14767
+RESOLVER_PORT = 15480
+PAYLOAD_SIZE = 64
+FLIGHT_SIZE = 100_000
+OUTSTANDING_REQUESTS = 1000
+
+TARGETS = {"memory": 100_000.0, "disk": 50_000.0, "recovery": 100_000.0}
+"""Messages per second the issue asks for, per figure."""
+
+DEFAULT_COUNTS = {"throughput": 200_000, "recovery": 1_000_000}
+QUICK_COUNTS = {"throughput": 20_000, "recovery": 50_000}
+
+STORE_XML = """<?xml version="1.0"?>
+<ume-store version="1.3">
+  <daemon/>
+  <stores>
+    <store name="bench-store" port="{port}" interface="127.0.0.1">
+      <ume-attributes>
+        <option type="store" name="context-name" value="bench-store"/>
+        <option type="store" name="disk-cache-directory" value="cache"/>
+        <option type="store" name="disk-state-directory" value="state"/>
+        <option type="store" name="retransmission-request-processing-rate" value="10000000"/>
+      </ume-attributes>
+      <topics>
+        <topic pattern="bench\\..*" type="PCRE">
+          <ume-attributes>
+            <option type="store" name="repository-type" value="{repository}"/>
+            <option type="store" name="repository-size-threshold" value="1073741824"/>
+            <option type="store" name="repository-size-limit" value="2147483648"/>
+            <option type="store" name="repository-disk-file-size-limit" value="4294967296"/>
+          </ume-attributes>
+        </topic>
+      </topics>
+    </store>
+  </stores>
+</ume-store>
+"""
+
+
+class BenchError(Exception):
+    """The store process could not be started; printed without a traceback."""
+
+
+def store_xml(repository: str, port: int = STORE_PORT) -> str:
+    """The umestored configuration of one store whose ``bench.*`` topics use ``repository``."""
+    return STORE_XML.format(port=port, repository=repository)
+
+
+@contextlib.contextmanager
+def store_process(workdir: Path, repository: str, *, port: int = STORE_PORT,
+                  resolver_port: int = RESOLVER_PORT,
+                  timeout: float = 20.0) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``ump store`` in ``workdir`` until the block ends; wait for its ready line first."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "store.xml").write_text(store_xml(repository, port))
+    log_path = workdir / "store.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ump", "store", "-c", "store.xml",
+             "--resolver", f"127.0.0.1:{resolver_port}"],
+            cwd=workdir, stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + timeout
+        while b"ready to accept registrations" not in log_path.read_bytes():
+            if proc.poll() is not None:
+                raise BenchError(f"the store exited early: {log_path.read_text(errors='replace')}")
+            if time.monotonic() > deadline:
+                raise BenchError(f"the store was not ready within {timeout} s; see {log_path}")
+            time.sleep(0.02)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One measured rate; ``completed < count`` means the run hit its time limit."""
+
+    name: str
+    count: int
+    completed: int
+    seconds: float
+    target: float
+
+    @property
+    def per_second(self) -> float:
+        return self.completed / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def ratio(self) -> float:
+        return self.per_second / self.target
+
+    @property
+    def finished(self) -> bool:
+        return self.completed == self.count
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "per_second": self.per_second, "ratio": self.ratio,
+                "finished": self.finished}
+
+
+def _client(**sections: dict[str, object]) -> ClientConfig:
+    mapping: dict[str, dict[str, object]] = {
+        "context": {"resolver_unicast_daemon": f"127.0.0.1:{RESOLVER_PORT}"}}
+    for scope, values in sections.items():
+        mapping.setdefault(scope, {}).update(values)
+    return ClientConfig.from_mapping(mapping)
+
+
+async def _registered_source(host: AioHost, topic: str) -> SourceCore:
+    source = await runtime.start_source(host, topic, _client(source={
+        "ume_store": [f"127.0.0.1:{STORE_PORT}"], "ume_flight_size": FLIGHT_SIZE}))
+    await host.wait_until(lambda: source.complete, timeout=20)
+    return source
+
+
+def _fully_stable(source: SourceCore, count: int) -> bool:
+    return source.stats["stable"] >= count and source.inflight == 0
+
+
+async def _throughput(name: str, count: int, limit: float) -> Figure:
+    async with AioHost() as host:
+        await runtime.run_resolver(host, ("127.0.0.1", RESOLVER_PORT))
+        source = await _registered_source(host, f"bench.{name}")
+        pump = asyncio.get_running_loop().create_task(
+            runtime.pump_events([source], lambda core, event: None))
+        start = time.perf_counter()
+        await runtime.send_messages(host, source, count, size=PAYLOAD_SIZE, timeout=limit)
+        with contextlib.suppress(TimeoutError):
+            await host.wait_until(lambda: _fully_stable(source, count),
+                                  timeout=max(0.1, limit - (time.perf_counter() - start)))
+        seconds = time.perf_counter() - start
+        completed = min(count, source.stats["stable"])
+        pump.cancel()
+    return Figure(name, count, completed, seconds, TARGETS[name])
+
+
+async def _recovery(count: int, limit: float) -> Figure:
+    async with AioHost() as host:
+        await runtime.run_resolver(host, ("127.0.0.1", RESOLVER_PORT))
+        source = await _registered_source(host, "bench.recovery")
+        delivered = {"n": 0}
+
+        def count_deliveries(core: Any, event: Event) -> None:
+            if isinstance(event, MessageDelivered):
+                delivered["n"] += 1
+        pump = asyncio.get_running_loop().create_task(
+            runtime.pump_events([source], lambda core, event: None))
+        await runtime.send_messages(host, source, count, size=PAYLOAD_SIZE, timeout=limit)
+        try:
+            await host.wait_until(lambda: _fully_stable(source, count), timeout=limit)
+        except TimeoutError:
+            raise BenchError(f"recovery: only {source.stats['stable']:,} of {count:,} messages "
+                             f"became stable within {limit} s; nothing to recover") from None
+        start = time.perf_counter()
+        receiver = await runtime.start_receiver(host, "bench.recovery", _client(receiver={
+            "retransmit_request_outstanding_maximum": OUTSTANDING_REQUESTS}))
+        rpump = asyncio.get_running_loop().create_task(
+            runtime.pump_events([receiver], count_deliveries))
+        with contextlib.suppress(TimeoutError):
+            await host.wait_until(lambda: delivered["n"] >= count, timeout=limit, poll=0.01)
+        seconds = time.perf_counter() - start
+        pump.cancel()
+        rpump.cancel()
+    return Figure("recovery", count, min(count, delivered["n"]), seconds, TARGETS["recovery"])
+
+
+def run(*, quick: bool = False, throughput_count: int | None = None,
+        recovery_count: int | None = None, limit: float = 300.0) -> list[Figure]:
+    """Measure the three figures (each with a fresh store process and directory)."""
+    counts = QUICK_COUNTS if quick else DEFAULT_COUNTS
+    n = throughput_count or counts["throughput"]
+    m = recovery_count or counts["recovery"]
+    figures = []
+    with tempfile.TemporaryDirectory(prefix="ump-bench-store-") as tmp:
+        for name in ("memory", "disk"):
+            with store_process(Path(tmp) / name, name):
+                figures.append(asyncio.run(_throughput(name, n, limit)))
+            print(_line(figures[-1]), flush=True)
+        with store_process(Path(tmp) / "recovery", "memory"):
+            figures.append(asyncio.run(_recovery(m, limit)))
+        print(_line(figures[-1]), flush=True)
+    return figures
+
+
+def _line(fig: Figure) -> str:
+    label = {"memory": "source -> store, memory repository",
+             "disk": "source -> store, disk repository",
+             "recovery": "receiver recovery from the store"}[fig.name]
+    done = "" if fig.finished else f"  (time limit: {fig.completed:,}/{fig.count:,} done)"
+    return (f"{label:<38} {fig.count:>9,} msgs {fig.seconds:8.2f} s "
+            f"{fig.per_second:>11,.0f} msg/s  target {fig.target:>9,.0f}  "
+            f"ratio {fig.ratio:5.2f}{done}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.store",
+                                     description="Store throughput and recovery rate.")
+    parser.add_argument("--quick", action="store_true",
+                        help="20,000 messages for throughput, 50,000 for recovery")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON here")
+    parser.add_argument("--count", type=int, help="messages for the throughput runs")
+    parser.add_argument("--recovery-count", type=int, help="messages for the recovery run")
+    parser.add_argument("--limit", type=float, default=300.0,
+                        help="seconds each run may take before it is cut short (default 300)")
+    args = parser.parse_args(argv)
+    for name in ("count", "recovery_count"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
+    print(f"benchmarks.store: {PAYLOAD_SIZE}-byte payloads, store process on port {STORE_PORT}, "
+          f"resolver on {RESOLVER_PORT}, {os.cpu_count()} CPUs", flush=True)
+    try:
+        figures = run(quick=args.quick, throughput_count=args.count,
+                      recovery_count=args.recovery_count, limit=args.limit)
+    except BenchError as exc:
+        print(f"benchmarks.store: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        record = {
+            "benchmark": "benchmarks.store",
+            "settings": {"quick": args.quick, "payload_size": PAYLOAD_SIZE,
+                         "flight_size": FLIGHT_SIZE, "limit": args.limit,
+                         "outstanding_requests": OUTSTANDING_REQUESTS},
+            "meta": {"python": platform.python_version(), "platform": platform.platform(),
+                     "cpus": os.cpu_count(),
+                     "when": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")},
+            "figures": [f.to_json() for f in figures],
+        }
+        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+    return 0
+
+
+__all__ = ["Figure", "main", "run", "store_process", "store_xml"]
