@@ -142,8 +142,8 @@ def _speaks_streams(ep: object) -> bool:
 class _EndpointState:
     """Everything the host keeps for one core: its sockets, streams and timer."""
 
-    __slots__ = ("congested", "endpoint", "flush_scheduled", "name", "streams", "streams_capable",
-                 "timer_handle", "timer_stuck", "timer_when", "udp", "udp_out")
+    __slots__ = ("congested", "endpoint", "event_handler", "flush_scheduled", "name", "streams",
+                 "streams_capable", "timer_handle", "timer_stuck", "timer_when", "udp", "udp_out")
 
     def __init__(self, endpoint: Endpoint, name: str) -> None:
         self.endpoint = endpoint
@@ -157,6 +157,7 @@ class _EndpointState:
         self.timer_when: float | None = None  # the deadline (our clock) timer_handle is for
         self.timer_stuck = 0
         self.flush_scheduled = False
+        self.event_handler: Callable[[Any], None] | None = None
 
 
 class _UdpSocket:
@@ -558,6 +559,23 @@ class AioHost:
         self._flush(state)
         return result
 
+    def on_events(self, endpoint: Endpoint, handler: Callable[[Any], None]) -> None:
+        """Hand every application event of ``endpoint`` to ``handler``, inside the call into the
+        core that produced it and *before* that call's output goes out.
+
+        This is what makes a receiver's consumption acknowledgement honest: UM acknowledges a
+        message once the application's callback has returned, so an ACK the core queued while
+        delivering a message leaves only after ``handler`` saw the message.  Polling
+        ``next_event()`` from a task instead leaves a window in which the store already holds
+        the ACK and a crash loses the message for good.  ``endpoint`` must have
+        ``next_event()``; an exception from ``handler`` stops the host like a core failure.
+        """
+        if not callable(getattr(endpoint, "next_event", None)):
+            raise HostError(f"{endpoint!r} has no next_event()")
+        self.register(endpoint)
+        self._state(endpoint).event_handler = handler
+        self._schedule_flush(self._state(endpoint))
+
     def write_buffer_size(self, endpoint: Endpoint, conn: ConnKey) -> int:
         """Bytes written to ``conn`` and not yet taken by the kernel (0 for an unknown stream)."""
         stream = self._state(endpoint).streams.get(conn)
@@ -589,6 +607,15 @@ class AioHost:
     def _flush(self, state: _EndpointState) -> None:
         """Collect datagrams, stream commands and the timer: after every call into a core."""
         ep = state.endpoint
+        handler = state.event_handler
+        if handler is not None:
+            next_event = cast(Any, ep).next_event
+            try:
+                while (event := next_event()) is not None:
+                    handler(event)
+            except Exception as exc:
+                self._core_failed(state, "event handler", exc)
+                return
         now = self._clock()
         where = "datagrams_to_send"
         try:

@@ -129,8 +129,7 @@ def cmd_store(args: argparse.Namespace) -> int:
 
     async def setup(host: AioHost) -> None:
         cores = await runtime.start_stores(host, config, resolver=resolver, base=base)
-        asyncio.get_running_loop().create_task(
-            runtime.pump_events(list(cores), lambda core, event: runtime.log_event(event)))
+        runtime.handle_events(host, list(cores), lambda core, event: runtime.log_event(event))
         if config.daemon.web_monitor is not None:
             from reference_impl.webmon import WebMonitor
             monitor = WebMonitor(cores, version="ump-harness reference store",
@@ -161,7 +160,7 @@ def cmd_source(args: argparse.Namespace) -> int:
                 stable["n"] += 1
             elif not isinstance(event, FlightSizeNotification):
                 runtime.log_event(event)
-        pump = asyncio.get_running_loop().create_task(runtime.pump_events([source], handle))
+        runtime.handle_events(host, [source], handle)
 
         async def work() -> None:
             try:
@@ -185,7 +184,6 @@ def cmd_source(args: argparse.Namespace) -> int:
             print(f"ump source: sent {sent} messages, {source.inflight} still in flight",
                   file=sys.stderr, flush=True)
             status["code"] = 0 if sent == count else 1
-            pump.cancel()
             host.close()
         asyncio.get_running_loop().create_task(work())
     code = _run(setup, args.verbose)
@@ -220,7 +218,7 @@ def cmd_receiver(args: argparse.Namespace) -> int:
             writer(core, event)
             if args.count and writer.count >= args.count:
                 host.close()
-        asyncio.get_running_loop().create_task(runtime.pump_events([receiver], handle))
+        runtime.handle_events(host, [receiver], handle)
     try:
         return _run(setup, args.verbose)
     finally:

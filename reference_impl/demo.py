@@ -31,34 +31,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-TOPIC = "demo.persistent.topic"
+from reference_impl.config.store_xml_writer import disk_store_xml
 
-STORE_XML = """<?xml version="1.0"?>
-<ume-store version="1.3">
-  <daemon>
-    <web-monitor>127.0.0.1:{webmon}</web-monitor>
-  </daemon>
-  <stores>
-    <store name="demo-store" port="{port}" interface="127.0.0.1">
-      <ume-attributes>
-        <option type="store" name="context-name" value="demo-store"/>
-        <option type="store" name="disk-cache-directory" value="cache"/>
-        <option type="store" name="disk-state-directory" value="state"/>
-      </ume-attributes>
-      <topics>
-        <topic pattern="demo\\..*" type="PCRE">
-          <ume-attributes>
-            <option type="store" name="repository-type" value="disk"/>
-            <option type="store" name="repository-size-threshold" value="104857600"/>
-            <option type="store" name="repository-size-limit" value="209715200"/>
-            <option type="store" name="repository-disk-file-size-limit" value="1073741824"/>
-          </ume-attributes>
-        </topic>
-      </topics>
-    </store>
-  </stores>
-</ume-store>
-"""
+TOPIC = "demo.persistent.topic"
 
 SOURCE_CFG = """# the demo source: one store, a Session ID so a restart finds its RegID again
 context resolver_unicast_daemon 127.0.0.1:15380
@@ -136,7 +111,8 @@ class Demo:
     def run(self) -> int:
         d = self.dir
         d.mkdir(parents=True, exist_ok=True)
-        (d / "store.xml").write_text(STORE_XML.format(port=self.port, webmon=self.port + 1))
+        (d / "store.xml").write_text(disk_store_xml(
+            "demo-store", self.port, r"demo\..*", web_monitor=f"127.0.0.1:{self.port + 1}"))
         (d / "source.cfg").write_text(SOURCE_CFG.format(port=self.port))
         (d / "receiver.cfg").write_text(RECEIVER_CFG)
         self.rate = max(200, self.messages // 10)  # about ten seconds of traffic

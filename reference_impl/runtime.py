@@ -147,14 +147,12 @@ def log_event(event: Event) -> None:
         log.info("event %s", event)
 
 
-async def pump_events(cores: list[ContextCore], handler: Callable[[ContextCore, Event], None],
-                      interval: float = 0.005) -> None:
-    """Drain the cores' events forever (cancel the task to stop)."""
-    while True:
-        for core in cores:
-            for event in core.events():
-                handler(core, event)
-        await asyncio.sleep(interval)
+def handle_events(host: AioHost, cores: list[ContextCore],
+                  handler: Callable[[ContextCore, Event], None]) -> None:
+    """Give every event of ``cores`` to ``handler`` as it happens (see :meth:`AioHost.on_events`:
+    a receiver's ACK for a message leaves only after ``handler`` returned for it)."""
+    for core in cores:
+        host.on_events(core, lambda event, core=core: handler(core, event))  # type: ignore[misc]
 
 
 # --- processes ----------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from typing import Any
 from reference_impl import runtime
 from reference_impl.aio import AioHost
 from reference_impl.config import ClientConfig
+from reference_impl.config.store_xml_writer import disk_store_xml
 from reference_impl.events import Event, MessageDelivered
 from reference_impl.source import SourceCore
 
@@ -59,31 +60,6 @@ TARGETS = {"memory": 100_000.0, "disk": 50_000.0, "recovery": 100_000.0}
 DEFAULT_COUNTS = {"throughput": 200_000, "recovery": 1_000_000}
 QUICK_COUNTS = {"throughput": 20_000, "recovery": 50_000}
 
-STORE_XML = """<?xml version="1.0"?>
-<ume-store version="1.3">
-  <daemon/>
-  <stores>
-    <store name="bench-store" port="{port}" interface="127.0.0.1">
-      <ume-attributes>
-        <option type="store" name="context-name" value="bench-store"/>
-        <option type="store" name="disk-cache-directory" value="cache"/>
-        <option type="store" name="disk-state-directory" value="state"/>
-        <option type="store" name="retransmission-request-processing-rate" value="10000000"/>
-      </ume-attributes>
-      <topics>
-        <topic pattern="bench\\..*" type="PCRE">
-          <ume-attributes>
-            <option type="store" name="repository-type" value="{repository}"/>
-            <option type="store" name="repository-size-threshold" value="1073741824"/>
-            <option type="store" name="repository-size-limit" value="2147483648"/>
-            <option type="store" name="repository-disk-file-size-limit" value="4294967296"/>
-          </ume-attributes>
-        </topic>
-      </topics>
-    </store>
-  </stores>
-</ume-store>
-"""
 
 
 class BenchError(Exception):
@@ -92,7 +68,8 @@ class BenchError(Exception):
 
 def store_xml(repository: str, port: int = STORE_PORT) -> str:
     """The umestored configuration of one store whose ``bench.*`` topics use ``repository``."""
-    return STORE_XML.format(port=port, repository=repository)
+    return disk_store_xml("bench-store", port, r"bench\..*", repository=repository,
+                          store_options={"retransmission-request-processing-rate": 10_000_000})
 
 
 @contextlib.contextmanager
@@ -177,8 +154,7 @@ async def _throughput(name: str, count: int, limit: float) -> Figure:
     async with AioHost() as host:
         await runtime.run_resolver(host, ("127.0.0.1", RESOLVER_PORT))
         source = await _registered_source(host, f"bench.{name}")
-        pump = asyncio.get_running_loop().create_task(
-            runtime.pump_events([source], lambda core, event: None))
+        runtime.handle_events(host, [source], lambda core, event: None)
         start = time.perf_counter()
         await runtime.send_messages(host, source, count, size=PAYLOAD_SIZE, timeout=limit)
         with contextlib.suppress(TimeoutError):
@@ -186,7 +162,6 @@ async def _throughput(name: str, count: int, limit: float) -> Figure:
                                   timeout=max(0.1, limit - (time.perf_counter() - start)))
         seconds = time.perf_counter() - start
         completed = min(count, source.stats["stable"])
-        pump.cancel()
     return Figure(name, count, completed, seconds, TARGETS[name])
 
 
@@ -199,8 +174,7 @@ async def _recovery(count: int, limit: float) -> Figure:
         def count_deliveries(core: Any, event: Event) -> None:
             if isinstance(event, MessageDelivered):
                 delivered["n"] += 1
-        pump = asyncio.get_running_loop().create_task(
-            runtime.pump_events([source], lambda core, event: None))
+        runtime.handle_events(host, [source], lambda core, event: None)
         await runtime.send_messages(host, source, count, size=PAYLOAD_SIZE, timeout=limit)
         try:
             await host.wait_until(lambda: _fully_stable(source, count), timeout=limit)
@@ -210,13 +184,10 @@ async def _recovery(count: int, limit: float) -> Figure:
         start = time.perf_counter()
         receiver = await runtime.start_receiver(host, "bench.recovery", _client(receiver={
             "retransmit_request_outstanding_maximum": OUTSTANDING_REQUESTS}))
-        rpump = asyncio.get_running_loop().create_task(
-            runtime.pump_events([receiver], count_deliveries))
+        runtime.handle_events(host, [receiver], count_deliveries)
         with contextlib.suppress(TimeoutError):
             await host.wait_until(lambda: delivered["n"] >= count, timeout=limit, poll=0.01)
         seconds = time.perf_counter() - start
-        pump.cancel()
-        rpump.cancel()
     return Figure("recovery", count, min(count, delivered["n"]), seconds, TARGETS["recovery"])
 
 

@@ -678,6 +678,60 @@ async def test_an_exception_in_a_core_stops_the_host_and_names_the_core(
         await host.bind_udp(EchoCore(), (LO, 0))
 
 
+class Announcer(EchoCore):
+    """An echo core that also queues one application event per datagram (like a receiver core
+    delivering a message and queueing its ACK in the same call)."""
+
+    def __init__(self) -> None:
+        super().__init__("announcer")
+        self.queue: list[bytes] = []
+
+    def receive(self, data: bytes, addr: Addr, now: float) -> None:
+        super().receive(data, addr, now)
+        self.queue.append(data)
+
+    def next_event(self) -> bytes | None:
+        return self.queue.pop(0) if self.queue else None
+
+
+@async_test()
+async def test_events_reach_the_handler_before_the_output_of_the_same_call_leaves() -> None:
+    async with AioHost() as host:
+        core = Announcer()
+        addr = await host.bind_udp(core, (LO, 0))
+        seen: list[tuple[bytes, int]] = []
+        host.on_events(core, lambda event: seen.append((event, host.stats["datagrams_sent"])))
+        loop = asyncio.get_running_loop()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:
+            raw.setblocking(False)
+            raw.bind((LO, 0))
+            for i in range(5):
+                raw.sendto(b"m%d" % i, addr)
+                assert await asyncio.wait_for(loop.sock_recv(raw, 100), 5) == b"M%d" % i
+        # each event was handled while its echo had not been sent yet
+        assert seen == [(b"m%d" % i, i) for i in range(5)]
+        assert core.queue == []
+
+
+@async_test()
+async def test_an_exception_in_an_event_handler_stops_the_host_before_the_output() -> None:
+    host = AioHost()
+    core = Announcer()
+    addr = await host.bind_udp(core, (LO, 0))
+
+    def handler(event: object) -> None:
+        raise Boom("application bug")
+    host.on_events(core, handler)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:
+        raw.sendto(b"x", addr)
+    with pytest.raises(CoreError) as info:
+        await asyncio.wait_for(host.wait_closed(), 5)
+    assert info.value.where == "event handler" and isinstance(info.value.__cause__, Boom)
+    assert host.stats["datagrams_sent"] == 0
+    with pytest.raises(HostError, match="no next_event"):
+        AioHost.on_events(host, EchoCore(), handler)
+
+
 @async_test()
 async def test_async_with_raises_a_failure_nobody_waited_for() -> None:
     with pytest.raises(CoreError, match="'quiet' failed in handle_timer"):

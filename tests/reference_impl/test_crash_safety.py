@@ -35,6 +35,7 @@ import pytest
 from reference_impl import runtime
 from reference_impl.aio import AioHost
 from reference_impl.config import ClientConfig
+from reference_impl.config.store_xml_writer import disk_store_xml
 from reference_impl.events import Event, MessageDelivered, MessageStable, StableFlags
 
 STORE_PORT = 14787
@@ -42,30 +43,7 @@ RESOLVER_PORT = 15490
 TOPIC = "crash.safety"
 STABLE_BEFORE_KILL = 2000  # the kill happens once this many are stable, with more in flight
 
-STORE_XML = f"""<?xml version="1.0"?>
-<ume-store version="1.3">
-  <daemon/>
-  <stores>
-    <store name="crash-store" port="{STORE_PORT}" interface="127.0.0.1">
-      <ume-attributes>
-        <option type="store" name="context-name" value="crash-store"/>
-        <option type="store" name="disk-cache-directory" value="cache"/>
-        <option type="store" name="disk-state-directory" value="state"/>
-      </ume-attributes>
-      <topics>
-        <topic pattern="crash\\..*" type="PCRE">
-          <ume-attributes>
-            <option type="store" name="repository-type" value="disk"/>
-            <option type="store" name="repository-size-threshold" value="104857600"/>
-            <option type="store" name="repository-size-limit" value="209715200"/>
-            <option type="store" name="repository-disk-file-size-limit" value="1073741824"/>
-          </ume-attributes>
-        </topic>
-      </topics>
-    </store>
-  </stores>
-</ume-store>
-"""
+STORE_XML = disk_store_xml("crash-store", STORE_PORT, r"crash\..*")
 
 
 class Processes:
@@ -145,7 +123,7 @@ async def _crash_and_recover(procs: Processes) -> tuple[set[int], set[int], bool
         source = await runtime.start_source(host, TOPIC, _client(source={
             "ume_store": [f"127.0.0.1:{STORE_PORT}"], "ume_flight_size": 500}))
         loop = asyncio.get_running_loop()
-        pump = loop.create_task(runtime.pump_events([source], on_event, interval=0.001))
+        runtime.handle_events(host, [source], on_event)
         await host.wait_until(lambda: source.complete, timeout=15)
         sender = loop.create_task(runtime.send_messages(host, source, 1_000_000, timeout=30))
         await host.wait_until(lambda: len(stable) >= STABLE_BEFORE_KILL, timeout=20)
@@ -159,11 +137,9 @@ async def _crash_and_recover(procs: Processes) -> tuple[set[int], set[int], bool
         await asyncio.to_thread(procs.start_store)
         receiver = await runtime.start_receiver(host, TOPIC, _client(receiver={
             "retransmit_request_outstanding_maximum": 200}))
-        rpump = loop.create_task(runtime.pump_events([receiver], on_event, interval=0.001))
+        runtime.handle_events(host, [receiver], on_event)
         with contextlib.suppress(TimeoutError):  # the assertion below says what is missing
             await host.wait_until(lambda: stable_at_kill <= delivered, timeout=20, poll=0.01)
-        pump.cancel()
-        rpump.cancel()
     return stable_at_kill, delivered, mid_load
 
 

@@ -1,0 +1,128 @@
+"""The runtime glue: store XML written by the shared writer, and the order of application
+events and consumption ACKs on real sockets.
+
+UM acknowledges consumption when the application's callback returns.  The receiver core queues
+its ACK when it delivers a message, so it is the driver's job to run the application's handler
+before that ACK leaves; otherwise a receiver killed right after the ACK loses the message (the
+store resumes a re-registering receiver after its last ACK).  ``ump demo`` found exactly that
+once (one message lost across a SIGKILL); the test below pins the order directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reference_impl import runtime
+from reference_impl.aio import AioHost
+from reference_impl.config import ClientConfig
+from reference_impl.config.store_xml import parse_store_config
+from reference_impl.config.store_xml_writer import (
+    StoreXml,
+    TopicXml,
+    disk_store_xml,
+    store_daemon_xml,
+)
+from reference_impl.events import Event, MessageDelivered
+
+RESOLVER_PORT = 15512
+STORE_PORT = 14812
+TOPIC = "runtime.acks"
+
+
+# --- the store XML writer -----------------------------------------------------------------------
+
+_names = st.text(st.characters(codec="ascii", categories=("L", "N", "P", "S")), min_size=1,
+                 max_size=20).filter(lambda s: s.strip() == s)
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=_names, pattern=_names, port=st.integers(1, 65535),
+       threshold=st.integers(1, 1 << 40))
+def test_written_store_xml_parses_back_to_the_same_values(name: str, pattern: str, port: int,
+                                                         threshold: int) -> None:
+    text = store_daemon_xml(
+        [StoreXml(name, port, options={"context-name": "ctx", "disk-cache-directory": "c&d"},
+                  topics=[TopicXml(pattern, {"repository-type": "memory",
+                                             "repository-size-threshold": threshold},
+                                   type="direct")])],
+        web_monitor="127.0.0.1:9000")
+    config = parse_store_config(text)
+    (store,) = config.stores
+    assert (store.name, store.port, store.interface) == (name, port, "127.0.0.1")
+    assert store.disk_cache_directory == "c&d" and store.context_name == "ctx"
+    (topic,) = store.topics
+    assert topic.pattern == pattern and topic.type == "direct" and topic.matches(pattern)
+    assert topic.options.repository_type == "memory"
+    assert topic.options.repository_size_threshold == threshold
+    assert config.daemon.web_monitor is not None
+
+
+def test_disk_store_helper_gives_a_disk_repository_for_matching_topics() -> None:
+    (store,) = parse_store_config(disk_store_xml("s", 1234, r"demo\..*")).stores
+    (topic,) = store.topics
+    assert topic.matches("demo.x") and not topic.matches("other")
+    assert topic.options.repository_type == "disk"
+    assert store.disk_state_directory == "state"
+
+
+# --- consumption ACKs leave after the application saw the message -------------------------------
+
+
+def _client(**sections: dict[str, object]) -> ClientConfig:
+    mapping: dict[str, dict[str, object]] = {
+        "context": {"resolver_unicast_daemon": f"127.0.0.1:{RESOLVER_PORT}"}}
+    for scope, values in sections.items():
+        mapping.setdefault(scope, {}).update(values)
+    return ClientConfig.from_mapping(mapping)
+
+
+async def _acks_seen_by_store_at_delivery(tmp_path: Path, receiver_options: dict[str, object],
+                                          batching_ms: int) -> tuple[list[int], list[int]]:
+    """Deliver 300 messages; for each, what the store had as the receiver's last ACK when the
+    application's handler ran."""
+    config = parse_store_config(disk_store_xml("acks", STORE_PORT, r"runtime\..*",
+                                               repository="memory"))
+    async with AioHost() as host:
+        await runtime.run_resolver(host, ("127.0.0.1", RESOLVER_PORT))
+        (store,) = await runtime.start_stores(host, config, resolver=("127.0.0.1", RESOLVER_PORT),
+                                              base=tmp_path)
+        source = await runtime.start_source(host, TOPIC, _client(
+            source={"ume_store": [f"127.0.0.1:{STORE_PORT}"]}))
+        await host.wait_until(lambda: source.complete, timeout=15)
+        receiver = await runtime.start_receiver(host, TOPIC, _client(
+            receiver=receiver_options, context={"ume_ack_batching_interval": batching_ms}))
+        await host.wait_until(lambda: bool(receiver.registered_stores), timeout=15)
+        delivered: list[int] = []
+        acked_then: list[int] = []
+
+        def on_event(core: object, event: Event) -> None:
+            if isinstance(event, MessageDelivered):
+                delivered.append(event.sequence_number)
+                acks = [r.last_ack for r in store.receivers.values() if r.last_ack is not None]
+                acked_then.append(max(acks, default=-1))
+        runtime.handle_events(host, [receiver], on_event)
+        await runtime.send_messages(host, source, 300, rate=3000)
+        await host.wait_until(lambda: len(delivered) >= 300, timeout=20, poll=0.01)
+        await host.wait_until(
+            lambda: any(r.last_ack == 299 for r in store.receivers.values()), timeout=5)
+        await asyncio.sleep(0)
+    return delivered, acked_then
+
+
+@pytest.mark.parametrize("options, batching_ms", [
+    ({"ume_use_ack_batching": 0}, 100),  # an ACK per delivery, queued in the same call
+    ({}, 1),  # a batching timer that comes due very often
+], ids=["immediate", "batched-1ms"])
+def test_store_never_holds_an_ack_for_a_message_the_application_has_not_seen(
+        tmp_path: Path, options: dict[str, object], batching_ms: int) -> None:
+    delivered, acked_then = asyncio.run(asyncio.wait_for(
+        _acks_seen_by_store_at_delivery(tmp_path, options, batching_ms), 60))
+    assert delivered == list(range(300))
+    early = [(sqn, ack) for sqn, ack in zip(delivered, acked_then, strict=True) if ack >= sqn]
+    assert early == [], f"the store had these ACKs before the application saw the message: " \
+                        f"{early[:5]}"
