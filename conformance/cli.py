@@ -1,0 +1,93 @@
+"""``ump conform``: run the conformance suites against an IUT and write the reports.
+
+Examples::
+
+    ump conform                                   # the reference store, every suite
+    ump conform --iut acme-store.toml --suite registration --out conform-out
+    ump conform --iut acme-store.toml -k "REG-STORE-00 and not collision" --time-scale 3
+    ump conform --list                            # the cases, with their requirements
+
+Exit code 0 when no MUST case failed or errored (and no known failure passed), 1 otherwise,
+2 for a bad profile or bad options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from conformance.model import SUITES, Verdict, all_cases
+
+
+def _scale(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.1 <= value <= 100:
+        raise argparse.ArgumentTypeError("the time scale must be between 0.1 and 100")
+    return value
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("conform", help="run conformance suites against a store, source or "
+                                       "receiver and report a verdict per case",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--iut", metavar="PROFILE.toml",
+                   help="IUT profile (default: start the reference store for every case)")
+    p.add_argument("--suite", action="append", choices=SUITES, default=[],
+                   help="run only this suite (repeatable)")
+    p.add_argument("-k", dest="keywords", action="append", default=[], metavar="EXPR",
+                   help="only cases whose ID/title/suite match (words, 'not', 'and', 'or')")
+    p.add_argument("--out", type=Path, default=Path("conform-out"),
+                   help="directory for reports and evidence (default ./conform-out)")
+    p.add_argument("--time-scale", type=_scale, default=1.0, metavar="X",
+                   help="multiply every timeout by X for slow IUTs or machines (default 1)")
+    p.add_argument("--list", action="store_true", help="list the selected cases and exit")
+    p.set_defaults(handler=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from conformance.profile import REFERENCE_STORE, ProfileError, load_profile
+    from conformance.runner import run, select
+
+    try:
+        profile = load_profile(args.iut) if args.iut else REFERENCE_STORE
+    except ProfileError as exc:
+        print(f"ump conform: {exc}", file=sys.stderr)
+        return 2
+    cases = select(all_cases(), suites=args.suite, keywords=args.keywords)
+    if not cases:
+        print("ump conform: no case matches the selection", file=sys.stderr)
+        return 2
+    if args.list:
+        for c in cases:
+            print(f"{c.id}  {c.strength.value:6} {c.suite:12} {c.title}\n"
+                  f"    [{c.section}] {c.requirement}")
+        return 0
+    width = max(len(c.id) for c in cases)
+    print(f"ump conform: {len(cases)} cases against {profile.name} ({profile.role.value}); "
+          f"evidence in {args.out}", file=sys.stderr)
+
+    def progress(r: Any) -> None:
+        mark = "" if not r.known_failure else f" (known failure {r.known_failure})"
+        line = f"{r.spec.id:<{width}}  {r.verdict.value:<13} {r.seconds:6.2f} s  {r.spec.title}"
+        if r.verdict is not Verdict.PASS and r.message:
+            line += f"\n{'':<{width}}  └ {r.message}"
+        print(line + mark, flush=True)
+
+    from conformance.report import write_all
+
+    try:
+        result = run(profile, args.out, cases=cases, time_scale=args.time_scale,
+                     progress=progress)
+    except OSError as exc:
+        print(f"ump conform: {exc}", file=sys.stderr)
+        return 2
+    paths = write_all(result)
+    counts = ", ".join(f"{n} {k}" for k, n in result.counts().items() if n)
+    print(f"ump conform: {counts} in {result.seconds:.1f} s; exit code {result.exit_code}")
+    print(f"ump conform: reports {paths['html']}, {paths['junit']}, {paths['json']}")
+    return result.exit_code

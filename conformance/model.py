@@ -1,0 +1,159 @@
+"""What a conformance case is, and what it can conclude.
+
+A case checks one requirement of the product guide against the implementation under test (IUT).
+Its metadata (:class:`CaseSpec`) names the requirement precisely enough for a reviewer to look it
+up: a stable ID that never changes meaning (``REG-SRC-001``), the guide section and the
+sentence checked, and the requirement's strength (MUST or SHOULD, as the guide words it).
+
+Verdicts (:class:`Verdict`) follow the usual conformance-testing vocabulary:
+
+* ``pass`` / ``fail``: the IUT did / did not do what the requirement says;
+* ``non-strict``: the IUT did something the guide allows but does not prefer (e.g. answered a
+  retried registration twice);
+* ``informational``: the case measures or reports and has nothing to judge;
+* ``unsupported``: the case cannot run against this IUT (a role it does not play, a launch
+  command the case needs but the profile does not give);
+* ``error``: the harness itself could not run the case (the IUT did not start, a port was taken).
+
+A run fails (exit code 1) only when a MUST case ends in ``fail`` or ``error``, or a case the
+profile marks as a known failure unexpectedly passes (so stale tickets are noticed).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from conformance.harness import Harness
+
+
+class Verdict(enum.StrEnum):
+    PASS = "pass"
+    FAIL = "fail"
+    NON_STRICT = "non-strict"
+    INFORMATIONAL = "informational"
+    UNSUPPORTED = "unsupported"
+    ERROR = "error"
+
+
+class Strength(enum.StrEnum):
+    MUST = "MUST"
+    SHOULD = "SHOULD"
+
+
+class Role(enum.StrEnum):
+    """The part the IUT plays; the harness plays every other part."""
+
+    STORE = "store"
+    SOURCE = "source"
+    RECEIVER = "receiver"
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """A conformance case: its identity, the requirement it checks, and the check itself.
+
+    Attributes:
+        id: stable identifier, ``<SUITE>-<AREA>-<NNN>``; reports and profiles refer to it.
+        title: one line saying what is checked.
+        suite: the suite it belongs to (``registration``, ``recovery``, ``robustness``).
+        role: the IUT role the case tests.
+        section: the guide section that states the requirement (its heading as written).
+        requirement: the sentence (or a close paraphrase) of the guide that is checked.
+        strength: MUST or SHOULD.
+        store_options: store-level umestored options the case needs in the IUT's XML.
+        topic_options: topic-level options the case needs for its topic pattern.
+        needs_restart: the case restarts the IUT (needs a launch command).
+        timeout: seconds the case may take at ``--time-scale 1``.
+        run: the check; it drives the :class:`~conformance.harness.Harness` and raises a
+            :class:`Conclusion` (or returns for ``pass``).
+    """
+
+    id: str
+    title: str
+    suite: str
+    role: Role
+    section: str
+    requirement: str
+    strength: Strength
+    run: Callable[[Harness], None]
+    store_options: dict[str, str | int] = field(default_factory=dict)
+    topic_options: dict[str, str | int] = field(default_factory=dict)
+    needs_restart: bool = False
+    timeout: float = 10.0
+
+    @property
+    def doc(self) -> str:
+        return (self.run.__doc__ or "").strip()
+
+
+class Conclusion(Exception):
+    """Ends a case with a verdict other than ``pass`` and says why.
+
+    ``expected`` and ``observed`` are shown side by side in the reports.
+    """
+
+    verdict = Verdict.FAIL
+
+    def __init__(self, message: str, *, expected: Any = None, observed: Any = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.expected = expected
+        self.observed = observed
+
+
+class Failed(Conclusion):
+    verdict = Verdict.FAIL
+
+
+class NonStrict(Conclusion):
+    verdict = Verdict.NON_STRICT
+
+
+class Informational(Conclusion):
+    verdict = Verdict.INFORMATIONAL
+
+
+class Unsupported(Conclusion):
+    verdict = Verdict.UNSUPPORTED
+
+
+class HarnessError(Conclusion):
+    """The harness could not run the case (IUT did not start, bad profile, port in use)."""
+
+    verdict = Verdict.ERROR
+
+
+_REGISTRY: dict[str, CaseSpec] = {}
+
+
+def case(id: str, *, title: str, suite: str, section: str, requirement: str,
+         strength: Strength = Strength.MUST, role: Role = Role.STORE,
+         store_options: dict[str, str | int] | None = None,
+         topic_options: dict[str, str | int] | None = None,
+         needs_restart: bool = False, timeout: float = 10.0
+         ) -> Callable[[Callable[[Harness], None]], Callable[[Harness], None]]:
+    """Register the decorated function as a conformance case (IDs must be unique)."""
+    def register(fn: Callable[[Harness], None]) -> Callable[[Harness], None]:
+        if id in _REGISTRY and _REGISTRY[id].run is not fn:
+            raise ValueError(f"conformance case {id} is defined twice")
+        _REGISTRY[id] = CaseSpec(
+            id=id, title=title, suite=suite, role=role, section=section,
+            requirement=" ".join(requirement.split()), strength=strength, run=fn,
+            store_options=dict(store_options or {}), topic_options=dict(topic_options or {}),
+            needs_restart=needs_restart, timeout=timeout)
+        return fn
+    return register
+
+
+SUITES = ("registration", "recovery", "robustness")
+
+
+def all_cases() -> list[CaseSpec]:
+    """Every case of every suite, in ID order (importing the suites registers them)."""
+    from conformance import suites  # noqa: F401 - registers the cases
+
+    return sorted(_REGISTRY.values(), key=lambda c: c.id)

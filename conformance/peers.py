@@ -1,0 +1,282 @@
+"""The parts the harness plays around a store IUT: resolver daemon, sources and receivers.
+
+They are scripted peers, not implementations: every packet they send is a Scapy packet built
+from the :mod:`wire.scapy_layers` layers (``LBMC() / LBMC_UmePreg(...) / LBMC_Topicname(...)``)
+and a case may change any field, or send something else entirely, through the same links.
+What they do by themselves is only what the IUT needs to get on with the case:
+
+* :class:`HarnessResolver` is the unicast resolver daemon the IUT's ``lbm.cfg`` names; it
+  answers a TQR for a harness source's topic with that source's TIR (what lbmrd relaying the
+  source's advertisement would give) and records every datagram;
+* :class:`HarnessSource` listens on a transport port and a request port (the store joins the
+  first and asks for SRI on the second), registers on its own TCP connection to the store
+  and sends data messages to every store connection on its transport;
+* :class:`HarnessReceiver` registers naming the source's RegID, acknowledges and requests
+  retransmissions on its connection to the store.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import TYPE_CHECKING, Any
+
+from scapy.packet import Packet
+
+from conformance.net import Datagram, Listener, TcpLink, UdpPort, connect, has
+from conformance.packets import (
+    LBMC,
+    LBMC_Topicname,
+    LBMC_UmeAck,
+    LBMC_UmeClientLifetime,
+    LBMC_UmeKeepalive,
+    LBMC_UmePreg,
+    LBMC_UmeRxreq,
+    LBMC_UmeSid,
+)
+from wire import lbmr
+from wire.lbmc import (
+    AckType,
+    LbmcMessage,
+    MessageType,
+    UmeAck,
+    UmePregResp,
+)
+
+if TYPE_CHECKING:
+    from conformance.harness import Harness
+
+
+TRANSPORT_PORTS = range(14371, 14391)
+REQUEST_PORTS = range(14391, 14396)
+RESOLVER_PORTS = range(15380, 15381)
+"""tshark's default LBT-TCP transport, request and lbmrd ports (see :func:`net._bind_first`)."""
+
+
+_rotation = itertools.count()
+
+
+def rotated(ports: range) -> list[int]:
+    """``ports`` starting at a different place each call, so consecutive sources (and cases)
+    do not reuse a port the IUT may still hold a closing connection to."""
+    start = next(_rotation) % len(ports)
+    return [*ports[start:], *ports[:start]]
+
+
+class HarnessResolver:
+    """The resolver daemon of the IUT: answers TQRs for the harness's sources' topics."""
+
+    def __init__(self, port: UdpPort) -> None:
+        self.port = port
+        self.sources: dict[str, HarnessSource] = {}
+        self.iut_addrs: set[tuple[str, int]] = set()
+        self._lock = threading.Lock()
+        port.handler = self._on_datagram
+
+    def _on_datagram(self, dgram: Datagram) -> None:
+        with self._lock:
+            self.iut_addrs.add(dgram.addr)
+            sources = dict(self.sources)
+        if dgram.packet is None:
+            return
+        for tqr in dgram.packet.tqrs:
+            src = sources.get(tqr.name)
+            if src is not None and src.advertise_on_query:
+                self.port.send(lbmr.LbmrPacket(tirs=[src.tir()]), dgram.addr)
+
+    def serve(self, source: HarnessSource) -> None:
+        with self._lock:
+            self.sources[source.topic] = source
+
+    def advertise(self, source: HarnessSource) -> None:
+        """Send the source's TIR to every IUT address heard from (an unsolicited advert)."""
+        with self._lock:
+            addrs = list(self.iut_addrs)
+        for addr in addrs:
+            self.port.send(lbmr.LbmrPacket(tirs=[source.tir()]), addr)
+
+
+class HarnessSource:
+    """A scripted source of one topic (see the module docstring)."""
+
+    def __init__(self, harness: Harness, topic: str, *, transport_idx: int,
+                 topic_idx: int = 0, name: str = "source") -> None:
+        self.h = harness
+        self.topic = topic
+        self.name = name
+        self.transport_idx = transport_idx
+        self.topic_idx = topic_idx
+        self.transport = Listener("127.0.0.1", harness.recorder, f"{name} transport",
+                                  ports=rotated(TRANSPORT_PORTS))
+        self.request = Listener("127.0.0.1", harness.recorder, f"{name} request port",
+                                ports=rotated(REQUEST_PORTS))
+        self.link: TcpLink | None = None
+        self.reg_id = 0
+        self.advertise_on_query = True
+        harness.resolver.serve(self)
+        harness.closers.append(self.close)
+
+    # --- resolution ---------------------------------------------------------------------------
+
+    def tir(self) -> lbmr.Tir:
+        store = self.h.iut.addr
+        request = self.request.addr
+        return lbmr.Tir(
+            name=self.topic, ttl=1, index=self.topic_idx,
+            info=lbmr.TcpInfo(ip=self.transport.addr[0], port=self.transport.addr[1]),
+            options=[
+                lbmr.ToptUme(store=1, latejoin=1, qccap=1, store_tcp_port=store[1],
+                             store_tcp_addr=store[0], src_tcp_port=request[1],
+                             src_tcp_addr=request[0], src_reg_id=self.reg_id,
+                             transport_idx=self.transport_idx, high_seqnum=0, low_seqnum=0),
+                lbmr.ToptExfunc(src_tcp_port=request[1], src_ip_addr=request[0], ume=1, lj=1)])
+
+    # --- registration -------------------------------------------------------------------------
+
+    def connect(self) -> TcpLink:
+        if self.link is None or self.link.closed:
+            self.link = connect(self.h.iut.addr, self.h.recorder, f"{self.name} -> store",
+                                self.h.scaled(2.0))
+        return self.link
+
+    def preg(self, *, reg_id: int = 0, session_id: int | None = None, rpp: bool = False,
+             deregister: bool = False, activity_timeout: int = 0, state_lifetime: int = 0,
+             topic: str | None = None) -> Packet:
+        """The PREG this source sends (change any field of the result to craft variants)."""
+        request = self.request.addr
+        pkt: Packet = LBMC() / LBMC_UmePreg(
+            s_flag=1, d_flag=int(deregister), w_flag=int(rpp), reg_id=reg_id,
+            transport_idx=self.transport_idx, topic_idx=self.topic_idx,
+            resp_port=request[1], resp_ip=request[0]) / LBMC_Topicname(
+            topic=self.topic if topic is None else topic)
+        if session_id is not None:
+            pkt = pkt / LBMC_UmeSid(sid=session_id)
+        if activity_timeout or state_lifetime:
+            pkt = pkt / LBMC_UmeClientLifetime(activity_tmo=activity_timeout,
+                                               lifetime=state_lifetime)
+        return pkt
+
+    def register(self, timeout: float = 5.0, **preg: Any) -> Any:
+        """Send a PREG and return the store's UME PREG_RESP header (granted or refused)."""
+        link = self.connect()
+        self.h.note(f"{self.name}: PREG {', '.join(f'{k}={v}' for k, v in preg.items())}")
+        link.send(self.preg(**preg))
+        message = link.expect(has(UmePregResp), self.h.scaled(timeout), "PREG_RESP")
+        resp = message.header(UmePregResp)
+        assert resp is not None
+        if not resp.e_flag:
+            self.reg_id = resp.reg_id
+        return resp
+
+    # --- data and stability -------------------------------------------------------------------
+
+    def store_links(self, timeout: float = 3.0) -> list[TcpLink]:
+        """The store's connections to this source's transport (waits for the first)."""
+        self.transport.expect_link(self.h.scaled(timeout), "the store joining the transport")
+        return [x for x in self.transport.links if not x.closed]
+
+    def data(self, sqn: int, payload: bytes = b"", *, kind: MessageType = MessageType.MESSAGE
+             ) -> Packet:
+        body = payload or f"{self.topic} #{sqn}".encode()
+        return LBMC(ver_type=int(kind), tidx=self.topic_idx, sqn=sqn) / body
+
+    def send(self, *sqns: int, kind: MessageType = MessageType.MESSAGE) -> None:
+        """Send data messages on the transport to every connected store."""
+        links = self.store_links()
+        for sqn in sqns:
+            for link in links:
+                link.send(self.data(sqn, kind=kind))
+
+    def expect_stable(self, sqn: int, timeout: float = 3.0) -> LbmcMessage:
+        """Wait for a stability ACK covering ``sqn`` on the registration connection."""
+        link = self.connect()
+        return link.expect(
+            lambda m: any(isinstance(h, UmeAck) and h.type == AckType.STABLE
+                          and h.seqnum >= sqn for h in m.headers),
+            self.h.scaled(timeout), f"a stability ACK for sqn {sqn}")
+
+    def keepalive(self) -> None:
+        self.connect().send(LBMC() / LBMC_UmeKeepalive(
+            type=2, transport_idx=self.transport_idx, topic_idx=self.topic_idx,
+            reg_id=self.reg_id))
+
+    def close(self) -> None:
+        if self.link is not None:
+            self.link.close()
+        self.transport.close()
+        self.request.close()
+
+
+class HarnessReceiver:
+    """A scripted receiver of a harness source's topic."""
+
+    def __init__(self, harness: Harness, source: HarnessSource, *, name: str = "receiver",
+                 request_port: int = 14391) -> None:
+        self.h = harness
+        self.source = source
+        self.name = name
+        self.link: TcpLink | None = None
+        self.reg_id = 0
+        self.request_port = request_port
+        self._request_idx = 0
+        harness.closers.append(self.close)
+
+    def connect(self) -> TcpLink:
+        if self.link is None or self.link.closed:
+            self.link = connect(self.h.iut.addr, self.h.recorder, f"{self.name} -> store",
+                                self.h.scaled(2.0))
+        return self.link
+
+    def preg(self, *, reg_id: int = 0, source_reg_id: int | None = None,
+             session_id: int | None = None, rpp: bool = False, deregister: bool = False,
+             activity_timeout: int = 0, state_lifetime: int = 0) -> Packet:
+        src = self.source
+        local = self.connect().local
+        pkt: Packet = LBMC() / LBMC_UmePreg(
+            s_flag=0, d_flag=int(deregister), w_flag=int(rpp), reg_id=reg_id,
+            transport_idx=src.transport_idx, topic_idx=src.topic_idx,
+            src_reg_id=src.reg_id if source_reg_id is None else source_reg_id,
+            resp_port=self.request_port, resp_ip=local[0]) / LBMC_Topicname(topic=src.topic)
+        if session_id is not None:
+            pkt = pkt / LBMC_UmeSid(sid=session_id)
+        if activity_timeout or state_lifetime:
+            pkt = pkt / LBMC_UmeClientLifetime(activity_tmo=activity_timeout,
+                                               lifetime=state_lifetime)
+        return pkt
+
+    def register(self, timeout: float = 5.0, **preg: Any) -> Any:
+        link = self.connect()
+        self.h.note(f"{self.name}: PREG {', '.join(f'{k}={v}' for k, v in preg.items())}")
+        link.send(self.preg(**preg))
+        message = link.expect(has(UmePregResp), self.h.scaled(timeout), "PREG_RESP")
+        resp = message.header(UmePregResp)
+        assert resp is not None
+        if not resp.e_flag:
+            self.reg_id = resp.reg_id
+        return resp
+
+    def ack(self, sqn: int) -> None:
+        """A consumption ACK (cumulative: everything up to ``sqn``)."""
+        src = self.source
+        self.connect().send(LBMC() / LBMC_UmeAck(
+            type=int(AckType.CDELV), transport_idx=src.transport_idx, id_2=self.reg_id,
+            rcv_reg_id=self.reg_id, seqnum=sqn))
+
+    def rxreq(self, sqn: int) -> None:
+        """Ask the store to retransmit ``sqn``."""
+        self._request_idx += 1
+        local = self.connect().local
+        self.connect().send(LBMC() / LBMC_UmeRxreq(
+            request_idx=self._request_idx, transport_idx=self.source.transport_idx,
+            id_2=self.reg_id, seqnum=sqn, rx_port=self.request_port, rx_ip=local[0]))
+
+    def expect_data(self, sqn: int, timeout: float = 3.0) -> LbmcMessage:
+        """Wait for a retransmission (or any data message) of ``sqn`` from the store."""
+        return self.connect().expect(lambda m: m.is_data_type and m.sqn == sqn,
+                                     self.h.scaled(timeout), f"data sqn {sqn} from the store")
+
+    def close(self) -> None:
+        if self.link is not None:
+            self.link.close()
+
+

@@ -1,0 +1,210 @@
+"""IUT profiles: which implementation is under test, and how the harness reaches or starts it.
+
+A profile is a small TOML file::
+
+    [iut]
+    name = "acme store 2.1"
+    role = "store"                 # store | source | receiver
+    version = "current"            # UM defaults: "current" or "guide-5.3" (semantics.md)
+    # either start it for every case ...
+    launch = "/opt/acme/bin/umestored {config}"
+    ready = "ready to accept registrations"   # text its output prints once it serves
+    # ... or reach one that is already running (cases needing a restart become unsupported)
+    # address = "10.0.0.5:14567"
+
+    [cases]
+    "REG-STORE-007" = { skip = "we do not support static RegIDs" }
+    "REC-STORE-003" = { known_failure = "ACME-1234" }
+
+Placeholders in ``launch`` (the harness fills them per case): ``{python}`` (this
+interpreter), ``{config}`` (the umestored XML the harness wrote for the case), ``{lbm_config}``
+(the UM configuration file it names), ``{workdir}``, ``{port}`` (the store port),
+``{resolver}`` (``host:port`` of the harness's resolver daemon), ``{topic}``, ``{version}``
+(the profile's UM version profile).  ``launch`` is
+split like a shell command line (``shlex``) or may be given as a list.
+
+Without ``--iut`` the built-in profile runs the reference store (:data:`REFERENCE_STORE`).
+Every mistake is a :class:`ProfileError` naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import shlex
+import signal
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conformance.model import Role
+
+VERSIONS = ("current", "guide-5.3")
+
+
+class ProfileError(Exception):
+    """A profile that cannot be used; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class CaseExpectation:
+    """What the profile says about one case: skip it, or expect it to fail (a known bug)."""
+
+    skip: str | None = None
+    known_failure: str | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class IutProfile:
+    """A parsed profile; see the module docstring for the file format."""
+
+    name: str
+    role: Role
+    version: str = "current"
+    launch: tuple[str, ...] | None = None
+    address: tuple[str, int] | None = None
+    ready: str | None = None
+    start_timeout: float = 20.0
+    stop_signal: signal.Signals = signal.SIGTERM
+    cases: Mapping[str, CaseExpectation] = field(default_factory=dict)
+    source: str = "<built-in>"
+
+    @property
+    def launches(self) -> bool:
+        return self.launch is not None
+
+    def expectation(self, case_id: str) -> CaseExpectation:
+        return self.cases.get(case_id, CaseExpectation())
+
+
+REFERENCE_STORE = IutProfile(
+    name="ump-harness reference store", role=Role.STORE,
+    launch=("{python}", "-m", "ump", "store", "-c", "{config}", "--profile", "{version}"),
+    ready="ready to accept registrations")
+"""The default IUT: this project's store, started per case like any third-party store."""
+
+_IUT_KEYS = ("name", "role", "version", "launch", "address", "ready", "start_timeout",
+             "stop_signal")
+_CASE_KEYS = ("skip", "known_failure", "reason")
+
+
+def _unknown(where: str, key: str, known: tuple[str, ...]) -> ProfileError:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(known)})"
+    return ProfileError(f"{where}: unknown key {key!r}{hint}")
+
+
+def _address(where: str, text: Any) -> tuple[str, int]:
+    if not isinstance(text, str) or text.count(":") != 1:
+        raise ProfileError(f"{where}: address must be \"host:port\", not {text!r}")
+    host, port = text.rsplit(":", 1)
+    if not port.isdigit() or not 0 < int(port) < 65536 or not host:
+        raise ProfileError(f"{where}: address must be \"host:port\" with a port 1-65535, "
+                           f"not {text!r}")
+    return host, int(port)
+
+
+def parse_profile(data: Mapping[str, Any], source: str = "<profile>") -> IutProfile:
+    """A profile from parsed TOML (``source`` names the file in errors)."""
+    for key in data:
+        if key not in ("iut", "cases"):
+            raise _unknown(source, key, ("iut", "cases"))
+    iut = data.get("iut")
+    if not isinstance(iut, Mapping):
+        raise ProfileError(f"{source}: needs an [iut] table (role and launch or address)")
+    for key in iut:
+        if key not in _IUT_KEYS:
+            raise _unknown(f"{source} [iut]", key, _IUT_KEYS)
+    where = f"{source} [iut]"
+    try:
+        role = Role(iut.get("role", ""))
+    except ValueError:
+        raise ProfileError(f"{where}: role must be one of store, source, receiver, "
+                           f"not {iut.get('role')!r}") from None
+    version = iut.get("version", "current")
+    if version not in VERSIONS:
+        raise ProfileError(f"{where}: version must be one of {', '.join(VERSIONS)}, "
+                           f"not {version!r}")
+    launch_raw = iut.get("launch")
+    launch: tuple[str, ...] | None = None
+    if isinstance(launch_raw, str):
+        try:
+            launch = tuple(shlex.split(launch_raw))
+        except ValueError as exc:
+            raise ProfileError(f"{where}: launch: {exc}") from None
+    elif isinstance(launch_raw, list) and all(isinstance(x, str) for x in launch_raw):
+        launch = tuple(launch_raw)
+    elif launch_raw is not None:
+        raise ProfileError(f"{where}: launch must be a command line or a list of strings")
+    if launch is not None and not launch:
+        raise ProfileError(f"{where}: launch is empty")
+    address = _address(f"{where} address", iut["address"]) if "address" in iut else None
+    if (launch is None) == (address is None):
+        raise ProfileError(f"{where}: give exactly one of launch (start the IUT per case) "
+                           f"or address (reach a running IUT)")
+    if launch is not None:
+        bad = _bad_placeholder(launch)
+        if bad:
+            raise ProfileError(f"{where}: launch uses unknown placeholder {{{bad}}} "
+                               f"(known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)})")
+    timeout = iut.get("start_timeout", 20.0)
+    if not isinstance(timeout, int | float) or timeout <= 0:
+        raise ProfileError(f"{where}: start_timeout must be a positive number of seconds")
+    sig_name = iut.get("stop_signal", "SIGTERM")
+    try:
+        stop_signal = signal.Signals[str(sig_name).upper()]
+    except KeyError:
+        raise ProfileError(f"{where}: stop_signal {sig_name!r} is not a signal name") from None
+    ready = iut.get("ready")
+    if ready is not None and not isinstance(ready, str):
+        raise ProfileError(f"{where}: ready must be a text")
+    name = iut.get("name", role.value)
+    cases: dict[str, CaseExpectation] = {}
+    raw_cases = data.get("cases", {})
+    if not isinstance(raw_cases, Mapping):
+        raise ProfileError(f"{source}: [cases] must be a table")
+    for case_id, spec in raw_cases.items():
+        cwhere = f"{source} [cases] {case_id}"
+        if not isinstance(spec, Mapping):
+            raise ProfileError(f"{cwhere}: must be a table like {{ skip = \"why\" }}")
+        for key in spec:
+            if key not in _CASE_KEYS:
+                raise _unknown(cwhere, key, _CASE_KEYS)
+        if ("skip" in spec) == ("known_failure" in spec):
+            raise ProfileError(f"{cwhere}: give exactly one of skip or known_failure")
+        cases[case_id] = CaseExpectation(skip=spec.get("skip"),
+                                         known_failure=spec.get("known_failure"),
+                                         reason=str(spec.get("reason", "")))
+    return IutProfile(name=str(name), role=role, version=version, launch=launch,
+                      address=address, ready=ready, start_timeout=float(timeout),
+                      stop_signal=stop_signal, cases=cases, source=source)
+
+
+PLACEHOLDERS = ("python", "config", "lbm_config", "workdir", "port", "resolver", "topic",
+                "version")
+
+
+def _bad_placeholder(argv: tuple[str, ...]) -> str | None:
+    import string
+
+    for arg in argv:
+        for _, name, _, _ in string.Formatter().parse(arg):
+            if name is not None and name not in PLACEHOLDERS:
+                return name
+    return None
+
+
+def load_profile(path: str | Path) -> IutProfile:
+    """Read a profile file; :class:`ProfileError` for anything wrong, with the file named."""
+    name = str(path)
+    try:
+        text = Path(path).read_bytes()
+    except OSError as exc:
+        raise ProfileError(f"{name}: cannot read the profile: {exc.strerror or exc}") from None
+    try:
+        data = tomllib.loads(text.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"{name}: not valid TOML: {exc}") from None
+    return parse_profile(data, name)

@@ -1,0 +1,87 @@
+"""Deliberately faulty stores: the harness must catch every one of them.
+
+Run like ``ump store``, with the mutant's name first::
+
+    python tests/conformance/mutant_store.py grants-active-regid -c store.xml --profile current
+
+Each mutant patches one behaviour of the reference store (:class:`reference_impl.store
+.StoreCore`) and is otherwise the reference store, so a case that catches it checks exactly
+that behaviour.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from reference_impl import runtime
+from reference_impl.store import StoreCore
+from wire.lbmc import PregError
+
+
+def grants_active_regid() -> None:
+    """Grants a source the RegID another active source holds (instead of refusing it)."""
+    reject = StoreCore._reject
+
+    def patched(self: StoreCore, conn: Any, preg: Any, error: int, text: str) -> None:
+        if error == PregError.EACTIVE:
+            self._respond(conn, preg, reg_id=preg.reg_id)
+            return
+        reject(self, conn, preg, error, text)
+    StoreCore._reject = patched  # type: ignore[method-assign]
+
+
+def forgets_old_flag() -> None:
+    """Answers every registration as if the client were new (no OLD flag)."""
+    respond = StoreCore._respond
+
+    def patched(self: StoreCore, conn: Any, preg: Any, **kw: Any) -> None:
+        kw["old"] = False
+        respond(self, conn, preg, **kw)
+    StoreCore._respond = patched  # type: ignore[method-assign]
+
+
+def wrong_low_sqn() -> None:
+    """Tells receivers a low sequence number one past the right one."""
+    respond = StoreCore._respond
+
+    def patched(self: StoreCore, conn: Any, preg: Any, **kw: Any) -> None:
+        if not preg.s_flag and not kw.get("error"):
+            kw["low"] = kw.get("low", 0) + 1
+        respond(self, conn, preg, **kw)
+    StoreCore._respond = patched  # type: ignore[method-assign]
+
+
+def ignores_rate_limit() -> None:
+    """Serves retransmission requests as fast as they come, whatever the configured rate."""
+    settings = runtime.store_settings
+
+    def patched(*args: Any, **kw: Any) -> Any:
+        import dataclasses
+
+        s = settings(*args, **kw)
+        return dataclasses.replace(s, retransmission_request_processing_rate=10**9)
+    runtime.store_settings = patched  # type: ignore[assignment]
+
+
+MUTANTS: dict[str, Callable[[], None]] = {
+    "grants-active-regid": grants_active_regid,
+    "forgets-old-flag": forgets_old_flag,
+    "wrong-low-sqn": wrong_low_sqn,
+    "ignores-rate-limit": ignores_rate_limit,
+}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in MUTANTS:
+        print(f"usage: mutant_store.py {{{','.join(MUTANTS)}}} STORE-ARGS...", file=sys.stderr)
+        return 2
+    MUTANTS[argv[0]]()
+    from ump.cli import main as ump_main
+
+    return ump_main(["store", *argv[1:]])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,108 @@
+"""``ump conform`` against the reference store: every case passes, every report is complete,
+every evidence pcap dissects identically in wire/ and tshark, and the HTML report renders in
+headless Chromium with every case and its evidence.
+
+One run (about 15 s) is shared by the tests of this module.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.model import all_cases
+from wire.dissect import check_against_tshark, dissect_file
+from wire.tshark import PortMap
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    out = tmp_path_factory.mktemp("conform") / "out"
+    proc = subprocess.run([sys.executable, "-m", "ump", "conform", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return proc, out
+
+
+def _results(out: Path) -> dict[str, Any]:
+    return json.loads((out / "results.json").read_text())
+
+
+def test_every_case_passes_against_the_reference_store(
+        run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    proc, out = run
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = _results(out)
+    assert {c["id"] for c in data["cases"]} == {c.id for c in all_cases()}
+    failed = [(c["id"], c["verdict"], c["message"]) for c in data["cases"]
+              if c["verdict"] != "pass"]
+    assert failed == []
+    assert data["exit_code"] == 0 and data["counts"]["pass"] == len(data["cases"])
+    assert f"{len(data['cases'])} pass" in proc.stdout
+
+
+def test_junit_lists_every_case_without_failures(
+        run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    _, out = run
+    root = ET.parse(out / "junit.xml").getroot()
+    cases = root.findall(".//testcase")
+    assert len(cases) == len(all_cases())
+    assert not root.findall(".//failure") and not root.findall(".//error")
+    assert {s.get("name") for s in root.findall("testsuite")} == {
+        "registration", "recovery", "robustness"}
+
+
+@pytest.mark.oracle
+def test_every_evidence_pcap_agrees_with_tshark(
+        run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    _, out = run
+    checked = 0
+    for case in _results(out)["cases"]:
+        pcap = out / case["pcap"]
+        ports = PortMap(store_ports=[case["store_port"]])
+        reports = list(dissect_file(pcap, ports))
+        assert any(r.status == "um" for r in reports), case["id"]
+        assert check_against_tshark(pcap, reports, ports) == [], case["id"]
+        checked += 1
+    assert checked == len(all_cases())
+
+
+def test_html_report_renders_in_headless_chromium(
+        run: tuple[subprocess.CompletedProcess[str], Path], tmp_path: Path) -> None:
+    _, out = run
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "chromium is installed by scripts/ensure-tools"
+    proc = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+         f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
+         (out / "report.html").as_uri()],
+        capture_output=True, text=True, timeout=120)
+    dom = proc.stdout
+    assert "<table id=\"index\">" in dom, proc.stderr[-2000:]
+    for case in _results(out)["cases"]:
+        assert f'id="{case["id"]}"' in dom  # a section per case
+        assert f'href="{case["pcap"]}"' in dom  # with its evidence
+    assert dom.count('class="v"') >= 2 * len(all_cases())  # verdict badges: index + sections
+    assert "guide section" in dom and "packet timeline" in dom
+
+
+def test_pytest_plugin_runs_cases_as_items(tmp_path: Path) -> None:
+    junit = tmp_path / "pytest-junit.xml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "conformance.pytest_plugin", "-p",
+         "no:cacheprovider", "-q", "--iut", "default", "--conform-suite", "registration",
+         "--conform-out", str(tmp_path / "out"), "-k", "REG-STORE-001 or REG-STORE-003",
+         f"--junitxml={junit}"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "2 passed" in proc.stdout
+    names = {tc.get("name") for tc in ET.parse(junit).getroot().iter("testcase")}
+    assert names == {"test_conformance[REG-STORE-001]", "test_conformance[REG-STORE-003]"}
+    assert (tmp_path / "out" / "report.html").exists()
