@@ -13,7 +13,9 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from wire.fields import Bit
 from wire.lbmc import CONTROL_BASE, DATA_BASE, NHDR_DATA, NHDR_NONE, Header, MessageType
+from wire.records import view_index
 
 
 class ControlTemplate:
@@ -31,6 +33,8 @@ class ControlTemplate:
         self.size = self._codec.size
         self._head = (MessageType.CONTROL, header_cls.kind.code, self.size, NHDR_NONE, fast.size)
         self._index = {n: i for i, n in enumerate(self.names)}
+        assert header_cls.kind.struct is not None
+        self._views = view_index(header_cls.kind.struct)
 
     def pack(self, **values: Any) -> bytes:
         body = [0] * len(self.names)
@@ -39,14 +43,41 @@ class ControlTemplate:
             body[index[name]] = value
         return self._codec.pack(*self._head, *body)
 
+    def unpack(self, raw: bytes | bytearray | memoryview) -> tuple[Any, ...] | None:
+        """The header's members (in :attr:`names` order; IPv4 addresses as ints) when ``raw``
+        is exactly what :meth:`pack` builds for some values, else None.
+
+        "Exactly" means: version 0, CONTROL, this one header with its fixed length, the chain
+        ending 0xFF and nothing after it.  Such bytes decode with :func:`wire.lbmc.
+        parse_message` to the same single header, so a caller may take this path first and
+        fall back to the full decoder on None (any other shape, including malformed input).
+        """
+        if len(raw) != self.size:
+            return None
+        values = self._codec.unpack(raw)
+        if values[:5] != self._head:
+            return None
+        return values[5:]
+
+    def index(self, name: str) -> int:
+        """Position of member ``name`` in :meth:`unpack`'s tuple."""
+        return self._index[name]
+
+    def view(self, name: str) -> tuple[int, Bit]:
+        """(position in :meth:`unpack`'s tuple, bit view) of a named flag bit such as
+        ``e_flag``: read it as ``bit.get(values[position])``."""
+        member, bit = self._views[name]
+        return self._index[member], bit
+
 
 _DATA = DATA_BASE.codec
+_DATA_SIZE = DATA_BASE.size
+_MESSAGE = int(MessageType.MESSAGE)
 
 
-def data_message(tidx: int, sqn: int, payload: bytes,
-                 mtype: int = MessageType.MESSAGE) -> bytes:
+def data_message(tidx: int, sqn: int, payload: bytes, mtype: int = _MESSAGE) -> bytes:
     """A data message with no extended headers (chain ends at once in DATA)."""
-    return _DATA.pack(mtype, NHDR_DATA, DATA_BASE.size + len(payload), tidx, sqn) + payload
+    return _DATA.pack(mtype, NHDR_DATA, _DATA_SIZE + len(payload), tidx, sqn) + payload
 
 
 def data_fields(raw: bytes | bytearray | memoryview) -> tuple[int, int, int, int]:

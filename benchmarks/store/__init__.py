@@ -15,12 +15,17 @@ application do not share one interpreter's core:
   last delivery.
 
 Each figure is printed with its ratio to the issue's target (100,000 msg/s memory, 50,000 disk,
-recovery 100,000 msg/s of 1,000,000 messages).  The benchmark reports; it never fails the
-process because a target is missed.  A run that does not finish within its time limit is
-reported as such, with the rate of what did finish.
+recovery 100,000 msg/s of 1,000,000 messages) and with the CPU time per message of this
+process (source, or receiver for recovery) and of the store process (from ``/proc``, Linux
+only).  On a shared machine the rate follows the other load; the CPU per message hardly does,
+so it is the figure to compare runs by.  The benchmark reports; it never fails the process
+because a target is missed.  A run that does not finish within its time limit is reported as
+such, with the rate of what did finish.
 
-Ports: store 14767, resolver 15480 (not the product defaults, so a running demo does not
-interfere); the source takes its ports from the reference runtime's ranges.
+Ports: store 14767, resolver 15480 by default (not the product defaults, so a running demo
+does not interfere); ``--store-port`` and ``--resolver-port`` move them, so the benchmark can run
+beside tests that use fixed ports.  The source takes its ports from the reference runtime's
+ranges (the first free ones).  ``--only memory,disk`` measures some of the figures.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from reference_impl import runtime
-from reference_impl.aio import AioHost
+from reference_impl.aio import AioHost, HostError
 from reference_impl.config import ClientConfig
 from reference_impl.config.store_xml_writer import disk_store_xml
 from reference_impl.events import Event, MessageDelivered
@@ -59,7 +64,15 @@ TARGETS = {"memory": 100_000.0, "disk": 50_000.0, "recovery": 100_000.0}
 
 DEFAULT_COUNTS = {"throughput": 200_000, "recovery": 1_000_000}
 QUICK_COUNTS = {"throughput": 20_000, "recovery": 50_000}
+FIGURES = ("memory", "disk", "recovery")
 
+
+@dataclass(frozen=True)
+class Ports:
+    """Where the store listens (TCP) and the resolver daemon runs (UDP)."""
+
+    store: int = STORE_PORT
+    resolver: int = RESOLVER_PORT
 
 
 class BenchError(Exception):
@@ -113,6 +126,18 @@ class Figure:
     completed: int
     seconds: float
     target: float
+    client_cpu: float | None = None
+    """CPU seconds this process (source, or receiver for recovery) used in ``seconds``."""
+    store_cpu: float | None = None
+    """CPU seconds the store process used in ``seconds`` (None where /proc cannot tell)."""
+
+    def cpu_per_message(self, which: str) -> float | None:
+        """Microseconds of CPU per completed message of ``"client"`` or ``"store"``: on a
+        shared machine the rate depends on the other load, this much less."""
+        cpu = self.client_cpu if which == "client" else self.store_cpu
+        if cpu is None or not self.completed:
+            return None
+        return cpu / self.completed * 1e6
 
     @property
     def per_second(self) -> float:
@@ -128,21 +153,58 @@ class Figure:
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "per_second": self.per_second, "ratio": self.ratio,
-                "finished": self.finished}
+                "finished": self.finished,
+                "client_cpu_us_per_message": self.cpu_per_message("client"),
+                "store_cpu_us_per_message": self.cpu_per_message("store")}
 
 
-def _client(**sections: dict[str, object]) -> ClientConfig:
+def process_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system) process ``pid`` has used, from ``/proc`` (Linux); None
+    elsewhere or once the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # fields after the parenthesised command name; utime and stime are the 14th and 15th
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class _CpuMeter:
+    """CPU used by this process and the store process between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, store_pid: int | None) -> None:
+        self.store_pid = store_pid
+        self._client = 0.0
+        self._store: float | None = None
+
+    def start(self) -> None:
+        self._client = time.process_time()
+        self._store = process_cpu(self.store_pid) if self.store_pid is not None else None
+
+    def stop(self) -> tuple[float, float | None]:
+        client = time.process_time() - self._client
+        store_now = process_cpu(self.store_pid) if self.store_pid is not None else None
+        store = None if store_now is None or self._store is None else store_now - self._store
+        return client, store
+
+
+def _client(ports: Ports, **sections: dict[str, object]) -> ClientConfig:
     mapping: dict[str, dict[str, object]] = {
-        "context": {"resolver_unicast_daemon": f"127.0.0.1:{RESOLVER_PORT}"}}
+        "context": {"resolver_unicast_daemon": f"127.0.0.1:{ports.resolver}"}}
     for scope, values in sections.items():
         mapping.setdefault(scope, {}).update(values)
     return ClientConfig.from_mapping(mapping)
 
 
-async def _registered_source(host: AioHost, topic: str) -> SourceCore:
-    source = await runtime.start_source(host, topic, _client(source={
-        "ume_store": [f"127.0.0.1:{STORE_PORT}"], "ume_flight_size": FLIGHT_SIZE}))
-    await host.wait_until(lambda: source.complete, timeout=20)
+async def _registered_source(host: AioHost, topic: str, ports: Ports) -> SourceCore:
+    source = await runtime.start_source(host, topic, _client(ports, source={
+        "ume_store": [f"127.0.0.1:{ports.store}"], "ume_flight_size": FLIGHT_SIZE}))
+    try:
+        await host.wait_until(lambda: source.complete, timeout=20)
+    except TimeoutError:
+        raise BenchError(f"{topic}: the source did not register with the store on port "
+                         f"{ports.store} within 20 s") from None
     return source
 
 
@@ -150,25 +212,31 @@ def _fully_stable(source: SourceCore, count: int) -> bool:
     return source.stats["stable"] >= count and source.inflight == 0
 
 
-async def _throughput(name: str, count: int, limit: float) -> Figure:
+async def _throughput(name: str, count: int, limit: float, ports: Ports = Ports(),
+                      store_pid: int | None = None) -> Figure:
+    meter = _CpuMeter(store_pid)
     async with AioHost() as host:
-        await runtime.run_resolver(host, ("127.0.0.1", RESOLVER_PORT))
-        source = await _registered_source(host, f"bench.{name}")
+        await runtime.run_resolver(host, ("127.0.0.1", ports.resolver))
+        source = await _registered_source(host, f"bench.{name}", ports)
         runtime.handle_events(host, [source], lambda core, event: None)
+        meter.start()
         start = time.perf_counter()
         await runtime.send_messages(host, source, count, size=PAYLOAD_SIZE, timeout=limit)
         with contextlib.suppress(TimeoutError):
             await host.wait_until(lambda: _fully_stable(source, count),
                                   timeout=max(0.1, limit - (time.perf_counter() - start)))
         seconds = time.perf_counter() - start
+        client_cpu, store_cpu = meter.stop()
         completed = min(count, source.stats["stable"])
-    return Figure(name, count, completed, seconds, TARGETS[name])
+    return Figure(name, count, completed, seconds, TARGETS[name], client_cpu, store_cpu)
 
 
-async def _recovery(count: int, limit: float) -> Figure:
+async def _recovery(count: int, limit: float, ports: Ports = Ports(),
+                    store_pid: int | None = None) -> Figure:
+    meter = _CpuMeter(store_pid)
     async with AioHost() as host:
-        await runtime.run_resolver(host, ("127.0.0.1", RESOLVER_PORT))
-        source = await _registered_source(host, "bench.recovery")
+        await runtime.run_resolver(host, ("127.0.0.1", ports.resolver))
+        source = await _registered_source(host, "bench.recovery", ports)
         delivered = {"n": 0}
 
         def count_deliveries(core: Any, event: Event) -> None:
@@ -181,31 +249,45 @@ async def _recovery(count: int, limit: float) -> Figure:
         except TimeoutError:
             raise BenchError(f"recovery: only {source.stats['stable']:,} of {count:,} messages "
                              f"became stable within {limit} s; nothing to recover") from None
+        meter.start()
         start = time.perf_counter()
-        receiver = await runtime.start_receiver(host, "bench.recovery", _client(receiver={
+        receiver = await runtime.start_receiver(host, "bench.recovery", _client(ports, receiver={
             "retransmit_request_outstanding_maximum": OUTSTANDING_REQUESTS}))
         runtime.handle_events(host, [receiver], count_deliveries)
         with contextlib.suppress(TimeoutError):
             await host.wait_until(lambda: delivered["n"] >= count, timeout=limit, poll=0.01)
         seconds = time.perf_counter() - start
-    return Figure("recovery", count, min(count, delivered["n"]), seconds, TARGETS["recovery"])
+        client_cpu, store_cpu = meter.stop()
+    return Figure("recovery", count, min(count, delivered["n"]), seconds, TARGETS["recovery"],
+                  client_cpu, store_cpu)
 
 
 def run(*, quick: bool = False, throughput_count: int | None = None,
-        recovery_count: int | None = None, limit: float = 300.0) -> list[Figure]:
-    """Measure the three figures (each with a fresh store process and directory)."""
+        recovery_count: int | None = None, limit: float = 300.0, ports: Ports = Ports(),
+        only: tuple[str, ...] = FIGURES) -> list[Figure]:
+    """Measure the figures named in ``only`` (each with a fresh store process and directory),
+    printing each as it is measured."""
+    unknown = sorted(set(only) - set(FIGURES))
+    if unknown:
+        raise BenchError(f"unknown figure(s) {', '.join(unknown)}; known: {', '.join(FIGURES)}")
     counts = QUICK_COUNTS if quick else DEFAULT_COUNTS
     n = throughput_count or counts["throughput"]
     m = recovery_count or counts["recovery"]
     figures = []
     with tempfile.TemporaryDirectory(prefix="ump-bench-store-") as tmp:
-        for name in ("memory", "disk"):
-            with store_process(Path(tmp) / name, name):
-                figures.append(asyncio.run(_throughput(name, n, limit)))
+        for name in ("memory", "disk", "recovery"):
+            if name not in only:
+                continue
+            repository = "memory" if name == "recovery" else name
+            with store_process(Path(tmp) / name, repository, port=ports.store,
+                               resolver_port=ports.resolver) as proc:
+                measure = _recovery(m, limit, ports, proc.pid) if name == "recovery" else \
+                    _throughput(name, n, limit, ports, proc.pid)
+                try:
+                    figures.append(asyncio.run(measure))
+                except HostError as exc:  # the resolver port is taken, typically
+                    raise BenchError(str(exc)) from None
             print(_line(figures[-1]), flush=True)
-        with store_process(Path(tmp) / "recovery", "memory"):
-            figures.append(asyncio.run(_recovery(m, limit)))
-        print(_line(figures[-1]), flush=True)
     return figures
 
 
@@ -214,9 +296,13 @@ def _line(fig: Figure) -> str:
              "disk": "source -> store, disk repository",
              "recovery": "receiver recovery from the store"}[fig.name]
     done = "" if fig.finished else f"  (time limit: {fig.completed:,}/{fig.count:,} done)"
+    client, store = fig.cpu_per_message("client"), fig.cpu_per_message("store")
+    cpu = "" if client is None else \
+        f"  cpu/msg {'source' if fig.name != 'recovery' else 'receiver'} {client:.1f} us" + \
+        ("" if store is None else f", store {store:.1f} us")
     return (f"{label:<38} {fig.count:>9,} msgs {fig.seconds:8.2f} s "
             f"{fig.per_second:>11,.0f} msg/s  target {fig.target:>9,.0f}  "
-            f"ratio {fig.ratio:5.2f}{done}")
+            f"ratio {fig.ratio:5.2f}{cpu}{done}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,16 +315,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recovery-count", type=int, help="messages for the recovery run")
     parser.add_argument("--limit", type=float, default=300.0,
                         help="seconds each run may take before it is cut short (default 300)")
+    parser.add_argument("--store-port", type=int, default=STORE_PORT,
+                        help=f"TCP port of the store process (default {STORE_PORT})")
+    parser.add_argument("--resolver-port", type=int, default=RESOLVER_PORT,
+                        help=f"UDP port of the resolver daemon (default {RESOLVER_PORT})")
+    parser.add_argument("--only", metavar="NAMES", default=",".join(FIGURES),
+                        help=f"comma-separated figures to measure (default {','.join(FIGURES)})")
     args = parser.parse_args(argv)
     for name in ("count", "recovery_count"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
-    print(f"benchmarks.store: {PAYLOAD_SIZE}-byte payloads, store process on port {STORE_PORT}, "
-          f"resolver on {RESOLVER_PORT}, {os.cpu_count()} CPUs", flush=True)
+    if args.limit <= 0:
+        parser.error("--limit must be positive")
+    for name in ("store_port", "resolver_port"):
+        if not 1 <= getattr(args, name) <= 65535:
+            parser.error(f"--{name.replace('_', '-')} must be a port number (1-65535)")
+    only = tuple(dict.fromkeys(x.strip() for x in args.only.split(",") if x.strip()))
+    unknown = sorted(set(only) - set(FIGURES))
+    if not only or unknown:
+        parser.error(f"--only takes figure names among {', '.join(FIGURES)}"
+                     + (f"; not {', '.join(unknown)}" if unknown else ""))
+    ports = Ports(args.store_port, args.resolver_port)
+    print(f"benchmarks.store: {PAYLOAD_SIZE}-byte payloads, store process on port {ports.store}, "
+          f"resolver on {ports.resolver}, {os.cpu_count()} CPUs", flush=True)
     try:
         figures = run(quick=args.quick, throughput_count=args.count,
-                      recovery_count=args.recovery_count, limit=args.limit)
+                      recovery_count=args.recovery_count, limit=args.limit, ports=ports,
+                      only=only)
     except BenchError as exc:
         print(f"benchmarks.store: {exc}", file=sys.stderr)
         return 2
@@ -246,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         record = {
             "benchmark": "benchmarks.store",
             "settings": {"quick": args.quick, "payload_size": PAYLOAD_SIZE,
+                         "store_port": ports.store, "resolver_port": ports.resolver,
                          "flight_size": FLIGHT_SIZE, "limit": args.limit,
                          "outstanding_requests": OUTSTANDING_REQUESTS},
             "meta": {"python": platform.python_version(), "platform": platform.platform(),
@@ -257,4 +362,4 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["Figure", "main", "run", "store_process", "store_xml"]
+__all__ = ["FIGURES", "Figure", "Ports", "main", "run", "store_process", "store_xml"]
