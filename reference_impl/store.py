@@ -413,6 +413,12 @@ class StoreCore(ContextCore):
                 self._reject(conn, preg, PregError.ENOPATTERN,
                              "topic unknown: no topic name in the registration and no TIR seen")
                 return
+            if "\0" in topic:
+                # a NUL ends a name in topic resolution: such a topic can be neither queried
+                # nor advertised, so the store could never join the source's transport
+                self._reject(conn, preg, PregError.ETOPICNAME,
+                             f"topic name {topic!r} contains a NUL byte")
+                return
             self._register_source(conn, preg, topic, session_id, request_addr, life_hdr)
         else:
             self._register_receiver(conn, preg, topic, session_id, request_addr, life_hdr)

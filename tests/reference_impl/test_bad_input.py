@@ -350,18 +350,6 @@ def store_must_drop(raw: bytes) -> bool | None:
     return True
 
 
-def _hits_nul_topic_bug(frames: list[bytes]) -> bool:
-    """Known bug (test_known_bug_store_nul_in_topic_name): a source registration whose topic
-    name holds a NUL crashes the store."""
-    for raw in frames:
-        message = decoded(raw)
-        preg = message.header(UmePreg) if message is not None else None
-        name = message.header(Topicname) if message is not None else None
-        if preg is not None and preg.s_flag and name is not None and "\x00" in name.topic:
-            return True
-    return False
-
-
 def _hits_late_close_bug(chunks: list[bytes]) -> bool:
     """Known bug (test_known_bug_framing_error_after_good_messages_leaves_connection_open): the
     framing breaks in the last chunk, after whole messages in that chunk; the core notices
@@ -396,7 +384,6 @@ def test_store_drops_garbage_on_a_new_connection(pieces: list[bytes], data: st.D
     stream = b"".join(pieces)
     chunks = data.draw(chunked(stream), label="chunks")
     frames, broken = frames_of(stream)
-    assume(not _hits_nul_topic_bug(frames))
     first_registration = next((i for i, f in enumerate(frames) if is_registration(decoded(f))),
                               len(frames))
     before = state_of(store, ignore=[GARBAGE_CONN])
@@ -464,7 +451,6 @@ def test_store_answers_or_drops_mutated_registrations(raw: bytes) -> None:
     bench = store_bench()
     store = bench.store
     frames, broken = frames_of(raw)
-    assume(not _hits_nul_topic_bug(frames))
     before = state_of(store, ignore=[GARBAGE_CONN])
     feed_stranger(store, [raw])
     events = store.events()
@@ -626,7 +612,7 @@ def bursts(draw: st.DrawFn, messages_sent: int) -> Burst:
 
 def _burst_hits_known_bug(burst: Burst) -> bool:
     if burst.tcp:
-        return _hits_nul_topic_bug(frames_of(b"".join(burst.chunks))[0])
+        return False
     return _hits_lbmr_bugs(burst.chunks[0])
 
 
@@ -938,11 +924,7 @@ def test_resolver_relays_lbmr_and_drops_everything_else(datagram: bytes) -> None
 # --- known core bugs (each flips to XPASS, a failure, once fixed) ------------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=WireError, reason=(
-    "core bug: a source PREG whose topicname holds a NUL registers the source, then "
-    "StoreCore._register_source raises WireError building the TQR for it (store.py, "
-    "self.send_lbmr(...Tqr(name=topic)...)); every later 'resolve' timer raises too"))
-def test_known_bug_store_nul_in_topic_name() -> None:
+def test_store_refuses_a_nul_in_a_source_topic_name() -> None:
     bench = store_bench()
     store = bench.store
     before = state_of(store, ignore=[GARBAGE_CONN])
