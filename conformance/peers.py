@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from scapy.packet import Packet
@@ -96,7 +97,36 @@ class HarnessResolver:
             self.port.send(lbmr.LbmrPacket(tirs=[source.tir()]), addr)
 
 
-class HarnessSource:
+class _Client:
+    """What scripted sources and receivers share: a TCP connection to the store (opened on
+    first use, again after a close) and registration over it."""
+
+    h: Harness
+    name: str
+    link: TcpLink | None
+    reg_id: int
+    preg: Callable[..., Packet]  # the subclass's PREG builder
+
+    def connect(self) -> TcpLink:
+        if self.link is None or self.link.closed:
+            self.link = connect(self.h.iut.addr, self.h.recorder, f"{self.name} -> store",
+                                self.h.scaled(2.0))
+        return self.link
+
+    def register(self, timeout: float = 5.0, **preg: Any) -> Any:
+        """Send a PREG and return the store's UME PREG_RESP header (granted or refused)."""
+        link = self.connect()
+        self.h.note(f"{self.name}: PREG {', '.join(f'{k}={v}' for k, v in preg.items())}")
+        link.send(self.preg(**preg))
+        message = link.expect(has(UmePregResp), self.h.scaled(timeout), "PREG_RESP")
+        resp = message.header(UmePregResp)
+        assert resp is not None
+        if not resp.e_flag:
+            self.reg_id = resp.reg_id
+        return resp
+
+
+class HarnessSource(_Client):
     """A scripted source of one topic (see the module docstring)."""
 
     def __init__(self, harness: Harness, topic: str, *, transport_idx: int,
@@ -133,12 +163,6 @@ class HarnessSource:
 
     # --- registration -------------------------------------------------------------------------
 
-    def connect(self) -> TcpLink:
-        if self.link is None or self.link.closed:
-            self.link = connect(self.h.iut.addr, self.h.recorder, f"{self.name} -> store",
-                                self.h.scaled(2.0))
-        return self.link
-
     def preg(self, *, reg_id: int = 0, session_id: int | None = None, rpp: bool = False,
              deregister: bool = False, activity_timeout: int = 0, state_lifetime: int = 0,
              topic: str | None = None) -> Packet:
@@ -155,18 +179,6 @@ class HarnessSource:
             pkt = pkt / LBMC_UmeClientLifetime(activity_tmo=activity_timeout,
                                                lifetime=state_lifetime)
         return pkt
-
-    def register(self, timeout: float = 5.0, **preg: Any) -> Any:
-        """Send a PREG and return the store's UME PREG_RESP header (granted or refused)."""
-        link = self.connect()
-        self.h.note(f"{self.name}: PREG {', '.join(f'{k}={v}' for k, v in preg.items())}")
-        link.send(self.preg(**preg))
-        message = link.expect(has(UmePregResp), self.h.scaled(timeout), "PREG_RESP")
-        resp = message.header(UmePregResp)
-        assert resp is not None
-        if not resp.e_flag:
-            self.reg_id = resp.reg_id
-        return resp
 
     # --- data and stability -------------------------------------------------------------------
 
@@ -207,7 +219,7 @@ class HarnessSource:
         self.request.close()
 
 
-class HarnessReceiver:
+class HarnessReceiver(_Client):
     """A scripted receiver of a harness source's topic."""
 
     def __init__(self, harness: Harness, source: HarnessSource, *, name: str = "receiver",
@@ -220,12 +232,6 @@ class HarnessReceiver:
         self.request_port = request_port
         self._request_idx = 0
         harness.closers.append(self.close)
-
-    def connect(self) -> TcpLink:
-        if self.link is None or self.link.closed:
-            self.link = connect(self.h.iut.addr, self.h.recorder, f"{self.name} -> store",
-                                self.h.scaled(2.0))
-        return self.link
 
     def preg(self, *, reg_id: int = 0, source_reg_id: int | None = None,
              session_id: int | None = None, rpp: bool = False, deregister: bool = False,
@@ -243,17 +249,6 @@ class HarnessReceiver:
             pkt = pkt / LBMC_UmeClientLifetime(activity_tmo=activity_timeout,
                                                lifetime=state_lifetime)
         return pkt
-
-    def register(self, timeout: float = 5.0, **preg: Any) -> Any:
-        link = self.connect()
-        self.h.note(f"{self.name}: PREG {', '.join(f'{k}={v}' for k, v in preg.items())}")
-        link.send(self.preg(**preg))
-        message = link.expect(has(UmePregResp), self.h.scaled(timeout), "PREG_RESP")
-        resp = message.header(UmePregResp)
-        assert resp is not None
-        if not resp.e_flag:
-            self.reg_id = resp.reg_id
-        return resp
 
     def ack(self, sqn: int) -> None:
         """A consumption ACK (cumulative: everything up to ``sqn``)."""
