@@ -223,7 +223,10 @@ class Listener:
         self.links: list[TcpLink] = []
         self.on_link = on_link
         self._cond = threading.Condition()
-        threading.Thread(target=self._accept, name=f"harness {name}", daemon=True).start()
+        self._closed = False
+        self._thread = threading.Thread(target=self._accept, name=f"harness {name}",
+                                        daemon=True)
+        self._thread.start()
 
     def _accept(self) -> None:
         while True:
@@ -234,11 +237,14 @@ class Listener:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             link = TcpLink(sock, self.recorder, iut_is_client=True,
                            name=f"{self.name} #{len(self.links) + 1}")
-            if self.on_link is not None:
-                self.on_link(link)
             with self._cond:
+                if self._closed:  # accepted while closing: never leave it open behind us
+                    link.close()
+                    return
                 self.links.append(link)
                 self._cond.notify_all()
+            if self.on_link is not None:
+                self.on_link(link)
 
     def expect_link(self, timeout: float, what: str) -> TcpLink:
         deadline = time.monotonic() + timeout
@@ -252,8 +258,16 @@ class Listener:
             return self.links[-1]
 
     def close(self) -> None:
+        """Stop accepting and close every connection, including one the accept thread takes
+        while we close (a leaked one would keep the IUT's connection to this port alive, and
+        a later case reusing the port would find the IUT believing it is still connected)."""
+        with self._cond:
+            self._closed = True
         _wake_and_close(self.sock)
-        for link in list(self.links):
+        self._thread.join(timeout=2.0)
+        with self._cond:
+            links = list(self.links)
+        for link in links:
             link.close()
 
 
