@@ -12,7 +12,10 @@ real sockets):
 * ``get_timer()`` / ``handle_timer(now)`` driven by named deadlines;
 * ``next_event()`` for the application events of :mod:`reference_impl.events`.
 
-Subclasses (store, source, receiver, resolver) only see decoded messages and named timers.
+Subclasses (store, source, receiver, resolver) only see decoded messages and named timers;
+:meth:`ContextCore.on_chunk_done` tells them when every message of one received chunk has been
+handed over, so work a burst shares (acknowledgements, recovery requests) happens once per
+chunk, and consecutive writes to one connection leave as one :class:`StreamWrite`.
 Connections to a peer are opened on demand by :meth:`ContextCore.send_to` and keyed by the
 peer's address, so a core says "send this PREG to the store at 10.0.0.1:14567" and the base
 class connects, queues until connected and reports a lost peer exactly once.
@@ -24,6 +27,7 @@ InputDropped` event and a log line, and the state is untouched (issue 3, "Bad in
 from __future__ import annotations
 
 import heapq
+import struct
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,10 +44,12 @@ from reference_impl.sim import (
 )
 from wire import lbmr
 from wire.errors import WireError
-from wire.lbmc import LbmcMessage, parse_message
+from wire.lbmc import CONTROL_BASE, NHDR_NONE, Header, LbmcMessage, MessageType, parse_message
 from wire.lbttcp import LbttcpStream
 
 EPHEMERAL: Addr = ("0.0.0.0", 0)
+_PREFIX = CONTROL_BASE.codec  # the prefix every LBMC message starts with; msglen frames it
+_MSGLEN = CONTROL_BASE.names.index("msglen")
 
 
 @dataclass(eq=False)
@@ -54,9 +60,11 @@ class Connection:
         key: (local address, remote address).
         outgoing: we opened it (to a store or a source); else a peer connected to us.
         open: established and not closed.
-        framer: LBT-TCP framer for the bytes we receive.
+        framer: LBT-TCP framer; it sees the received bytes only once framing is broken (the
+            fast path of :meth:`ContextCore._feed` frames the rest itself).
         pending: bytes written before the connection was established.
         tag: what the subclass uses this connection for (free-form).
+        partial: received bytes of a message not yet complete.
     """
 
     key: ConnKey
@@ -65,6 +73,12 @@ class Connection:
     framer: LbttcpStream = field(default_factory=lambda: LbttcpStream(decode=False))
     pending: list[bytes] = field(default_factory=list)
     tag: object = None
+    partial: bytearray = field(default_factory=bytearray)
+
+    @property
+    def unframed(self) -> int:
+        """Bytes received that do not yet form a whole message."""
+        return len(self.partial) + self.framer.pending
 
     @property
     def local(self) -> Addr:
@@ -96,6 +110,10 @@ class ContextCore:
         self.now = 0.0
         self._datagrams: list[tuple[bytes, Addr]] = []
         self._commands: list[StreamCommand] = []
+        # consecutive writes to one connection become one StreamWrite (one send): the key and
+        # the parts of the newest, still open for more
+        self._write_key: ConnKey | None = None
+        self._write_parts: list[bytes] = []
         self._events: deque[Event] = deque()
         self._deadlines: dict[str, float] = {}
         self._heap: list[tuple[float, str]] = []
@@ -124,6 +142,7 @@ class ContextCore:
         return out
 
     def stream_commands(self, now: float) -> list[StreamCommand]:
+        self._seal_writes()
         out, self._commands = self._commands, []
         return out
 
@@ -165,7 +184,7 @@ class ContextCore:
             remote = key[1]
             conn = self._outgoing.get(remote)
             if conn is None or conn.open:
-                self._commands.append(StreamClose(key))  # nobody wants it any more
+                self._command(StreamClose(key))  # nobody wants it any more
                 return
             if conn.key != key:
                 self.connections.pop(conn.key, None)
@@ -175,7 +194,7 @@ class ContextCore:
             data = b"".join(conn.pending)
             conn.pending.clear()
             if data:
-                self._commands.append(StreamWrite(key, data))
+                self._stream_write(key, data)
             self.on_connected(conn)
         else:  # CLOSED, RESET, REFUSED
             conn = self.connections.pop(key, None)
@@ -183,13 +202,18 @@ class ContextCore:
                 conn = self._outgoing.get(key[1])
             if conn is None:
                 return
+            unframed = conn.unframed
+            if unframed and conn.framer.broken is None and kind is not StreamEventKind.REFUSED:
+                # the peer went away inside a message: those bytes are lost, say so
+                self.drop(conn.remote, f"connection {kind.name.lower()} inside a message "
+                                       f"({unframed} bytes)", unframed)
             self.connections.pop(conn.key, None)
             if self._outgoing.get(conn.remote) is conn:
                 del self._outgoing[conn.remote]
             was_open = conn.open
             conn.open = False
             if kind is StreamEventKind.CLOSED and was_open:
-                self._commands.append(StreamClose(conn.key))
+                self._command(StreamClose(conn.key))
             self.on_connection_lost(conn, refused=kind is StreamEventKind.REFUSED)
 
     def next_event(self) -> Event | None:
@@ -235,6 +259,23 @@ class ContextCore:
     def timer_at(self, name: str) -> float | None:
         return self._deadlines.get(name)
 
+    def _stream_write(self, key: ConnKey, data: bytes) -> None:
+        if self._write_key != key:
+            self._seal_writes()
+            self._write_key = key
+        self._write_parts.append(data)
+
+    def _seal_writes(self) -> None:
+        if self._write_key is not None:
+            parts = self._write_parts
+            data = parts[0] if len(parts) == 1 else b"".join(parts)
+            self._commands.append(StreamWrite(self._write_key, data))
+            self._write_key, self._write_parts = None, []
+
+    def _command(self, command: StreamCommand) -> None:
+        self._seal_writes()
+        self._commands.append(command)
+
     def send_datagram(self, data: bytes, addr: Addr) -> None:
         self._datagrams.append((data, addr))
 
@@ -249,9 +290,9 @@ class ContextCore:
         if conn is None:
             conn = Connection((EPHEMERAL, remote), outgoing=True, tag=tag)
             self._outgoing[remote] = conn
-            self._commands.append(Connect((self.ip, 0), remote))
+            self._command(Connect((self.ip, 0), remote))
         if conn.open:
-            self._commands.append(StreamWrite(conn.key, data))
+            self._stream_write(conn.key, data)
         else:
             conn.pending.append(data)
         return conn
@@ -262,7 +303,7 @@ class ContextCore:
     def write(self, conn: Connection, data: bytes) -> None:
         """Write on an existing connection (either direction); dropped if it is gone."""
         if conn.open:
-            self._commands.append(StreamWrite(conn.key, data))
+            self._stream_write(conn.key, data)
         elif conn.outgoing and self._outgoing.get(conn.remote) is conn:
             conn.pending.append(data)
 
@@ -272,7 +313,7 @@ class ContextCore:
         self.connections.pop(conn.key, None)
         if conn.open:
             conn.open = False
-            self._commands.append(StreamClose(conn.key))
+            self._command(StreamClose(conn.key))
 
     def close(self) -> None:
         """Close every connection and stop (an orderly application exit)."""
@@ -284,17 +325,74 @@ class ContextCore:
         self.closed = True
 
     def _feed(self, conn: Connection, data: bytes) -> None:
-        try:
-            items = conn.framer.feed(data)
-        except WireError as exc:
-            self.drop(conn.remote, f"LBT-TCP framing broken, closing: {exc.reason}", len(data))
-            self.close_connection(conn)
-            self.on_connection_lost(conn, refused=False)
+        """Hand every whole message of a received chunk to :meth:`on_raw_message`.
+
+        The hot path of every core.  Messages are sliced straight out of the chunk: the
+        ``msglen`` of the LBMC prefix (read through its derived layout) frames each one, as
+        :class:`LbttcpStream` does, but without an object per message.  A message cut by the
+        end of the chunk waits in ``conn.partial`` for the next one.  Broken framing (a msglen
+        that cannot even cover the prefix) is left to the connection's framer, which raises
+        the same error for the rest of the stream."""
+        if conn.framer.broken is not None:
+            self._feed_framer(conn, data)
             return
+        partial = conn.partial
+        unpack, prefix = _PREFIX.unpack_from, _PREFIX.size
+        if partial:
+            partial += data
+            if len(partial) < prefix:
+                return
+            msglen = unpack(partial, 0)[_MSGLEN]
+            if prefix <= msglen and len(partial) < msglen:
+                return  # still inside that message: nothing to do until it is whole
+            data = bytes(partial)
+            partial.clear()
+        on_raw_message = self.on_raw_message
+        pos, end = 0, len(data)
+        broken = False
+        while end - pos >= prefix:
+            msglen = unpack(data, pos)[_MSGLEN]
+            if msglen < prefix:
+                broken = True
+                break
+            if end - pos < msglen or (not conn.open and not conn.outgoing):
+                break
+            on_raw_message(conn, data[pos:pos + msglen])
+            pos += msglen
+        if pos:
+            self.on_chunk_done(conn)
+        if pos == end or self.connections.get(conn.key) is not conn or \
+                not (conn.open or conn.outgoing):
+            return
+        if broken:
+            self._feed_framer(conn, data[pos:])  # the framer raises: drop and close
+        else:
+            partial += data[pos:] if pos else data
+
+    def _feed_framer(self, conn: Connection, data: bytes) -> None:
+        framer = conn.framer
+        try:
+            items = framer.feed(data)
+        except WireError as exc:
+            self._framing_broken(conn, exc, len(data))
+            return
+        on_raw_message = self.on_raw_message
         for item in items:
             if not conn.open and not conn.outgoing:
-                return
-            self.on_raw_message(conn, item.raw)
+                break
+            on_raw_message(conn, item.raw)
+        if items:
+            self.on_chunk_done(conn)
+        broken = framer.broken
+        if broken is not None and self.connections.get(conn.key) is conn:
+            # the framer hands out the whole messages before the break and only then gives
+            # up: the rest of this chunk cannot be framed, so the stream is over
+            self._framing_broken(conn, broken, framer.pending)
+
+    def _framing_broken(self, conn: Connection, exc: WireError, size: int) -> None:
+        self.drop(conn.remote, f"LBT-TCP framing broken, closing: {exc.reason}", size)
+        self.close_connection(conn)
+        self.on_connection_lost(conn, refused=False)
 
     def on_raw_message(self, conn: Connection, raw: bytes) -> None:
         """A framed message; the default decodes it fully (the store overrides for speed)."""
@@ -313,6 +411,12 @@ class ContextCore:
     def on_message(self, conn: Connection, message: LbmcMessage, raw: bytes) -> None:
         """A decoded LBMC message arrived on ``conn``."""
 
+    def on_chunk_done(self, conn: Connection) -> None:
+        """Every message of one received chunk of ``conn`` went through :meth:`on_raw_message`.
+
+        Work that a burst of messages can share (acknowledgements, recovery requests) is done
+        here once per chunk instead of once per message."""
+
     def on_accepted(self, conn: Connection) -> None:
         """A peer connected to one of our listeners."""
 
@@ -324,6 +428,48 @@ class ContextCore:
 
     def on_timer(self, name: str) -> None:
         """The named deadline passed."""
+
+
+class FixedControl:
+    """A CONTROL message that carries exactly one fixed-size ``header_cls`` header, as one
+    :class:`struct.Struct` composed from the derived layouts of :mod:`wire.lbmc` (the LBMC
+    control prefix and the header's :class:`wire.fastpath.FastLayout`); no field or offset is
+    written here.
+
+    The hot paths use it both ways: :meth:`unpack` recognises that exact shape (what the
+    clients' fast encoders and ``LbmcMessage.build()`` make of one request) and returns the
+    values, or ``None`` for any other shape, which then takes the full decoder; :meth:`template`
+    and :meth:`pack` encode runs of such messages that differ in one or two members (positional
+    packing, no keyword handling per message).  Values are the raw members, IPv4 as int.
+
+    Attributes:
+        size: the message size.
+        at: member name -> its position in the values.
+    """
+
+    def __init__(self, header_cls: type[Header]) -> None:
+        fast = header_cls.kind.fast
+        assert fast is not None and fast.complete, f"{header_cls.__name__} is not fixed-size"
+        self.codec = struct.Struct(CONTROL_BASE.codec.format + fast.codec.format.lstrip("<>!="))
+        self.size = self.codec.size
+        self.head = (int(MessageType.CONTROL), header_cls.kind.code, self.size, NHDR_NONE,
+                     fast.size)
+        self.at = {name: len(self.head) + i for i, name in enumerate(fast.names[2:])}
+        self.pack = self.codec.pack
+        """``pack(*values)``: one message from a full values list (see :meth:`template`)."""
+
+    def unpack(self, raw: bytes) -> tuple[int, ...] | None:
+        if len(raw) != self.size:
+            return None
+        values = self.codec.unpack(raw)
+        return values if values[:len(self.head)] == self.head else None
+
+    def template(self, **members: int) -> list[int]:
+        """A full values list for :meth:`pack`: the head, then ``members`` (others 0)."""
+        values = [*self.head, *[0] * len(self.at)]
+        for name, value in members.items():
+            values[self.at[name]] = value
+        return values
 
 
 def control(*headers: object) -> bytes:

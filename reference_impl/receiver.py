@@ -23,14 +23,24 @@ Flow (guide "Receiver Registration", "Persistent Receiver Recovery"; semantics.m
    ``ume_ack_batching_interval``, or at once, or only through :meth:`ReceiverCore.ack` with
    ``ume_explicit_ack_only``), and to the source when its SRI asks for delivery confirmation.
    Every ``ume_proactive_keepalive_interval`` the latest ACK is re-sent as a keepalive.
+
+Data is taken only from the source's connections (its transport) and retransmissions only
+from the stores the receiver registered with; SRI only from the source.  Anything else (a
+stranger connecting to the request port and talking first) is dropped with an
+:class:`~reference_impl.events.InputDropped`, so nobody but the source can inject messages or
+redirect the receiver's registrations.  Recovery costs O(1) per message whatever is missing
+(:class:`Gaps`), and what a received chunk makes due (delivery, requests, immediate ACKs) is
+done once per chunk.
 """
 
 from __future__ import annotations
 
+import sys
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from reference_impl.context import Connection, ContextCore, control
+from reference_impl.context import Connection, ContextCore, FixedControl, control
 from reference_impl.events import (
     Addr,
     Level,
@@ -47,6 +57,7 @@ from reference_impl.source import _consensus
 from wire import lbmr
 from wire.fields import ipv4_to_int
 from wire.lbmc import (
+    DATA_BASE,
     AckType,
     Header,
     KeepaliveType,
@@ -69,7 +80,9 @@ from wire.lbmc import (
 )
 
 _ACK = ControlTemplate(UmeAck)
-_RXREQ = ControlTemplate(UmeRxreq)
+_DATA_SIZE = DATA_BASE.size
+_RXREQ = FixedControl(UmeRxreq)
+_RXREQ_IDX, _RXREQ_SQN = _RXREQ.at["request_idx"], _RXREQ.at["seqnum"]
 RecoveryCallback = Callable[[int, int], int]
 """``(consensus low sequence number, high sequence number) -> low sequence number to use``
 (the ``ume_recovery_sequence_number_info_function`` of the product)."""
@@ -143,6 +156,58 @@ class _Held:
     retransmission: bool
 
 
+@dataclass
+class Gaps:
+    """Sequence numbers still to request, as ascending half-open ``[start, end)`` ranges.
+
+    Recovery asks for the lowest missing sequence numbers first and new gaps only ever open
+    above everything seen, so ranges are appended at the back and consumed at the front: each
+    sequence number costs O(1) however many are missing (a list of single numbers, filtered
+    and sorted on every call, made a 100,000-message recovery quadratic).  Whether a number is
+    still wanted (not received meanwhile, not already requested) is decided when it is taken.
+    """
+
+    ranges: deque[list[int]] = field(default_factory=deque)
+
+    def add(self, start: int, end: int) -> None:
+        """Add ``[start, end)``."""
+        if start >= end:
+            return
+        ranges = self.ranges
+        if not ranges or start > ranges[-1][1]:
+            ranges.append([start, end])
+        elif start >= ranges[-1][0]:
+            ranges[-1][1] = max(ranges[-1][1], end)  # touches or overlaps the last range
+        else:  # below the newest gap: never happens in recovery, kept correct anyway
+            merged: list[list[int]] = []
+            for lo, hi in sorted([*([r[0], r[1]] for r in ranges), [start, end]]):
+                if merged and lo <= merged[-1][1]:
+                    merged[-1][1] = max(merged[-1][1], hi)
+                else:
+                    merged.append([lo, hi])
+            self.ranges = deque(merged)
+
+    def take(self, floor: int) -> int | None:
+        """Remove and return the lowest number not below ``floor``; numbers below it go."""
+        ranges = self.ranges
+        while ranges:
+            first = ranges[0]
+            start = first[0] if first[0] > floor else floor
+            if start + 1 < first[1]:
+                first[0] = start + 1
+                return start
+            ranges.popleft()
+            if start < first[1]:
+                return start
+        return None
+
+    def __len__(self) -> int:
+        return sum(hi - lo for lo, hi in self.ranges)
+
+    def __bool__(self) -> bool:
+        return bool(self.ranges)
+
+
 class ReceiverCore(ContextCore):
     """A persistent receiver (see the module docstring).
 
@@ -177,12 +242,14 @@ class ReceiverCore(ContextCore):
         self.next_sqn: int | None = None  # next sequence number to deliver
         self.high_seen: int | None = None
         self.held: dict[int, _Held] = {}
-        self.missing: list[int] = []  # to request, ascending
+        self.missing = Gaps()  # to request, lowest first
         self.requests: dict[int, Request] = {}
+        self.abandoned: set[int] = set()  # given up (UnrecoverableLoss), not yet stepped over
         self.consumed: int | None = None  # highest sequence number consumed in order
         self.acked: int | None = None  # highest acknowledged to the stores
         self._sri_requests = 0
         self._request_idx = 0
+        self._chunk_work = False  # messages of the current chunk await on_chunk_done
         self._rr = 0
         self.stats.update(delivered=0, retransmissions=0, duplicates=0, requests=0, lost=0)
         self.set_timer("resolve", now)
@@ -205,6 +272,8 @@ class ReceiverCore(ContextCore):
         if self.source is not None and self.transport_up:
             return
         for tir in packet.tirs:
+            if not isinstance(tir, lbmr.Tir):
+                continue  # queue records (QIR, type 6 packets) say nothing about sources
             if tir.name != self.topic or not isinstance(tir.info,
                                                         lbmr.TcpInfo | lbmr.TcpSidInfo):
                 continue
@@ -232,28 +301,56 @@ class ReceiverCore(ContextCore):
 
     # --- messages -----------------------------------------------------------------------------
 
+    def _from_source(self, conn: Connection) -> bool:
+        """``conn`` is our connection to the source we resolved (its transport or its request
+        port): the only place its data and SRI may come from."""
+        src = self.source
+        return conn.outgoing and src is not None and \
+            (conn.remote == src.transport or conn.remote == src.request_addr)
+
+    def _data_allowed(self, conn: Connection, mtype: int) -> bool:
+        """Data comes from the source's transport; a store sends retransmissions only."""
+        if isinstance(conn.tag, StoreReg):
+            return mtype == MessageType.RETRANS
+        return self._from_source(conn)
+
     def on_raw_message(self, conn: Connection, raw: bytes) -> None:
-        mtype, next_hdr, tidx, sqn = data_fields(raw) if len(raw) >= 12 else (-1, 0, 0, 0)
-        if mtype in (MessageType.MESSAGE, MessageType.RETRANS) and next_hdr == 0:
-            if self.source is not None and tidx == self.source.topic_idx:
-                self._on_data(sqn, raw[12:], retransmission=mtype == MessageType.RETRANS)
-            return
+        if len(raw) >= _DATA_SIZE:
+            mtype, next_hdr, tidx, sqn = data_fields(raw)
+            if mtype in (MessageType.MESSAGE, MessageType.RETRANS) and next_hdr == 0:
+                if not self._data_allowed(conn, mtype):
+                    self.drop(conn.remote, f"data message (sqn {sqn}) from a peer that is "
+                                           f"neither the source nor a store", len(raw))
+                elif self.source is not None and tidx == self.source.topic_idx:
+                    self._on_data(sqn, raw[_DATA_SIZE:],
+                                  retransmission=mtype == MessageType.RETRANS)
+                return
         super().on_raw_message(conn, raw)
 
     def on_message(self, conn: Connection, message: LbmcMessage, raw: bytes) -> None:
         if message.is_data_type:
-            if self.source is not None and message.tidx == self.source.topic_idx:
+            if not self._data_allowed(conn, message.type):
+                self.drop(conn.remote, f"data message (sqn {message.sqn}) from a peer that is "
+                                       f"neither the source nor a store", len(raw))
+            elif self.source is not None and message.tidx == self.source.topic_idx:
                 self._on_data(message.sqn, message.payload,
                               retransmission=message.type == MessageType.RETRANS)
             return
         sri = message.header(Sri)
         if sri is not None:
+            if not self._from_source(conn):
+                self.drop(conn.remote, "SRI from a peer that is not the source", len(raw))
+                return
             tidx = message.header(TopicIdx)
             if self.source is not None and (tidx is None or tidx.tidx == self.source.topic_idx):
                 self._on_sri(sri, message)
             return
         store = conn.tag if isinstance(conn.tag, StoreReg) else None
         if store is None:
+            if not conn.outgoing:
+                # nobody has a reason to connect to a receiver and talk first
+                self.drop(conn.remote, f"unexpected message from a stranger "
+                                       f"({message.label()})", len(raw))
             return
         store.last_heard = self.now
         for header in message.headers:
@@ -369,7 +466,9 @@ class ReceiverCore(ContextCore):
         self.acked = self.consumed
         self.emit(ReceiverRegistrationComplete(low, high))
         self.log(Level.INFO, f"registration complete: low {low}, high {high}")
-        self.missing = [s for s in range(low, high + 1) if s not in self.held]
+        self.missing = Gaps()
+        self.missing.add(low, high + 1)
+        self._forget_below(low)
         self._drain()
         self._request_more()
         self._arm_ack_timers()
@@ -386,76 +485,125 @@ class ReceiverCore(ContextCore):
     def _on_data(self, sqn: int, payload: bytes, *, retransmission: bool) -> None:
         if retransmission:
             self.stats["retransmissions"] += 1
-            self.requests.pop(sqn, None)
+        self.requests.pop(sqn, None)  # live or retransmitted, it is here: stop asking for it
         if self.high_seen is None or sqn > self.high_seen:
             if self.complete and self.high_seen is not None and \
                     self.next_sqn is not None and sqn > self.high_seen + 1:
-                start = max(self.high_seen + 1, self.next_sqn)
-                self.missing.extend(s for s in range(start, sqn) if s not in self.held)
+                self.missing.add(max(self.high_seen + 1, self.next_sqn), sqn)
             self.high_seen = sqn
         if self.next_sqn is None:
             if not self.complete:
                 self.held[sqn] = _Held(payload, retransmission)
                 return
             self.next_sqn = sqn  # streaming source: start at the first message seen
-        if sqn < self.next_sqn or sqn in self.held:
+        nxt = self.next_sqn
+        if sqn < nxt or sqn in self.held:
             self.stats["duplicates"] += 1
             return
-        self.held[sqn] = _Held(payload, retransmission)
         if self.complete:
+            self._chunk_work = True  # drain, acknowledge and ask for more once per chunk
+            if sqn == nxt:  # the common case: in order, deliver at once
+                self.emit(MessageDelivered(sqn, payload, retransmission))
+                self.stats["delivered"] += 1
+                self.next_sqn = sqn + 1
+                if not self.config.ume_explicit_ack_only:
+                    self.consumed = sqn
+                return
+        self.held[sqn] = _Held(payload, retransmission)
+
+    def on_chunk_done(self, conn: Connection) -> None:
+        if self._chunk_work:
+            self._chunk_work = False
             self._drain()
+            cfg = self.config
+            if not cfg.ume_use_ack_batching and not cfg.ume_explicit_ack_only:
+                self._send_acks()
             self._request_more()
 
     def _drain(self) -> None:
-        held = self.held
+        """Deliver what is held from ``next_sqn`` on, stepping over abandoned numbers."""
+        held, abandoned = self.held, self.abandoned
         nxt = self.next_sqn
-        if nxt is None:
+        if nxt is None or (nxt not in held and nxt not in abandoned):
             return
-        for stale in [s for s in held if s < nxt]:
-            del held[stale]
-        while nxt in held:
-            item = held.pop(nxt)
-            self.emit(MessageDelivered(nxt, item.payload, item.retransmission))
-            self.stats["delivered"] += 1
-            self.requests.pop(nxt, None)
-            if not self.config.ume_explicit_ack_only:
-                self.consumed = nxt
+        requests = self.requests
+        emit = self.emit
+        delivered, last = 0, None
+        while True:
+            item = held.pop(nxt, None)
+            if item is not None:
+                emit(MessageDelivered(nxt, item.payload, item.retransmission))
+                requests.pop(nxt, None)
+                delivered += 1
+                last = nxt
+                if abandoned:
+                    abandoned.discard(nxt)  # it came after all
+            elif nxt in abandoned:
+                abandoned.discard(nxt)
+            else:
+                break
             nxt += 1
+        self.stats["delivered"] += delivered
+        if last is not None and not self.config.ume_explicit_ack_only:
+            self.consumed = last
         self.next_sqn = nxt
         cfg = self.config
         if not cfg.ume_use_ack_batching and not cfg.ume_explicit_ack_only:
             self._send_acks()
 
     def _request_more(self) -> None:
-        stores = self.registered_stores
-        if not stores or not self.source:
+        """Ask for the lowest missing sequence numbers, up to the outstanding maximum.
+
+        Called for every message while recovering, so it returns at once when nothing can be
+        asked for (whenever a request is outstanding the "rx" timer is armed already)."""
+        missing, requests = self.missing, self.requests
+        if not missing.ranges or self.next_sqn is None:
             return
-        limit = self.config.retransmit_request_outstanding_maximum or len(self.missing)
-        self.missing = [s for s in self.missing
-                        if s not in self.held and self.next_sqn is not None
-                        and s >= self.next_sqn and s not in self.requests]
-        self.missing.sort()
-        batch = []
-        while self.missing and len(self.requests) < limit:
-            sqn = self.missing.pop(0)
+        limit = self.config.retransmit_request_outstanding_maximum or sys.maxsize
+        if len(requests) >= limit:
+            return
+        stores = self.registered_stores
+        if not stores or self.source is None:
+            return
+        held, now = self.held, self.now
+        floor = self.next_sqn
+        batches: dict[int, list[int]] = {}
+        while len(requests) < limit:
+            sqn = missing.take(floor)
+            if sqn is None:
+                break
+            floor = sqn + 1
+            if sqn in held or sqn in requests:
+                continue  # arrived meanwhile, or asked for already
             store = stores[self._rr % len(stores)]
             self._rr += 1
-            self.requests[sqn] = Request(self.now, self.now, store.info.index)
-            batch.append((store, sqn))
-        for store, sqn in batch:
-            self._send_rxreq(store, sqn)
-        if self.requests:
+            requests[sqn] = Request(now, now, store.info.index)
+            batches.setdefault(store.info.index, []).append(sqn)
+        for store in stores:
+            sqns = batches.get(store.info.index)
+            if sqns:
+                self._send_rxreqs(store, sqns)
+        if requests:
             self.set_timer_if_later(
-                "rx", self.now + self.config.retransmit_request_interval / 1000)
+                "rx", now + self.config.retransmit_request_interval / 1000)
 
-    def _send_rxreq(self, store: StoreReg, sqn: int) -> None:
+    def _send_rxreqs(self, store: StoreReg, sqns: list[int]) -> None:
+        """One RXREQ per sequence number, written to the store in one go."""
         src = self.source
         assert src is not None
-        self._request_idx = (self._request_idx + 1) & 0xFFFFFFFF
-        self.stats["requests"] += 1
-        self.send_to(store.info.addr, _RXREQ.pack(
-            request_idx=self._request_idx, transport_idx=src.transport_idx, id_2=store.reg_id,
-            seqnum=sqn, rx_port=self.request_addr[1], rx_ip=ipv4_to_int(self.request_addr[0])))
+        values = _RXREQ.template(transport_idx=src.transport_idx, id_2=store.reg_id,
+                                 rx_port=self.request_addr[1],
+                                 rx_ip=ipv4_to_int(self.request_addr[0]))
+        pack, idx = _RXREQ.pack, self._request_idx
+        out = []
+        for sqn in sqns:
+            idx = (idx + 1) & 0xFFFFFFFF
+            values[_RXREQ_IDX] = idx
+            values[_RXREQ_SQN] = sqn
+            out.append(pack(*values))
+        self._request_idx = idx
+        self.stats["requests"] += len(sqns)
+        self.send_to(store.info.addr, b"".join(out))
 
     def _retry_requests(self) -> None:
         cfg = self.config
@@ -471,7 +619,7 @@ class ReceiverCore(ContextCore):
                 others = [s for s in stores if s.info.index != req.store] or stores
                 store = others[req.tries % len(others)]
                 req.last, req.store, req.tries = self.now, store.info.index, req.tries + 1
-                self._send_rxreq(store, sqn)
+                self._send_rxreqs(store, [sqn])
         if lost:
             self._give_up(sorted(lost))
         self._request_more()
@@ -488,13 +636,16 @@ class ReceiverCore(ContextCore):
             self.stats["lost"] += prev - start + 1
             if sqn is not None:
                 start = prev = sqn
-        # skip what cannot be recovered: deliver what follows in order
-        assert self.next_sqn is not None
-        lost_set = set(lost)
-        while self.next_sqn in lost_set or (self.next_sqn not in self.held
-                                            and self.next_sqn < max(lost) + 1):
-            self.next_sqn += 1
+        # skip what cannot be recovered, wherever it lies: what follows is delivered in order
+        # (a lost number behind a held message is stepped over once delivery reaches it)
+        self.abandoned.update(lost)
         self._drain()
+
+    def _forget_below(self, sqn: int) -> None:
+        """Drop held messages below ``sqn`` (the delivery point jumped over them)."""
+        held = self.held
+        for stale in [s for s in held if s < sqn]:
+            del held[stale]
 
     # --- acknowledgements -------------------------------------------------------------------
 
@@ -542,9 +693,14 @@ class ReceiverCore(ContextCore):
         elif name == "sri-request":
             self._sri_request()
         elif name == "register":
-            for reg in self.stores.values():
-                if not reg.registered and not reg.failed and self.now >= reg.next_attempt:
+            waiting = [reg for reg in self.stores.values()
+                       if not reg.registered and not reg.failed]
+            for reg in waiting:
+                if self.now >= reg.next_attempt:
                     self._register(reg)
+            if waiting:
+                # a store lost before its retry time is due still needs a timer of its own
+                self.set_timer_if_later("register", min(r.next_attempt for r in waiting))
         elif name == "rx":
             self._retry_requests()
         elif name == "ack":

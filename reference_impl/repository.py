@@ -16,7 +16,9 @@ store's state per message at about 72 bytes), so ``used_bytes`` compares with th
 monitor's "Memory" figure.
 
 A *disk* repository writes every message to a cache file before the store acknowledges it, so
-a store killed with SIGKILL recovers every message it called stable: the file is an LBT-TCP
+a store killed with SIGKILL recovers every message it called stable (with ``write_behind`` the
+messages of one received chunk go to the file in one write, at :meth:`Repository.sync`, which
+the store calls before it sends their stability ACKs): the file is an LBT-TCP
 byte stream (LBMC messages back to back), read back with :class:`wire.lbttcp.LbttcpStream`, and
 a torn final message from a crash is cut off on restart.  The thresholds above then apply to
 the *memory cache* (``mem_trail_sqn``); ``repository-disk-file-size-limit`` bounds the file:
@@ -33,7 +35,7 @@ import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from wire.lbmc import DATA_BASE, MessageType
 from wire.lbttcp import LbttcpStream
@@ -52,9 +54,8 @@ class RetentionLimits:
     rpp: bool = False
 
 
-@dataclass
-class AddResult:
-    """What :meth:`Repository.add` did.
+class AddResult(NamedTuple):
+    """What :meth:`Repository.add` did (a named tuple: one is made per message stored).
 
     Attributes:
         stored: the message is now held (and, on disk, written).
@@ -69,14 +70,26 @@ class AddResult:
     released: tuple[int, ...] = ()
 
 
+_STORED = AddResult(stored=True)
+_DUPLICATE = AddResult(duplicate=True)
+_DATA_SIZE = DATA_BASE.size
+
+
 class Repository:
     """Messages of one source; memory-only unless ``cache_file`` is given (see module doc)."""
 
-    def __init__(self, limits: RetentionLimits, *, cache_file: Path | None = None) -> None:
+    def __init__(self, limits: RetentionLimits, *, cache_file: Path | None = None,
+                 write_behind: bool = False) -> None:
+        """``write_behind``: a disk repository gathers the messages :meth:`add` takes and writes
+        them at the next :meth:`sync` (one write for a whole chunk of messages); the caller
+        must sync before it calls any of them stable.  Otherwise each add writes at once."""
         self.limits = limits
+        self.write_behind = write_behind
+        self._unwritten: list[bytes] = []  # write_behind: bytes not yet handed to the file
         self.kind = "disk" if cache_file is not None else "memory"
         self._mem: OrderedDict[int, tuple[bytes, float]] = OrderedDict()  # sqn -> (raw, time)
-        self._disk: dict[int, tuple[int, int]] = {}  # sqn -> (file offset, length)
+        self._disk: OrderedDict[int, tuple[int, int]] = OrderedDict()  # sqn -> (offset, len)
+        self._in_order = True  # every message came after all it followed (the usual case)
         self.used_bytes = 0
         self.lead_sqn: int | None = None
         self.intentional_drops = 0
@@ -97,15 +110,17 @@ class Repository:
 
     @property
     def trail_sqn(self) -> int | None:
-        """Oldest sequence number held (memory or disk)."""
+        """Lowest sequence number held (memory or disk)."""
         if self.kind == "disk" and self._disk:
-            return min(self._disk)
-        return next(iter(self._mem)) if self._mem else None
+            return next(iter(self._disk)) if self._in_order else min(self._disk)
+        return self.mem_trail_sqn
 
     @property
     def mem_trail_sqn(self) -> int | None:
-        """Oldest sequence number in memory."""
-        return next(iter(self._mem)) if self._mem else None
+        """Lowest sequence number in memory."""
+        if not self._mem:
+            return None
+        return next(iter(self._mem)) if self._in_order else min(self._mem)
 
     def get(self, sqn: int) -> bytes | None:
         """The stored message bytes, or None."""
@@ -115,6 +130,8 @@ class Repository:
         loc = self._disk.get(sqn)
         if loc is None or self._fh is None:
             return None
+        if self._unwritten:
+            self.sync()
         self._fh.seek(loc[0])
         return self._fh.read(loc[1])
 
@@ -125,31 +142,41 @@ class Repository:
 
     def _size(self, raw: bytes) -> int:
         if self.limits.rpp:
-            return max(0, len(raw) - DATA_BASE.size)
+            return max(0, len(raw) - _DATA_SIZE)
         return len(raw) + PER_MESSAGE_OVERHEAD
 
     def add(self, sqn: int, raw: bytes, now: float) -> AddResult:
-        if sqn in self:
-            return AddResult(duplicate=True)
-        size = self._size(raw)
-        released: list[int] = []
-        if not self.limits.rpp:
-            released += self._release_by_age(now)
-        if self.used_bytes + size > self.limits.size_limit:
-            if self.limits.rpp or self.kind == "memory":
+        """Keep one message (the store's hot path: one call per message received)."""
+        mem = self._mem
+        if sqn in mem or sqn in self._disk:
+            return _DUPLICATE
+        limits = self.limits
+        rpp = limits.rpp
+        size = max(0, len(raw) - _DATA_SIZE) if rpp else len(raw) + PER_MESSAGE_OVERHEAD
+        released: list[int] | None = None
+        if not rpp and limits.age_threshold > 0:
+            released = self._release_by_age(now)
+        if self.used_bytes + size > limits.size_limit:
+            if rpp or self.kind == "memory":
                 self.intentional_drops += 1
-                return AddResult(dropped=True, released=tuple(released))
+                return AddResult(dropped=True, released=tuple(released or ()))
             # a disk repository keeps the message on disk and evicts from its memory cache
-            self._evict_memory(self.limits.size_limit - size)
+            self._evict_memory(limits.size_limit - size)
         if self._fh is not None:
             self._append(sqn, raw)
-        self._mem[sqn] = (raw, now)
+        mem[sqn] = (raw, now)
         self.used_bytes += size
-        if self.lead_sqn is None or sqn > self.lead_sqn:
+        lead = self.lead_sqn
+        if lead is None or sqn > lead:
             self.lead_sqn = sqn
-        if not self.limits.rpp and self.used_bytes > self.limits.size_threshold:
-            released += self._shrink_to(self.limits.size_threshold)
-        return AddResult(stored=True, released=tuple(released))
+        else:
+            self._in_order = False  # a gap filled late (a proactive retransmission)
+        if not rpp and self.used_bytes > limits.size_threshold:
+            shrunk = self._shrink_to(limits.size_threshold)
+            released = released + shrunk if released else shrunk
+        if released:
+            return AddResult(stored=True, released=tuple(released))
+        return _STORED
 
     def _release_by_age(self, now: float) -> list[int]:
         age = self.limits.age_threshold
@@ -164,9 +191,21 @@ class Repository:
         return out
 
     def _shrink_to(self, target: int) -> list[int]:
+        """Release the oldest messages until ``used_bytes <= target`` (keeping the newest).
+
+        Called for nearly every message once a repository sits at its size threshold, hence
+        the loop written out instead of :meth:`_release_oldest` per message."""
+        mem, size_of = self._mem, self._size
+        used = self.used_bytes
         out: list[int] = []
-        while self.used_bytes > target and len(self._mem) > 1:
-            out += self._release_oldest()
+        while used > target and len(mem) > 1:
+            sqn, (raw, _) = mem.popitem(last=False)
+            used -= size_of(raw)
+            out.append(sqn)
+        self.used_bytes = used
+        if self.kind == "disk":
+            return []  # still on disk: only the memory cache shrank
+        self.released_total += len(out)
         return out
 
     def _evict_memory(self, target: int) -> None:
@@ -183,8 +222,18 @@ class Repository:
         return [sqn]
 
     def release_through(self, sqn: int) -> list[int]:
-        """Release every message up to and including ``sqn`` (RPP consumption, deregistration)."""
-        out = [s for s in self.sqns() if s <= sqn]
+        """Release every message up to and including ``sqn`` (RPP consumption, deregistration).
+
+        Called for every consumption ACK of an RPP repository: while the messages are held in
+        sequence order only the released ones are visited."""
+        if self._in_order:
+            out = []
+            for s in self._disk if self.kind == "disk" else self._mem:
+                if s > sqn:
+                    break
+                out.append(s)
+        else:
+            out = [s for s in self.sqns() if s <= sqn]
         for s in out:
             hit = self._mem.pop(s, None)
             if hit is not None:
@@ -197,6 +246,8 @@ class Repository:
         """Forget everything (state deleted); a disk cache file is removed."""
         self._mem.clear()
         self._disk.clear()
+        self._unwritten.clear()
+        self._in_order = True
         self.used_bytes = 0
         if self._fh is not None:
             self._fh.close()
@@ -206,8 +257,19 @@ class Repository:
 
     def close(self) -> None:
         if self._fh is not None:
+            self.sync()
             self._fh.close()
             self._fh = None
+
+    def sync(self) -> None:
+        """Hand every message added so far to the OS (a SIGKILL can no longer lose them)."""
+        if not self._unwritten or self._fh is None:
+            return
+        fh = self._fh
+        fh.seek(0, os.SEEK_END)
+        fh.write(b"".join(self._unwritten))
+        fh.flush()
+        self._unwritten.clear()
 
     # --- disk -----------------------------------------------------------------------------
 
@@ -227,6 +289,8 @@ class Repository:
                 self._disk[sqn] = (item.offset, len(item.raw))
                 if self.lead_sqn is None or sqn > self.lead_sqn:
                     self.lead_sqn = sqn
+                else:
+                    self._in_order = False
                 good = item.offset + len(item.raw)
             if good != len(data):  # a torn write from a crash: cut it off
                 with path.open("r+b") as fh:
@@ -238,15 +302,15 @@ class Repository:
         assert self._fh is not None
         if self.file_offset + len(raw) > self.limits.disk_file_size_limit:
             self._compact(self.limits.disk_file_size_limit // 2)
-        fh = self._fh
-        fh.seek(0, os.SEEK_END)
-        fh.write(raw)
-        fh.flush()  # in the OS before we acknowledge: a SIGKILL cannot lose it
+        self._unwritten.append(raw)
+        if not self.write_behind:
+            self.sync()  # in the OS before we acknowledge: a SIGKILL cannot lose it
         self._disk[sqn] = (self.file_offset, len(raw))
         self.file_offset += len(raw)
 
     def _compact(self, budget: int) -> None:
         assert self._fh is not None and self.cache_file is not None
+        self.sync()
         keep: list[tuple[int, bytes]] = []
         total = 0
         for sqn in sorted(self._disk, reverse=True):

@@ -15,7 +15,9 @@ What it does follows the guide's "Operational View" and semantics.md §1:
   :class:`~reference_impl.repository.Repository` and sends a stability ACK to the source
   (batched by ``stability-ack-minimum-number``/``-interval``; withheld for RPP when less than
   one flight size of room is left).  Duplicates are acknowledged again; proactive
-  retransmissions from the source are stored like live data.
+  retransmissions from the source are stored like live data.  The hot path decodes only the
+  data base header; the ACKs a received chunk earns leave in one write, after the chunk's
+  messages went to the repository file (disk) in one write.
 * **Consumption ACKs** from receivers are cumulative (acknowledging N acknowledges everything up
   to N); in RPP they release messages once every blocking receiver consumed them.
 * **Retransmission requests** go to a worker paced at ``retransmission-request-processing-rate``
@@ -53,9 +55,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-from reference_impl.context import Connection, ContextCore, control
+from reference_impl.context import Connection, ContextCore, FixedControl, control
 from reference_impl.events import (
     Addr,
     ClientRegistered,
@@ -63,10 +65,12 @@ from reference_impl.events import (
     ClientStateDeleted,
     Level,
 )
-from reference_impl.fastmsg import ControlTemplate, data_fields
 from reference_impl.repository import Repository, RetentionLimits, as_retransmission
 from wire import lbmr
 from wire.lbmc import (
+    DATA_BASE,
+    NHDR_DATA,
+    VER_TYPE_BITS,
     AckType,
     Header,
     KeepaliveType,
@@ -89,8 +93,20 @@ from wire.lbmc import (
 MAX_REGID = 0xFFFFFFFF
 JOIN_WAIT = 2.0
 """Seconds a store holds a source's PREG_RESP while it joins the source's transport."""
+_TQRS_PER_QUERY = 8  # topic queries per LBMR packet the store sends
 DATA_TYPES = (MessageType.MESSAGE, MessageType.PRORX, MessageType.RETRANS)
-_ACK = ControlTemplate(UmeAck)
+# hot-path layouts, all derived from wire.lbmc: the data base header and its type nibble, and
+# whole single-header control messages (receivers' requests in, stability ACKs out)
+_DATA_SIZE = DATA_BASE.size
+_DATA_UNPACK = DATA_BASE.codec.unpack_from
+_TYPE_MASK = VER_TYPE_BITS["type"].mask
+_DATA_TYPE_CODES = frozenset(int(t) for t in DATA_TYPES)
+assert VER_TYPE_BITS["type"].shift == 0
+_RXREQ_IN = FixedControl(UmeRxreq)
+_ACK_IN = FixedControl(UmeAck)
+_ACK_SEQNUM = _ACK_IN.at["seqnum"]
+_RXREQ_ID, _RXREQ_SQN = _RXREQ_IN.at["id_2"], _RXREQ_IN.at["seqnum"]
+_ACK_FIELDS = tuple(_ACK_IN.at[n] for n in ("type", "rcv_reg_id", "id_2", "seqnum"))
 
 
 @dataclass(frozen=True)
@@ -214,6 +230,8 @@ class SourceState(Client):
     unacked: list[int] = field(default_factory=list)  # stability ACKs batched or withheld
     high_received: int | None = None
     pending_response: Callable[[], None] | None = None  # PREG_RESP waiting for the join
+    ack_due: list[int] = field(default_factory=list)  # stability ACKs owed at chunk end
+    touched: bool = False  # got data in the chunk being processed
     warned: set[int] = field(default_factory=set)  # receivers warned about early release
 
 
@@ -252,14 +270,22 @@ class StoreCore(ContextCore):
         self.sources: dict[int, SourceState] = {}
         self.receivers: dict[int, ReceiverState] = {}
         self._sessions: dict[tuple[str, str, int, int], int] = {}
-        self._tirs: dict[tuple[Addr, int, int], tuple[str, Addr]] = {}
+        # (request address, transport index, topic index) -> topic name -> transport, the
+        # newest advertisement last
+        self._tirs: dict[tuple[Addr, int, int], dict[str, Addr]] = {}
         self._routes: dict[tuple[Addr, int], SourceState] = {}
+        self._resolve_turn = 0  # where the next "resolve" timer's topic queries start
         self._rxq: deque[tuple[ReceiverState, int]] = deque()
         self.rx = RetransmissionStats(since=now)
         self._rate = max(1, settings.retransmission_request_processing_rate)
         self._rx_budget = float(self._rate) / 10
         self._rx_budget_at = now
         self._journal_path: Path | None = None
+        self._journal_fh: TextIO | None = None
+        self._journal_due: dict[int, int] = {}  # receiver RegID -> newest ACK to journal
+        self._touched: list[SourceState] = []  # sources that got data in the current chunk
+        # (transport index, topic index) -> the values of a stability ACK (seqnum varies)
+        self._ack_templates: dict[tuple[int, int], list[int]] = {}
         if settings.disk_state_directory is not None:
             self._journal_path = Path(settings.disk_state_directory) / f"{settings.name}.state"
             self._restore()
@@ -307,48 +333,103 @@ class StoreCore(ContextCore):
 
     def on_lbmr(self, packet: lbmr.LbmrPacket, addr: Addr) -> None:
         for tir in packet.tirs:
+            if not isinstance(tir, lbmr.Tir):
+                continue  # queue records (QIR, type 6 packets) say nothing about sources
             ume = next((o for o in (tir.options or []) if isinstance(o, lbmr.ToptUme)), None)
             info = tir.info
             if ume is None or not isinstance(info, lbmr.TcpInfo | lbmr.TcpSidInfo):
                 continue
             key = ((ume.src_tcp_addr, ume.src_tcp_port), ume.transport_idx, tir.index)
-            self._tirs[key] = (tir.name, (info.ip, info.port))
+            transport = (info.ip, info.port)
+            names = self._tirs.setdefault(key, {})
+            names.pop(tir.name, None)  # the newest advertisement of a name goes last
+            names[tir.name] = transport
             for src in self.sources.values():
-                if (src.request_addr, src.transport_idx, src.topic_idx) == key:
-                    self._join_transport(src, (info.ip, info.port))
+                if src.topic == tir.name and \
+                        (src.request_addr, src.transport_idx, src.topic_idx) == key:
+                    self._join_transport(src, transport)
 
     def _join_transport(self, src: SourceState, transport: Addr) -> None:
-        if src.tir_seen and src.transport == transport:
+        """Receive ``src`` on ``transport`` as well.
+
+        A route already working stays until its connection goes: a second advertisement with
+        the source's request address, indexes and topic but another transport (a stale TIR, a
+        stranger's forgery) must not cut the store off the transport the source really sends
+        on, so data is accepted from every transport the source was advertised on."""
+        if src.tir_seen and self._routes.get((transport, src.topic_idx)) is src:
             return
-        if src.transport is not None:
-            self._routes.pop((src.transport, src.topic_idx), None)
         src.transport, src.tir_seen = transport, True
         self._routes[(transport, src.topic_idx)] = src
-        if self.connection_to(transport) is None:
-            self.send_to(transport, b"", tag="transport")
+        conn = self.connection_to(transport)
+        if conn is None:
+            self.send_to(transport, b"", tag="transport")  # answered once connected
+        elif conn.open and src.pending_response is not None:
+            # already receiving that transport (another topic of the same source context):
+            # nothing will connect, so answer the registration now
+            self._hello(src, conn)
+            self._answer(src)
         # Ask for SRI so this store sees the source complete its registration (semantics §1.1.6)
         if src.active:
             self.send_to(src.request_addr, control(SriReq(transport_idx=src.transport_idx,
                                                           topic_idx=src.topic_idx)))
 
+    def _drop_routes(self, src: SourceState) -> None:
+        for key in [k for k, routed in self._routes.items() if routed is src]:
+            del self._routes[key]
+
     def _find_tir(self, src: SourceState) -> None:
-        hit = self._tirs.get((src.request_addr, src.transport_idx, src.topic_idx))
-        if hit is not None:
-            self._join_transport(src, hit[1])
+        names = self._tirs.get((src.request_addr, src.transport_idx, src.topic_idx))
+        transport = names.get(src.topic) if names else None
+        if transport is not None:
+            self._join_transport(src, transport)
 
     # --- messages -----------------------------------------------------------------------------
 
     def on_raw_message(self, conn: Connection, raw: bytes) -> None:
         # the hot path: data messages from a transport are stored without a full decode
-        mtype, next_hdr, tidx, sqn = data_fields(raw) if len(raw) >= 12 else (-1, 0, 0, 0)
-        if mtype in DATA_TYPES and next_hdr == 0:
-            src = self._routes.get((conn.remote, tidx)) if conn.outgoing else None
-            if src is None and mtype == MessageType.PRORX:
-                src = self._source_on(conn, tidx)
-            if src is not None:
-                self._persist(src, sqn, raw)
-                return
+        size = len(raw)
+        if size >= _DATA_SIZE:
+            ver_type, next_hdr, _, tidx, sqn = _DATA_UNPACK(raw, 0)
+            mtype = ver_type & _TYPE_MASK
+            if next_hdr == NHDR_DATA and mtype in _DATA_TYPE_CODES:
+                src = self._routes.get((conn.key[1], tidx)) if conn.outgoing else None
+                if src is None and mtype == MessageType.PRORX:
+                    src = self._source_on(conn, tidx)
+                if src is not None:
+                    self._persist(src, sqn, raw)
+                    return
+        if not (conn.outgoing and conn.tag == "transport"):
+            # receivers' retransmission requests and consumption ACKs, without a full decode
+            if size == _RXREQ_IN.size:
+                values = _RXREQ_IN.unpack(raw)
+                if values is not None:
+                    self._on_rxreq(conn, values[_RXREQ_ID], values[_RXREQ_SQN], size)
+                    return
+            elif size == _ACK_IN.size:
+                values = _ACK_IN.unpack(raw)
+                if values is not None:
+                    ack_type, rcv_reg_id, id_2, seqnum = (values[i] for i in _ACK_FIELDS)
+                    self._on_ack(conn, ack_type, rcv_reg_id, id_2, seqnum, size)
+                    return
         super().on_raw_message(conn, raw)
+
+    def on_chunk_done(self, conn: Connection) -> None:
+        """Write what the chunk's messages owe: their repository files first (the store never
+        calls a message stable before it is in the OS), then one write of stability ACKs per
+        source, then the acknowledgement journal."""
+        touched = self._touched
+        if touched:
+            self._touched = []
+            for src in touched:
+                src.touched = False
+                if src.repo is not None:
+                    src.repo.sync()
+                if src.ack_due:
+                    sqns, src.ack_due = src.ack_due, []
+                    self._send_client(src, self._stable_acks(src, sqns))
+        if self._journal_due:
+            due, self._journal_due = self._journal_due, {}
+            self._journal_lines([{"ack": reg_id, "sqn": sqn} for reg_id, sqn in due.items()])
 
     def _source_on(self, conn: Connection, tidx: int) -> SourceState | None:
         tag = conn.tag
@@ -376,23 +457,39 @@ class StoreCore(ContextCore):
                 handled = True
                 break
             if isinstance(header, UmeAck):
-                self._on_ack(conn, header, len(raw))
+                self._on_ack(conn, header.type, header.rcv_reg_id, header.id_2, header.seqnum,
+                             len(raw))
                 handled = True
             elif isinstance(header, UmeRxreq):
-                self._on_rxreq(conn, header, len(raw))
+                self._on_rxreq(conn, header.id_2, header.seqnum, len(raw))
                 handled = True
             elif isinstance(header, UmeKeepalive):
-                self._on_keepalive(conn, header)
+                self._on_keepalive(conn, header, len(raw))
                 handled = True
         if not handled and not conn.outgoing:
             self.drop(peer, f"no store request in message ({message.label()})", len(raw))
 
     def on_connection_lost(self, conn: Connection, *, refused: bool) -> None:
         if conn.tag == "transport":
-            for (transport, tidx), src in list(self._routes.items()):
-                if transport == conn.remote:
+            lost = [(key, src) for key, src in self._routes.items() if key[0] == conn.remote]
+            for key, _ in lost:
+                del self._routes[key]
+            orphans = []
+            for _, src in lost:
+                # fall back on another transport the source was advertised on, if any
+                other = next((t for (t, _), s in self._routes.items() if s is src), None)
+                if other is not None:
+                    src.transport = other
+                else:
                     src.tir_seen = False
-                    del self._routes[(transport, tidx)]
+                    if src.active and not refused:
+                        orphans.append(src.topic)
+            # a transport that worked went away: ask for its sources' advertisements at once,
+            # as one that restarted on the same address answers (a refused connection waits for
+            # the "resolve" timer instead, so a stale advertisement cannot make this loop)
+            for i in range(0, len(orphans), _TQRS_PER_QUERY):
+                self.send_lbmr(lbmr.LbmrPacket(tqrs=[
+                    lbmr.Tqr(name=t) for t in orphans[i:i + _TQRS_PER_QUERY]]))
         elif isinstance(conn.tag, Client) and conn.tag.conn is conn:
             conn.tag.conn = None
 
@@ -407,8 +504,8 @@ class StoreCore(ContextCore):
         topic = topic_hdr.topic if topic_hdr is not None else None
         if preg.s_flag:
             if topic is None:
-                hit = self._tirs.get((request_addr, preg.transport_idx, preg.topic_idx))
-                topic = hit[0] if hit else None
+                names = self._tirs.get((request_addr, preg.transport_idx, preg.topic_idx))
+                topic = next(reversed(names)) if names else None  # the newest advertised
             if topic is None:
                 self._reject(conn, preg, PregError.ENOPATTERN,
                              "topic unknown: no topic name in the registration and no TIR seen")
@@ -475,6 +572,9 @@ class StoreCore(ContextCore):
                 return
             src = existing
             old = True
+            if (src.transport_idx, src.topic_idx) != (preg.transport_idx, preg.topic_idx):
+                self._drop_routes(src)  # data under the old topic index is not this source's
+                src.tir_seen = False
             src.transport_idx, src.topic_idx = preg.transport_idx, preg.topic_idx
             if src.request_addr != request_addr or src.transport is None:
                 src.tir_seen = False
@@ -551,7 +651,7 @@ class StoreCore(ContextCore):
         if p.repository_type == "disk":
             base = self.settings.disk_cache_directory or Path("umestored-cache")
             cache = Path(base) / f"{self.settings.name}-{src.reg_id}-cache"
-        return Repository(limits, cache_file=cache)
+        return Repository(limits, cache_file=cache, write_behind=True)
 
     def _register_receiver(self, conn: Connection, preg: Header, topic: str | None,
                            session_id: int, request_addr: Addr,
@@ -647,20 +747,30 @@ class StoreCore(ContextCore):
     # --- data and acknowledgements -----------------------------------------------------------
 
     def _persist(self, src: SourceState, sqn: int, raw: bytes) -> None:
+        """Keep a data message; its stability ACK waits for the end of the chunk (see
+        :meth:`on_chunk_done`)."""
         repo = src.repo
         if repo is None:
             return
-        src.last_activity = self.now
-        result = repo.add(sqn, raw, self.now)
+        now = self.now
+        src.last_activity = now
+        result = repo.add(sqn, raw, now)
+        if not src.touched:
+            src.touched = True
+            self._touched.append(src)
         if result.released:
             self._warn_unconsumed(src, result.released)
         if result.dropped:
             self.log(Level.WARNING, f"source RegID {src.reg_id}: repository size limit "
                                     f"reached, message {sqn} dropped")
             return
-        if src.high_received is None or sqn > src.high_received:
+        high = src.high_received
+        if high is None or sqn > high:
             src.high_received = sqn
-        self._stable(src, sqn)
+        if src.rpp or src.policy.stability_ack_minimum_number > 1:
+            self._stable(src, sqn)
+        else:
+            src.ack_due.append(sqn)  # the common case: one ACK per message, sent per chunk
 
     def _stable(self, src: SourceState, sqn: int) -> None:
         p = src.policy
@@ -677,16 +787,36 @@ class StoreCore(ContextCore):
                 self.set_timer_if_later(f"acks {src.reg_id}",
                                         self.now + p.stability_ack_interval / 1000)
             return
-        self._send_client(src, _ACK.pack(type=AckType.STABLE, transport_idx=src.transport_idx,
-                                         id_2=src.topic_idx, seqnum=sqn))
+        src.ack_due.append(sqn)
+
+    def _stable_acks(self, src: SourceState, sqns: list[int]) -> bytes:
+        """Stability ACKs for ``sqns``, back to back: one template packed through the ACK's
+        derived layout, only the sequence number changing."""
+        key = (src.transport_idx, src.topic_idx)
+        values = self._ack_templates.get(key)
+        if values is None:
+            values = _ACK_IN.template(type=AckType.STABLE, transport_idx=src.transport_idx,
+                                      id_2=src.topic_idx)
+            self._ack_templates[key] = values
+        pack = _ACK_IN.pack
+        if len(sqns) == 1:
+            values[_ACK_SEQNUM] = sqns[0]
+            return pack(*values)
+        out = []
+        for sqn in sqns:
+            values[_ACK_SEQNUM] = sqn
+            out.append(pack(*values))
+        return b"".join(out)
 
     def _flush_acks(self, src: SourceState) -> None:
-        acks = [_ACK.pack(type=AckType.STABLE, transport_idx=src.transport_idx,
-                          id_2=src.topic_idx, seqnum=s) for s in src.unacked]
+        sqns = [*src.ack_due, *src.unacked]
+        src.ack_due = []
         src.unacked.clear()
         self.cancel_timer(f"acks {src.reg_id}")
-        if acks:
-            self._send_client(src, b"".join(acks))
+        if sqns:
+            if src.repo is not None:
+                src.repo.sync()
+            self._send_client(src, self._stable_acks(src, sqns))
 
     def _release_withheld(self, src: SourceState) -> None:
         if not src.unacked or src.repo is None:
@@ -706,16 +836,18 @@ class StoreCore(ContextCore):
                          f"source RegID {src.reg_id}: repository released message {newest} "
                          f"before receiver RegID {rcv.reg_id} consumed it")
 
-    def _on_ack(self, conn: Connection, ack: Header, size: int) -> None:
-        rcv = self.receivers.get(ack.rcv_reg_id) or self.receivers.get(ack.id_2)
-        if rcv is None or ack.type != AckType.CDELV:
-            self.drop(conn.remote, f"ACK from unknown receiver RegID {ack.rcv_reg_id}", size)
+    def _on_ack(self, conn: Connection, ack_type: int, rcv_reg_id: int, id_2: int, seqnum: int,
+                size: int) -> None:
+        rcv = self.receivers.get(rcv_reg_id) or self.receivers.get(id_2)
+        if rcv is None or ack_type != AckType.CDELV:
+            self.drop(conn.remote, f"ACK from unknown receiver RegID {rcv_reg_id}", size)
             return
         rcv.last_activity = self.now
         rcv.active = True
-        if rcv.last_ack is None or ack.seqnum > rcv.last_ack:
-            rcv.last_ack = ack.seqnum
-            self._journal({"ack": rcv.reg_id, "sqn": ack.seqnum})
+        if rcv.last_ack is None or seqnum > rcv.last_ack:
+            rcv.last_ack = seqnum
+            if self._journal_path is not None:
+                self._journal_due[rcv.reg_id] = seqnum  # written once per chunk
         src = self.sources.get(rcv.source_reg_id)
         if src is not None and src.rpp:
             self._rpp_release(src)
@@ -730,11 +862,12 @@ class StoreCore(ContextCore):
         if src.repo.release_through(floor):
             self._release_withheld(src)
 
-    def _on_keepalive(self, conn: Connection, ka: Header) -> None:
+    def _on_keepalive(self, conn: Connection, ka: Header, size: int) -> None:
         client: Client | None = conn.tag if isinstance(conn.tag, Client) else None
         if client is None:
             client = self.sources.get(ka.reg_id) or self.receivers.get(ka.reg_id)
         if client is None:
+            self.drop(conn.remote, f"keepalive from unknown RegID {ka.reg_id}", size)
             return
         client.last_activity = self.now
         if ka.r_flag:
@@ -748,10 +881,10 @@ class StoreCore(ContextCore):
 
     # --- retransmissions -------------------------------------------------------------------
 
-    def _on_rxreq(self, conn: Connection, req: Header, size: int) -> None:
-        rcv = self.receivers.get(req.id_2)
+    def _on_rxreq(self, conn: Connection, id_2: int, seqnum: int, size: int) -> None:
+        rcv = self.receivers.get(id_2)
         if rcv is None:
-            self.drop(conn.remote, f"RXREQ from unknown receiver RegID {req.id_2}", size)
+            self.drop(conn.remote, f"RXREQ from unknown receiver RegID {id_2}", size)
             return
         rcv.last_activity = self.now
         self.rx.received += 1
@@ -759,7 +892,7 @@ class StoreCore(ContextCore):
             self.rx.dropped += 1
             self.rx.total_dropped += 1
             return
-        self._rxq.append((rcv, req.seqnum))
+        self._rxq.append((rcv, seqnum))
         self._serve_retransmissions()
 
     def _serve_retransmissions(self) -> None:
@@ -794,10 +927,14 @@ class StoreCore(ContextCore):
         elif name == "rx":
             self._serve_retransmissions()
         elif name == "resolve":
-            # say hello to the resolver so it relays advertisements to us; ask for unknown TIRs
-            missing = [lbmr.Tqr(name=s.topic) for s in self.sources.values()
-                       if s.active and not s.tir_seen]
-            self.send_lbmr(lbmr.LbmrPacket(tqrs=missing[:8]))
+            # say hello to the resolver so it relays advertisements to us; ask for unknown TIRs,
+            # _TQRS_PER_QUERY at a time, taking turns so that many sources gone quiet cannot
+            # keep a new one from ever being asked for
+            missing = [s.topic for s in self.sources.values() if s.active and not s.tir_seen]
+            start = self._resolve_turn % len(missing) if missing else 0
+            turn = (missing[start:] + missing[:start])[:_TQRS_PER_QUERY]
+            self._resolve_turn = start + len(turn)
+            self.send_lbmr(lbmr.LbmrPacket(tqrs=[lbmr.Tqr(name=t) for t in turn]))
             self.set_timer("resolve", self.now + 1.0)
         elif name.startswith("answer "):
             src = self.sources.get(int(name.split()[1]))
@@ -836,8 +973,7 @@ class StoreCore(ContextCore):
                 self.receivers.pop(rcv.reg_id, None)
             if client.repo is not None:
                 client.repo.clear()
-            if client.transport is not None:
-                self._routes.pop((client.transport, client.topic_idx), None)
+            self._drop_routes(client)
             key = ("source", client.topic, client.session_id, 0)
         else:
             assert isinstance(client, ReceiverState)
@@ -857,10 +993,16 @@ class StoreCore(ContextCore):
     # --- disk state -------------------------------------------------------------------------
 
     def _journal(self, record: dict[str, object]) -> None:
-        if self._journal_path is None:
+        self._journal_lines([record])
+
+    def _journal_lines(self, records: list[dict[str, object]]) -> None:
+        """Append records to the state journal and hand them to the OS at once."""
+        if self._journal_path is None or not records:
             return
-        with self._journal_path.open("a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        if self._journal_fh is None:
+            self._journal_fh = self._journal_path.open("a")
+        self._journal_fh.write("".join(json.dumps(r) + "\n" for r in records))
+        self._journal_fh.flush()
 
     def _journal_client(self, client: Client) -> None:
         if self._journal_path is None:
@@ -940,6 +1082,12 @@ class StoreCore(ContextCore):
         for src in self.sources.values():
             if src.repo is not None:
                 src.repo.close()
+        if self._journal_due:
+            due, self._journal_due = self._journal_due, {}
+            self._journal_lines([{"ack": reg_id, "sqn": sqn} for reg_id, sqn in due.items()])
+        if self._journal_fh is not None:
+            self._journal_fh.close()
+            self._journal_fh = None
         super().close()
 
     # --- for the web monitor ------------------------------------------------------------------

@@ -16,10 +16,10 @@ Four places take bytes from the network, and each is attacked where it listens:
   duplicates and its acknowledgements must keep reaching the store;
 * the **resolver**: what is not LBMR is dropped and never relayed.
 
-The core bugs these tests found are pinned by the ``test_known_bug_*`` tests at the end, each
-``xfail(strict=True)`` so it fails loudly once the core is fixed.  The property tests keep
-clear of those bugs with the ``_hits_*`` predicates next to them; delete a predicate together
-with the xfail mark when its bug is fixed, so the property covers that input again.
+The core bugs these tests found are fixed, and each has a regression test at the end; the
+property tests cover those inputs too.  When a new bug turns up, pin it there with an
+``xfail(strict=True)`` test and keep the properties clear of it with a ``_hits_*`` predicate
+until the core is fixed, then delete both.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reference_impl.context import Connection, ContextCore, control
@@ -57,6 +57,7 @@ from reference_impl.receiver import ReceiverConfig, ReceiverCore, StoreReg
 from reference_impl.resolver import DEFAULT_PORT, ResolverCore
 from reference_impl.sim import (
     CallbackEndpoint,
+    Connect,
     ConnKey,
     StreamClose,
     StreamEvent,
@@ -83,6 +84,7 @@ from wire.lbmc import (
     KeepaliveType,
     LbmcMessage,
     MessageType,
+    PregError,
     Sri,
     Topicname,
     UmeAck,
@@ -165,6 +167,13 @@ def frames_of(stream: bytes) -> tuple[list[bytes], bool]:
     return [item.raw for item in items], framer.broken is not None
 
 
+def unframed_tail(stream: bytes) -> int:
+    """Bytes at the end of an unbroken ``stream`` that do not complete a message."""
+    framer = LbttcpStream(decode=False)
+    framer.feed(stream)
+    return framer.pending
+
+
 def decoded(raw: bytes) -> LbmcMessage | None:
     try:
         return parse_message(raw)[0]
@@ -178,7 +187,7 @@ def state_of(core: ContextCore, *, ignore: Iterable[ConnKey] = ()) -> object:
 
     Read generically so that state added to a core later is covered without editing this test.
     """
-    skip = {"_events", "_commands", "_datagrams", "_heap", "now"}
+    skip = {"_events", "_commands", "_write_key", "_write_parts", "_datagrams", "_heap", "now"}
     ignored = set(ignore)
     out: dict[str, object] = {}
     for name, value in vars(core).items():
@@ -197,7 +206,7 @@ def _plain(value: object, active: set[int]) -> object:
         return value
     if isinstance(value, Connection):
         return ("connection", value.key, value.open, value.outgoing, tuple(value.pending),
-                value.framer.pending, value.framer.broken is not None, type(value.tag).__name__)
+                value.unframed, value.framer.broken is not None, type(value.tag).__name__)
     if isinstance(value, random.Random):
         return value.getstate()
     if isinstance(value, io.IOBase | PurePath):
@@ -334,35 +343,32 @@ def is_registration(message: LbmcMessage | None) -> bool:
     return message is not None and message.header(UmePreg) is not None
 
 
-def store_must_drop(raw: bytes) -> bool | None:
+BENCH_SOURCES = {_IDS.source_reg_id}
+BENCH_RECEIVERS = {_IDS.receiver_reg_id}
+
+
+def _names_a_bench_client(header: object) -> bool:
+    """The store request ``header`` names a client of the bench store the way the store looks
+    it up (so the store serves it instead of dropping it)."""
+    if isinstance(header, UmeAck):
+        return header.type == AckType.CDELV and \
+            bool({header.rcv_reg_id, header.id_2} & BENCH_RECEIVERS)
+    if isinstance(header, UmeRxreq):
+        return header.id_2 in BENCH_RECEIVERS
+    if isinstance(header, UmeKeepalive):
+        return header.reg_id in BENCH_SOURCES | BENCH_RECEIVERS
+    return False
+
+
+def store_must_drop(raw: bytes) -> bool:
     """Whether the store must answer this frame from a stranger with an InputDropped: anything
-    that does not decode, data on a connection that is no source's, and control messages with
-    no store request or a request naming an unknown client.  ``None``: no verdict (a keepalive
-    naming an unknown client is ignored without a log line; see the known-bug test)."""
+    that does not decode, data on a connection that is no source's, control messages with no
+    store request, and each request (ACK, RXREQ, keepalive) naming an unknown client."""
     message = decoded(raw)
     if message is None or message.is_data_type:
         return True
-    kinds = {type(h) for h in message.headers}
-    if kinds & {UmeAck, UmeRxreq}:
-        return True
-    if UmeKeepalive in kinds:
-        return None
-    return True
-
-
-def _hits_late_close_bug(chunks: list[bytes]) -> bool:
-    """Known bug (test_known_bug_framing_error_after_good_messages_leaves_connection_open): the
-    framing breaks in the last chunk, after whole messages in that chunk; the core notices
-    only when more bytes arrive."""
-    framer = LbttcpStream(decode=False)
-    for i, chunk in enumerate(chunks):
-        try:
-            framer.feed(chunk)
-        except WireError:
-            return False
-        if framer.broken is not None:
-            return i == len(chunks) - 1
-    return False
+    requests = [h for h in message.headers if isinstance(h, UmeAck | UmeRxreq | UmeKeepalive)]
+    return not requests or not all(_names_a_bench_client(h) for h in requests)
 
 
 def feed_stranger(store: StoreCore, chunks: list[bytes]) -> None:
@@ -370,8 +376,6 @@ def feed_stranger(store: StoreCore, chunks: list[bytes]) -> None:
     stream_event(store, StreamEventKind.ACCEPTED, GARBAGE_CONN)
     for chunk in chunks:
         stream_event(store, StreamEventKind.DATA, GARBAGE_CONN, chunk)
-    if _hits_late_close_bug(chunks):
-        stream_event(store, StreamEventKind.DATA, GARBAGE_CONN, b"\x00")  # see the bug test
 
 
 @FAST
@@ -486,41 +490,6 @@ def test_store_answers_or_drops_mutated_registrations(raw: bytes) -> None:
         assert_store_still_serves(bench)
 
 
-def _hits_qir_bug(datagram: bytes) -> bool:
-    """Known bug (test_known_bug_queue_records_crash_store_and_receiver): an LBMR packet with
-    queue records (QIR) crashes the store and the receiver."""
-    try:
-        packet = lbmr.parse_packet(datagram)
-    except WireError:
-        return False
-    return any(not isinstance(t, lbmr.Tir) for t in packet.tirs)
-
-
-def _hits_tir_redirect(datagram: bytes) -> bool:
-    """Known bug (test_known_bug_store_follows_a_tir_for_another_topic): a TIR with the bench
-    source's request address and indexes but another topic name, or another transport, moves
-    the store's route off the source's working transport; the store then ignores the source's
-    data until the source retransmits it proactively."""
-    try:
-        packet = lbmr.parse_packet(datagram)
-    except WireError:
-        return False
-    for tir in packet.tirs:
-        if not isinstance(tir, lbmr.Tir) or not isinstance(tir.info,
-                                                           lbmr.TcpInfo | lbmr.TcpSidInfo):
-            continue
-        for ume in (o for o in tir.options or [] if isinstance(o, lbmr.ToptUme)):
-            ours = ((ume.src_tcp_addr, ume.src_tcp_port), ume.transport_idx, tir.index) == \
-                (SOURCE_REQUEST, TRANSPORT_IDX, TOPIC_IDX)
-            if ours and (tir.name, (tir.info.ip, tir.info.port)) != (TOPIC, SOURCE_TRANSPORT):
-                return True
-    return False
-
-
-def _hits_lbmr_bugs(datagram: bytes) -> bool:
-    return _hits_qir_bug(datagram) or _hits_tir_redirect(datagram)
-
-
 VALID_LBMR = [
     lbmr.LbmrPacket(tirs=[source_tir()]),  # the bench source's own advertisement
     lbmr.LbmrPacket(tirs=[source_tir(request=(STRANGER_IP, 14391),
@@ -541,7 +510,6 @@ def test_store_drops_bad_topic_resolution_datagrams(datagrams: list[bytes]) -> N
     """Undecodable LBMR is dropped with one InputDropped each and leaves the store untouched;
     LBMR that decodes may teach it advertisements but never touches a registration or a
     message it holds."""
-    assume(not any(_hits_lbmr_bugs(d) for d in datagrams))
     bench = store_bench()
     store = bench.store
     for datagram in datagrams:
@@ -608,12 +576,6 @@ def bursts(draw: st.DrawFn, messages_sent: int) -> Burst:
         stream = b"".join(draw(st.lists(store_garbage, min_size=1, max_size=4)))
         return Burst(at, True, tuple(draw(chunked(stream))))
     return Burst(at, False, (draw(lbmr_garbage),))
-
-
-def _burst_hits_known_bug(burst: Burst) -> bool:
-    if burst.tcp:
-        return False
-    return _hits_lbmr_bugs(burst.chunks[0])
 
 
 class Stranger:
@@ -708,7 +670,6 @@ def test_store_in_a_deployment_shrugs_off_garbage(plan: list[Burst]) -> None:
     """200 messages flow while a stranger sends garbage connections and datagrams to the store:
     the receiver gets each message once and in order, the store keeps them all, and a late
     receiver recovers everything from it."""
-    assume(not any(_burst_hits_known_bug(b) for b in plan))
     run_store_under_attack(plan, 200)
 
 
@@ -717,7 +678,6 @@ def test_store_in_a_deployment_shrugs_off_garbage(plan: list[Burst]) -> None:
 @given(plan=st.lists(bursts(2000), min_size=20, max_size=60), seed=st.integers(0, 1000))
 def test_store_in_a_deployment_shrugs_off_a_garbage_storm(plan: list[Burst], seed: int) -> None:
     """The same with 2000 messages, 20 to 60 bursts of garbage and any network seed."""
-    assume(not any(_burst_hits_known_bug(b) for b in plan))
     run_store_under_attack(plan, 2000, step=0.002, seed=seed)
 
 
@@ -748,7 +708,7 @@ class ReceiverBench:
             net.call_at(net.now, lambda: rcv.receive(data, (STRANGER_IP, LBMR_PORT), net.now))
             return
         key = self.transport if where == "transport" else self.store_conn
-        assert rcv.connections[key].framer.pending == 0  # between two messages of the peer
+        assert rcv.connections[key].unframed == 0  # between two messages of the peer
         net.call_at(net.now, lambda: rcv.stream_event(
             StreamEvent(StreamEventKind.DATA, key, data), net.now))
 
@@ -796,7 +756,6 @@ receiver_lbmr_garbage = st.one_of(
 def test_receiver_drops_bad_frames_and_datagrams(plan: list[tuple[int, str, bytes]]) -> None:
     """Undecodable frames between the messages of its source and of its store, and bad LBMR
     datagrams: one InputDropped each, and 100 messages delivered once, in order, acknowledged."""
-    assume(not any(where == "lbmr" and _hits_lbmr_bugs(raw) for _, where, raw in plan))
     bench = ReceiverBench()
     expected = 0
     for _, where, raw in plan:
@@ -843,20 +802,6 @@ RECEIVER_TEMPLATES = [
 ]
 
 
-def _hits_spoofing_bugs(raw: bytes) -> bool:
-    """Known bugs (test_known_bug_receiver_takes_data_from_a_stranger,
-    test_known_bug_receiver_takes_sri_from_a_stranger): the receiver believes data for its
-    topic index and SRI from any connection."""
-    frames, _ = frames_of(raw)
-    for frame in frames:
-        message = decoded(frame)
-        if message is not None and message.is_data_type and message.tidx == TOPIC_IDX:
-            return True
-        if message is not None and message.header(Sri) is not None:
-            return True
-    return False
-
-
 @RECEIVING
 @given(pieces=st.lists(st.tuples(st.integers(0, 99),
                                  st.one_of(garbage_from(RECEIVER_TEMPLATES), framing_breakers)),
@@ -865,15 +810,16 @@ def _hits_spoofing_bugs(raw: bytes) -> bool:
 def test_receiver_ignores_garbage_from_a_stranger(pieces: list[tuple[int, bytes]],
                                                   data: st.DataObject) -> None:
     """A stranger connects to the receiver's request port (once per piece of garbage) and sends
-    anything at all, in any chunking: nothing it says reaches the application."""
-    pieces = [(at, raw) for at, raw in pieces if not _hits_spoofing_bugs(raw)]
+    anything at all, in any chunking: nothing it says reaches the application, and every frame,
+    a broken framing and a message cut short by the close each give one InputDropped (nobody
+    has a reason to connect to a receiver and talk first)."""
     bench = ReceiverBench()
     plan = [(at, i, data.draw(chunked(raw))) for i, (at, raw) in enumerate(pieces)]
     owed = 0
     for _, _, chunks in plan:
-        frames, broken = frames_of(b"".join(chunks))
-        late_close = _hits_late_close_bug(chunks)  # then the break goes unlogged: see the bug
-        owed += sum(1 for f in frames if decoded(f) is None) + int(broken and not late_close)
+        stream = b"".join(chunks)
+        frames, broken = frames_of(stream)
+        owed += len(frames) + int(broken) + int(not broken and unframed_tail(stream) > 0)
 
     def inject(sqn: int) -> None:
         for at, i, chunks in plan:
@@ -885,7 +831,7 @@ def test_receiver_ignores_garbage_from_a_stranger(pieces: list[tuple[int, bytes]
     bench.assert_everything_delivered_and_acknowledged(100)
     events = [e for _, n, e in bench.d.log if n == "rcv"]
     assert all(d.peer[0] == STRANGER_IP for d in drops_in(events))
-    assert len(drops_in(events)) >= owed
+    assert len(drops_in(events)) == owed
     assert_each_drop_is_logged(events)
 
 
@@ -921,10 +867,13 @@ def test_resolver_relays_lbmr_and_drops_everything_else(datagram: bytes) -> None
         assert not drops_in(events)
 
 
-# --- known core bugs (each flips to XPASS, a failure, once fixed) ------------------------------
+# --- regressions: core bugs these tests found, each fixed in the core ------------------------
 
 
-def test_store_refuses_a_nul_in_a_source_topic_name() -> None:
+def test_store_refuses_a_source_topic_name_with_a_nul() -> None:
+    """A NUL cannot be in a topic-resolution name, so the store could never query or join such
+    a source (it used to register it and then raise building the TQR, at once and on every
+    'resolve' timer): refused with ETOPICNAME and logged, nothing changed."""
     bench = store_bench()
     store = bench.store
     before = state_of(store, ignore=[GARBAGE_CONN])
@@ -934,18 +883,21 @@ def test_store_refuses_a_nul_in_a_source_topic_name() -> None:
     stream_event(store, StreamEventKind.DATA, GARBAGE_CONN, raw)
     events = store.events()
     refused = [e for e in events if isinstance(e, ClientRejected)]
-    assert drops_in(events) or refused
+    assert [e.code for e in refused] == [PregError.ETOPICNAME]
+    assert any(isinstance(e, LogRecord) and e.level is Level.WARNING and "NUL" in e.text
+               for e in events)
+    answers = [h for c in store.stream_commands(NOW) if isinstance(c, StreamWrite)
+               for h in parse_message(c.data)[0].headers if isinstance(h, UmePregResp)]
+    assert [(a.e_flag, a.error_code) for a in answers] == [(1, PregError.ETOPICNAME)]
     assert state_of(store, ignore=[GARBAGE_CONN]) == before
     store.handle_timer(NOW + 5)  # the resolve timer must not trip over it either
     assert store.timer_at("resolve") is not None
 
 
-@pytest.mark.xfail(strict=True, raises=AttributeError, reason=(
-    "core bug: StoreCore.on_lbmr and ReceiverCore.on_lbmr read tir.info / tir.name from every "
-    "record of packet.tirs, but a type-6 LBMR packet carries Qir records there: "
-    "AttributeError.  Fix: skip records that are not lbmr.Tir"))
 @pytest.mark.parametrize("core", ["store", "receiver"])
-def test_known_bug_queue_records_crash_store_and_receiver(core: str) -> None:
+def test_queue_records_leave_store_and_receiver_alone(core: str) -> None:
+    """A type-6 LBMR packet carries QIRs where TIRs would be; they say nothing about a source
+    (both cores used to read ``tir.info`` from them and raise AttributeError)."""
     packet = lbmr.LbmrPacket(type=6, tirs=[lbmr.Qir(qname="q", tname=TOPIC, queue_id=1,
                                                    queue_ver=0, queue_prev_ver=0)])
     target: ContextCore = store_bench().store if core == "store" else \
@@ -953,71 +905,93 @@ def test_known_bug_queue_records_crash_store_and_receiver(core: str) -> None:
     before = state_of(target)
     target.receive(packet.build(), (STRANGER_IP, LBMR_PORT), NOW)
     assert state_of(target) == before
+    assert not target.events()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core bug: StoreCore.on_lbmr matches a TIR to a source by (request address, transport "
-    "index, topic index) only, not by topic name; a TIR for another topic with those values "
-    "moves the source's route to another transport, and the data still arriving on the real "
-    "transport is ignored without a log line (store.py on_lbmr / _join_transport).  Fix: "
-    "require tir.name == src.topic (also in _find_tir)"))
-def test_known_bug_store_follows_a_tir_for_another_topic() -> None:
+@pytest.mark.parametrize("name, transport", [
+    ("topic.b", (STRANGER_IP, SOURCE_TRANSPORT[1])),  # another topic: never this source's
+    (TOPIC, (STRANGER_IP, SOURCE_TRANSPORT[1])),  # this topic elsewhere: joined as well
+])
+def test_store_keeps_its_source_route_after_a_stray_tir(name: str, transport: Addr) -> None:
+    """A TIR naming the bench source's request address and indexes used to move the store's
+    route to the TIR's transport whatever its topic name, and the data still arriving on the
+    real transport was then ignored without a log line."""
     bench = store_bench()
-    stray = source_tir(transport=(STRANGER_IP, SOURCE_TRANSPORT[1]), name="topic.b")
+    stray = source_tir(transport=transport, name=name)
     bench.store.receive(lbmr.LbmrPacket(tirs=[stray]).build(), RESOLVER, NOW)
-    bench.store.stream_commands(NOW)
+    connects = [c for c in bench.store.stream_commands(NOW) if isinstance(c, Connect)]
+    assert [c.remote for c in connects] == ([transport] if name == TOPIC else [])
     bench.store.datagrams_to_send(NOW)
     assert_store_still_serves(bench)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core bug: ContextCore._feed only learns of a framing error when LbttcpStream.feed raises, "
-    "and feed returns the good messages of the same chunk first; the connection stays open "
-    "and the bad bytes unlogged until more bytes arrive.  Fix: after the loop over items, "
-    "check conn.framer.broken and drop + close"))
-def test_known_bug_framing_error_after_good_messages_leaves_connection_open() -> None:
+def test_store_falls_back_on_the_working_transport_when_a_stray_one_fails() -> None:
+    """After a stray TIR for the source's own topic the store has two routes; when the stray
+    transport refuses the connection the store keeps receiving on the real one and still counts
+    the source's TIR as seen (no topic query, no "no TIR" flag in its keepalives)."""
+    bench = store_bench()
+    store = bench.store
+    stray = (STRANGER_IP, SOURCE_TRANSPORT[1])
+    store.receive(lbmr.LbmrPacket(tirs=[source_tir(transport=stray)]).build(), RESOLVER, NOW)
+    stream_event(store, StreamEventKind.REFUSED, ((STORE_IP, 0), stray))
+    source = store.sources[bench.source_reg_id]
+    assert source.tir_seen and source.transport == SOURCE_TRANSPORT
+    store.stream_commands(NOW)
+    store.datagrams_to_send(NOW)
+    assert_store_still_serves(bench)
+
+
+def test_framing_error_after_good_messages_in_one_chunk_closes_at_once() -> None:
+    """The framer hands out the whole messages before a break and only then gives up; the
+    core used to notice only when more bytes arrived."""
     bench = store_bench()
     store = bench.store
     ack = control(UmeAck(type=AckType.CDELV, rcv_reg_id=UNKNOWN_ID, id_2=UNKNOWN_ID))
     breaker = CONTROL_BASE.pack({"ver_type": MessageType.CONTROL, "next_hdr": 0xFF, "msglen": 2})
     stream_event(store, StreamEventKind.ACCEPTED, GARBAGE_CONN)
     stream_event(store, StreamEventKind.DATA, GARBAGE_CONN, ack + breaker)
-    assert len(drops_in(store.events())) == 2  # the unknown ACK, then the framing error
+    events = store.events()
+    assert [d.size for d in drops_in(events)] == [len(ack), len(breaker)]
+    assert "framing" in drops_in(events)[1].reason
+    assert_each_drop_is_logged(events)
     assert store.stream_commands(NOW) == [StreamClose(GARBAGE_CONN)]
+    assert GARBAGE_CONN not in store.connections
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core bug: when a peer closes mid-message (CLOSED with bytes pending in the framer) the "
-    "partial message vanishes without an InputDropped or a log line.  Fix: in "
-    "ContextCore.stream_event CLOSED/RESET, drop conn.framer.pending bytes with a reason"))
-def test_known_bug_truncated_message_at_close_is_not_logged() -> None:
+@pytest.mark.parametrize("kind", [StreamEventKind.CLOSED, StreamEventKind.RESET])
+def test_truncated_message_at_close_is_dropped_and_logged(kind: StreamEventKind) -> None:
+    """A peer that goes away mid-message loses those bytes: one InputDropped and a log line
+    (the partial message used to vanish silently)."""
     store = store_bench().store
     ack = control(UmeAck(type=AckType.CDELV, rcv_reg_id=UNKNOWN_ID, id_2=UNKNOWN_ID))
     stream_event(store, StreamEventKind.ACCEPTED, GARBAGE_CONN)
     stream_event(store, StreamEventKind.DATA, GARBAGE_CONN, ack[:-3])
-    stream_event(store, StreamEventKind.CLOSED, GARBAGE_CONN)
-    assert [d.size for d in drops_in(store.events())] == [len(ack) - 3]
+    stream_event(store, kind, GARBAGE_CONN)
+    events = store.events()
+    assert [d.size for d in drops_in(events)] == [len(ack) - 3]
+    assert_each_drop_is_logged(events)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core bug: StoreCore._on_keepalive returns silently for a keepalive naming an unknown "
-    "RegID: no InputDropped, no log line (issue 3 asks for both).  Fix: self.drop(...) there"))
-def test_known_bug_store_ignores_unknown_keepalive_silently() -> None:
-    store = store_bench().store
+def test_store_drops_a_keepalive_from_an_unknown_regid() -> None:
+    """A keepalive naming a RegID the store does not know is dropped and logged (it used to be
+    ignored silently) and changes nothing."""
+    bench = store_bench()
+    store = bench.store
+    before = state_of(store, ignore=[GARBAGE_CONN])
     stream_event(store, StreamEventKind.ACCEPTED, GARBAGE_CONN)
     raw = control(UmeKeepalive(type=KeepaliveType.RECEIVER, r_flag=1, reg_id=UNKNOWN_ID))
     stream_event(store, StreamEventKind.DATA, GARBAGE_CONN, raw)
-    assert [d.size for d in drops_in(store.events())] == [len(raw)]
+    events = store.events()
+    assert [d.size for d in drops_in(events)] == [len(raw)]
+    assert_each_drop_is_logged(events)
+    assert not [c for c in store.stream_commands(NOW) if isinstance(c, StreamWrite)]
+    assert state_of(store, ignore=[GARBAGE_CONN]) == before
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core bug: a receiver that loses its store connection within ume_registration_interval of "
-    "registering never re-registers: on_connection_lost uses set_timer_if_later('register'), "
-    "which keeps the earlier deadline; when it fires now < next_attempt, nothing is sent and "
-    "the timer is not re-armed (receiver.py on_timer 'register').  The store never hears "
-    "another acknowledgement.  Fix: re-arm 'register' for the earliest next_attempt of the "
-    "stores still unregistered"))
-def test_known_bug_receiver_never_re_registers_after_losing_its_store() -> None:
+def test_receiver_re_registers_after_losing_its_store_early() -> None:
+    """A receiver that loses its store connection within ume_registration_interval of
+    registering used to find the 'register' timer due before its retry time and never re-arm
+    it, so the store never heard another acknowledgement."""
     bench = ReceiverBench()
     breaker = CONTROL_BASE.pack({"ver_type": MessageType.CONTROL, "next_hdr": 0xFF, "msglen": 2})
     bench.send(200, before_each=lambda sqn: bench.inject("store", breaker)
@@ -1026,12 +1000,10 @@ def test_known_bug_receiver_never_re_registers_after_losing_its_store() -> None:
     bench.assert_everything_delivered_and_acknowledged(200)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core bug: ReceiverCore.on_raw_message/on_message deliver data for the topic index from "
-    "ANY connection, e.g. one a stranger opened to the request port; here a forged message 5 "
-    "is delivered and the real one discarded as a duplicate.  Fix: accept data only on the "
-    "transport connection and on store connections (tag StoreReg); drop the rest"))
-def test_known_bug_receiver_takes_data_from_a_stranger() -> None:
+def test_receiver_drops_data_from_a_stranger() -> None:
+    """Data for the receiver's topic index on a connection a stranger opened is dropped and
+    logged (a forged message 5 used to be delivered and the real one discarded as a
+    duplicate)."""
     bench = ReceiverBench()
     key: ConnKey = (RECEIVER_REQUEST, STRANGER)
     forged = data_message(TOPIC_IDX, 5, b"forged")
@@ -1042,13 +1014,12 @@ def test_known_bug_receiver_takes_data_from_a_stranger() -> None:
 
     bench.send(20, before_each=inject)
     bench.assert_everything_delivered_and_acknowledged(20)
+    assert [d.size for d in drops_in(bench.d.events("rcv", InputDropped))] == [len(forged)]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core bug: ReceiverCore.on_message takes an SRI from ANY connection; a stranger's SRI with "
-    "a higher version replaces the receiver's store (here with 10.0.0.99:1), so the real "
-    "store never hears another acknowledgement.  Fix: accept SRI only on the transport"))
-def test_known_bug_receiver_takes_sri_from_a_stranger() -> None:
+def test_receiver_drops_sri_from_a_stranger() -> None:
+    """An SRI is believed only from the source's own connections (a stranger's SRI with a
+    higher version used to replace the receiver's store, here with 10.0.0.99:1)."""
     bench = ReceiverBench()
     key: ConnKey = (RECEIVER_REQUEST, STRANGER)
     sri = control(Sri(version=1000), UmeStoreExt(store_idx=0, grp_idx=0,
@@ -1061,4 +1032,4 @@ def test_known_bug_receiver_takes_sri_from_a_stranger() -> None:
 
     bench.send(20, before_each=inject)
     bench.assert_everything_delivered_and_acknowledged(20)
-
+    assert [d.size for d in drops_in(bench.d.events("rcv", InputDropped))] == [len(sri)]
