@@ -22,6 +22,10 @@ _EXPORTS = {
     "PcapDataSource": "pcap_source",
     "load_captures": "pcap_source",
     "get_spark": "session",
+    "DecodeOptions": "columnar",
+    "decode_frames": "decode",
+    "decode_to_parquet": "decode",
+    "ParquetTables": "decode",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -20,11 +20,18 @@ therefore decodes whole batches at once:
   very deep walk finish in a scalar loop);
 * LBMR (topic resolution: a few packets per second per topic) is decoded packet by packet with
   :func:`wire.lbmr.parse_packet`;
+* :func:`decode_chunk` takes the records of a capture reader chunk
+  (:meth:`spark_analysis.splits.SplitReader.chunks`) where they lie in the read buffer, so the
+  fast path never copies the capture into an Arrow ``data`` column;
+* stage 1 counts TCP segments without payload and without SYN (pure ACKs) as skipped at once
+  (stage 2 would only count them too) and hands the other candidate segments on grouped by
+  connection direction, so each flow's payloads lie back to back;
 * LBT-TCP byte streams are reassembled per connection direction in :func:`reassemble_tcp`.
   A stretch of in-order segments without holes or overlaps is framed in one pass over the
-  payload buffer (one short Python loop step per message, since each ``msglen`` says where
-  the next message starts); anything else is replayed segment by segment with the
-  Dissector's rules.  The framed messages go through the same vectorised LBMC decoder.
+  payload buffer: breadth first over the segments when each holds whole messages (the usual
+  case), else one short Python loop step per message, since each ``msglen`` says where the
+  next message starts; anything else is replayed segment by segment with the Dissector's
+  rules.  The framed messages go through the same vectorised LBMC decoder.
 
 Every table is built column-wise; the Arrow types are Spark's (no unsigned integers), as
 narrow as exact, because Spark ships every field of every row, null struct fields included.
@@ -94,7 +101,7 @@ from wire.records import view_index
 from wire.transport import CountOf, RestOf, TransportCodec
 from wire.tshark import PortMap
 
-from .splits import CAPTURE_SCHEMA
+from .splits import CAPTURE_SCHEMA, RecordChunk
 
 __all__ = [
     "ADVERTISEMENTS_SCHEMA",
@@ -110,6 +117,7 @@ __all__ = [
     "concat_tables",
     "decode_batch",
     "decode_batches",
+    "decode_chunk",
     "frames_batch",
     "frames_batch_from_capture",
     "member_at",
@@ -680,11 +688,18 @@ def _ipv4_strings(values: np.ndarray) -> pa.Array:
         pa.string())
 
 
+@functools.cache
+def _numpy_dtype(dtype: pa.DataType) -> np.dtype:
+    """numpy's dtype for an Arrow integer or boolean type (``to_pandas_dtype`` would import
+    pandas, half a second per Spark worker)."""
+    return np.dtype("bool" if pa.types.is_boolean(dtype) else str(dtype))
+
+
 def _masked(values: np.ndarray, valid: np.ndarray | None, dtype: pa.DataType) -> pa.Array:
     """``values`` as ``dtype`` with nulls where ``valid`` is false.  The validity bitmap is
     packed with numpy (``pa.array(..., mask=...)`` is an order of magnitude slower)."""
     if pa.types.is_integer(dtype) or pa.types.is_boolean(dtype):
-        values = values.astype(dtype.to_pandas_dtype(), copy=False)  # numpy casts fastest
+        values = values.astype(_numpy_dtype(dtype), copy=False)  # numpy casts fastest
     arr = pa.array(values, dtype)
     if valid is None or valid.all():
         return arr
@@ -702,7 +717,7 @@ def _with_nulls(arr: pa.Array, valid: np.ndarray) -> pa.Array:
 
 
 _NULLS: dict[pa.DataType, pa.Array] = {}
-_NULLS_MAX = 1 << 18
+_NULLS_MAX = 1 << 22
 
 
 def null_array(dtype: pa.DataType, rows: int) -> pa.Array:
@@ -777,15 +792,32 @@ def _spread_struct(parts: Sequence[ColumnPart], raw: Mapping[str, np.ndarray],
     struct_type = _struct_type(parts)
     if not len(owner):
         return null_array(struct_type, rows)
-    full = {}
-    for member, values in raw.items():
-        spread = np.zeros(rows, values.dtype)
-        spread[owner] = values
-        full[member] = spread
     present = np.zeros(rows, bool)
     present[owner] = True
-    arrays = [_convert(p, full[p.member]) for p in parts]
+    # convert the k present values, then spread each field to all rows: a header present in
+    # few messages costs O(k) conversions plus one zero-filled buffer per field, where
+    # converting spread-out raw values cost O(rows) byte swaps and casts per field
+    index: list[np.ndarray] = []
+    arrays = [_spread_field(_convert(p, raw[p.member]), owner, rows, index) for p in parts]
     return pa.StructArray.from_arrays(arrays, fields=list(struct_type), mask=pa.array(~present))
+
+
+def _spread_field(values: pa.Array, owner: np.ndarray, rows: int,
+                  index: list[np.ndarray]) -> pa.Array:
+    """``values`` (one per ``owner`` row) placed at those rows of a ``rows``-long array.  What
+    lies at the other rows is never seen (the struct is null there).  ``index`` caches the
+    take index the variable-width fields share."""
+    kind = values.type
+    if (pa.types.is_integer(kind) or pa.types.is_boolean(kind)) and not values.null_count:
+        compact = values.to_numpy(zero_copy_only=False)
+        full = np.zeros(rows, compact.dtype)
+        full[owner] = compact
+        return pa.array(full, kind)
+    if not index:
+        at = np.zeros(rows, np.int64)
+        at[owner] = np.arange(len(owner))
+        index.append(at)
+    return values.take(pa.array(index[0]))
 
 
 # =============================================================================================
@@ -885,6 +917,17 @@ class _Frames:
             single = files[0].as_py()
         return cls(len(batch), files, ints("file_offset"), ts_ns, ints("linktype"),
                    _Binary.of(column("data")), single)
+
+    @classmethod
+    def of_chunk(cls, file: str, chunk: RecordChunk) -> _Frames:
+        """The records of a reader chunk, bytes read in place (nothing copied or packed)."""
+        n = len(chunk)
+        valid = chunk.ts_valid
+        ts_ns = _masked(chunk.ts_ns, valid, pa.int64())
+        data = _Binary(ByteView(np.frombuffer(chunk.buf, np.uint8)),
+                       chunk.data_at.astype(np.int64), chunk.caplen.astype(np.int64))
+        return cls(n, _constant(file, n), chunk.offset.astype(np.int64), ts_ns,
+                   chunk.linktype.astype(np.int64), data, file)
 
 
 @dataclass
@@ -2036,6 +2079,42 @@ _LbmrRow = tuple[int, str | None, str | None, list[dict[str, Any]]]
 """A decoded LBMR datagram: frame row, packet type, malformed reason, advertisement rows."""
 
 
+_LbmrParsed = tuple[bool, str | None, str | None, list[dict[str, Any]]]
+"""What an LBMR payload decodes to: accepted, packet type, error, advertisement rows."""
+
+_LBMR_CACHE: dict[tuple[bytes, bool], _LbmrParsed] = {}
+_LBMR_CACHE_MAX = 4096
+
+
+def _parse_lbmr(payload: bytes, strict: bool) -> _LbmrParsed:
+    """One LBMR payload, memoised: topic resolution repeats the same advertisements every
+    few seconds (nothing in an LBMR packet changes between repeats), and the object decoder
+    costs milliseconds per packet of TIRs with options."""
+    key = (payload, strict)
+    found = _LBMR_CACHE.get(key)
+    if found is not None:
+        return found
+    try:
+        packet = lbmr.parse_packet(payload)
+    except WireError as exc:
+        if strict:
+            result: _LbmrParsed = (False, None, None, [])
+        else:
+            ptype = _LBMR_TYPE_NAMES.get(payload[0] & lbmr.VER_TYPE_BITS["type"].mask) \
+                if payload else None
+            result = (True, ptype, str(exc), [])
+    else:
+        if strict and not _lbmr_strict(packet):
+            result = (False, None, None, [])
+        else:
+            result = (True, _LBMR_TYPE_NAMES.get(int(packet.type), f"type {packet.type}"),
+                      None, _advertisement_rows(packet))
+    if len(_LBMR_CACHE) >= _LBMR_CACHE_MAX:
+        _LBMR_CACHE.clear()
+    _LBMR_CACHE[key] = result
+    return result
+
+
 def _decode_lbmr(fr: _Frames, net: _Network, frame_rows: np.ndarray, strict: bool,
                  ) -> tuple[np.ndarray, list[_LbmrRow]]:
     """Parse each datagram; returns (accepted mask, per accepted row: frame row, packet type,
@@ -2045,23 +2124,13 @@ def _decode_lbmr(fr: _Frames, net: _Network, frame_rows: np.ndarray, strict: boo
     data = fr.data.bv.data
     for i, row in enumerate(frame_rows.tolist()):
         payload = data[net.pstart[row]:net.pend[row]].tobytes()
-        try:
-            packet = lbmr.parse_packet(payload)
-        except WireError as exc:
-            if strict:
-                continue
-            ptype = _LBMR_TYPE_NAMES.get(payload[0] & lbmr.VER_TYPE_BITS["type"].mask) \
-                if payload else None
-            out.append((row, ptype, str(exc), []))
-            accepted[i] = True
-            continue
-        if strict and not _lbmr_strict(packet):
+        ok, ptype, error, adverts = _parse_lbmr(payload, strict)
+        if not ok:
             continue
         accepted[i] = True
-        fragment = _packet_error("lbmr", _P_FRAGMENT, 0, 0, (), None) \
-            if net.first_fragment[row] else None
-        out.append((row, _LBMR_TYPE_NAMES.get(int(packet.type), f"type {packet.type}"),
-                    fragment, _advertisement_rows(packet)))
+        if error is None and net.first_fragment[row]:
+            error = _packet_error("lbmr", _P_FRAGMENT, 0, 0, (), None)
+        out.append((row, ptype, error, adverts))
     return accepted, out
 
 
@@ -2149,9 +2218,19 @@ def decode_batch(batch: pa.RecordBatch | pa.Table, options: DecodeOptions | None
                  ) -> DecodedTables:
     """Stage 1 (stateless): every frame of ``batch`` to packets, messages, advertisements and
     skipped counts; TCP segments of candidate LBT-TCP connections go to ``tcp_segments``."""
-    options = options or DecodeOptions()
+    return _decode_frames(_Frames.of(batch), options or DecodeOptions())
+
+
+def decode_chunk(file: str, chunk: RecordChunk, options: DecodeOptions | None = None,
+                 ) -> DecodedTables:
+    """:func:`decode_batch` of the records of a reader chunk
+    (:meth:`spark_analysis.splits.SplitReader.chunks`), read where they lie in the chunk's
+    buffer: the same tables as decoding the Arrow batches of those records."""
+    return _decode_frames(_Frames.of_chunk(file, chunk), options or DecodeOptions())
+
+
+def _decode_frames(fr: _Frames, options: DecodeOptions) -> DecodedTables:
     ports = options.ports
-    fr = _Frames.of(batch)
     skips = _Skips()
     net = _decode_network(fr, skips)
     bv = fr.data.bv
@@ -2203,6 +2282,15 @@ def decode_batch(batch: pa.RecordBatch | pa.Table, options: DecodeOptions | None
     candidate = _tcp_candidates(net, tcp, ports)
     skips.add(tcp[~candidate], "TCP matches no LBT-TCP port range")
     tcp = tcp[candidate]
+    # Segments without payload matter to stage 2 only when they carry SYN (the start of a
+    # stream epoch); the rest (pure ACKs, a quarter of a busy capture) are counted here
+    # instead of being shipped there.
+    empty = (net.pend[tcp] <= net.pstart[tcp]) & ((net.tcp_flags[tcp] & pcap.TCP_SYN) == 0)
+    skips.add(tcp[empty], _NO_PAYLOAD)
+    tcp = tcp[~empty]
+    # grouped by flow (capture order within): a flow's payloads then lie back to back in the
+    # shipped buffer, and stage 2 gathers them in long runs
+    tcp = tcp[np.lexsort((tcp, net.dport[tcp], net.dst[tcp], net.sport[tcp], net.src[tcp]))]
     segments = _tcp_segments_table(fr, net, tcp)
 
     return DecodedTables(
@@ -2231,7 +2319,9 @@ _MSGLEN_AT = member_at(lbmc.CONTROL_BASE, "msglen")[1]
 if member_at(lbmc.CONTROL_BASE, "msglen")[0] != np.dtype(">u2"):
     raise TypeError("the LBT-TCP framer reads msglen as a big-endian u16")
 _MIN_FRAME = lbmc.CONTROL_BASE.size
+_MSGLEN_DTYPE = member_at(lbmc.CONTROL_BASE, "msglen")[0]
 _SEQ_MOD = 1 << 32
+_NO_PAYLOAD = "TCP segment without payload"
 
 
 class _TcpOut:
@@ -2277,7 +2367,7 @@ def _reassemble_epoch(out: _TcpOut, raw: bytes, rows: np.ndarray, seq: np.ndarra
     syn = (flags[rows] & pcap.TCP_SYN) != 0
     useq = useq + syn  # data of a SYN segment starts after the SYN's sequence number
     has_data = plen[rows] > 0
-    out.skips["TCP segment without payload"].extend(rows[~has_data].tolist())
+    out.skips[_NO_PAYLOAD].extend(rows[~has_data].tolist())
     data_rows = rows[has_data]
     data_useq = useq[has_data]
     order = np.lexsort((data_rows, data_useq))
@@ -2402,6 +2492,42 @@ def _replay(out: _TcpOut, raw: bytes, data_rows: np.ndarray, data_useq: np.ndarr
             accepted, pending, fed = False, b"", 0
 
 
+_WHOLE_DEPTH = 256
+
+
+def _whole_messages(raw: bytes, starts: np.ndarray, lengths: np.ndarray) -> list[int] | None:
+    """The message starts of back-to-back segments when each holds whole messages only (what
+    a sender writing message by message produces): framed breadth first, the ``k``-th message
+    of every segment at once, so Python loops over messages per segment, not per stream.
+
+    None when some segment ends inside a message or holds a ``msglen`` below the minimum: the
+    caller then frames message by message (the same result wherever both apply)."""
+    if not starts.size:
+        return []
+    bv = ByteView(np.frombuffer(raw, np.uint8))
+    ends = starts + lengths
+    pos = starts.astype(np.int64)
+    active = np.arange(len(starts))
+    found: list[np.ndarray] = []
+    for _ in range(_WHOLE_DEPTH):
+        if not active.size:
+            break
+        at = pos[active]
+        room = ends[active] - at
+        if (room < _MIN_FRAME).any():
+            return None
+        msglen = bv.read(_MSGLEN_DTYPE, at + _MSGLEN_AT).astype(np.int64)
+        if (msglen < _MIN_FRAME).any() or (msglen > room).any():
+            return None
+        found.append(at)
+        pos[active] = at + msglen
+        active = active[pos[active] < ends[active]]
+    else:
+        if active.size:
+            return None
+    return np.sort(np.concatenate(found)).tolist() if found else []
+
+
 def _contiguous_piece(out: _TcpOut, raw: bytes, rows: np.ndarray, useq: np.ndarray,
                       next_seq: int | None, pstart: np.ndarray, plen: np.ndarray) -> bool:
     """The common case in one pass: data segments in capture order, each starting where the
@@ -2421,16 +2547,19 @@ def _contiguous_piece(out: _TcpOut, raw: bytes, rows: np.ndarray, useq: np.ndarr
     end = begin + int(lengths.sum())
     if entry_test(memoryview(raw)[begin:begin + int(lengths[0])]) is not None:
         return False
-    positions: list[int] = []
-    pos = begin
-    while end - pos >= _MIN_FRAME:
-        msglen = (raw[pos + _MSGLEN_AT] << 8) | raw[pos + _MSGLEN_AT + 1]
-        if msglen < _MIN_FRAME:
-            return False
-        if end - pos < msglen:
-            break
-        positions.append(pos)
-        pos += msglen
+    positions = _whole_messages(raw, starts, lengths)
+    if positions is None:
+        found: list[int] = []
+        pos = begin
+        while end - pos >= _MIN_FRAME:
+            msglen = (raw[pos + _MSGLEN_AT] << 8) | raw[pos + _MSGLEN_AT + 1]
+            if msglen < _MIN_FRAME:
+                return False
+            if end - pos < msglen:
+                break
+            found.append(pos)
+            pos += msglen
+        positions = found
     out.rows.extend(rows.tolist())
     if next_seq is not None and int(useq[0]) > next_seq:
         out.note(int(rows[0]), f"{int(useq[0]) - next_seq} bytes missing from the capture "
@@ -2460,33 +2589,140 @@ def reassemble_tcp(segments: pa.Table | pa.RecordBatch, options: DecodeOptions |
     table = segments if isinstance(segments, pa.Table) else pa.Table.from_batches([segments])
     if table.num_rows == 0:
         return DecodedTables.empty()
-    table = table.sort_by([(k, "ascending") for k in FLOW_KEY]
-                          + [("ts_ns", "ascending"), ("file", "ascending"),
-                             ("file_offset", "ascending")])
-    n = table.num_rows
-    payload = _Binary.of(table.column("payload"))
-    raw = payload.bv.data.tobytes()
-    keys = np.stack([table.column(k).to_numpy() for k in FLOW_KEY], axis=1)
-    seq = table.column("seq").to_numpy().astype(np.int64)
-    flags = table.column("tcp_flags").to_numpy().astype(np.int64)
-    sport = table.column("src_port").to_numpy().astype(np.int64)
-    dport = table.column("dst_port").to_numpy().astype(np.int64)
+    seg = _Segments.of(table)
+    n = seg.n
+    raw = seg.raw
+    keys = np.stack([seg.ints[k] for k in FLOW_KEY], axis=1)
+    seq, flags = seg.ints["seq"], seg.ints["tcp_flags"]
     change = np.flatnonzero((keys[1:] != keys[:-1]).any(axis=1)) + 1
     flow_bounds = np.concatenate([[0], change, [n]])
     out = _TcpOut()
     for a, b in zip(flow_bounds[:-1].tolist(), flow_bounds[1:].tolist(), strict=True):
         starts = [a, *(a + np.flatnonzero(flags[a + 1:b] & pcap.TCP_SYN) + 1).tolist(), b]
         for s, e in itertools.pairwise(starts):
-            _reassemble_epoch(out, raw, np.arange(s, e), seq, flags, payload.starts,
-                              payload.lengths)
-    transport = (_in(sport, options.ports.lbttcp_source)
-                 | _in(dport, options.ports.lbttcp_source))
-    return _tcp_tables(table, out, raw, payload, transport)
+            _reassemble_epoch(out, raw, np.arange(s, e), seq, flags, seg.pstart, seg.plen)
+    transport = (_in(seg.ints["src_port"], options.ports.lbttcp_source)
+                 | _in(seg.ints["dst_port"], options.ports.lbttcp_source))
+    return _tcp_tables(seg, out, transport)
 
 
-def _tcp_tables(table: pa.Table, out: _TcpOut, raw: bytes, payload: _Binary,
-                transport: np.ndarray) -> DecodedTables:
-    n = table.num_rows
+@dataclass
+class _Segments:
+    """A stage-2 input sorted by flow, then time, file and offset, read into numpy.
+
+    Only the sort order is computed on the table (from its key columns); the payloads are
+    gathered once into a buffer in that order, so a flow's in-order segments lie back to back
+    (what the one-pass framing of :func:`_contiguous_piece` needs), and the identity columns of
+    the output are rebuilt from the ``order`` positions, never by sorting every column."""
+
+    n: int
+    table: pa.Table  # the input, unsorted
+    order: np.ndarray  # sorted position -> input row
+    ints: dict[str, np.ndarray]  # sorted numeric columns
+    raw: bytes  # payloads in sorted order
+    pstart: np.ndarray
+    plen: np.ndarray
+    file_codes: np.ndarray  # input row -> index into file_names
+    file_names: pa.Array
+
+    @classmethod
+    def of(cls, table: pa.Table) -> _Segments:
+        def ints(name: str, null: int = 0) -> np.ndarray:
+            col = table.column(name)
+            if col.null_count:
+                col = col.fill_null(null)
+            return col.to_numpy().astype(np.int64)
+
+        files = pc.dictionary_encode(table.column("file").combine_chunks())
+        names = files.dictionary.to_pylist()
+        rank = np.empty(len(names), np.int64)
+        rank[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))
+        file_rank = rank[files.indices.to_numpy(zero_copy_only=False)]
+        columns = {k: ints(k) for k in (*FLOW_KEY, "seq", "tcp_flags", "file_offset")}
+        # nulls sort last, as in Table.sort_by
+        ts = ints("ts_ns", np.iinfo(np.int64).max)
+        # (address, port) as one 48-bit number sorts like the pair: five sort keys, not seven
+        src_ip, src_port, dst_ip, dst_port = (columns[k] for k in FLOW_KEY)
+        keys = [columns["file_offset"], ts, (dst_ip << 16) | dst_port,
+                (src_ip << 16) | src_port]
+        if len(names) > 1:
+            keys.insert(1, file_rank)
+        order = np.lexsort(keys)
+        raw, pstart, plen = _gather_sorted(table.column("payload"), order)
+        file_codes = files.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        return cls(len(order), table, order, {k: v[order] for k, v in columns.items()},
+                   raw, pstart, plen, file_codes, files.dictionary)
+
+    def files(self, input_rows: np.ndarray) -> pa.Array:
+        """The ``file`` column of input rows (a constant when there is one file)."""
+        if len(self.file_names) == 1:
+            return _constant(self.file_names[0].as_py(), len(input_rows))
+        return pa.DictionaryArray.from_arrays(
+            pa.array(self.file_codes[input_rows], pa.int32()), self.file_names).cast(pa.string())
+
+    def identity(self, rows: np.ndarray) -> dict[str, pa.Array]:
+        """The identity columns of sorted positions ``rows``."""
+        take = self.order[rows]
+        src = self.ints["src_ip_int"][rows]
+        dst = self.ints["dst_ip_int"][rows]
+        ts = self.table.column("ts_ns")
+        return {
+            "file": self.files(take),
+            "file_offset": pa.array(self.ints["file_offset"][rows], pa.int64()),
+            "ts_ns": _flat(pc.take(ts.combine_chunks() if ts.num_chunks != 1 else ts,
+                                   pa.array(take))),
+            "protocol": _constant("lbttcp", len(rows)),
+            "src_ip": _ipv4_strings(src),
+            "src_port": pa.array(self.ints["src_port"][rows].astype(np.int32)),
+            "dst_ip": _ipv4_strings(dst),
+            "dst_port": pa.array(self.ints["dst_port"][rows].astype(np.int32)),
+            "src_ip_int": pa.array(src, pa.int64()),
+            "dst_ip_int": pa.array(dst, pa.int64()),
+        }
+
+
+def _gather_sorted(column: pa.ChunkedArray | pa.Array, order: np.ndarray,
+                   ) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """The values of a binary column in ``order``, back to back: (bytes, starts, lengths).
+
+    Copied run by run: consecutive positions whose values are adjacent in the same Arrow
+    buffer are one slice (stage 1 ships each flow's payloads adjacent, so a flow is a few
+    long runs); without such runs it falls back to the vectorised byte gather."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    parts = [_Binary.of(c) for c in chunks if len(c)]
+    if not parts:
+        empty = np.zeros(0, np.int64)
+        return b"", empty, empty.copy()
+    chunk_of = np.concatenate([np.full(len(p.starts), i, np.int64) for i, p in enumerate(parts)])
+    starts = np.concatenate([p.starts for p in parts])[order]
+    lengths = np.concatenate([p.lengths for p in parts])[order]
+    chunk_of = chunk_of[order]
+    ends = starts + lengths
+    n = len(order)
+    new_run = np.ones(n, bool)
+    new_run[1:] = (starts[1:] != ends[:-1]) | (chunk_of[1:] != chunk_of[:-1])
+    first = np.flatnonzero(new_run)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if len(first) * 8 > n and len(parts) == 1:
+        values, _ = _gather_ranges(parts[0].bv.data, starts, lengths)
+        return values.tobytes(), offsets[:-1], lengths.astype(np.int64)
+    last = np.append(first[1:], n) - 1
+    views = [p.bv.data.data for p in parts]
+    raw = b"".join([views[c][a:b] for c, a, b in zip(
+        chunk_of[first].tolist(), starts[first].tolist(), ends[last].tolist(), strict=True)])
+    return raw, offsets[:-1], lengths.astype(np.int64)
+
+
+def _flat(array: pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(array, pa.ChunkedArray):
+        return array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
+    return array
+
+
+def _tcp_tables(seg: _Segments, out: _TcpOut, transport: np.ndarray) -> DecodedTables:
+    n = seg.n
+    raw = seg.raw
     combined = np.frombuffer(raw + bytes(out.extra), np.uint8)
     bv = ByteView(combined)
     # messages in completion order: the buffer ones, with the straddling ones slotted in
@@ -2494,29 +2730,21 @@ def _tcp_tables(table: pa.Table, out: _TcpOut, raw: bytes, payload: _Binary,
     buffer_seg = np.repeat(np.array(out.feed_seg, np.int64), np.array(out.feed_count, np.int64))
     extra_at = np.array(out.extra_order, np.int64)
     start = np.insert(in_buffer, extra_at, np.array(out.extra_pos, np.int64) + len(raw))
-    seg = np.insert(buffer_seg, extra_at, np.array(out.extra_seg, np.int64))
+    owner_of = np.insert(buffer_seg, extra_at, np.array(out.extra_seg, np.int64))
     length = read_member(bv, lbmc.CONTROL_BASE, "msglen", start) if start.size else start
     msgs = decode_lbmc(bv, start, start + length, single=True)
-    owner = seg[msgs.region]
+    owner = owner_of[msgs.region]
     # the message's index among those its segment made deliverable
     index = (np.arange(msgs.count) - np.searchsorted(owner, owner, side="left")
              if msgs.count else np.zeros(0, np.int64))
     for i in np.flatnonzero(msgs.err != 0).tolist():
         out.note(int(owner[i]), f"lbttcp message {int(index[i])}: {msgs.error_text(i)}")
 
-    def ident(rows: np.ndarray) -> dict[str, pa.Array]:
-        take = pa.array(rows, pa.int64())
-        cols = {name: table.column(name).take(take) for name in
-                ("file", "file_offset", "ts_ns", "src_ip", "src_port", "dst_ip", "dst_port",
-                 "src_ip_int", "dst_ip_int")}
-        cols["protocol"] = _constant("lbttcp", len(rows))
-        return cols
-
     rows = np.array(sorted(out.rows), np.int64)
-    columns = ident(rows)
+    columns = seg.identity(rows)
     columns["classified_by"] = _constant("port", len(rows))
-    columns["payload_length"] = pa.array(payload.lengths[rows].astype(np.int32))
-    columns["tcp_seq"] = table.column("seq").take(pa.array(rows))
+    columns["payload_length"] = pa.array(seg.plen[rows].astype(np.int32))
+    columns["tcp_seq"] = pa.array(seg.ints["seq"][rows], pa.int64())
     columns["retransmission"] = pa.array(np.isin(rows, np.array(out.retx, np.int64)))
     ok = msgs.err == 0
     columns["messages"] = pa.array(np.bincount(owner[ok], minlength=n)[rows], pa.int32())
@@ -2525,13 +2753,13 @@ def _tcp_tables(table: pa.Table, out: _TcpOut, raw: bytes, payload: _Binary,
         columns["malformed_reason"] = _sparse_strings(
             len(rows), dict(zip(at.tolist(), out.reason.values(), strict=True)))
     packets = _table(PACKETS_SCHEMA, len(rows), columns)
-    mident = {k: v for k, v in ident(owner).items() if k in MESSAGES_SCHEMA.names}
+    mident = {k: v for k, v in seg.identity(owner).items() if k in MESSAGES_SCHEMA.names}
     messages = _messages_table(bv, msgs, mident, transport[owner], msg_index=index)
     skips = _Skips()
     for reason, skipped_rows in sorted(out.skips.items()):
-        skips.add(np.array(skipped_rows, np.int64), reason)
-    skipped = skips.table(table.column("file").combine_chunks(),
-                          table.column("file_offset").to_numpy())
+        skips.add(seg.order[np.array(skipped_rows, np.int64)], reason)
+    skipped = skips.table(seg.files(np.arange(n)),
+                          seg.table.column("file_offset").to_numpy().astype(np.int64))
     return DecodedTables(packets, messages, ADVERTISEMENTS_SCHEMA.empty_table(), skipped,
                          TCP_SEGMENTS_SCHEMA.empty_table())
 

@@ -840,6 +840,12 @@ class SplitReader:
             raise CaptureError(f"chunk size {self.chunk_size} is too small")
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
+        for chunk in self.chunks():
+            yield from _batches(self.split.capture.name, chunk, self.max_rows)
+
+    def chunks(self) -> Iterator[RecordChunk]:
+        """The split's records chunk by chunk, bytes left in the read buffers (no Arrow
+        batches, no copy of the packet bytes): what the fused decode reads."""
         capture = self.split.capture
         with _Source(capture, self.chunk_size) as source:
             self.start = source.sync(self.split.start)
@@ -847,11 +853,11 @@ class SplitReader:
             if self.start >= self.stop:
                 return
             if isinstance(capture.info, PcapInfo):
-                walk = _walk_pcap(source, capture.info, self.start, self.stop, self._truncate)
+                yield from _walk_pcap(source, capture.info, self.start, self.stop,
+                                      self._truncate)
             else:
-                walk = _walk_pcapng(source, capture.info, self.start, self.stop, self._truncate)
-            for columns in walk:
-                yield from _batches(capture.name, columns, self.max_rows)
+                yield from _walk_pcapng(source, capture.info, self.start, self.stop,
+                                        self._truncate)
 
     def _truncate(self, record: TruncatedRecord) -> None:
         self.truncated = record
@@ -872,8 +878,13 @@ def read_split(split: Split, max_rows: int = DEFAULT_MAX_ROWS,
 
 
 @dataclass
-class _Columns:
-    """The records of one chunk, as numpy arrays plus the packed data column."""
+class RecordChunk:
+    """The records of one chunk of a split: numpy columns plus where each record's bytes are.
+
+    The bytes stay in the chunk buffer they were read into (``buf[data_at[i]:data_at[i] +
+    caplen[i]]``): :func:`_batches` packs them into an Arrow ``data`` column for the data
+    source, while the fused decode (:mod:`spark_analysis.decode`) reads them in place and
+    never copies the capture.  ``buf`` may be any object with the buffer protocol."""
 
     offset: np.ndarray
     ts_ns: np.ndarray
@@ -882,16 +893,29 @@ class _Columns:
     origlen: np.ndarray
     linktype: np.ndarray
     interface_id: np.ndarray
-    data: bytes  # every record's bytes, back to back in record order
+    buf: bytes
+    data_at: np.ndarray  # position of each record's bytes in ``buf``, increasing
+
+    def __len__(self) -> int:
+        return len(self.offset)
+
+    @property
+    def data_bytes(self) -> int:
+        return int(self.caplen.sum())
+
+    def packed(self) -> bytes:
+        """Every record's bytes back to back, in record order."""
+        return _pack(self.buf, self.data_at, self.caplen)
 
 
-def _batches(name: str, cols: _Columns, max_rows: int) -> Iterator[pa.RecordBatch]:
+
+def _batches(name: str, cols: RecordChunk, max_rows: int) -> Iterator[pa.RecordBatch]:
     total = len(cols.offset)
     if not total:
         return
     ends = np.zeros(total + 1, np.int64)
     np.cumsum(cols.caplen, out=ends[1:])
-    values = pa.py_buffer(cols.data)
+    values = pa.py_buffer(cols.packed())
     for lo in range(0, total, max_rows):
         hi = min(total, lo + max_rows)
         rel = (ends[lo : hi + 1] - ends[lo]).astype(np.int32)
@@ -965,7 +989,7 @@ class _Chunk:
 
 
 def _walk_pcap(source: _Source, info: PcapInfo, start: int, stop: int,
-               truncate: Callable[[TruncatedRecord], None]) -> Iterator[_Columns]:
+               truncate: Callable[[TruncatedRecord], None]) -> Iterator[RecordChunk]:
     order = info.order
     layout = _PCAP_RECORD[order]
     rec = layout.size
@@ -1027,16 +1051,16 @@ def _straddle(source: _Source, record: int, stop: int) -> CaptureError:
 
 
 def _pcap_columns(source: _Source, info: PcapInfo, buf: bytes, base: int, found: np.ndarray,
-                  dtype: np.dtype) -> _Columns:
+                  dtype: np.dtype) -> RecordChunk:
     rec = dtype.itemsize
     heads = _at_every_byte(buf, dtype)[found]
     sec, frac, incl, orig = (heads[name].astype(np.int64) for name in dtype.names or ())
     offsets = found + base
     _check_int32(source, offsets, orig, "original length")
-    data = _pack(buf, found + rec, incl)
     count = len(found)
-    return _Columns(offsets, sec * 1_000_000_000 + frac * info.tick_ns, None, incl, orig,
-                    np.full(count, info.linktype, np.int64), np.zeros(count, np.int64), data)
+    return RecordChunk(offsets, sec * 1_000_000_000 + frac * info.tick_ns, None, incl, orig,
+                       np.full(count, info.linktype, np.int64), np.zeros(count, np.int64), buf,
+                       found + rec)
 
 
 # --- pcapng walk ---------------------------------------------------------------------------------
@@ -1056,7 +1080,7 @@ def _context_at(index: PcapngIndex, offset: int) -> _Context:
 
 
 def _walk_pcapng(source: _Source, index: PcapngIndex, start: int, stop: int,
-                 truncate: Callable[[TruncatedRecord], None]) -> Iterator[_Columns]:
+                 truncate: Callable[[TruncatedRecord], None]) -> Iterator[RecordChunk]:
     ctx = _context_at(index, start)
     chunk = _Chunk(source, start)
     pos = start
@@ -1160,7 +1184,7 @@ def _context_change(source: _Source, index: PcapngIndex, ctx: _Context, buf: byt
     raise source.error(offset, "section header without a valid byte-order mark")
 
 
-def _concat(cols: list[_Columns]) -> _Columns:
+def _concat(cols: list[RecordChunk]) -> RecordChunk:
     if len(cols) == 1:
         return cols[0]
 
@@ -1169,8 +1193,10 @@ def _concat(cols: list[_Columns]) -> _Columns:
 
     valid = np.concatenate([np.ones(len(c.offset), bool) if c.ts_valid is None else c.ts_valid
                             for c in cols])
-    return _Columns(cat("offset"), cat("ts_ns"), valid, cat("caplen"), cat("origlen"),
-                    cat("linktype"), cat("interface_id"), b"".join(c.data for c in cols))
+    if any(c.buf is not cols[0].buf for c in cols):
+        raise AssertionError("record chunks of different buffers cannot be merged")
+    return RecordChunk(cat("offset"), cat("ts_ns"), valid, cat("caplen"), cat("origlen"),
+                       cat("linktype"), cat("interface_id"), cols[0].buf, cat("data_at"))
 
 
 def _gather(buf: bytes, at: np.ndarray, layout: FastLayout) -> np.ndarray:
@@ -1201,7 +1227,7 @@ def _ticks_to_ns(ticks: np.ndarray, tsresol: int, tsoffset: int) -> np.ndarray:
     return ns + tsoffset * 1_000_000_000
 
 
-def _pcapng_columns(source: _Source, group: _Group, buf: bytes, base: int) -> _Columns:
+def _pcapng_columns(source: _Source, group: _Group, buf: bytes, base: int) -> RecordChunk:
     epbs, spbs, ifaces = group.epbs, group.spbs, group.interfaces
     lay = _NG[group.order]
     parts: list[tuple[np.ndarray, ...]] = []  # offset, ts, valid, cap, orig, link, iface, start
@@ -1255,8 +1281,7 @@ def _pcapng_columns(source: _Source, group: _Group, buf: bytes, base: int) -> _C
     at, ts, valid, cap, orig, link, iface, data_at = (
         a[order] for a in (at, ts, valid, cap, orig, link, iface, data_at))
     _check_int32(source, at + base, orig, "original length")
-    data = _pack(buf, data_at, cap)
-    return _Columns(at + base, ts, valid, cap, orig, link, iface, data)
+    return RecordChunk(at + base, ts, valid, cap, orig, link, iface, buf, data_at)
 
 
 # --- convenience ---------------------------------------------------------------------------------

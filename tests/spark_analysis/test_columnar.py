@@ -492,6 +492,48 @@ def test_reference_capture_through_the_capture_reader() -> None:
         assert a.drop_columns(["file"]).equals(b.drop_columns(["file"])), name
 
 
+@pytest.mark.parametrize("chunk_size", [256, 1 << 20])
+def test_chunks_decode_in_place_like_batches(chunk_size: int) -> None:
+    """decode_chunk reads the records where the reader left them (no packed data column) and
+    gives exactly what decode_batch gives for the same records as an Arrow batch."""
+    from spark_analysis import splits
+
+    options = DecodeOptions(STORE_PORTS)
+    [split] = splits.plan(str(REFERENCE))
+    reader = splits.SplitReader(split, chunk_size=chunk_size)
+    chunks = list(reader.chunks())
+    assert len(chunks) > (1 if chunk_size == 256 else 0)
+    in_place = columnar.concat_tables([columnar.decode_chunk(split.capture.name, chunk, options)
+                                       for chunk in chunks])
+    batches = columnar.concat_tables([
+        decode_batch(batch, options)
+        for batch in splits.SplitReader(split, chunk_size=chunk_size)])
+    for name in ("packets", "messages", "advertisements", "skipped", "tcp_segments"):
+        a, b = getattr(in_place, name), getattr(batches, name)
+        assert a.num_rows > 0 and a.equals(b), name
+
+
+def test_pcapng_chunks_decode_in_place_like_batches(tmp_path: Path) -> None:
+    """Two sections, two byte orders, SPBs without time: the same skipped counts and rows."""
+    from spark_analysis import splits
+    from tests.spark_analysis.test_splits import multi_section_pcapng
+
+    path = multi_section_pcapng(random.Random(3), 150).write(tmp_path / "m.pcapng")
+    options = DecodeOptions(STORE_PORTS)
+    for split in splits.plan(str(path), 4096, "scan"):
+        reader = splits.SplitReader(split, chunk_size=1024)
+        in_place = columnar.concat_tables([columnar.decode_chunk(split.capture.name, c, options)
+                                           for c in reader.chunks()])
+        batches = columnar.concat_tables([decode_batch(b, options) for b in
+                                          splits.SplitReader(split, chunk_size=1024)])
+        for name in ("packets", "skipped", "tcp_segments"):
+            keys = [("reason", "ascending")] if name == "skipped" else [("file_offset",
+                                                                         "ascending")]
+            a, b = getattr(in_place, name), getattr(batches, name)
+            assert a.sort_by(keys).equals(b.sort_by(keys)), name
+        assert in_place.skipped.num_rows > 0
+
+
 def test_udp_transports_and_resolver_on_default_ports() -> None:
     records = records_of(lbtrm_frames() + lbtru_frames() + lbmr_frames())
     tables = decode(records, DecodeOptions())

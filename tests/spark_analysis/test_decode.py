@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from spark_analysis import columnar, decode
 from spark_analysis.columnar import DecodeOptions
+from spark_analysis.splits import CaptureError
 from tests.spark_analysis.test_columnar import (
     REFERENCE,
     STORE_PORTS,
@@ -102,3 +104,102 @@ def test_parts_round_trip() -> None:
     for name in ("packets", "messages", "advertisements", "skipped"):
         back = pa.Table.from_batches(list(decode.unpack(parts, name)), decode.TABLES[name])
         assert back.equals(getattr(tables, name).combine_chunks())
+
+
+def _parquet_rows(directory: Path, keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    return _rows(pq.read_table(directory), keys)
+
+
+def test_decode_to_parquet_matches_the_columnar_decode(spark: Any, captures: list[Path],
+                                                       tmp_path: Path) -> None:
+    """Small splits and three flow buckets: a TCP connection spans files, splits and the
+    stage-2 hand-over, and the Parquet tables still hold exactly the single-process rows."""
+    out = tmp_path / "out"
+    result = decode.decode_to_parquet(spark, [str(p) for p in captures], str(out),
+                                      DecodeOptions(STORE_PORTS), split_size=4096, buckets=3)
+    expected = columnar.decode_batches(
+        [columnar.frames_batch_from_capture(p) for p in captures], DecodeOptions(STORE_PORTS))
+    assert result.frames == sum(columnar.frames_batch_from_capture(p).num_rows
+                                for p in captures)
+    for name, keys in (("packets", ("ts_ns",)), ("messages", ("ts_ns", "msg_index")),
+                       ("advertisements", ("ts_ns", "record", "record_index"))):
+        got = _parquet_rows(out / name, keys)
+        want = _rows(getattr(expected, name), keys)
+        assert len(got) == len(want) == result.rows[name] > 0, name
+        assert got == want, name
+    skipped = {(Path(r["file"]).name, r["reason"], r["frames"], r["first_file_offset"])
+               for r in pq.read_table(out / "skipped").to_pylist()}
+    assert skipped == {(Path(r["file"]).name, r["reason"], r["frames"], r["first_file_offset"])
+                       for r in expected.skipped.to_pylist()}
+    assert (out / "_SUCCESS").exists() and not (out / "_temporary").exists()
+    tables = result.dataframes(spark)
+    for name in ("packets", "messages", "advertisements", "skipped"):
+        # Spark reads back the very types decode_frames gives (what the analyses use)
+        assert tables[name].schema == decode._SPARK_SCHEMAS[name], name
+    assert tables["packets"].count() == result.rows["packets"]
+
+
+def test_decode_to_parquet_reports_a_truncated_capture(spark: Any, tmp_path: Path) -> None:
+    whole = REFERENCE.read_bytes()
+    cut = tmp_path / "cut.pcap"
+    cut.write_bytes(whole[:-7])
+    result = decode.decode_to_parquet(spark, str(cut), str(tmp_path / "a"),
+                                      DecodeOptions(STORE_PORTS))
+    assert len(result.truncated) == 1 and "cut.pcap" in result.truncated[0]
+    assert result.frames == columnar.frames_batch_from_capture(REFERENCE).num_rows - 1
+    with pytest.raises(CaptureError, match=r"cut\.pcap"):
+        decode.decode_to_parquet(spark, str(cut), str(tmp_path / "b"),
+                                 DecodeOptions(STORE_PORTS), on_truncated="error")
+
+
+def test_decode_to_parquet_refuses_bad_paths(spark: Any, tmp_path: Path) -> None:
+    with pytest.raises(CaptureError, match="no such file"):
+        decode.decode_to_parquet(spark, str(tmp_path / "missing.pcap"), str(tmp_path / "o"))
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="taken"):
+        decode.decode_to_parquet(spark, str(REFERENCE), str(tmp_path / "taken"))
+    with pytest.raises(FileExistsError, match=r"notes\.txt"):
+        decode.decode_to_parquet(spark, str(REFERENCE), str(tmp_path / "taken"),
+                                 overwrite=True)
+    assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
+
+
+def test_flow_buckets_are_stable_and_keep_each_direction_together() -> None:
+    segments = columnar.decode_batches(
+        [columnar.frames_batch_from_capture(REFERENCE)], DecodeOptions(STORE_PORTS))
+    story = columnar.decode_batch(columnar.frames_batch_from_capture(REFERENCE),
+                                  DecodeOptions(STORE_PORTS)).tcp_segments
+    assert story.num_rows > 0 and segments.packets.num_rows > 0
+    buckets = decode.flow_buckets(story, 5)
+    assert ((buckets >= 0) & (buckets < 5)).all()
+    flows: dict[tuple[int, ...], set[int]] = {}
+    for row, bucket in zip(story.select(list(columnar.FLOW_KEY)).to_pylist(), buckets.tolist(),
+                           strict=True):
+        flows.setdefault(tuple(row.values()), set()).add(bucket)
+    assert all(len(b) == 1 for b in flows.values())
+    # a fixed hash, not Python's per-process one: the same input gives the same buckets
+    assert decode.flow_buckets(story.slice(1), 5).tolist() == buckets[1:].tolist()
+
+
+def test_stage2_plan_balances_buckets_by_bytes() -> None:
+    tcp = [(0, "a0", 1, 900), (1, "a1", 1, 500), (1, "b1", 1, 400), (2, "a2", 1, 300),
+           (3, "a3", 1, 200), (4, "a4", 1, 100)]
+    tasks = decode._plan_stage2(tcp, 2)
+    assert sorted(b for task in tasks for b, _ in task) == [0, 1, 2, 3, 4]
+    loads = sorted(sum(sum(n for b2, _p, _r, n in tcp if b2 == b) for b, _ in task)
+                   for task in tasks)
+    assert loads == [1200, 1200]  # 900 + 300 | 900 + 200 + 100, largest first
+    assert [dict(task)[1] for task in tasks if 1 in dict(task)] == [["a1", "b1"]]
+
+
+def test_pack_cuts_big_tables_into_bounded_streams() -> None:
+    tables = columnar.decode_batches([columnar.frames_batch_from_capture(REFERENCE)],
+                                     DecodeOptions(STORE_PORTS))
+    parts = decode.pack(tables, max_rows=7)
+    counts = [(t, r) for t, r in zip(parts.column("table").to_pylist(),
+                                     parts.column("rows").to_pylist(), strict=True)]
+    assert max(r for _, r in counts) == 7
+    assert sum(r for t, r in counts if t == "messages") == tables.messages.num_rows
+    back = pa.Table.from_batches(list(decode.unpack(parts, "messages")), decode.TABLES["messages"])
+    assert back.equals(tables.messages.combine_chunks())
