@@ -13,7 +13,9 @@ import sys
 from collections.abc import Sequence
 
 # Folder modules that add subcommands, in the order they appear in ``ump --help``.
-COMMAND_MODULES = ("wire.cli", "reference_impl.cli", "captures.cli", "conformance.cli")
+COMMAND_MODULES = (
+    "wire.cli", "reference_impl.cli", "captures.cli", "spark_analysis.cli", "conformance.cli",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

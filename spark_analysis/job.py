@@ -1,0 +1,462 @@
+"""The ``ump analyze`` job: captures in; Parquet tables, a JSON summary and an HTML report out.
+
+The same code runs in three ways:
+
+* ``ump analyze CAPTURE... --out DIR --store-port 14567`` (Spark in-process, ``local[*]``
+  unless ``--master`` says otherwise);
+* ``python -m spark_analysis.job CAPTURE... --out DIR ...`` (the same, without the ``ump``
+  front end);
+* under ``spark-submit``, unchanged; the master (and everything else Spark is told) comes
+  from spark-submit::
+
+      spark-submit --master spark://head:7077 --py-files ump.zip \\
+          spark_analysis/job.py 'hdfs:///caps/*.pcap' --out hdfs:///ump/results \\
+          --store-port 14567
+
+  Executors import the ``spark_analysis`` and ``wire`` packages: install the project on every
+  node (``pip install .[spark]``) or ship it with ``--py-files`` (a zip of ``wire/`` and
+  ``spark_analysis/`` at its root).  Locally ``spark-submit --master 'local[*]'
+  spark_analysis/job.py ...`` works as it is.
+
+``--out`` may be a local directory or any URI pyarrow understands (``hdfs://``, ``s3://``).
+It receives ``parquet/<analysis>/`` for every DataFrame of :func:`spark_analysis.analyses.analyze`
+(written sorted, so reruns are byte-for-byte comparable), ``summary.json`` (every summary
+table per capture plus the row count of every detail table: what the corpus tests compare)
+and ``report.html`` (:mod:`spark_analysis.report`).
+
+Errors a user can fix (no such file, not a capture, an output path that is a file, Java or
+pyspark missing) end the run with one line on stderr and exit status 2; nothing else is
+printed unless ``--debug``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from wire.cli import add_port_options, port_map
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from pyspark.sql import DataFrame
+
+PROG = "ump analyze"
+SUMMARY_FORMAT = 1
+JSON_ROW_LIMIT = 1000
+"""Rows of one table per capture in ``summary.json`` (the rest is in Parquet)."""
+JSON_DETAIL_TABLES = ("registrations", "anomalies")
+"""Detail tables whose rows (up to the limit) the summary carries; the others only count."""
+JSON_COUNT_ONLY = ("flight_size",)
+"""Summary tables the summary only counts (a plot series: bins x source topics)."""
+REPORT_ROW_LIMIT = 5000
+"""Rows of one table read back for the report (tables show fewer; plots use these)."""
+
+
+class AnalyzeError(Exception):
+    """A problem the user can fix; its message is the whole story (no traceback)."""
+
+
+# =============================================================================================
+# Command line
+# =============================================================================================
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``ump analyze`` (shared by ``spark_analysis.cli`` and :func:`main`)."""
+    parser.add_argument("captures", nargs="+", metavar="CAPTURE",
+                        help="pcap/pcapng files, directories or globs (local paths or URIs "
+                             "such as hdfs://..., s3://...)")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="output directory (created; existing results are replaced)")
+    add_port_options(parser)
+    parser.add_argument("--no-content-heuristics", action="store_true",
+                        help="decode by port rules only (no UM detection by content)")
+    parser.add_argument("--master", metavar="URL",
+                        help="Spark master (default local[*]; under spark-submit, its own)")
+    parser.add_argument("--per-file", action="store_true",
+                        help="analyse each file as a separate capture (default: all files "
+                             "are one capture, e.g. the pieces of a rotated capture)")
+    parser.add_argument("--stability", choices=("quorum", "all", "any"), default="quorum",
+                        help="when a message stops being in flight: stability ACKs from a "
+                             "majority of the source's stores (default), all of them, or any")
+    parser.add_argument("--flight-bins", type=_positive, default=200, metavar="N",
+                        help="time bins of the flight-size series (default 200)")
+    parser.add_argument("--split-size", type=_positive, metavar="MIB",
+                        help="MiB of capture per Spark task (default 64)")
+    parser.add_argument("--report-rows", type=_positive, default=50, metavar="N",
+                        help="rows shown per table in report.html (default 50)")
+    parser.add_argument("--quiet", action="store_true", help="no progress messages")
+    parser.add_argument("--debug", action="store_true",
+                        help="show Spark's log and full tracebacks")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m spark_analysis.job`` / ``spark-submit spark_analysis/job.py``."""
+    parser = argparse.ArgumentParser(prog="spark_analysis.job", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run_command(parser.parse_args(argv))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run with the parsed options; user errors become one line on stderr and status 2."""
+    log = Progress(quiet=args.quiet)
+    try:
+        run(args, log)
+    except AnalyzeError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(f"{PROG}: {_one_line(exc)} (--debug shows the details)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else type(exc).__name__
+    return first[:300]
+
+
+@dataclass
+class Progress:
+    """Progress lines on stderr (``ump analyze: ...`` with the elapsed time)."""
+
+    quiet: bool = False
+    started: float = field(default_factory=time.monotonic)
+
+    def __call__(self, message: str) -> None:
+        if not self.quiet:
+            elapsed = time.monotonic() - self.started
+            print(f"{PROG}: [{elapsed:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+# =============================================================================================
+# The run
+# =============================================================================================
+
+
+@dataclass
+class RunResult:
+    """What a run produced (for callers and tests)."""
+
+    out: str
+    files: list[str]
+    summary: dict[str, Any]
+    tables: dict[str, pd.DataFrame]
+    row_counts: dict[str, int]
+    seconds: float
+
+
+def check_captures(captures: Sequence[str]) -> list[str]:
+    """Expand paths and globs and read every file's header on the driver: a missing,
+    unreadable or non-capture file is reported here, by name, before Spark starts."""
+    from spark_analysis.splits import CaptureError, expand_paths, open_capture
+
+    try:
+        refs = expand_paths(list(captures))
+        for ref in refs:
+            open_capture(ref)
+    except CaptureError as exc:
+        raise AnalyzeError(str(exc)) from None
+    except OSError as exc:
+        raise AnalyzeError(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")) from None
+    names = [ref.name for ref in refs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise AnalyzeError(f"{duplicates[0]}: given more than once")
+    return names
+
+
+def _need_spark() -> None:
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        raise AnalyzeError("pyspark is not installed: pip install 'ump-harness[spark]'") from None
+    if not (shutil.which("java") or os.environ.get("JAVA_HOME")
+            or "PYSPARK_GATEWAY_PORT" in os.environ):
+        raise AnalyzeError("Spark needs a Java runtime (17 or later) on PATH or in JAVA_HOME")
+
+
+def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResult:
+    """The whole job: check, decode, analyse, write Parquet, summary.json and report.html."""
+    started = time.monotonic()
+    _need_spark()
+    files = check_captures(args.captures)
+    out = OutputDir(args.out)
+    log(f"{len(files)} capture file(s); results in {args.out}")
+
+    from spark_analysis.analyses import (
+        DETAIL_OUTPUTS,
+        SORT_KEYS,
+        AnalysisOptions,
+        analyze,
+        natural_order,
+        prepare,
+    )
+    from spark_analysis.columnar import DecodeOptions
+    from spark_analysis.session import get_spark
+
+    options = AnalysisOptions(stability_rule=args.stability, flight_bins=args.flight_bins)
+    decode_options = DecodeOptions(ports=port_map(args),
+                                   content_heuristics=not args.no_content_heuristics)
+    log("starting Spark")
+    spark = get_spark(app_name="ump-analyze", master=args.master,
+                      log_level="WARN" if args.debug else "ERROR")
+    read_options: dict[str, Any] = {}
+    if args.split_size:
+        read_options["splitSize"] = args.split_size << 20
+    decoded = _decode(spark, natural_order(files), args.per_file, decode_options, read_options)
+    tables = prepare(decoded.packets, decoded.messages, decoded.advertisements, files=files,
+                     per_file=args.per_file)
+    log("decoding and analysing")
+    result = analyze(tables, options, progress=lambda step: log(f"  {step}"))
+    try:
+        counts: dict[str, int] = {}
+        for name, df in result.outputs.items():
+            counts[name] = _write(df, name, SORT_KEYS[name], name in DETAIL_OUTPUTS, out)
+            log(f"  wrote {name}: {counts[name]} rows")
+        skipped = decoded.skipped.toPandas()
+    finally:
+        result.unpersist()
+        decoded.unpersist()
+    tables_read = {name: out.read(name, REPORT_ROW_LIMIT if name in DETAIL_OUTPUTS else None)
+                   for name in result.outputs}
+    summary = build_summary(files, args, out, list(result.outputs), DETAIL_OUTPUTS, skipped)
+    out.write_text("summary.json", json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    from spark_analysis.report import ReportInput, render
+
+    report = render(ReportInput(files=files, options=summary["options"], tables=tables_read,
+                                row_counts=counts, skipped=skipped, row_limit=args.report_rows))
+    out.write_text("report.html", report)
+    seconds = time.monotonic() - started
+    log(f"done in {seconds:.1f}s: {args.out}/report.html")
+    return RunResult(args.out, files, summary, tables_read, counts, seconds)
+
+
+@dataclass
+class Decoded:
+    """The decoded tables of all captures (see :func:`_decode`)."""
+
+    packets: DataFrame
+    messages: DataFrame
+    advertisements: DataFrame
+    skipped: DataFrame
+    parts: list[Any]
+
+    def unpersist(self) -> None:
+        for part in self.parts:
+            part.unpersist()
+
+
+def _decode(spark: Any, files: Sequence[str], per_file: bool, options: Any,
+            read_options: Mapping[str, Any]) -> Decoded:
+    """Decode the captures: all together (one capture split over files: TCP streams continue
+    from one file to the next), or each file on its own (``per_file``: separate captures may
+    reuse the same TCP 4-tuples, whose segments must not be reassembled together).  Either
+    way the tables come out as one DataFrame each, so the analyses run once."""
+    from spark_analysis.decode import decode_frames
+    from spark_analysis.pcap_source import load_captures
+
+    groups = [[f] for f in files] if per_file else [list(files)]
+    parts = [decode_frames(load_captures(spark, group, **read_options), options)
+             for group in groups]
+
+    def union(name: str) -> DataFrame:
+        frames = [getattr(part, name) for part in parts]
+        out = frames[0]
+        for frame in frames[1:]:
+            out = out.unionByName(frame)
+        return out
+
+    return Decoded(union("packets"), union("messages"), union("advertisements"),
+                   union("skipped"), parts)
+
+
+def _write(df: DataFrame, name: str, keys: Sequence[str], detail: bool,
+           out: OutputDir) -> int:
+    """Write ``df`` sorted by ``keys`` to ``parquet/<name>``; returns its row count.
+
+    A detail table (as large as the capture) is written by Spark after a global sort.  A
+    summary is small by construction (a few rows per session, source or store): it comes to
+    the driver as Arrow, is sorted there and written as one file, which saves the sort and
+    commit jobs Spark would run for a handful of rows.  Nulls sort first either way."""
+    if detail:
+        df.orderBy(*keys).write.mode("overwrite").parquet(out.uri(f"parquet/{name}"))
+        return out.count(name)
+    import pyarrow.compute as pc
+
+    table = df.toArrow()
+    order = pc.sort_indices(table, sort_keys=[(k, "ascending", "at_start") for k in keys])
+    out.write_table(name, table.take(order))
+    return int(table.num_rows)
+
+
+# =============================================================================================
+# Output directory (local or any pyarrow filesystem)
+# =============================================================================================
+
+
+class OutputDir:
+    """Where results go: a local directory, or a URI of a pyarrow filesystem."""
+
+    def __init__(self, location: str) -> None:
+        import pyarrow.fs as pafs
+
+        self.location = location.rstrip("/") or "/"
+        try:
+            if "://" in location:
+                self.fs, self.path = pafs.FileSystem.from_uri(location)
+            else:
+                self.fs, self.path = pafs.LocalFileSystem(), str(Path(location).absolute())
+            info = self.fs.get_file_info(self.path)
+            if info.type == pafs.FileType.File:
+                raise AnalyzeError(f"{location}: exists and is not a directory")
+            self.fs.create_dir(self.path, recursive=True)
+            probe = f"{self.path}/.ump-analyze-write-test"
+            with self.fs.open_output_stream(probe):
+                pass
+            self.fs.delete_file(probe)
+        except AnalyzeError:
+            raise
+        except Exception as exc:
+            raise AnalyzeError(f"{location}: cannot write there ({_one_line(exc)})") from None
+
+    def uri(self, relative: str) -> str:
+        if "://" in self.location:
+            return f"{self.location}/{relative}"
+        return str(Path(self.path) / relative)
+
+    def _dataset(self, name: str) -> Any:
+        import pyarrow.dataset as ds
+
+        return ds.dataset(f"{self.path}/parquet/{name}", format="parquet", filesystem=self.fs)
+
+    def count(self, name: str) -> int:
+        return int(self._dataset(name).count_rows())
+
+    def counts_by_capture(self, name: str) -> dict[str, int]:
+        import pyarrow.compute as pc
+
+        column = self._dataset(name).to_table(columns=["capture"]).column("capture")
+        return {str(item["values"]): int(item["counts"])
+                for item in pc.value_counts(column).to_pylist()}
+
+    def read(self, name: str, limit: int | None, capture: str | None = None) -> pd.DataFrame:
+        """The first ``limit`` rows (all: None) of a written table, optionally of one capture
+        (files are in sort order, so these are the first rows in that order)."""
+        import pyarrow.dataset as ds
+
+        dataset = self._dataset(name)
+        where = ds.field("capture") == capture if capture is not None else None
+        if limit is None:
+            return dataset.to_table(filter=where).to_pandas(integer_object_nulls=True)
+        return dataset.head(limit, filter=where).to_pandas(integer_object_nulls=True)
+
+    def write_table(self, name: str, table: Any) -> None:
+        """One Parquet file as ``parquet/<name>/part-00000.parquet`` (replacing the table)."""
+        import pyarrow.parquet as pq
+
+        directory = f"{self.path}/parquet/{name}"
+        self.fs.create_dir(directory, recursive=True)
+        self.fs.delete_dir_contents(directory, missing_dir_ok=True)
+        pq.write_table(table, f"{directory}/part-00000.parquet", filesystem=self.fs)
+
+    def write_text(self, relative: str, text: str) -> None:
+        with self.fs.open_output_stream(f"{self.path}/{relative}") as stream:
+            stream.write(text.encode("utf-8"))
+
+
+# =============================================================================================
+# summary.json
+# =============================================================================================
+
+
+def json_value(value: Any) -> Any:
+    """A JSON-ready value: numpy scalars unwrapped, NaN/NaT as null, decimals as text, floats
+    rounded to 6 decimals (enough for microseconds, stable across platforms)."""
+    if value is None:
+        return None
+    if hasattr(value, "tolist") and not isinstance(value, str | bytes):
+        value = value.tolist()
+    if isinstance(value, float):
+        return None if math.isnan(value) else round(value, 6)
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, Mapping):
+        return {str(k): json_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_value(v) for v in value]
+    return value
+
+
+def table_rows(df: pd.DataFrame, limit: int = JSON_ROW_LIMIT) -> list[dict[str, Any]]:
+    """Rows of a result table as JSON objects (the ``capture`` column is the grouping key
+    of the summary, so it is left out)."""
+    columns = [c for c in df.columns if c != "capture"]
+    rows = []
+    for record in df[columns].head(limit).itertuples(index=False, name=None):
+        rows.append({c: json_value(v) for c, v in zip(columns, record, strict=True)})
+    return rows
+
+
+def build_summary(files: Sequence[str], args: argparse.Namespace, out: OutputDir,
+                  names: Sequence[str], detail: frozenset[str] | set[str],
+                  skipped: pd.DataFrame) -> dict[str, Any]:
+    """``summary.json``: per capture, the row count of every table, every summary table in
+    full (up to :data:`JSON_ROW_LIMIT` rows) and the first rows of
+    :data:`JSON_DETAIL_TABLES`; plus the frames that are not UM, by reason."""
+    captures = sorted(files) if args.per_file else ["all"]
+    per_capture: dict[str, dict[str, Any]] = {c: {} for c in captures}
+    for name in names:
+        counts = out.counts_by_capture(name)
+        for capture in captures:
+            entry: dict[str, Any] = {"rows": counts.get(capture, 0)}
+            if (name not in detail and name not in JSON_COUNT_ONLY) or name in JSON_DETAIL_TABLES:
+                entry["data"] = table_rows(out.read(name, JSON_ROW_LIMIT, capture))
+            per_capture[capture][name] = entry
+    for capture in captures:
+        frames = skipped if not args.per_file else skipped[skipped["file"] == capture]
+        per_capture[capture]["not_um_frames"] = {
+            str(reason): int(n) for reason, n in frames.groupby("reason")["frames"].sum().items()}
+    return {
+        "tool": PROG,
+        "format": SUMMARY_FORMAT,
+        "files": list(files),
+        "options": {
+            "per_file": bool(args.per_file),
+            "stability_rule": args.stability,
+            "flight_bins": args.flight_bins,
+            "store_ports": list(args.store_port),
+            "content_heuristics": not args.no_content_heuristics,
+        },
+        "captures": per_capture,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""``ump analyze``: options, one-line errors before Spark starts, and what a run leaves behind."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spark_analysis import cli, job
+
+from .analysis_corpus import CAPTURES, PLANTED, STORE_PORT, CorpusRun, shared_corpus_run
+
+OUTPUTS = ("anomaly_summary", "anomalies", "topic_advertisements", "topic_queries",
+           "transport_sessions", "sequence_summary", "sequence_events", "registrations",
+           "registration_summary", "latency_summary", "latency_histogram", "stability_acks",
+           "consumption_acks", "flight_size_summary", "flight_size", "retransmission_summary",
+           "retransmission_requests")
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="ump")
+    cli.register(parser.add_subparsers())
+    return parser.parse_args(["analyze", *argv])
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    args = _parse(*argv)
+    code = args.handler(args)
+    return code, capsys.readouterr().err
+
+
+def test_options() -> None:
+    args = _parse("a.pcap", "b*.pcap", "--out", "res", "--store-port", "14567",
+                  "--store-port", "14568-14569", "--lbtrm-port", "15000", "--per-file",
+                  "--stability", "all", "--master", "local[2]", "--flight-bins", "50")
+    assert args.captures == ["a.pcap", "b*.pcap"]
+    assert args.store_port == [14567, 14568, 14569] and args.lbtrm_port == [15000]
+    assert (args.per_file, args.stability, args.master, args.flight_bins) == (
+        True, "all", "local[2]", 50)
+    assert job.port_map(args).store_ports == [14567, 14568, 14569]
+
+
+@pytest.mark.parametrize("argv", [
+    ("a.pcap",),  # --out is required
+    ("--out", "x"),  # a capture is required
+    ("a.pcap", "--out", "x", "--flight-bins", "0"),
+    ("a.pcap", "--out", "x", "--stability", "most"),
+    ("a.pcap", "--out", "x", "--store-port", "70000"),
+])
+def test_bad_options_are_usage_errors(argv: tuple[str, ...],
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        _parse(*argv)
+    assert exc.value.code == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+def _one_line_error(code: int, err: str, *fragments: str) -> None:
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("ump analyze: ")
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _run(capsys, str(tmp_path / "nope.pcap"), "--out", str(tmp_path / "o"))
+    _one_line_error(code, err, "nope.pcap", "no such file")
+    assert not (tmp_path / "o").exists()  # nothing is created before the inputs are good
+
+
+def test_glob_matching_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _run(capsys, str(tmp_path / "*.pcap"), "--out", str(tmp_path / "o"))
+    _one_line_error(code, err, "no file matches")
+
+
+def test_not_a_capture(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = tmp_path / "notes.pcap"
+    text.write_text("these are notes, not packets\n" * 10)
+    code, err = _run(capsys, str(PLANTED), str(text), "--out", str(tmp_path / "o"))
+    _one_line_error(code, err, "notes.pcap")
+
+
+def test_empty_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty.pcap"
+    empty.write_bytes(b"")
+    code, err = _run(capsys, str(empty), "--out", str(tmp_path / "o"))
+    _one_line_error(code, err, "empty.pcap", "too short")
+
+
+def test_same_file_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _run(capsys, str(PLANTED), str(PLANTED), "--out", str(tmp_path / "o"))
+    _one_line_error(code, err, "planted.pcap", "more than once")
+
+
+def test_output_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report"
+    out.write_text("not a directory")
+    code, err = _run(capsys, str(PLANTED), "--out", str(out))
+    _one_line_error(code, err, "exists and is not a directory")
+
+
+def test_output_not_writable(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _run(capsys, str(PLANTED), "--out", "/proc/ump-analyze-test/out")
+    _one_line_error(code, err, "/proc/ump-analyze-test/out", "cannot write there")
+
+
+def test_job_entry_point_has_the_spark_submit_command() -> None:
+    """``spark-submit spark_analysis/job.py`` runs the module as a script: its help works
+    without Spark starting, and the documented command names the script."""
+    done = subprocess.run([sys.executable, "-m", "spark_analysis.job", "--help"],
+                          capture_output=True, text=True, check=True, timeout=60)
+    assert "spark-submit --master" in done.stdout and "--store-port" in done.stdout
+    assert "spark_analysis/job.py" in (job.__doc__ or "")
+    script = subprocess.run([sys.executable, job.__file__, "--help"], capture_output=True,
+                            text=True, timeout=60)
+    assert script.returncode == 0, script.stderr
+
+
+def test_progress_can_be_silenced(capsys: pytest.CaptureFixture[str]) -> None:
+    job.Progress(quiet=True)("hidden")
+    job.Progress()("shown")
+    err = capsys.readouterr().err
+    assert "hidden" not in err and "ump analyze: [" in err and "shown" in err
+
+
+# =============================================================================================
+# A real run (the corpus, shared with the other analysis tests)
+# =============================================================================================
+
+
+@pytest.fixture(scope="module")
+def corpus(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> CorpusRun:
+    return shared_corpus_run(request, tmp_path_factory)
+
+
+def test_run_succeeds_with_progress(corpus: CorpusRun) -> None:
+    assert corpus.exit_code == 0, corpus.stderr
+    lines = corpus.stderr.splitlines()
+    progress = [line for line in lines if line.startswith("ump analyze: [")]
+    assert progress[0].endswith(f"{len(CAPTURES)} capture file(s); results in {corpus.out}")
+    assert any("wrote registrations:" in line for line in progress)
+    assert progress[-1].split("] ", 1)[1].startswith("done in")
+
+
+def test_run_writes_every_output(corpus: CorpusRun) -> None:
+    for name in OUTPUTS:
+        files = list((corpus.out / "parquet" / name).glob("*.parquet"))
+        assert files, name
+    summary = corpus.summary()
+    assert summary["files"] == [str(c) for c in CAPTURES]
+    assert summary["options"]["store_ports"] == [STORE_PORT]
+    assert set(summary["captures"]) == {str(c) for c in CAPTURES}
+    for section in summary["captures"].values():
+        assert set(OUTPUTS) <= set(section)
+        # every corpus capture has frames that are not UM (TCP handshakes at least)
+        assert sum(section["not_um_frames"].values()) > 0
+    assert (corpus.out / "report.html").stat().st_size > 10_000
+
+
+def test_summary_row_counts_match_parquet(corpus: CorpusRun) -> None:
+    summary = corpus.summary()
+    for name in OUTPUTS:
+        table = corpus.table(name)
+        for capture, section in summary["captures"].items():
+            assert section[name]["rows"] == int((table["capture"] == capture).sum()), name
+            if "data" in section[name]:
+                assert len(section[name]["data"]) == min(section[name]["rows"],
+                                                         job.JSON_ROW_LIMIT)
+
+
+def test_outputs_are_sorted(corpus: CorpusRun) -> None:
+    from spark_analysis.analyses import SORT_KEYS
+
+    for name in ("registrations", "stability_acks", "anomalies", "transport_sessions"):
+        table = corpus.table(name)
+        keys = [k for k in SORT_KEYS[name] if k in table.columns][:3]
+        records = [tuple((v is not None, v) for v in row)
+                   for row in table[keys].itertuples(index=False)]
+        assert records == sorted(records), name
+
+
+def test_summary_json_is_plain_json(corpus: CorpusRun) -> None:
+    text = (corpus.out / "summary.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    json.loads(text)
