@@ -1,9 +1,15 @@
 """``ump captures``: generate UM persistence captures from scripted scenarios.
 
-``ump captures list`` names the scenarios; ``ump captures generate --scenario NAME --out PATH``
-writes the capture and ``PATH.meta.json`` (scenario, port map, expected counts).  The capture
-needs the store port as a decode hint: ``ump dissect PATH --store-port 14567`` (the command
-prints the exact hint).
+``ump captures list`` names the scenarios and the backend each gets by default;
+``ump captures generate --scenario NAME --out PATH`` writes the capture and ``PATH.meta.json``
+(scenario, port map, expected counts).  The capture needs the store port as a decode hint:
+``ump dissect PATH --store-port 14567`` (the command prints the exact hint).
+
+``--backend``: ``auto`` (default) plays a scenario with the reference implementation's cores
+(``cores``, :mod:`captures.cores`) when they support all of it (LBT-TCP sources, no loss: the
+``tcp-*`` presets) and with the scripted ``wire`` backend otherwise (LBT-RM/LBT-RU, loss and
+repair, and the huge fast captures: ~20x the cores' frame rate).  ``--backend cores
+--lbttcp-fallback`` plays any scenario with the cores, over LBT-TCP and without loss.
 """
 
 from __future__ import annotations
@@ -64,6 +70,13 @@ def register(sub: Any) -> None:
                    help="big-endian file headers (packets are network order regardless)")
     g.add_argument("--store-port", type=_port, metavar="PORT",
                    help="TCP port of the stores (default 14567)")
+    g.add_argument("--backend", choices=("auto", "cores", "wire"), default="auto",
+                   help="who plays the scenario: the reference cores, the scripted wire model, "
+                        "or auto (default: cores when they support the whole scenario, i.e. "
+                        "LBT-TCP sources without loss, else wire)")
+    g.add_argument("--lbttcp-fallback", action="store_true",
+                   help="with --backend cores: play LBT-RM/LBT-RU sources over LBT-TCP and "
+                        "ignore transport loss instead of refusing the scenario")
     g.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     g.add_argument("--out", required=True, type=Path, metavar="PATH", help="capture to write")
     g.set_defaults(handler=run_generate)
@@ -78,11 +91,14 @@ def _help(parser: argparse.ArgumentParser) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
+    from .generator import select_backend
+
     for name, scenario in PRESETS.items():
         transports = "/".join(dict.fromkeys(str(t) for t in scenario.transports))
+        backend = select_backend("auto", scenario).name
         print(f"{name:12s} {scenario.sources} src x {scenario.topics_per_source} topics, "
               f"{scenario.receivers} rcv, stores {list(scenario.store_groups)}, {transports}, "
-              f"{scenario.messages} msgs")
+              f"{scenario.messages} msgs, backend {backend}")
         print(f"{'':12s} {scenario.description}")
     return 0
 
@@ -90,13 +106,16 @@ def run_list(args: argparse.Namespace) -> int:
 def run_generate(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from .generator import CaptureFormat, generate
+    from .generator import CaptureFormat, generate, select_backend
     from .scenarios import preset
 
     try:
         scenario = preset(args.scenario)
         if args.store_port is not None:
             scenario = dataclasses.replace(scenario, store_port=args.store_port).validate()
+        if args.lbttcp_fallback and args.backend != "cores":
+            raise ScenarioError("--lbttcp-fallback only applies to --backend cores")
+        backend = select_backend(args.backend, scenario, lbttcp_fallback=args.lbttcp_fallback)
     except ScenarioError as exc:
         print(f"ump captures generate: {exc}", file=sys.stderr)
         return 2
@@ -113,7 +132,7 @@ def run_generate(args: argparse.Namespace) -> int:
         big_endian=args.big_endian or scenario.big_endian)
     try:
         result = generate(scenario, out, seed=args.seed, packets=args.packets,
-                          messages=args.messages, fmt=fmt,
+                          messages=args.messages, fmt=fmt, backend=backend,
                           progress=False if args.no_progress else None)
     except ScenarioError as exc:
         print(f"ump captures generate: {exc}", file=sys.stderr)
@@ -123,7 +142,9 @@ def run_generate(args: argparse.Namespace) -> int:
         return 2
     rate = result.frames / result.seconds if result.seconds > 0 else 0.0
     print(f"{result.path}: {result.frames} frames, {result.messages} messages "
-          f"({result.seconds:.2f} s, {rate:,.0f} frames/s)")
+          f"({result.seconds:.2f} s, {rate:,.0f} frames/s, backend {backend.name})")
+    for note in [*result.meta.get("substitutions", []), *result.meta.get("notes", [])]:
+        print(f"note: {note}")
     print(f"{result.sidecar}: expected counts")
     print(f"decode with: ump dissect {result.path} --store-port {scenario.store_port}")
     return 0

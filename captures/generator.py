@@ -10,7 +10,7 @@ consumption ACKs from every receiver to every store, keepalives, transport-level
 retransmissions, restarts, and refused registrations.  Every TCP connection has consistent
 sequence and acknowledgement numbers (handshake, delayed pure ACKs, orderly close).
 
-Why it is fast (10 million frames in about 40 s of one core, ~240k frames/s):
+Why the wire backend is fast (10 million frames in about 40 s of one core, ~240k frames/s):
 
 * every distinct frame is built **once** with the :mod:`wire` encoders and kept as a
   :class:`FrameTemplate`; what varies between two frames of the same kind (TCP sequence and
@@ -22,12 +22,14 @@ Why it is fast (10 million frames in about 40 s of one core, ~240k frames/s):
 * the simulation only appends one row of integers per frame; frames are rendered and written
   in chunks by numpy (:class:`CaptureWriter`), so memory stays bounded whatever the size.
 
-The seam for the reference implementation: :class:`Backend` is what produces the traffic.
-Today :class:`WireBackend` scripts the behaviour itself and encodes with :mod:`wire`; once the
-sans-IO cores of ``reference_impl/`` exist, a backend that runs them on
-``reference_impl.sim.SimNetwork`` and forwards what they send to the same :class:`FrameSink`
-(``emit_frame`` for arbitrary bytes, or templates for the hot path) replaces it without
-touching the writer, the sidecar or the CLI.
+Backends: :class:`Backend` is what produces the traffic; the writer, the sidecar and the CLI
+are shared.  :class:`WireBackend` (``wire``, this module) scripts the behaviour itself and
+encodes with :mod:`wire`: it models LBT-RM/LBT-RU, loss and repair, and is the one for huge
+captures.  :class:`captures.cores.CoresBackend` (``cores``) runs the reference
+implementation's sans-IO cores on ``reference_impl.sim`` and streams what they send into the
+same :class:`FrameSink` (``emit_frame``): the behavioural reference, ~15-20x slower, LBT-TCP
+only.  The default, ``auto`` (:func:`select_backend`), is ``cores`` for scenarios the cores
+play entirely (LBT-TCP sources, no loss: the ``tcp-*`` presets) and ``wire`` for the rest.
 
 Sizes: ``messages`` runs the scenario to its end (drain and orderly close);
 ``packets`` writes exactly that many frames, cutting the run like ``tcpdump -c`` does: the
@@ -118,6 +120,7 @@ from wire.tshark import PortMap
 from .scenarios import Restart, Scenario, ScenarioError, Transport
 
 __all__ = [
+    "BACKENDS",
     "Backend",
     "CaptureFormat",
     "CaptureWriter",
@@ -125,9 +128,11 @@ __all__ = [
     "FrameTemplate",
     "GenerationResult",
     "WireBackend",
+    "calibrate",
     "generate",
     "member_offsets",
     "port_map",
+    "select_backend",
 ]
 
 MASK32 = 0xFFFFFFFF
@@ -2495,26 +2500,57 @@ def _nest(flat: Counter[tuple[str, ...]]) -> dict[str, Any]:
     return out
 
 
-def calibrate(scenario: Scenario, seed: int, messages: int = 2000) -> tuple[float, float]:
-    """Frames per message and fixed frames of ``scenario``, from two short counting runs."""
+def calibrate(scenario: Scenario, seed: int, messages: int = 2000,
+              backend: Backend | None = None) -> tuple[float, float]:
+    """Frames per message and fixed frames of ``scenario``, from two short counting runs of
+    ``backend`` (default: the wire backend)."""
+    backend = backend or WireBackend()
     small = max(50, min(messages, 400))
     counts = []
     for m in (small, 2 * small):
         sink = FrameSink()
-        WireBackend().run(RunPlan(scenario.with_messages(m), m, m, seed), sink)
+        backend.run(RunPlan(scenario.with_messages(m), m, m, seed), sink)
         counts.append(sink.frames)
     per_message = max(0.5, (counts[1] - counts[0]) / small)
     return per_message, max(0.0, counts[0] - per_message * small)
 
 
+BACKENDS = ("auto", "cores", "wire")
+"""Backend names ``generate`` and ``ump captures generate --backend`` accept."""
+
+
+def select_backend(name: str, scenario: Scenario, *, lbttcp_fallback: bool = False) -> Backend:
+    """The backend called ``name`` for ``scenario``.
+
+    ``auto`` (the default) picks the reference cores (:class:`captures.cores.CoresBackend`)
+    when they can play every feature of the scenario (LBT-TCP sources, no transport loss) and
+    the wire backend otherwise: the cores are the behavioural reference, the wire backend is
+    ~20x faster and models LBT-RM/LBT-RU, loss and repair.  ``cores`` refuses a scenario it
+    cannot play unless ``lbttcp_fallback`` (then it plays it over LBT-TCP without loss).
+    """
+    from .cores import CoresBackend
+
+    if name == "wire":
+        return WireBackend()
+    if name == "cores":
+        return CoresBackend(lbttcp_fallback=lbttcp_fallback)
+    if name == "auto":
+        if CoresBackend.unsupported(scenario):
+            return WireBackend()
+        return CoresBackend()
+    raise ScenarioError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}")
+
+
 def generate(scenario: Scenario, out: str | Path, *, seed: int = 0,
              packets: int | None = None, messages: int | None = None,
              fmt: CaptureFormat | None = None, progress: bool | None = None,
-             backend: Backend | None = None, chunk_rows: int = 16384) -> GenerationResult:
+             backend: Backend | str | None = None, chunk_rows: int = 16384) -> GenerationResult:
     """Write ``scenario`` to ``out`` (and ``out.meta.json``); see the module docstring.
 
     ``packets`` and ``messages`` are exclusive; without either the scenario's own message
     count is used.  ``progress`` None shows a bar only on a terminal and for big runs.
+    ``backend`` is a :class:`Backend` or a name of :data:`BACKENDS` (default ``auto``, see
+    :func:`select_backend`).
     """
     import time
 
@@ -2526,9 +2562,10 @@ def generate(scenario: Scenario, out: str | Path, *, seed: int = 0,
     if messages is not None and messages < 0:
         raise ScenarioError("messages must be >= 0")
     fmt = fmt or CaptureFormat(scenario.pcapng, scenario.nanosecond, scenario.big_endian)
-    backend = backend or WireBackend()
+    if backend is None or isinstance(backend, str):
+        backend = select_backend(backend or "auto", scenario)
     if packets is not None:
-        per_message, fixed = calibrate(scenario, seed)
+        per_message, fixed = calibrate(scenario, seed, backend=backend)
         planned = max(1, math.ceil((packets - fixed) / per_message))
         plan = RunPlan(scenario.with_messages(planned), None, planned, seed)
         total = packets
@@ -2553,6 +2590,9 @@ def generate(scenario: Scenario, out: str | Path, *, seed: int = 0,
             sink = FrameSink(writer, packets, chunk_rows=chunk_rows, progress=bar)
             described = backend.run(plan, sink)
             sink.flush()
+    except BaseException:
+        path.unlink(missing_ok=True)  # a half-written capture must not pass for a whole one
+        raise
     finally:
         if bar is not None:
             bar.close()

@@ -247,6 +247,33 @@ PRESETS: dict[str, Scenario] = {
             messages=100_000, rate=2000.0, payload_size=128, receiver_loss=0.001,
             store_loss=0.0005, unrecoverable=0.1, ack_batch_interval=0.1,
             tags=("benchmark",)),
+        Scenario(
+            name="tcp-basic",
+            description="One LBT-TCP source, one store, one receiver, played by the reference "
+                        "cores (the default backend for LBT-TCP scenarios without loss).",
+            transports=(Transport.LBTTCP,), messages=200, rate=1000.0,
+            registration_interval=0.25),
+        Scenario(
+            name="tcp-qc",
+            description="Two LBT-TCP sources with two topics each, two receivers, one "
+                        "quorum/consensus group of three stores, batched consumption ACKs; "
+                        "played by the reference cores.",
+            sources=2, topics_per_source=2, receivers=2, store_groups=(3,),
+            transports=(Transport.LBTTCP,), messages=400, rate=500.0,
+            ack_batch_interval=0.1, registration_interval=0.25),
+        Scenario(
+            name="tcp-restarts",
+            description="Receiver, source and store restarts and a RegID collision over "
+                        "LBT-TCP, played by the reference cores: re-registrations (OLD), "
+                        "receiver recovery from the stores (RXREQ / RX-DATA), a misconfigured "
+                        "source refused (error 5).",
+            sources=2, topics_per_source=1, receivers=2, store_groups=(3,),
+            transports=(Transport.LBTTCP,), messages=1600, rate=1000.0,
+            ack_batch_interval=0.05, registration_interval=0.25,
+            receiver_restarts=(Restart(index=0, at=0.25, downtime=0.2),),
+            source_restarts=(Restart(index=0, at=0.5, downtime=0.2),),
+            store_restarts=(Restart(index=1, at=0.7, downtime=0.15),),
+            regid_collision=True),
     )
 }
 """The named scenarios ``ump captures generate --scenario NAME`` knows."""
