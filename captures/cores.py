@@ -13,7 +13,7 @@ Why a tap instead of :meth:`SimNetwork.write_pcap`: the simulator records every 
 ``SimNetwork.trace`` for the whole run, which grows without bound.  :class:`CaptureTap` is
 registered as a ``capture_hook`` and turns each delivery into frames in the
 :class:`~captures.generator.FrameSink` as it happens (the sink writes a chunk at a time), and
-the trace list is swapped for one that keeps nothing (:class:`_NoTrace`).  Core events are
+the deployment's network is made with ``keep_trace=False`` so it keeps nothing.  Core events are
 drained into counters (:class:`EventLedger`) as the run goes, so memory stays bounded by the
 deployment's own state (repositories are capped by ``repository-size-threshold``), not by the
 length of the run.
@@ -156,13 +156,6 @@ def _source_interval_ms(seconds: float) -> int:
 # =============================================================================================
 # The tap: deliveries -> frames and their expected counts
 # =============================================================================================
-
-
-class _NoTrace(list[CapturedPacket]):
-    """Stands in for ``SimNetwork.trace``: the tap streams every delivery, nothing is kept."""
-
-    def append(self, packet: CapturedPacket) -> None:
-        return None
 
 
 @dataclass
@@ -584,10 +577,10 @@ class _CoresRun:
         self.sc = sc = plan.scenario
         self.sink = sink
         self.ports = PortMap(store_ports=[sc.store_port])
-        self.dep = SimDeployment(seed=plan.seed)
+        # the tap streams every delivery: the network keeps none of them
+        self.dep = SimDeployment(seed=plan.seed, keep_trace=False)
         if self.dep.resolver_addr != (RESOLVER_IP, RESOLVER_PORT):
             raise AssertionError("the deployment moved its resolver; update RESOLVER_IP")
-        self.dep.net.trace = _NoTrace()
         self.tap = CaptureTap(sink, self.ports)
         self.dep.net.capture_hooks.append(self.tap)
         self.ledger = EventLedger()

@@ -11,6 +11,8 @@ the trace can be written as a pcap.
 
 from __future__ import annotations
 
+import itertools
+import random
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +31,19 @@ RECEIVER_REQUEST_PORT = 14392
 STORE_PORT = 14567
 
 
+def restart_seed(seed: int | None, incarnation: int) -> int | None:
+    """The RegID seed of a store's ``incarnation``-th restart (0: its first start, ``seed``).
+
+    Why a fresh seed: a restarted process does not replay its random draws, and a memory store
+    that did would hand out the RegIDs of its previous life again, to new clients, while the
+    old holders may still come back to re-register with them.  Derived from ``seed`` so a
+    scenario stays a pure function of its seeds; ``None`` (unseeded) stays unseeded.
+    """
+    if seed is None or incarnation == 0:
+        return seed
+    return random.Random(f"store-restart/{seed}/{incarnation}").getrandbits(64)
+
+
 class SimDeployment:
     """Processes of one deployment on a simulated network (see the module docstring).
 
@@ -37,8 +52,9 @@ class SimDeployment:
     process lost its memory, not its disk).
     """
 
-    def __init__(self, seed: int = 0, *, link: LinkConfig | None = None) -> None:
-        self.net = SimNetwork(seed)
+    def __init__(self, seed: int = 0, *, link: LinkConfig | None = None,
+                 keep_trace: bool = True) -> None:
+        self.net = SimNetwork(seed, keep_trace=keep_trace)
         self._next_host = 1
         self.resolver_addr = ("10.0.0.1", DEFAULT_PORT)
         self.net.add_node("resolver", self.resolver_addr[0])
@@ -72,11 +88,20 @@ class SimDeployment:
     # --- processes --------------------------------------------------------------------------
 
     def add_store(self, name: str, *, port: int = STORE_PORT, **settings: object) -> StoreCore:
+        """A store process; a ``seed`` seeds its RegID assignment, and every restart draws a
+        fresh one from it (see :func:`restart_seed`)."""
         ip = self._host(name)
+        seed = settings.pop("seed", None)
+        if seed is not None and not isinstance(seed, int):
+            raise TypeError(f"a store seed is an int, not {seed!r}")
+        incarnations = itertools.count()
 
         def make() -> StoreCore:
+            incarnation = next(incarnations)
             cfg = StoreSettings(name=name, ip=ip, port=port, lbmr_port=LBMR_PORT,
-                                resolver=self.resolver_addr, **settings)  # type: ignore[arg-type]
+                                resolver=self.resolver_addr,
+                                seed=restart_seed(seed, incarnation),
+                                **settings)  # type: ignore[arg-type]
             return StoreCore(cfg, now=self.net.now)
 
         store = make()

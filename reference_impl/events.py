@@ -9,6 +9,13 @@ statistics events of semantics.md §4 (source registered, receiver registered, s
 
 Sequence numbers are the topic sequence numbers of the LBMC data header; store indexes are
 positions in the source's configured store list (``ume_store`` order), as in the product.
+
+Events are read-only by contract.  Most are frozen dataclasses; the four that come once or
+more per message (:class:`MessageStable`, :class:`MessageReclaimed`,
+:class:`DeliveryConfirmation`, :class:`MessageDelivered`) are slotted dataclasses that are not
+frozen, because a frozen dataclass's ``__init__`` sets every field through
+``object.__setattr__`` and costs about three times as much, a cost the source pays twice per
+message at 100,000 messages per second.  They still compare and hash by value.
 """
 
 from __future__ import annotations
@@ -154,7 +161,7 @@ class StableFlags(IntFlag):
     STORE = 0x8  # the event names a store
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)
 class MessageStable:
     """"Store Message Stable": one store acknowledged a message.
 
@@ -181,7 +188,7 @@ class MessageNotStable:
     sequence_number: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)
 class DeliveryConfirmation:
     """"Delivery Confirmation": a receiver confirmed it consumed a message.
 
@@ -200,7 +207,7 @@ class DeliveryConfirmation:
     explicit: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)
 class MessageReclaimed:
     """"Store Message Reclaimed" (and "Store Forced Reclaim" when ``forced``).
 
@@ -307,7 +314,7 @@ class RegistrationChange:
     text: str
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)
 class MessageDelivered:
     """A message handed to the application, in sequence order and never twice.
 

@@ -32,6 +32,12 @@ class ControlTemplate:
         self._codec = struct.Struct(CONTROL_BASE.codec.format + fast.codec.format.lstrip("<>!="))
         self.size = self._codec.size
         self._head = (MessageType.CONTROL, header_cls.kind.code, self.size, NHDR_NONE, fast.size)
+        self.head = self._head
+        """What :meth:`unpack_from` returns first (``len(head)`` values) for this shape."""
+        self.unpack_from = self._codec.unpack_from
+        """``unpack_from(buffer, offset)``: every value of a :attr:`size`-byte message at
+        ``offset``, :attr:`head` first, then the members; the caller compares the head (the
+        run loops of the hot paths, which must not slice each message out first)."""
         self._index = {n: i for i, n in enumerate(self.names)}
         assert header_cls.kind.struct is not None
         self._views = view_index(header_cls.kind.struct)
@@ -62,6 +68,10 @@ class ControlTemplate:
     def index(self, name: str) -> int:
         """Position of member ``name`` in :meth:`unpack`'s tuple."""
         return self._index[name]
+
+    def full_index(self, name: str) -> int:
+        """Position of member ``name`` in :attr:`unpack_from`'s tuple (after the head)."""
+        return len(self._head) + self._index[name]
 
     def view(self, name: str) -> tuple[int, Bit]:
         """(position in :meth:`unpack`'s tuple, bit view) of a named flag bit such as

@@ -30,7 +30,9 @@ stranger connecting to the request port and talking first) is dropped with an
 :class:`~reference_impl.events.InputDropped`, so nobody but the source can inject messages or
 redirect the receiver's registrations.  Recovery costs O(1) per message whatever is missing
 (:class:`Gaps`), and what a received chunk makes due (delivery, requests, immediate ACKs) is
-done once per chunk.
+done once per chunk; a run of data messages (a store's retransmissions, the source's live
+data) is read straight out of the chunk (:meth:`ReceiverCore.on_message_run`), each as the
+message-by-message path reads it.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ from wire.lbmc import (
 
 _ACK = ControlTemplate(UmeAck)
 _DATA_SIZE = DATA_BASE.size
+_DATA_UNPACK = DATA_BASE.codec.unpack_from
+_MESSAGE, _RETRANS = int(MessageType.MESSAGE), int(MessageType.RETRANS)
 _RXREQ = FixedControl(UmeRxreq)
 _RXREQ_IDX, _RXREQ_SQN = _RXREQ.at["request_idx"], _RXREQ.at["seqnum"]
 RecoveryCallback = Callable[[int, int], int]
@@ -313,6 +317,34 @@ class ReceiverCore(ContextCore):
         if isinstance(conn.tag, StoreReg):
             return mtype == MessageType.RETRANS
         return self._from_source(conn)
+
+    def on_message_run(self, conn: Connection, data: bytes) -> int:
+        # the recovery hot path: a store's retransmissions (or the source's data) back to back
+        # in a chunk, read in place; exactly what on_raw_message does with each of them that
+        # it takes (data of our topic from a peer allowed to send that type), and the first
+        # message that is anything else ends the run
+        src = self.source
+        if src is None:
+            return 0
+        if isinstance(conn.tag, StoreReg):
+            allowed: tuple[int, ...] = (_RETRANS,)
+        elif self._from_source(conn):
+            allowed = (_MESSAGE, _RETRANS)
+        else:
+            return 0
+        tidx = src.topic_idx
+        unpack, size = _DATA_UNPACK, _DATA_SIZE
+        on_data = self._on_data
+        pos, end = 0, len(data)
+        while end - pos >= size:
+            ver_type, next_hdr, msglen, topic_idx, sqn = unpack(data, pos)
+            mtype = ver_type & 0x0F
+            if next_hdr or mtype not in allowed or msglen < size or msglen > end - pos:
+                break
+            if topic_idx == tidx:
+                on_data(sqn, data[pos + size:pos + msglen], retransmission=mtype == _RETRANS)
+            pos += msglen
+        return pos
 
     def on_raw_message(self, conn: Connection, raw: bytes) -> None:
         if len(raw) >= _DATA_SIZE:
@@ -612,10 +644,12 @@ class ReceiverCore(ContextCore):
         stores = self.registered_stores
         lost = []
         for sqn, req in list(self.requests.items()):
-            if self.now - req.first >= timeout:
+            # deadlines compared as the timer computes them (``now - last >= interval`` can
+            # miss its own deadline by float rounding and wait one more interval)
+            if self.now >= req.first + timeout:
                 del self.requests[sqn]
                 lost.append(sqn)
-            elif self.now - req.last >= interval and stores:
+            elif self.now >= req.last + interval and stores:
                 others = [s for s in stores if s.info.index != req.store] or stores
                 store = others[req.tries % len(others)]
                 req.last, req.store, req.tries = self.now, store.info.index, req.tries + 1

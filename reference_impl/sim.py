@@ -109,7 +109,10 @@ class Endpoint(Protocol):
 
     ``addr`` in :meth:`receive` is the sender's address.  After *every* call into the endpoint
     the network collects :meth:`datagrams_to_send` (and :meth:`StreamEndpoint.stream_commands`)
-    and then asks :meth:`get_timer` again, so a core never needs to be told to flush.
+    and then asks :meth:`get_timer` again, so a core never needs to be told to flush.  Those are
+    the only times it asks (and when :meth:`SimNetwork.step`, ``run_until`` or
+    ``run_until_idle`` starts, or a scheduled action ran): a deadline that something else moves
+    meanwhile, another endpoint's callback say, is seen from the next of those on.
     """
 
     def receive(self, data: bytes, addr: Addr, now: float) -> None: ...
@@ -390,12 +393,17 @@ class SimNetwork:
     a stream event), or fire one due endpoint timer.  Events go before timers at equal times,
     then by the order they were scheduled, then endpoints in bind order, which makes a run a
     pure function of the seed and the scenario.
+
+    Every delivery goes to the ``capture_hooks`` and, unless ``keep_trace`` is False, into
+    :attr:`trace`; a long run (a capture of millions of messages) streams from a hook and keeps
+    nothing, since the trace grows with every packet.
     """
 
     def __init__(self, seed: int = 0, *, clock: VirtualClock | None = None,
                  link: LinkConfig | None = None, chunking: Chunking | None = None,
-                 connect_timeout: float = 3.0) -> None:
+                 connect_timeout: float = 3.0, keep_trace: bool = True) -> None:
         self.seed = seed
+        self.keep_trace = keep_trace
         self.clock = clock or VirtualClock()
         self.default_link = link or LinkConfig()
         self.chunking = chunking or Chunking()
@@ -407,7 +415,13 @@ class SimNetwork:
              "stream_writes", "stream_chunks", "stream_writes_dropped"), 0)
         self._nodes: dict[str, _Node] = {}
         self._by_ip: dict[str, _Node] = {}
-        self._bound: list[tuple[_Node, int]] = []  # bind order: timer polling order
+        self._bound: list[tuple[_Node, int]] = []  # bind order: timer tie-break order
+        # endpoint timers: (deadline, bind rank, id(endpoint)) entries, valid while the
+        # endpoint's last read deadline (``_timer_of``) is that deadline; stale ones are
+        # skipped when they reach the top (see ``_next_timer``)
+        self._timer_heap: list[tuple[float, int, int]] = []
+        self._timer_of: dict[int, float] = {}
+        self._placement: dict[int, tuple[int, _Node, Endpoint]] | None = None
         self._groups: dict[Addr, list[Addr]] = {}
         self._links: dict[tuple[str, str], LinkConfig] = {}
         self._rngs: dict[str, random.Random] = {}
@@ -439,6 +453,8 @@ class SimNetwork:
             raise SimulationError(f"{n.ip}:{port} is already bound")
         n.endpoints[port] = endpoint
         self._bound.append((n, port))
+        self._placement = None
+        self._timer_of.pop(id(endpoint), None)  # read afresh (an id may be a dead one's)
         return (n.ip, port)
 
     def join(self, addr: Addr, group: Addr) -> None:
@@ -533,7 +549,13 @@ class SimNetwork:
         for port, ep in (endpoints or {}).items():
             if port not in n.endpoints:
                 self._bound.append((n, port))
+            else:
+                self._timer_of.pop(id(n.endpoints[port]), None)  # replaced: forget its timer
             n.endpoints[port] = ep
+        self._placement = None
+        for ep in {id(e): e for e in n.endpoints.values()}.values():  # timers count again
+            self._timer_of.pop(id(ep), None)
+            self._read_timer(ep)
 
     def sever(self, conn: ConnKey) -> None:
         """Reset one stream; both ends get RESET after one link delay."""
@@ -826,9 +848,35 @@ class SimNetwork:
                     self.stream_send(cmd.conn, cmd.data)
                 else:
                     self.stream_close(cmd.conn)
+        self._read_timer(ep)
+
+    def _read_timer(self, ep: Endpoint) -> None:
+        """Take note of ``ep``'s deadline (after a call into it, which may have moved it)."""
+        t = ep.get_timer()
+        key = id(ep)
+        if t is None:
+            self._timer_of.pop(key, None)
+        elif self._timer_of.get(key) != t:
+            self._timer_of[key] = t
+            placed = self._placements().get(key)
+            if placed is not None:
+                heapq.heappush(self._timer_heap, (t, placed[0], key))
+
+    def _placements(self) -> dict[int, tuple[int, _Node, Endpoint]]:
+        """id(endpoint) -> (bind rank, node, endpoint), the rank being the position of its
+        first binding in :attr:`_bound`; rebuilt after a bind or a restart."""
+        if self._placement is None:
+            placement: dict[int, tuple[int, _Node, Endpoint]] = {}
+            for rank, (node, port) in enumerate(self._bound):
+                ep = node.endpoints.get(port)
+                if ep is not None and id(ep) not in placement:
+                    placement[id(ep)] = (rank, node, ep)
+            self._placement = placement
+        return self._placement
 
     def _capture(self, packet: CapturedPacket) -> None:
-        self.trace.append(packet)
+        if self.keep_trace:
+            self.trace.append(packet)
         for hook in self.capture_hooks:
             hook(packet)
 
@@ -842,22 +890,44 @@ class SimNetwork:
     def _next(self) -> tuple[float, tuple[_Node, Endpoint] | None] | None:
         """The next step: its time and, for a timer, whose; ``None`` if nothing is pending.
 
-        Timers are polled on every step because any call may have moved them; that is
-        O(endpoints), which is nothing next to a real event loop's syscalls.
+        An event goes first when it is due no later than the earliest timer."""
+        timer = self._next_timer()
+        if self._queue and (timer is None or self._queue[0][0] <= timer[0]):
+            return (self._queue[0][0], None)
+        return timer
+
+    def _next_timer(self) -> tuple[float, tuple[_Node, Endpoint]] | None:
+        """The endpoint timer that fires next, at ``max(deadline, now)``.
+
+        Deadlines are read after every call into an endpoint (:meth:`_collect`) and kept in a
+        heap, so a step costs O(log timers), not a poll of every endpoint.  Ties go to the
+        endpoint bound first; deadlines already past all fire "now", so among those the bind
+        order decides, not the deadline.
         """
-        best: tuple[float, tuple[_Node, Endpoint] | None] | None = None
-        if self._queue:
-            best = (self._queue[0][0], None)
-        seen: set[int] = set()
-        for node, port in self._bound:
-            ep = node.endpoints.get(port)
-            if ep is None or not node.alive or id(ep) in seen:
+        heap, timer_of, placements = self._timer_heap, self._timer_of, self._placements()
+        now = self.now
+        due: list[tuple[float, int, int]] = []
+        while heap:
+            entry = heap[0]
+            t, _, key = entry
+            placed = placements.get(key)
+            if timer_of.get(key) != t or placed is None or not placed[1].alive:
+                heapq.heappop(heap)  # superseded, unbound, or on a dead node (re-read on
+                if timer_of.get(key) == t:  # restart)
+                    del timer_of[key]
                 continue
-            seen.add(id(ep))
-            t = ep.get_timer()
-            if t is not None and (best is None or max(t, self.now) < best[0]):
-                best = (max(t, self.now), (node, ep))
-        return best
+            if t > now and due:
+                break
+            if t > now:
+                return (t, (placed[1], placed[2]))
+            due.append(heapq.heappop(heap))  # past or now: the bind order decides
+        if not due:
+            return None
+        for entry in due:
+            heapq.heappush(heap, entry)
+        first = min(due, key=lambda e: e[1])
+        _, node, ep = placements[first[2]]
+        return (now, (node, ep))
 
     def _do(self, nxt: tuple[float, tuple[_Node, Endpoint] | None]) -> None:
         t, timer = nxt
@@ -914,4 +984,7 @@ class SimNetwork:
 
     def write_pcap(self, path: str | Path, epoch: float = 1_700_000_000.0) -> int:
         """The trace so far as a pcap (see :func:`write_pcap`)."""
+        if not self.keep_trace:
+            raise SimulationError("this network keeps no trace (keep_trace=False): "
+                                  "take the deliveries from a capture hook instead")
         return write_pcap(self.trace, path, epoch)

@@ -7,7 +7,12 @@ Flow (guide "Operational View", semantics.md §1.1-1.12):
 2. Register with every configured store in parallel (PREG with a ``topicname``, Session ID,
    capability and client-lifetime headers), retrying every ``ume_registration_interval``;
    each answer gives :class:`~reference_impl.events.SourceRegistrationSuccess` or
-   :class:`~reference_impl.events.SourceRegistrationError`.
+   :class:`~reference_impl.events.SourceRegistrationError`.  A store named by its
+   ``context-name`` (``ume_store_name``, :meth:`StoreSpec.named`) is first resolved: the source
+   queries for the name (an LBMR context-information record with the query and name flags)
+   every :data:`NAME_QUERY_INTERVAL` until the store's advertisement (name and IP flags, its
+   address and store port) arrives, registers there, and follows the name to a new address
+   when the store advertises one (an INFO log line, then registration at the new address).
 3. Registration Complete when the intragroup and intergroup rules hold and either every store
    answered or one full registration interval passed; the source then resumes after the
    consensus sequence number (``ume_consensus_sequence_number_behavior``) and sends SRI
@@ -22,7 +27,10 @@ Flow (guide "Operational View", semantics.md §1.1-1.12):
    stores return), retransmits proactively what has not been stable for
    ``ume_message_stability_timeout`` and gives up after ``ume_message_stability_lifetime``.
 
-Choices where the fact sheets are silent: a store counts towards Registration Complete once it
+Choices where the fact sheets are silent: the context-information port of a store's
+advertisement is its store port (where registrations go); a name not resolved within
+``ume_store_activity_timeout`` makes the store unresponsive ("store 0 [NAME] unresponsive -
+store name not resolved"); a store counts towards Registration Complete once it
 has also said on the transport that it receives it (a store keepalive naming our RegID; see
 :mod:`reference_impl.store`), or :data:`JOIN_WAIT` after its answer; SRI travels on the
 transport as a CONTROL message naming the topic with a ``topic_idx`` header, followed by one
@@ -31,20 +39,22 @@ per-store version); a restarted source with stores that answer OLD but hold no m
 at 0.
 
 Hot paths (the store benchmark asks for 100,000 messages/s, which leaves a few microseconds per
-message): :meth:`SourceCore.send_many` puts a batch out as one stream write; an ACK of the one
-shape stores and receivers send is read through the layout derived from ``UmeAck``
-(:class:`~reference_impl.fastmsg.ControlTemplate`), any other message through the full
-decoder; the group stability rules are evaluated once per set of acknowledging stores; the
-retention pass returns at once while nothing has landed.  ``tests/reference_impl/
-test_source_fastpath.py`` runs random programs against a source without these shortcuts and
-requires identical events, bytes and state.
+message): :meth:`SourceCore.send_many` puts a batch out as one stream write, through a loop that
+looks up once what every take needs; an ACK of the one shape stores and receivers send is read
+through the layout derived from ``UmeAck`` (:class:`~reference_impl.fastmsg.ControlTemplate`),
+a store's run of them straight out of the received chunk (:meth:`SourceCore.on_message_run`),
+any other message through the full decoder; the group stability rules are evaluated once per
+set of acknowledging stores (a bitmask, the memo key); the retention pass returns at once while
+nothing has landed, and a message that lands as the oldest is reclaimed without it.
+``tests/reference_impl/test_source_fastpath.py`` runs random programs against a source without
+these shortcuts and requires identical events, bytes and state.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 from reference_impl.context import Connection, ContextCore, control
@@ -68,6 +78,8 @@ from reference_impl.events import (
 from reference_impl.fastmsg import ControlTemplate, data_message
 from wire import lbmr
 from wire.lbmc import (
+    DATA_BASE,
+    NHDR_DATA,
     AckType,
     Header,
     KeepaliveType,
@@ -92,13 +104,21 @@ from wire.lbmc import (
 
 @dataclass(frozen=True)
 class StoreSpec:
-    """One ``ume_store`` entry: ``DomainID:IP:port:RegID:GroupIDX``."""
+    """One ``ume_store`` entry, ``DomainID:IP:port:RegID:GroupIDX``, or (``name`` set) one
+    ``ume_store_name`` entry, ``name:RegID:GroupIDX``, whose address the source learns from the
+    store's context-name advertisement (see :meth:`named`)."""
 
     ip: str
     port: int
     reg_id: int = 0
     group: int = 0
     domain_id: int = 0
+    name: str | None = None
+
+    @classmethod
+    def named(cls, name: str, reg_id: int = 0, group: int = 0) -> StoreSpec:
+        """A store known by its ``context-name``; its address is unknown until resolved."""
+        return cls(UNRESOLVED[0], UNRESOLVED[1], reg_id, group, name=name)
 
 
 @dataclass(frozen=True)
@@ -136,6 +156,13 @@ class SourceConfig:
     resolver_advertisement_interval: int = 1000
 
 
+UNRESOLVED: Addr = ("0.0.0.0", 0)
+"""The address of a named store whose context name is not resolved yet."""
+
+NAME_QUERY_INTERVAL = 1.0
+"""Seconds between context-name queries while a named store is unresolved (the options list
+has no such interval; one second is the pace of the source's own advertisements)."""
+
 MAX_CONFIRMATION_EVENTS = 65536
 """At most this many confirmation events for one cumulative ACK (a receiver's first ACK
 after a long recovery would otherwise name every message since 0)."""
@@ -153,7 +180,13 @@ _ACK_SEQNUM = _ACK.index("seqnum")
 _ACK_ID_2 = _ACK.index("id_2")
 _ACK_RCV_REG_ID = _ACK.index("rcv_reg_id")
 _ACK_EXPLICIT = _ACK.view("e_flag")
+_ACK_HEAD = len(_ACK.head)
+_ACK_RUN_TYPE, _ACK_RUN_SEQNUM = _ACK.full_index("type"), _ACK.full_index("seqnum")
 _STABLE, _CDELV = int(AckType.STABLE), int(AckType.CDELV)
+_DATA_PACK, _DATA_SIZE = DATA_BASE.codec.pack, DATA_BASE.size
+_MESSAGE = int(MessageType.MESSAGE)
+"""The data message base header, packed by :meth:`SourceCore._take_batch` in front of each
+payload (what :func:`~reference_impl.fastmsg.data_message` makes of one message)."""
 
 _STABLE_FLAGS = {(intragroup, intergroup, stable): StableFlags(
     StableFlags.STORE | (StableFlags.INTRAGROUP if intragroup else 0)
@@ -197,16 +230,64 @@ class StoreLink:
     next_attempt: float = 0.0
     joined: bool = False  # the store said on our transport that it receives us
 
+    @property
+    def resolved(self) -> bool:
+        """The store's address is known (always, unless it is named and not resolved yet)."""
+        return self.spec.name is None or self.info.addr != UNRESOLVED
 
-@dataclass(eq=False, slots=True)
+    @property
+    def label(self) -> str:
+        """How log lines and events name the store: its address, or its name until resolved."""
+        if not self.resolved:
+            return str(self.spec.name)
+        return f"{self.info.addr[0]}:{self.info.addr[1]}"
+
+
 class Retained:
-    payload: bytes
-    first_sent: float
-    sent_at: float
-    stable_at: set[int] = field(default_factory=set)  # store indexes
-    stable: bool = False
-    confirmed_by: set[int] = field(default_factory=set)
-    inflight: bool = True
+    """One message the source keeps for retransmission until its retention rules release it.
+
+    Made once per message sent, so it is a plain slotted class: the stores that acknowledged
+    it are a bitmask of store indexes (:attr:`stable_mask`; the group-rule memo is keyed by
+    it) and the set of confirming receivers is only made by the first confirmation.
+    """
+
+    __slots__ = ("_confirmed", "first_sent", "inflight", "payload", "sent_at", "stable",
+                 "stable_mask")
+
+    def __init__(self, payload: bytes, now: float) -> None:
+        self.payload = payload
+        self.first_sent = self.sent_at = now
+        self.stable_mask = 0  # bit i: store index i acknowledged it
+        self.stable = False
+        self.inflight = True
+        self._confirmed: set[int] | None = None
+
+    @property
+    def stable_at(self) -> frozenset[int]:
+        """Indexes of the stores that acknowledged the message."""
+        return _indexes(self.stable_mask)
+
+    @property
+    def confirmed_by(self) -> frozenset[int]:
+        """RegIDs of the receivers that confirmed delivery of the message."""
+        return frozenset(self._confirmed or ())
+
+    def confirm(self, receiver: int) -> int:
+        """Count ``receiver``'s confirmation; returns how many distinct receivers confirmed."""
+        confirmed = self._confirmed
+        if confirmed is None:
+            confirmed = self._confirmed = set()
+        confirmed.add(receiver)
+        return len(confirmed)
+
+    @property
+    def confirmations(self) -> int:
+        return len(self._confirmed) if self._confirmed is not None else 0
+
+
+def _indexes(mask: int) -> frozenset[int]:
+    """The bit positions set in ``mask``: store indexes from a :attr:`Retained.stable_mask`."""
+    return frozenset(i for i in range(mask.bit_length()) if mask >> i & 1)
 
 
 class SourceCore(ContextCore):
@@ -258,17 +339,22 @@ class SourceCore(ContextCore):
         self.deregistering = False
         self.deregistered = False
         self._joined_ids: set[int] = set()
-        # (stores that acknowledged, the acknowledging store's group) -> (stable per the group
-        # rules, that group stable within itself): the rules are evaluated once per combination
-        # of stores instead of once per ACK; only when they do not depend on which stores are
-        # registered now (the all-active behaviours do)
-        self._stability_memo: dict[tuple[frozenset[int], int], tuple[bool, bool]] | None = \
-            None if "all-active" in (config.ume_retention_intragroup_stability_behavior.lower(),
-                                     config.ume_retention_intergroup_stability_behavior.lower()) \
-            else {}
+        # (bitmask of the stores that acknowledged, the acknowledging store's group) -> what
+        # :meth:`_stability` says: the rules are evaluated once per combination of stores
+        # instead of once per ACK; only when they do not depend on which stores are registered
+        # now (the all-active behaviours do)
+        behaviours = (config.ume_retention_intragroup_stability_behavior.lower(),
+                      config.ume_retention_intergroup_stability_behavior.lower())
+        self._stability_memo: dict[tuple[int, int], tuple[bool, StableFlags, StableFlags]] \
+            | None = None if "all-active" in behaviours else {}
         self.stats.update(sent=0, proactive_retransmissions=0, stable=0)
         for link in self.links:
-            self._register(link)
+            if link.resolved:
+                self._register(link)
+            else:
+                link.first_attempt = now
+        if not all(link.resolved for link in self.links):
+            self.set_timer("names", now)  # "Source queries for and resolves store name"
         self.set_timer("check", now + config.ume_store_check_interval / 1000)
         self.set_timer("advertise", now)
 
@@ -295,19 +381,67 @@ class SourceCore(ContextCore):
         (and on real sockets, unless the host merges them, a system call) per message.  Taking
         a message queues no stream command, so the bytes on the wire are the same.
         """
-        taken: list[bytes] = []
+        first = self.next_sqn
+        parts: list[bytes] = []
         try:
-            for payload in payloads:
-                taken.append(self._take(payload)[1])
+            if self._batch_ready():
+                self._take_batch(payloads, parts)
+            else:
+                for payload in payloads:
+                    parts.append(self._take(payload)[1])
         except SendError:
-            if not taken:
+            if not parts:
                 raise
         finally:
-            if taken:
-                data = b"".join(taken)
+            if parts:
+                data = b"".join(parts)
                 for conn in self._transport_conns:
                     self.write(conn, data)
-        return len(taken)
+        return (self.next_sqn - first) & 0xFFFFFFFF
+
+    def _batch_ready(self) -> bool:
+        """The state in which :meth:`_take_batch` may stand in for :meth:`_take`: a registered
+        persistent source, no byte flight size (the common configuration)."""
+        return self._persistent and self.complete and not self.deregistered \
+            and not self.deregistering and not self.config.ume_flight_size_bytes
+
+    def _take_batch(self, payloads: Iterable[bytes], parts: list[bytes]) -> None:
+        """:meth:`_take` for each payload, appending header and payload to ``parts``, in the
+        state :meth:`_batch_ready` describes, which a take cannot leave (the events it emits
+        reach the application only after the call).
+
+        The same checks, state changes and events in the same order, with what :meth:`_take`
+        looks up per message looked up once: this is the loop behind every message of the
+        store benchmark.  ``tests/reference_impl/test_source_fastpath.py`` compares both.
+        """
+        cfg = self.config
+        block = cfg.ume_flight_size_behavior.lower() == "block"
+        flight = cfg.ume_flight_size
+        limit = cfg.retransmit_retention_size_limit
+        retained = self.retained
+        stats = self.stats
+        now = self.now
+        pack, base, tidx = _DATA_PACK, _DATA_SIZE, self.topic_idx
+        add = parts.append
+        for payload in payloads:
+            size = len(payload)
+            if block and self.inflight + (1 if size else 0) > flight:
+                raise SendError(SendErrorCode.WOULD_BLOCK,
+                                "send would block because of flight size")
+            sqn = self.next_sqn
+            self.next_sqn = (sqn + 1) & 0xFFFFFFFF
+            add(pack(_MESSAGE, NHDR_DATA, base + size, tidx, sqn))
+            add(payload)
+            stats["sent"] += 1
+            retained[sqn] = Retained(payload, now)
+            self.retained_bytes += size
+            inflight = self.inflight = self.inflight + 1
+            self.inflight_bytes += size
+            if inflight > flight and not self._over:
+                self._over = True
+                self._events.append(FlightSizeNotification(FlightState.OVER, inflight))
+            if inflight != len(retained) or self.retained_bytes > limit:
+                self._apply_retention()  # something landed, or over the limit
 
     def _take(self, payload: bytes) -> tuple[int, bytes]:
         """Check, number and retain one message; returns its sequence number and bytes, which
@@ -332,7 +466,7 @@ class SourceCore(ContextCore):
         self.stats["sent"] += 1
         if persistent:
             now = self.now
-            self.retained[sqn] = Retained(payload, now, now)
+            self.retained[sqn] = Retained(payload, now)
             self.retained_bytes += size
             self.inflight += 1
             self.inflight_bytes += size
@@ -390,6 +524,26 @@ class SourceCore(ContextCore):
     def _link_for(self, conn: Connection) -> StoreLink | None:
         tag = conn.tag
         return tag if isinstance(tag, StoreLink) else None
+
+    def on_message_run(self, conn: Connection, data: bytes) -> int:
+        # the hottest path: a store's stability ACKs, one per message, back to back in a
+        # chunk; read in place, as on_raw_message reads each (its first branch)
+        link = conn.tag
+        if not (conn.outgoing and isinstance(link, StoreLink)):
+            return 0
+        unpack_from, size, head = _ACK.unpack_from, _ACK.size, _ACK.head
+        on_stable = self._on_stable
+        pos, end = 0, len(data)
+        while end - pos >= size:
+            values = unpack_from(data, pos)
+            if values[:_ACK_HEAD] != head:
+                break
+            pos += size
+            if values[_ACK_RUN_TYPE] == _STABLE:
+                on_stable(link, values[_ACK_RUN_SEQNUM])
+        if pos:
+            link.last_heard = self.now
+        return pos
 
     def on_raw_message(self, conn: Connection, raw: bytes) -> None:
         # the hot path: one ACK per message from every store (and receiver, with delivery
@@ -525,10 +679,12 @@ class SourceCore(ContextCore):
         if not ok:
             return
         everyone = len(registered) == len([x for x in self.links if not x.failed])
-        waited = self.now - self.started >= self.config.ume_registration_interval / 1000
-        if not (everyone or waited):
-            self.set_timer("complete", self.started +
-                           self.config.ume_registration_interval / 1000)
+        # compared with the very deadline the timer is armed at: ``now - started >= interval``
+        # can be false at that deadline by float rounding (started 1.1, interval 3 s), which
+        # re-armed the same past deadline for ever
+        deadline = self.started + self.config.ume_registration_interval / 1000
+        if not everyone and self.now < deadline:
+            self.set_timer("complete", deadline)
             return
         old = [x.high_seqnum for x in self.links if x.registered and x.old]
         if old and not self.stats["sent"]:
@@ -591,6 +747,8 @@ class SourceCore(ContextCore):
                 src_reg_id=first.reg_id, transport_idx=self.transport_idx,
                 high_seqnum=max(self.next_sqn - 1, 0), low_seqnum=0))
             for link in self.links:
+                if not link.resolved:
+                    continue  # no address to give yet
                 options.append(lbmr.ToptUmeStore(
                     grp_idx=link.info.group, store_tcp_port=link.info.addr[1],
                     store_idx=link.info.index, store_ip_addr=link.info.addr[0],
@@ -611,6 +769,44 @@ class SourceCore(ContextCore):
     def on_lbmr(self, packet: lbmr.LbmrPacket, addr: Addr) -> None:
         if any(getattr(q, "name", None) == self.topic for q in packet.tqrs):
             self._advertise()
+        ext = packet.ext
+        if isinstance(ext, lbmr.CtxInfo) and not ext.query and ext.name_flag and ext.ip_flag:
+            for link in self.links:
+                if link.spec.name is not None and link.spec.name == ext.name:
+                    self._name_resolved(link, (ext.ip, ext.port))
+
+    # --- named stores (ume_store_name) ---------------------------------------------------------
+
+    def _query_names(self) -> None:
+        """Ask for the context-name advertisement of every named store not resolved yet."""
+        for link in self.links:
+            if not link.resolved:
+                self.send_lbmr(lbmr.LbmrPacket(type=lbmr.PacketType.EXT, ext=lbmr.CtxInfo(
+                    hop_count=0, query=1, name_flag=1, port=0, ip=UNRESOLVED[0],
+                    instance=bytes(8), name=link.spec.name)))
+
+    def _name_resolved(self, link: StoreLink, addr: Addr) -> None:
+        """A store advertised the context name of ``link``: register with it there, and when it
+        moved (a new advertisement with another address), tell the application and register at
+        the new address (guide: "Sources using named stores issue an information message to
+        the application every time a resolved context name changes")."""
+        if addr == link.info.addr:
+            return
+        was = link.label if link.resolved else None
+        if link.registered or link.resolved:
+            conn = self.connection_to(link.info.addr)
+            if conn is not None:
+                self.close_connection(conn)
+        link.info = StoreInfo(link.info.index, link.info.group, addr)
+        link.registered = link.joined = link.unresponsive = False
+        link.failed = False
+        self.log(Level.INFO, f"store {link.info.index} name {link.spec.name} resolved to "
+                             f"{link.spec.domain_id}:{addr[0]}:{addr[1]}"
+                             + (f" (was {was})" if was else ""))
+        if self.complete and not self._groups_ok(self._registered_set())[0]:
+            self.complete = False
+        link.first_attempt = None
+        self._register(link)
 
     # --- connections ---------------------------------------------------------------------------
 
@@ -629,28 +825,35 @@ class SourceCore(ContextCore):
 
     def _on_stable(self, link: StoreLink, sqn: int) -> None:
         msg = self.retained.get(sqn)
-        info = link.info
-        if msg is None or info.index in msg.stable_at:
+        if msg is None:
             return
-        stable_at = msg.stable_at
-        stable_at.add(info.index)
+        info = link.info
+        bit = 1 << info.index
+        mask = msg.stable_mask
+        if mask & bit:
+            return
+        mask |= bit
+        msg.stable_mask = mask
         memo = self._stability_memo
-        hit = memo.get((frozenset(stable_at), info.group)) if memo is not None else None
-        ok, intragroup = hit if hit is not None else self._stability(stable_at, info.group)
-        became_stable = ok and not msg.stable
-        if became_stable:
+        hit = memo.get((mask, info.group)) if memo is not None else None
+        ok, stable_flags, flags = hit if hit is not None else self._stability(mask, info.group)
+        if ok and not msg.stable:  # this ACK makes the message stable
             msg.stable = True
             self.stats["stable"] += 1
             self._maybe_land(sqn, msg)
-        self.emit(MessageStable(sqn, info, _STABLE_FLAGS[intragroup, ok, became_stable]))
+            flags = stable_flags
+        self._events.append(MessageStable(sqn, info, flags))
 
-    def _stability(self, members: set[int], group: int) -> tuple[bool, bool]:
-        """(stable per the group rules, ``group`` stable within itself) when ``members`` hold
-        the message; remembered in the memo, if there is one (see ``__init__``)."""
-        ok, groups = self._groups_ok(members)
-        result = (ok, group in groups)
+    def _stability(self, mask: int, group: int) -> tuple[bool, StableFlags, StableFlags]:
+        """When the stores of ``mask`` hold the message: whether it is stable per the group
+        rules, and the flags of the :class:`MessageStable` for an ACK from ``group`` that makes
+        it stable and for one that does not; remembered in the memo, if there is one (see
+        ``__init__``)."""
+        ok, groups = self._groups_ok(set(_indexes(mask)))
+        intragroup = group in groups
+        result = (ok, _STABLE_FLAGS[intragroup, ok, True], _STABLE_FLAGS[intragroup, ok, False])
         if self._stability_memo is not None:
-            self._stability_memo[(frozenset(members), group)] = result
+            self._stability_memo[(mask, group)] = result
         return result
 
     def _on_confirmation(self, rcv: int, seqnum: int, explicit: bool) -> None:
@@ -666,8 +869,7 @@ class SourceCore(ContextCore):
             msg = self.retained.get(sqn)
             count = 1
             if msg is not None:
-                msg.confirmed_by.add(rcv)
-                count = len(msg.confirmed_by)
+                count = msg.confirm(rcv)
             self.emit(DeliveryConfirmation(sqn, rcv, count, count >= need, explicit))
             if msg is not None:
                 self._maybe_land(sqn, msg)
@@ -676,14 +878,29 @@ class SourceCore(ContextCore):
         """Take the message out of flight once it is stable and confirmed enough."""
         if not msg.inflight or not msg.stable:
             return
-        if len(msg.confirmed_by) < self.config.ume_retention_unique_confirmations:
+        need = self.config.ume_retention_unique_confirmations
+        if need and msg.confirmations < need:
             return
         msg.inflight = False
+        size = len(msg.payload)
         self.inflight -= 1
-        self.inflight_bytes -= len(msg.payload)
+        self.inflight_bytes -= size
         if self._over and not self._flight_exceeded(0):
             self._over = False
             self.emit(FlightSizeNotification(FlightState.UNDER, self.inflight))
+        # the first step of _apply_retention in the common case, where the message that just
+        # landed is the oldest retained, nothing is over the limit and the threshold does not
+        # keep it: reclaimed here, then the loop goes on only if anything else could be
+        cfg = self.config
+        retained = self.retained
+        limit = cfg.retransmit_retention_size_limit
+        if cfg.retransmit_retention_size_threshold < self.retained_bytes <= limit \
+                and next(iter(retained)) == sqn:
+            del retained[sqn]
+            self.retained_bytes -= size
+            self._events.append(MessageReclaimed(sqn, False))
+            if self.inflight == len(retained) and self.retained_bytes <= limit:
+                return
         self._apply_retention()
 
     def _apply_retention(self) -> None:
@@ -692,19 +909,21 @@ class SourceCore(ContextCore):
         cfg = self.config
         retained = self.retained
         limit = cfg.retransmit_retention_size_limit
-        # Every retained message is in flight or landed, so when the counts match nothing has
-        # landed and only the limit can reclaim: the common case of every send and most ACKs.
-        if self.inflight == len(retained) and self.retained_bytes <= limit:
-            return
         threshold = cfg.retransmit_retention_size_threshold
-        while retained:
+        # Every retained message is in flight or landed, so when the counts match nothing has
+        # landed and only the limit can reclaim: the common case of every send, and of an ACK
+        # once the message it landed is reclaimed (the oldest is then in flight: the loop
+        # below would stop there too).
+        while not (self.inflight == len(retained) and self.retained_bytes <= limit):
+            if not retained:
+                return
             sqn = next(iter(retained))
             msg = retained[sqn]
             if self.retained_bytes > limit and len(retained) > 1:
                 self._reclaim(sqn, msg, forced=True)
                 continue
             if msg.inflight or self.retained_bytes <= threshold:
-                break
+                return
             self._reclaim(sqn, msg, forced=False)
 
     def _reclaim(self, sqn: int, msg: Retained, *, forced: bool) -> None:
@@ -717,11 +936,11 @@ class SourceCore(ContextCore):
             if self._over and not self._flight_exceeded(0):
                 self._over = False
                 self.emit(FlightSizeNotification(FlightState.UNDER, self.inflight))
-        self.emit(MessageReclaimed(sqn, forced))
+        self._events.append(MessageReclaimed(sqn, forced))
 
     def _resend_unstable(self, link: StoreLink) -> None:
         for sqn, msg in self.retained.items():
-            if not msg.stable and link.info.index not in msg.stable_at:
+            if not msg.stable and not msg.stable_mask >> link.info.index & 1:
                 self._proactive(link, sqn, msg)
 
     def _proactive(self, link: StoreLink, sqn: int, msg: Retained) -> None:
@@ -752,6 +971,10 @@ class SourceCore(ContextCore):
         elif name == "advertise":
             self._advertise()
             self.set_timer("advertise", self.now + cfg.resolver_advertisement_interval / 1000)
+        elif name == "names":
+            self._query_names()
+            if not all(link.resolved for link in self.links):
+                self.set_timer("names", self.now + NAME_QUERY_INTERVAL)
 
     def _check_stores(self) -> None:
         cfg = self.config
@@ -767,8 +990,9 @@ class SourceCore(ContextCore):
                 continue
             first = link.first_attempt if link.first_attempt is not None else self.now
             if not link.unresponsive and self.now - first > timeout:
-                self._unresponsive(link, " - no registration response")
-            if self.now >= link.next_attempt:
+                self._unresponsive(link, " - no registration response" if link.resolved
+                                   else " - store name not resolved")
+            if self.now >= link.next_attempt and link.resolved:
                 self._register(link)
 
     def _unresponsive(self, link: StoreLink, suffix: str) -> None:
@@ -781,7 +1005,7 @@ class SourceCore(ContextCore):
         if self.complete and not self._groups_ok(self._registered_set())[0]:
             self.complete = False
             quorum_lost = True
-        text = f"store {link.info.index} [{link.info.addr[0]}:{link.info.addr[1]}] " \
+        text = f"store {link.info.index} [{link.label}] " \
                f"unresponsive{suffix}{' (quorum lost)' if quorum_lost else ''}"
         self.emit(StoreUnresponsive(link.info, text, quorum_lost))
         self.log(Level.WARNING, text)
@@ -803,7 +1027,7 @@ class SourceCore(ContextCore):
             if self.now - msg.sent_at >= timeout:
                 msg.sent_at = self.now
                 for link in self.links:
-                    if link.registered and link.info.index not in msg.stable_at:
+                    if link.registered and not msg.stable_mask >> link.info.index & 1:
                         self._proactive(link, sqn, msg)
 
 

@@ -22,6 +22,12 @@ What it does follows the guide's "Operational View" and semantics.md §1:
   to N); in RPP they release messages once every blocking receiver consumed them.
 * **Retransmission requests** go to a worker paced at ``retransmission-request-processing-rate``
   with a queue of four times that rate; the excess is dropped and counted (web monitor "Drop").
+  A receiver's run of requests and consumption ACKs is read straight out of the received chunk
+  (:meth:`StoreCore.on_message_run`), each as the message-by-message path reads it.
+* **Context name**: a store with a ``context-name`` advertises it with its address and store
+  port (an LBMR context-information record) at startup and whenever a source queries for that
+  name, so sources with ``ume_store_name`` find it; an advertisement of the same name from
+  anyone else is logged as a warning.
 * **Liveness**: keepalives to idle clients every ``keepalive-interval``; every
   ``source-check-interval`` clients silent for longer than their activity timeout become
   inactive (their RegID may be reused) and their state is deleted when their state lifetime
@@ -107,6 +113,9 @@ _ACK_IN = FixedControl(UmeAck)
 _ACK_SEQNUM = _ACK_IN.at["seqnum"]
 _RXREQ_ID, _RXREQ_SQN = _RXREQ_IN.at["id_2"], _RXREQ_IN.at["seqnum"]
 _ACK_FIELDS = tuple(_ACK_IN.at[n] for n in ("type", "rcv_reg_id", "id_2", "seqnum"))
+# on_message_run reads both shapes with one head length, and tells them apart by size as
+# on_raw_message does
+assert len(_RXREQ_IN.head) == len(_ACK_IN.head) and _RXREQ_IN.size != _ACK_IN.size
 
 
 @dataclass(frozen=True)
@@ -291,6 +300,7 @@ class StoreCore(ContextCore):
             self._restore()
         self.set_timer("check", now + self._check_interval())
         self.set_timer("resolve", now)
+        self._advertise_name()  # "Store sends ads at startup and in response to queries"
 
     # --- small helpers ------------------------------------------------------------------------
 
@@ -331,7 +341,33 @@ class StoreCore(ContextCore):
 
     # --- topic resolution ---------------------------------------------------------------------
 
+    def _advertise_name(self) -> None:
+        """Advertise the store's context name with its address (the answer sources with
+        ``ume_store_name`` wait for): an LBMR context-information record, name and IP flags
+        set, the port being the store port registrations go to."""
+        name = self.settings.context_name
+        if name is not None:
+            self.send_lbmr(lbmr.LbmrPacket(type=lbmr.PacketType.EXT, ext=lbmr.CtxInfo(
+                hop_count=0, ip_flag=1, name_flag=1, port=self.addr[1], ip=self.addr[0],
+                instance=bytes(8), name=name)))
+
+    def _on_context_info(self, info: lbmr.Record, addr: Addr) -> None:
+        """A context-name query for our name gets our advertisement; someone else advertising
+        our name gets a warning in the log (the guide: context names are unique network-wide,
+        and umestored warns about an advertisement of its own name)."""
+        name = self.settings.context_name
+        if name is None or not info.name_flag or info.name != name:
+            return
+        if info.query:
+            self._advertise_name()
+        elif not info.ip_flag or (info.ip, info.port) != self.addr:
+            where = f"{info.ip}:{info.port}" if info.ip_flag else f"{addr[0]}:{addr[1]}"
+            self.log(Level.WARNING, f"another context advertises this store's context-name "
+                                    f"{name!r} ({where})")
+
     def on_lbmr(self, packet: lbmr.LbmrPacket, addr: Addr) -> None:
+        if isinstance(packet.ext, lbmr.CtxInfo):
+            self._on_context_info(packet.ext, addr)
         for tir in packet.tirs:
             if not isinstance(tir, lbmr.Tir):
                 continue  # queue records (QIR, type 6 packets) say nothing about sources
@@ -384,6 +420,36 @@ class StoreCore(ContextCore):
             self._join_transport(src, transport)
 
     # --- messages -----------------------------------------------------------------------------
+
+    def on_message_run(self, conn: Connection, data: bytes) -> int:
+        # the recovery hot path: a receiver's retransmission requests (one per message) and
+        # consumption ACKs back to back in a chunk, read in place; exactly what
+        # on_raw_message does with each (neither shape is a data message); anything else ends
+        # the run
+        if conn.outgoing:
+            return 0
+        rx_size, ack_size = _RXREQ_IN.size, _ACK_IN.size
+        rx_unpack, ack_unpack = _RXREQ_IN.codec.unpack_from, _ACK_IN.codec.unpack_from
+        rx_head, ack_head = _RXREQ_IN.head, _ACK_IN.head
+        heads = len(rx_head)
+        on_rxreq, on_ack = self._on_rxreq, self._on_ack
+        pos, end = 0, len(data)
+        while True:
+            left = end - pos
+            if left >= rx_size:
+                values = rx_unpack(data, pos)
+                if values[:heads] == rx_head:
+                    pos += rx_size
+                    on_rxreq(conn, values[_RXREQ_ID], values[_RXREQ_SQN], rx_size)
+                    continue
+            if left >= ack_size:
+                values = ack_unpack(data, pos)
+                if values[:heads] == ack_head:
+                    pos += ack_size
+                    ack_type, rcv_reg_id, id_2, seqnum = (values[i] for i in _ACK_FIELDS)
+                    on_ack(conn, ack_type, rcv_reg_id, id_2, seqnum, ack_size)
+                    continue
+            return pos
 
     def on_raw_message(self, conn: Connection, raw: bytes) -> None:
         # the hot path: data messages from a transport are stored without a full decode
@@ -898,8 +964,10 @@ class StoreCore(ContextCore):
     def _serve_retransmissions(self) -> None:
         # token bucket: at most rate/s, bursts of a tenth of a second
         rate = self._rate
-        self._rx_budget = min(rate / 10, self._rx_budget + (self.now - self._rx_budget_at) * rate)
-        self._rx_budget_at = self.now
+        if self.now != self._rx_budget_at:  # else nothing to add (a burst's requests)
+            self._rx_budget = min(rate / 10,
+                                  self._rx_budget + (self.now - self._rx_budget_at) * rate)
+            self._rx_budget_at = self.now
         while self._rxq and self._rx_budget >= 1 - 1e-9:
             rcv, sqn = self._rxq.popleft()
             self._rx_budget -= 1

@@ -70,9 +70,9 @@ class Recovery:
     """A receiver registered with ``stores`` stores (one group) whose source has sent ``high``
     + 1 messages it never saw; the test answers its RXREQs."""
 
-    def __init__(self, high: int, *, stores: int = 1, **options: int) -> None:
-        self.rcv = ReceiverCore(TOPIC, ReceiverConfig(**options), ip="10.0.0.4",
-                                request_port=14392)
+    def __init__(self, high: int, *, stores: int = 1, kind: type[ReceiverCore] = ReceiverCore,
+                 **options: int) -> None:
+        self.rcv = kind(TOPIC, ReceiverConfig(**options), ip="10.0.0.4", request_port=14392)
         self.now = 0.0
         self.payloads = [b"payload %d" % s for s in range(high + 1)]
         self.framers: dict[ConnKey, LbttcpStream] = {}
@@ -191,3 +191,74 @@ def test_recovery_cost_does_not_grow_with_what_is_missing() -> None:
     assert time.perf_counter() - start < 20
     assert rec.rcv.stats["duplicates"] == 0
     assert rec.max_outstanding <= ReceiverConfig().retransmit_request_outstanding_maximum
+
+
+# --- the receiver's in-place run of data messages ------------------------------------------------
+
+
+class PlainReceiver(ReceiverCore):
+    """The receiver without its run hook: every message through ``on_raw_message``."""
+
+    def on_message_run(self, conn: object, data: bytes) -> int:  # type: ignore[override]
+        return 0
+
+
+class CountingReceiver(ReceiverCore):
+    """Counts the bytes its run hook takes."""
+
+    taken = 0
+
+    def on_message_run(self, conn: object, data: bytes) -> int:  # type: ignore[override]
+        used = super().on_message_run(conn, data)  # type: ignore[arg-type]
+        self.taken += used
+        return used
+
+
+def test_retransmissions_in_a_chunk_are_taken_as_one_run() -> None:
+    rec = Recovery(9, kind=CountingReceiver)
+    rec.requests()
+    chunk = b"".join(data_message(1, s, rec.payloads[s], MessageType.RETRANS) for s in range(10))
+    rec.answer(rec.store_conns[0], list(range(10)))
+    assert rec.delivered() == list(range(10))
+    assert isinstance(rec.rcv, CountingReceiver) and rec.rcv.taken == len(chunk)
+
+
+piece = st.tuples(
+    st.sampled_from(["retrans", "retrans", "message", "other-topic", "keepalive", "empty"]),
+    st.integers(0, 40))
+
+
+@given(pieces=st.lists(st.tuples(st.sampled_from(["store", "transport"]),
+                                 st.lists(piece, min_size=1, max_size=12),
+                                 st.integers(0, 200)), min_size=1, max_size=8))
+def test_the_run_of_data_messages_changes_nothing(
+        pieces: list[tuple[str, list[tuple[str, int]], int]]) -> None:
+    """Chunks of retransmissions, live data, data of another topic, data of a type the peer
+    may not send and other messages, cut at any point, give the same events, bytes and state
+    with the in-place run (``on_message_run``) as message by message."""
+    def run(kind: type[ReceiverCore]) -> list[object]:
+        rec = Recovery(40, kind=kind)
+        trace: list[object] = []
+        for where, items, cut in pieces:
+            key = rec.store_conns[0] if where == "store" else TRANSPORT_CONN
+            parts = []
+            for what, sqn in items:
+                if what == "keepalive":
+                    parts.append(control(UmePregResp(reg_id=90, transport_idx=1, topic_idx=1)))
+                elif what == "empty":
+                    parts.append(data_message(1, sqn, b"", MessageType.RETRANS))
+                else:
+                    mtype = MessageType.MESSAGE if what == "message" else MessageType.RETRANS
+                    parts.append(data_message(2 if what == "other-topic" else 1, sqn,
+                                              b"p%d" % sqn, mtype))
+            chunk = b"".join(parts)
+            cut = min(cut, len(chunk))
+            for part in (chunk[:cut], chunk[cut:]):
+                if part:
+                    rec.event(StreamEventKind.DATA, key, part)
+            trace.append((rec.rcv.events(), rec.rcv.stream_commands(rec.now),
+                          dict(rec.rcv.stats), rec.rcv.next_sqn, sorted(rec.rcv.held),
+                          sorted(rec.rcv.requests)))
+        return trace
+
+    assert run(ReceiverCore) == run(PlainReceiver)

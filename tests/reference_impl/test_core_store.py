@@ -29,6 +29,7 @@ from tests.reference_impl.strategies import chunked
 from tests.reference_impl.test_bad_input import (
     RECEIVER_REQUEST,
     STRANGER,
+    UNKNOWN_ID,
     assert_store_still_serves,
     store_bench,
 )
@@ -275,3 +276,66 @@ def test_a_second_topic_on_a_joined_transport_is_answered_at_once() -> None:
                                    data_message(2, 0, b"two")), 1.2)
     two = next(s for s in store.sources.values() if s.topic == "hot.two")
     assert two.repo is not None and two.repo.sqns() == [0]
+
+
+# --- the run of receivers' requests read in place -------------------------------------------------
+
+
+class PlainStore(StoreCore):
+    """The store without its run hook: every message through ``on_raw_message``."""
+
+    def on_message_run(self, conn: object, data: bytes) -> int:  # type: ignore[override]
+        return 0
+
+
+request = st.tuples(st.sampled_from(["rxreq", "rxreq", "ack", "ack-other", "unknown-id",
+                                     "keepalive", "data"]),
+                    st.integers(0, 14))
+
+
+@SOME
+@given(chunks=st.lists(st.tuples(st.lists(request, min_size=1, max_size=10),
+                                 st.integers(0, 300), st.sampled_from([0.0, 0.0, 0.2])),
+                       min_size=1, max_size=6),
+       rate=st.sampled_from([262_144, 20]))
+def test_the_run_of_requests_changes_nothing(
+        chunks: list[tuple[list[tuple[str, int]], int, float]], rate: int) -> None:
+    """Retransmission requests and consumption ACKs back to back, with other messages among
+    them, cut anywhere, at a rate that serves them all or queues them: the same events, bytes
+    and state with the in-place run (``on_message_run``) as message by message."""
+    def run(kind: type[StoreCore]) -> list[object]:
+        bench = store_bench()
+        store = bench.store
+        store.__class__ = kind
+        store._rate = rate
+        rid = bench.receiver_reg_id
+        rx = ControlTemplate(UmeRxreq)
+        now = 1.0
+        trace: list[object] = []
+        for items, cut, later in chunks:
+            parts = []
+            for what, sqn in items:
+                if what in ("rxreq", "unknown-id"):
+                    parts.append(rx.pack(request_idx=sqn, transport_idx=1, seqnum=sqn,
+                                         id_2=rid if what == "rxreq" else UNKNOWN_ID,
+                                         rx_port=RECEIVER_REQUEST[1], rx_ip=0x0A000004))
+                elif what in ("ack", "ack-other"):
+                    parts.append(ACK.pack(type=AckType.CDELV if what == "ack" else 9,
+                                          transport_idx=1, id_2=rid, rcv_reg_id=rid,
+                                          seqnum=sqn))
+                elif what == "keepalive":
+                    parts.append(control(UmeKeepalive(reg_id=rid, r_flag=1)))
+                else:
+                    parts.append(data_message(1, sqn, b"x"))
+            chunk = b"".join(parts)
+            now += later
+            for part in (chunk[:cut], chunk[cut:]):
+                if part:
+                    store.stream_event(StreamEvent(StreamEventKind.DATA, bench.receiver_conn,
+                                                   part), now)
+            store.handle_timer(now)
+            trace.append((store.events(), store.stream_commands(now), dict(store.stats),
+                          vars(store.rx), store.receivers[rid].last_ack, len(store._rxq)))
+        return trace
+
+    assert run(StoreCore) == run(PlainStore)

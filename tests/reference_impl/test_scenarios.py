@@ -8,6 +8,7 @@ events and the store's state say.  Virtual minutes take milliseconds.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from reference_impl import events as ev
 from reference_impl.deployment import SimDeployment
 from reference_impl.source import SendError, SendErrorCode, StoreSpec
 from reference_impl.store import TopicPolicy, TopicRule
+from wire import lbmr
 from wire.lbmc import PregError
 
 TOPIC = "orders.eu"
@@ -404,6 +406,25 @@ def test_inactive_regid_may_be_reused_by_a_new_source() -> None:
     assert d.events("b", ev.SourceRegistrationSuccess)[0].old is True
 
 
+def restarted_store_grants(seed: int) -> tuple[int, int]:
+    """(RegID a source got from a memory store, RegID a new source got after its restart)."""
+    d = deployment(seed=seed)
+    first = d.add_source("a", TOPIC)
+    assert d.run_until(lambda: first.complete, 5)
+    d.kill("a")  # gone for good: its RegID is not re-registered
+    d.restart("store0")
+    second = d.add_source("b", "other.topic")
+    assert d.run_until(lambda: second.complete, 5)
+    return (d.events("a", ev.SourceRegistrationSuccess)[0].reg_id,
+            d.events("b", ev.SourceRegistrationSuccess)[0].reg_id)
+
+
+def test_a_restarted_store_does_not_hand_out_its_previous_regids_again() -> None:
+    before, after = restarted_store_grants(seed=1)
+    assert after != before
+    assert restarted_store_grants(seed=1) == (before, after)  # still a function of the seeds
+
+
 def test_single_store_failure_loses_quorum_and_sends_fail() -> None:
     d = deployment()
     src = d.add_source("src", TOPIC)
@@ -555,6 +576,97 @@ def test_registration_waits_until_the_store_receives_the_transport() -> None:
     assert src.stats["proactive_retransmissions"] == 0
 
 
+# --- named stores (ume_store_name) -------------------------------------------------------------
+
+
+def named_deployment(*names: str) -> SimDeployment:
+    d = SimDeployment(seed=3)
+    for i, name in enumerate(names):
+        d.add_store(f"store{i}", topics=rules(), seed=100 + i, context_name=name)
+    return d
+
+
+def test_a_source_finds_its_stores_by_context_name_and_registers() -> None:
+    d = named_deployment("NEWYORK-1", "NEWYORK-2")
+    src = d.add_source("src", TOPIC, ume_store=(StoreSpec.named("NEWYORK-2", group=0),
+                                                StoreSpec.named("NEWYORK-1", reg_id=77)))
+    assert not any(link.resolved for link in src.links)
+    assert d.run_until(lambda: src.complete, 5)
+    success = sorted(d.events("src", ev.SourceRegistrationSuccess),
+                     key=lambda e: e.store.index)
+    # store indexes are the configuration order; each name led to its own store
+    assert [(e.store.index, e.store.addr) for e in success] == [
+        (0, d.stores["store1"].addr), (1, d.stores["store0"].addr)]
+    assert success[1].reg_id == 77
+    assert list(d.stores["store0"].sources) == [77]
+    logs = [e.text for e in d.events("src", ev.LogRecord) if "resolved" in e.text]
+    assert logs == [f"store 0 name NEWYORK-2 resolved to 0:{d.stores['store1'].addr[0]}:14567",
+                    f"store 1 name NEWYORK-1 resolved to 0:{d.stores['store0'].addr[0]}:14567"]
+    # the names went over LBMR as context-information records, a query and an answer each
+    contexts = [lbmr.parse_packet(p.data).ext for p in d.net.trace if p.proto == "udp"]
+    infos = [c for c in contexts if isinstance(c, lbmr.CtxInfo)]
+    assert {(c.name, bool(c.query)) for c in infos} >= {
+        ("NEWYORK-1", True), ("NEWYORK-1", False), ("NEWYORK-2", True), ("NEWYORK-2", False)}
+
+
+def test_an_unknown_store_name_is_reported_unresponsive_and_never_registered() -> None:
+    d = named_deployment("NEWYORK-1")
+    src = d.add_source("src", TOPIC, ume_store=(StoreSpec.named("LONDON-1"),))
+    d.run(12)
+    assert not src.complete
+    (unresponsive,) = d.events("src", ev.StoreUnresponsive)
+    assert unresponsive.text == "store 0 [LONDON-1] unresponsive - store name not resolved"
+    assert unresponsive.store.addr == ("0.0.0.0", 0)
+    assert not d.stores["store0"].sources
+
+
+def test_a_named_store_that_moves_is_followed_to_its_new_address() -> None:
+    d = named_deployment("NEWYORK-1")
+    src = d.add_source("src", TOPIC, ume_store=(StoreSpec.named("NEWYORK-1"),))
+    assert d.run_until(lambda: src.complete, 5)
+    send(d, "src", 3)
+    d.kill("store0")
+    # the same context name comes up on another machine (a fresh memory store)
+    d.add_store("store9", topics=rules(), seed=9, context_name="NEWYORK-1")
+    assert d.run_until(lambda: src.links[0].info.addr == d.stores["store9"].addr
+                       and src.complete, 15)
+    moved = [e.text for e in d.events("src", ev.LogRecord) if "(was " in e.text]
+    assert moved == [f"store 0 name NEWYORK-1 resolved to 0:{d.stores['store9'].addr[0]}:14567 "
+                     f"(was {d.stores['store0'].addr[0]}:14567)"]
+    send(d, "src", 2)
+    d.run(1)
+    (state,) = d.stores["store9"].sources.values()
+    assert state.repo is not None and state.repo.sqns()[-2:] == [3, 4]
+
+
+def test_a_store_warns_when_another_context_advertises_its_name() -> None:
+    d = named_deployment("NEWYORK-1", "NEWYORK-1X")
+    d.run(1)
+    d.stores["store1"].settings = replace(d.stores["store1"].settings, context_name="NEWYORK-1")
+    d.stores["store1"]._advertise_name()
+    d.run(1)
+    warnings = [e.text for e in d.events("store0", ev.LogRecord)
+                if e.level is ev.Level.WARNING]
+    assert warnings == [f"another context advertises this store's context-name 'NEWYORK-1' "
+                        f"({d.stores['store1'].addr[0]}:14567)"]
+
+
+def test_registration_completes_after_one_interval_whatever_the_start_time() -> None:
+    # 1.1 + 3.0 - 1.1 < 3.0 in floating point: a source started at 1.1 whose third store never
+    # answers must still complete at its deadline 4.1 (it used to re-arm that deadline for
+    # ever, and the simulator stopped on its livelock guard)
+    started = 1.1
+    assert (started + 3.0) - started < 3.0
+    d = deployment(stores=3)
+    d.kill("store2")
+    d.net.run_until(started)
+    src = d.add_source("src", TOPIC, ume_registration_interval=3000)
+    assert src.started == started
+    assert d.run_until(lambda: src.complete, 5)
+    assert d.now == pytest.approx(started + 3.0, abs=0.06)
+    assert len(d.events("src", ev.SourceRegistrationSuccess)) == 2
+
+
 @pytest.mark.oracle
 def test_simulated_traffic_dissects_identically_in_tshark(tmp_path: Path) -> None:
     from reference_impl.deployment import STORE_PORT
@@ -586,3 +698,21 @@ def test_simulated_traffic_dissects_identically_in_tshark(tmp_path: Path) -> Non
     # the killed receiver's connections end in RST: TCP's warning, not a UM one
     assert "Errors" not in experts, experts
     assert set(experts.get("Warns", [])) <= {"Connection reset (RST)"}, experts
+
+
+@pytest.mark.oracle
+def test_store_name_resolution_dissects_identically_in_tshark(tmp_path: Path) -> None:
+    from reference_impl.deployment import STORE_PORT
+    from wire.dissect import check_against_tshark, dissect_file
+    from wire.tshark import PortMap
+
+    d = named_deployment("NEWYORK-1")
+    src = d.add_source("src", TOPIC, ume_store=(StoreSpec.named("NEWYORK-1"),))
+    assert d.run_until(lambda: src.complete, 5)
+    path = tmp_path / "names.pcap"
+    d.write_pcap(path)
+    ports = PortMap(store_ports=[STORE_PORT])
+    reports = list(dissect_file(path, ports))
+    assert check_against_tshark(path, reports, ports) == []
+    ctx = [o for r in reports for o in r.occurrences if "ctxinfo" in str(o.fields)]
+    assert ctx, "no context-information record in the capture"

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from reference_impl import events as ev_module
 from reference_impl.sim import (
     CallbackEndpoint,
     CapturedPacket,
@@ -175,6 +176,126 @@ def test_step_does_one_thing_at_a_time() -> None:
     assert net.step() and net.now == 0.00005 and b.received == []
     assert net.step() and len(b.received) == 1
     assert not net.step()
+
+
+class PollingNetwork(SimNetwork):
+    """The simulator as it chose its next step before timers had a heap: every endpoint's
+    ``get_timer`` polled on every step, in bind order, past deadlines clamped to now.  The
+    reference the heap must agree with, step for step."""
+
+    def _next(self) -> tuple[float, tuple[object, Endpoint] | None] | None:  # type: ignore[override]
+        best: tuple[float, tuple[object, Endpoint] | None] | None = None
+        if self._queue:
+            best = (self._queue[0][0], None)
+        seen: set[int] = set()
+        for node, port in self._bound:
+            ep = node.endpoints.get(port)
+            if ep is None or not node.alive or id(ep) in seen:
+                continue
+            seen.add(id(ep))
+            t = ep.get_timer()
+            if t is not None and (best is None or max(t, self.now) < best[0]):
+                best = (max(t, self.now), (node, ep))
+        return best
+
+
+class Recorder:
+    """A core with several named deadlines (the earliest is its timer) that logs firings and
+    re-arms some in the past, some at shared times, some never again."""
+
+    def __init__(self, name: str, log: list[tuple[float, str, str]],
+                 deadlines: dict[str, float]) -> None:
+        self.name, self.log, self.deadlines = name, log, dict(deadlines)
+        self._out: list[tuple[bytes, tuple[str, int]]] = []
+
+    def receive(self, data: bytes, addr: tuple[str, int], now: float) -> None:
+        self.log.append((now, self.name, f"got {data!r}"))
+        if data == b"past":
+            # already due, and the later bound the earlier: they fire now, in bind order
+            self.deadlines["late"] = now - 1.0 - int(self.name[1]) / 10
+
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, tuple[str, int]]]:
+        out, self._out = self._out, []
+        return out
+
+    def get_timer(self) -> float | None:
+        return min(self.deadlines.values(), default=None)
+
+    def handle_timer(self, now: float) -> None:
+        for name, at in sorted(self.deadlines.items()):
+            if at > now:
+                continue
+            del self.deadlines[name]
+            self.log.append((now, self.name, name))
+            if name.startswith("tick") and now < 3.0:
+                self.deadlines[name] = round(now + 0.25, 2)  # shared with the other tickers
+                self._out.append((b"past" if now == 1.0 else b"t", A))
+
+
+def timer_story(network: type[SimNetwork]) -> tuple[list[tuple[float, str, str]], list[object]]:
+    net, (a, _, _) = three_nodes(seed=9, chunking=Chunking(1, 3))
+    if network is not SimNetwork:
+        net.__class__ = network
+    log: list[tuple[float, str, str]] = []
+    for i in range(4):
+        net.add_node(f"r{i}", f"10.0.1.{i}")
+        net.bind(f"r{i}", 7, Recorder(f"r{i}", log, {"tick": 0.5, f"once{i}": 0.75 + i / 4}))
+
+    def echo(data: bytes, src: tuple[str, int], now: float) -> None:
+        log.append((now, "a", data.decode()))
+        if data == b"past":
+            a.send(data, src)
+
+    a.on_datagram = echo
+    net.call_at(1.6, lambda: net.kill("r1"))
+    net.call_at(2.2, lambda: net.restart("r1"))
+    net.call_at(2.3, lambda: net.restart("r2", {7: Recorder("r2'", log, {"fresh": 1.0})}))
+    net.run_until(4.0)
+    return log, list(net.trace)
+
+
+def test_timer_heap_agrees_with_polling_every_endpoint() -> None:
+    log, trace = timer_story(SimNetwork)
+    assert (log, trace) == timer_story(PollingNetwork)
+    late = [(t, who) for t, who, what in log if what == "late"]
+    assert len(late) == 4 and all(1.0 < t < 1.01 for t, _ in late)  # past deadlines fired
+    assert any(who == "r2'" and what == "fresh" for _, who, what in log)
+    assert not any(who == "r1" and 1.6 < t < 2.2 for t, who, _ in log)  # dead: silent
+
+
+def test_a_deployment_runs_identically_with_the_timer_heap(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from reference_impl import deployment as dep_module
+    from reference_impl.store import TopicPolicy, TopicRule
+
+    def run() -> tuple[list[CapturedPacket], list[tuple[float, str, ev_module.Event]]]:
+        d = dep_module.SimDeployment(seed=5)
+        rules = (TopicRule(".*", TopicPolicy(repository_size_threshold=10_000_000),
+                           kind="PCRE"),)
+        for i in range(3):
+            d.add_store(f"store{i}", topics=rules, seed=100 + i)
+        src = d.add_source("src", "t")
+        d.add_receiver("rcv", "t")
+        assert d.run_until(lambda: src.complete, 5)
+        for i in range(60):
+            src.send(b"x%d" % i)
+            d.run(0.0013)
+        d.kill("store1")
+        d.kill("rcv")
+        for i in range(60):
+            src.send(b"y%d" % i)
+            d.run(0.0007)
+        d.restart("store1")
+        d.restart("rcv")
+        d.run(8)
+        return list(d.net.trace), list(d.log)
+
+    heap = run()
+    monkeypatch.setattr(dep_module, "SimNetwork", PollingNetwork)
+    polled = run()
+    assert heap == polled
+    assert sum(isinstance(e, ev_module.MessageDelivered) for _, n, e in heap[1] if n == "rcv") \
+        >= 120
 
 
 # --- impairments --------------------------------------------------------------------------------
@@ -442,6 +563,24 @@ def test_capture_hook_sees_every_delivery() -> None:
     assert seen == net.trace
     assert [(p.proto, p.kind, p.data) for p in seen] == [
         ("udp", "data", b"x"), ("tcp", "syn", b""), ("tcp", "data", b"y")]
+
+
+def test_without_trace_the_hooks_still_see_every_delivery(tmp_path: Path) -> None:
+    kept, _ = scenario(42)
+    net, (a, _, _) = three_nodes(keep_trace=False)
+    seen: list[CapturedPacket] = []
+    net.capture_hooks.append(seen.append)
+    a.send(b"x", B)
+    a.connect(A, B)
+    a.write((A, B), b"y")
+    net.run_until_idle(1.0)
+    assert net.trace == []
+    assert [(p.proto, p.kind, p.data) for p in seen] == [
+        ("udp", "data", b"x"), ("tcp", "syn", b""), ("tcp", "data", b"y")]
+    with pytest.raises(SimulationError, match="keep_trace"):
+        net.write_pcap(tmp_path / "none.pcap")
+    assert not (tmp_path / "none.pcap").exists()
+    assert kept  # the default keeps it
 
 
 def test_pcap_export_decodes(tmp_path: Path) -> None:

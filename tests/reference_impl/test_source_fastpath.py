@@ -1,9 +1,10 @@
 """The source's fast paths change nothing a peer or an application can see.
 
 The source takes shortcuts on its hot paths (see :mod:`reference_impl.source`): ACKs read
-through the layout derived from ``UmeAck`` instead of the full LBMC decoder, a memo of the group
-stability rules, a retention pass that returns at once when nothing has landed, and
-:meth:`SourceCore.send_many` writing a batch of messages as one stream write.  Each property
+through the layout derived from ``UmeAck`` instead of the full LBMC decoder (a run of them in
+place, straight out of the chunk), a memo of the group stability rules, a retention pass that
+returns at once when nothing has landed, and :meth:`SourceCore.send_many` writing a batch of
+messages as one stream write through its own loop.  Each property
 below runs the same random program against the source as it is and against a *reference*
 source that takes none of the shortcuts (full decode, no memo, the plain retention loop,
 one :meth:`SourceCore.send` at a time) and requires the same events, the same bytes on every
@@ -55,6 +56,9 @@ class ReferenceSource(SourceCore):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._stability_memo = None  # evaluate the group rules on every ACK
+
+    def on_message_run(self, conn: Any, data: bytes) -> int:
+        return 0  # every message through on_raw_message
 
     def on_raw_message(self, conn: Any, raw: bytes) -> None:
         ContextCore.on_raw_message(self, conn, raw)  # full LBMC decode, then on_message
