@@ -77,7 +77,7 @@ import signal
 import socket
 import sys
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Literal, TypeVar, cast
 
 from .sim import (
@@ -142,8 +142,9 @@ def _speaks_streams(ep: object) -> bool:
 class _EndpointState:
     """Everything the host keeps for one core: its sockets, streams and timer."""
 
-    __slots__ = ("congested", "endpoint", "event_handler", "flush_scheduled", "name", "streams",
-                 "streams_capable", "timer_handle", "timer_stuck", "timer_when", "udp", "udp_out")
+    __slots__ = ("congested", "drain_events", "endpoint", "event_handler", "flush_scheduled",
+                 "held", "name", "streams", "streams_capable", "timer_handle", "timer_stuck",
+                 "timer_when", "udp", "udp_out")
 
     def __init__(self, endpoint: Endpoint, name: str) -> None:
         self.endpoint = endpoint
@@ -157,7 +158,10 @@ class _EndpointState:
         self.timer_when: float | None = None  # the deadline (our clock) timer_handle is for
         self.timer_stuck = 0
         self.flush_scheduled = False
+        self.held = False  # inside AioHost.starting(): no output, no timers yet
         self.event_handler: Callable[[Any], None] | None = None
+        # the endpoint's events(): every queued event at once (next_event() otherwise)
+        self.drain_events: Callable[[], list[Any]] | None = None
 
 
 class _UdpSocket:
@@ -444,6 +448,26 @@ class AioHost:
             state.name = name
         return state.name
 
+    @contextlib.contextmanager
+    def starting(self, endpoint: Endpoint, name: str | None = None) -> Iterator[None]:
+        """Bind every socket of ``endpoint`` inside this block before it runs.
+
+        A core's first flush fires the timers due at its start, and a source's first timer
+        advertises its transport and request ports.  Binding them one ``await`` at a time
+        would let that advertisement (and the registrations) out before the later ports
+        accept connections, so a peer that answers at once is refused.  Inside the block the
+        core gets input but neither sends nor runs timers; it starts when the block ends.
+        """
+        self.register(endpoint, name)
+        state = self._state(endpoint)
+        state.held = True
+        try:
+            yield
+        finally:
+            state.held = False
+            if not self._closed:
+                self._schedule_flush(state)
+
     async def bind_udp(self, endpoint: Endpoint, addr: Addr, *, name: str | None = None,
                        reuse_address: bool = False) -> Addr:
         """Receive the datagrams sent to ``addr`` (port 0: any free port); returns the address.
@@ -568,13 +592,18 @@ class AioHost:
         delivering a message leaves only after ``handler`` saw the message.  Polling
         ``next_event()`` from a task instead leaves a window in which the store already holds
         the ACK and a crash loses the message for good.  ``endpoint`` must have
-        ``next_event()``; an exception from ``handler`` stops the host like a core failure.
+        ``next_event()``; when it also has ``events()`` (every queued event at once, as the
+        reference cores do), the host drains with that, a batch per call instead of a method
+        call per event.  An exception from ``handler`` stops the host like a core failure.
         """
         if not callable(getattr(endpoint, "next_event", None)):
             raise HostError(f"{endpoint!r} has no next_event()")
         self.register(endpoint)
-        self._state(endpoint).event_handler = handler
-        self._schedule_flush(self._state(endpoint))
+        state = self._state(endpoint)
+        state.event_handler = handler
+        drain = getattr(endpoint, "events", None)
+        state.drain_events = drain if callable(drain) else None
+        self._schedule_flush(state)
 
     def write_buffer_size(self, endpoint: Endpoint, conn: ConnKey) -> int:
         """Bytes written to ``conn`` and not yet taken by the kernel (0 for an unknown stream)."""
@@ -606,13 +635,21 @@ class AioHost:
 
     def _flush(self, state: _EndpointState) -> None:
         """Collect datagrams, stream commands and the timer: after every call into a core."""
+        if state.held:
+            return  # collected when AioHost.starting() ends
         ep = state.endpoint
         handler = state.event_handler
         if handler is not None:
-            next_event = cast(Any, ep).next_event
             try:
-                while (event := next_event()) is not None:
-                    handler(event)
+                drain = state.drain_events
+                if drain is not None:  # a batch at a time: a core queues one or two per message
+                    while events := drain():
+                        for event in events:
+                            handler(event)
+                else:
+                    next_event = cast(Any, ep).next_event
+                    while (event := next_event()) is not None:
+                        handler(event)
             except Exception as exc:
                 self._core_failed(state, "event handler", exc)
                 return

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--size", type=int, default=64, help="payload bytes (default 64)")
     p.add_argument("--linger", type=float, default=2.0,
                    help="seconds to wait for stability at the end (default 2)")
+    p.add_argument("--deregister", action="store_true",
+                   help="deregister from every store at the end (SIGUSR1 does it at any time)")
     p.set_defaults(handler=cmd_source)
 
     p = sub.add_parser("receiver", parents=[common], help="run a persistent receiver",
@@ -162,6 +165,13 @@ def cmd_source(args: argparse.Namespace) -> int:
                 runtime.log_event(event)
         runtime.handle_events(host, [source], handle)
 
+        def deregister() -> None:
+            if not (source.deregistering or source.deregistered):
+                print("ump source: deregistering from every store", file=sys.stderr,
+                      flush=True)
+                host.call(source, lambda now: source.deregister())
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, deregister)
+
         async def work() -> None:
             try:
                 await host.wait_until(lambda: source.complete or not source.persistent,
@@ -179,11 +189,26 @@ def cmd_source(args: argparse.Namespace) -> int:
                 count = max(0, args.until_sqn - source.next_sqn)
             sent = await runtime.send_messages(host, source, count, rate=args.rate,
                                                size=args.size, start=source.next_sqn)
-            with contextlib.suppress(TimeoutError):
-                await host.wait_until(lambda: source.inflight == 0, timeout=args.linger)
+            if not source.deregistering and not source.deregistered:
+                with contextlib.suppress(TimeoutError):
+                    await host.wait_until(lambda: source.inflight == 0, timeout=args.linger)
             print(f"ump source: sent {sent} messages, {source.inflight} still in flight",
                   file=sys.stderr, flush=True)
             status["code"] = 0 if sent == count else 1
+            if args.deregister:
+                deregister()
+            if source.deregistering or source.deregistered:
+                try:
+                    await host.wait_until(lambda: source.deregistered, timeout=10)
+                    print("ump source: deregistered from every store", file=sys.stderr,
+                          flush=True)
+                    status["code"] = 0
+                except TimeoutError:
+                    print("ump source: not every store confirmed the deregistration within "
+                          "10 s", file=sys.stderr)
+                    status["code"] = 1
+                if not args.deregister:
+                    return  # deregistered on request (SIGUSR1): stay up, blocked, until stopped
             host.close()
         asyncio.get_running_loop().create_task(work())
     code = _run(setup, args.verbose)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import socket
@@ -88,11 +89,11 @@ def source_config(client: ClientConfig) -> SourceConfig:
     opts: SourceOptions = client.source
     specs = []
     for entry in opts.stores:
-        if not isinstance(entry, StoreAddress):
-            raise RuntimeError_(f"ume_store_name {entry} needs store name resolution, which the "
-                                f"reference source does not implement yet; use ume_store")
-        specs.append(StoreSpec(entry.ip, entry.port, entry.reg_id, entry.group_idx,
-                               entry.domain_id))
+        if isinstance(entry, StoreAddress):
+            specs.append(StoreSpec(entry.ip, entry.port, entry.reg_id, entry.group_idx,
+                                   entry.domain_id))
+        else:  # ume_store_name: resolved from the store's context-name advertisement
+            specs.append(StoreSpec.named(entry.name, entry.reg_id, entry.group_idx))
     if opts.transport != "tcp":
         raise RuntimeError_(f"transport {opts.transport} is not implemented by the reference "
                             f"source yet; use transport tcp")
@@ -152,7 +153,7 @@ def handle_events(host: AioHost, cores: list[ContextCore],
     """Give every event of ``cores`` to ``handler`` as it happens (see :meth:`AioHost.on_events`:
     a receiver's ACK for a message leaves only after ``handler`` returned for it)."""
     for core in cores:
-        host.on_events(core, lambda event, core=core: handler(core, event))  # type: ignore[misc]
+        host.on_events(core, functools.partial(handler, core))  # one call per event
 
 
 # --- processes ----------------------------------------------------------------------------------
@@ -212,10 +213,12 @@ async def start_source(host: AioHost, topic: str, client: ClientConfig, *,
         request = free_tcp_port(ip, REQUEST_PORTS)
         core = SourceCore(topic, config, ip=ip, transport_port=transport,
                           request_port=request, resolver=resolver_of(client), now=host.now())
-        await host.bind_udp(core, (ip, 0), name=f"source {topic}")
         try:
-            await host.listen_tcp(core, (ip, transport))
-            await host.listen_tcp(core, (ip, request))
+            # every port listens before the core advertises them (AioHost.starting)
+            with host.starting(core, name=f"source {topic}"):
+                await host.listen_tcp(core, (ip, transport))
+                await host.listen_tcp(core, (ip, request))
+                await host.bind_udp(core, (ip, 0))
         except OSError:
             continue
         return core
@@ -243,7 +246,8 @@ async def send_messages(host: AioHost, source: SourceCore, count: int, *, rate: 
                         progress: Callable[[int], None] | None = None,
                         timeout: float = 60.0) -> int:
     """Send ``count`` messages numbered from ``start`` (payload ``"<number>:"`` padded to
-    ``size`` bytes), waiting out flight size and registration; returns how many were sent.
+    ``size`` bytes), waiting out flight size and registration; returns how many were sent
+    (fewer when the source deregistered meanwhile).
 
     Up to :data:`SEND_BATCH` messages go into the source per call (with ``rate``: those whose
     time has come, at most that many).  Gives up when nothing could be sent for ``timeout``
@@ -261,6 +265,8 @@ async def send_messages(host: AioHost, source: SourceCore, count: int, *, rate: 
             except SendError as exc:
                 if exc.code in (SendErrorCode.WOULD_BLOCK, SendErrorCode.NOT_REGISTERED):
                     return 0
+                if exc.code == SendErrorCode.DEREGISTERED:
+                    return -1  # the application deregistered: sending is over
                 raise
         return act
 
@@ -270,6 +276,8 @@ async def send_messages(host: AioHost, source: SourceCore, count: int, *, rate: 
             due = int((time.monotonic() - next_at) / interval) + 1
             wanted = max(1, min(wanted, due))
         done = host.call(source, batch(start + sent, wanted))
+        if done < 0:
+            break
         if not done:
             if time.monotonic() > deadline:
                 break

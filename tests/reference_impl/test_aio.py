@@ -268,6 +268,26 @@ async def test_udp_port_zero_binds_a_real_port_and_echoes() -> None:
 
 
 @async_test()
+async def test_a_starting_core_sends_nothing_until_all_its_sockets_are_bound() -> None:
+    """Inside ``AioHost.starting`` a core that wants to talk at once (a source advertising
+    its ports) is held back; it speaks, from the socket bound in the block, when it ends."""
+    async with AioHost() as host:
+        echo = EchoCore()
+        echo_addr = await host.bind_udp(echo, (LO, 0))
+        eager = CallbackEndpoint()
+        eager.timer = host.now()  # due at once, like a source's first advertisement
+        eager.on_timer = lambda now: eager.send(b"hello", echo_addr)
+        with host.starting(eager, "eager"):
+            await asyncio.sleep(0.05)  # the loop runs: an unheld core would have sent by now
+            assert echo.datagrams == []
+            bound = await host.bind_udp(eager, (LO, 0))
+            await asyncio.sleep(0.05)
+            assert echo.datagrams == []
+        await host.wait_until(lambda: bool(echo.datagrams), 5)
+        assert echo.datagrams == [(b"hello", bound)]
+
+
+@async_test()
 async def test_datagrams_leave_from_the_first_bound_socket_or_an_ephemeral_one() -> None:
     async with AioHost() as host:
         echo = EchoCore()
@@ -711,6 +731,63 @@ async def test_events_reach_the_handler_before_the_output_of_the_same_call_leave
         # each event was handled while its echo had not been sent yet
         assert seen == [(b"m%d" % i, i) for i in range(5)]
         assert core.queue == []
+
+
+class BatchAnnouncer:
+    """Echoes datagrams upper-cased and queues two events per datagram, which it can hand over
+    all at once (``events()``, as the reference cores can): the host must take them that way."""
+
+    def __init__(self) -> None:
+        self.queue: list[bytes] = []
+        self.drains = 0
+        self._out: list[tuple[bytes, Addr]] = []
+
+    def receive(self, data: bytes, addr: Addr, now: float) -> None:
+        self._out.append((data.upper(), addr))
+        self.queue += [data, data + b"+"]
+
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, Addr]]:
+        out, self._out = self._out, []
+        return out
+
+    def get_timer(self) -> float | None:
+        return None
+
+    def handle_timer(self, now: float) -> None:
+        pass
+
+    def next_event(self) -> bytes | None:
+        raise AssertionError("the host should drain with events()")
+
+    def events(self) -> list[bytes]:
+        self.drains += 1
+        out, self.queue = self.queue, []
+        return out
+
+
+@async_test()
+async def test_a_core_with_events_is_drained_a_batch_at_a_time_in_order() -> None:
+    async with AioHost() as host:
+        core = BatchAnnouncer()
+        addr = await host.bind_udp(core, (LO, 0))
+        seen: list[tuple[bytes, int]] = []
+
+        def handler(event: bytes) -> None:
+            seen.append((event, host.stats["datagrams_sent"]))
+            if event == b"m1":  # an event handled while handling one: after the batch
+                core.queue.append(b"late")
+
+        host.on_events(core, handler)
+        loop = asyncio.get_running_loop()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:
+            raw.setblocking(False)
+            raw.bind((LO, 0))
+            for i in range(3):
+                raw.sendto(b"m%d" % i, addr)
+                assert await asyncio.wait_for(loop.sock_recv(raw, 100), 5) == b"M%d" % i
+        assert seen == [(b"m0", 0), (b"m0+", 0), (b"m1", 1), (b"m1+", 1), (b"late", 1),
+                        (b"m2", 2), (b"m2+", 2)]
+        assert core.drains >= 3 and core.queue == []
 
 
 @async_test()
