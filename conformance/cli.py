@@ -3,6 +3,7 @@
 Examples::
 
     ump conform                                   # the reference store, every suite
+    ump conform --iut source                      # the reference source (or: receiver)
     ump conform --iut acme-store.toml --suite registration --out conform-out
     ump conform --iut acme-store.toml -k "REG-STORE-00 and not collision" --time-scale 3
     ump conform --list                            # the cases, with their requirements
@@ -36,7 +37,9 @@ def register(sub: Any) -> None:
                                        "receiver and report a verdict per case",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--iut", metavar="PROFILE.toml",
-                   help="IUT profile (default: start the reference store for every case)")
+                   help="IUT profile file, or a built-in name: default/store, source, "
+                        "receiver (the reference implementation); default: the reference "
+                        "store")
     p.add_argument("--suite", action="append", choices=SUITES, default=[],
                    help="run only this suite (repeatable)")
     p.add_argument("-k", dest="keywords", action="append", default=[], metavar="EXPR",
@@ -50,15 +53,16 @@ def register(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from conformance.profile import REFERENCE_STORE, ProfileError, load_profile
+    from conformance.profile import ProfileError, resolve_profile
     from conformance.runner import run, select
 
     try:
-        profile = load_profile(args.iut) if args.iut else REFERENCE_STORE
+        profile = resolve_profile(args.iut)
     except ProfileError as exc:
         print(f"ump conform: {exc}", file=sys.stderr)
         return 2
-    cases = select(all_cases(), suites=args.suite, keywords=args.keywords)
+    # the cases of the IUT's role: the others could only end "unsupported"
+    cases = select(all_cases(profile.role), suites=args.suite, keywords=args.keywords)
     if not cases:
         print("ump conform: no case matches the selection", file=sys.stderr)
         return 2

@@ -9,6 +9,15 @@ A case is a function taking a :class:`Harness`::
         h.check(not resp.e_flag, "the store refused a new source",
                 expected="PREG_RESP without the E flag", observed=resp)
 
+Against a source or receiver IUT the case sets up the peers first and then starts the IUT
+with a configuration naming them::
+
+    @case("SRC-REG-001", role=Role.SOURCE, ...)
+    def registers_with_every_store(h: Harness) -> None:
+        a, b = h.store("store A"), h.store("store B")
+        h.start_iut(a, b)
+        h.wait_until(lambda: a.source_pregs() and b.source_pregs(), 3.0, "PREGs")
+
 Every wait is scaled by ``--time-scale`` (:meth:`Harness.scaled`) and ends as soon as what it
 waits for arrives; nothing sleeps for a fixed time.
 """
@@ -21,14 +30,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from conformance.evidence import Recorder
-from conformance.iut import StoreUnderTest
-from conformance.model import CaseSpec, Failed, NonStrict
+from conformance.evidence import Addr, Recorder
+from conformance.iut import ClientUnderTest, IutProcess, StoreEntry, StoreUnderTest, UmOptions
+from conformance.model import CaseSpec, Failed, HarnessError, NonStrict, Unsupported
+from conformance.net import NoAnswer
 from conformance.peers import HarnessReceiver, HarnessResolver, HarnessSource
+from conformance.store_peer import HarnessStore, SourceTap
+from wire import lbmr
 
 
 class Harness:
-    def __init__(self, spec: CaseSpec, iut: StoreUnderTest, resolver: HarnessResolver,
+    def __init__(self, spec: CaseSpec, iut: IutProcess, resolver: HarnessResolver,
                  recorder: Recorder, *, time_scale: float = 1.0, seed: int = 0) -> None:
         self.spec = spec
         self.iut = iut
@@ -39,6 +51,70 @@ class Harness:
         self.random = random.Random(f"{seed}:{spec.id}")
         self._topics = itertools.count(1)
         self.restarted = False
+        self.stores: list[HarnessStore] = []
+        self.sources: list[HarnessSource] = []
+        self.iut_topic = self.topic() if isinstance(iut, ClientUnderTest) else ""
+        """The topic a source or receiver IUT is started for."""
+
+    # --- the IUT ------------------------------------------------------------------------------
+
+    @property
+    def store_addr(self) -> Addr:
+        """Where the store IUT listens (store cases only)."""
+        if not isinstance(self.iut, StoreUnderTest):
+            raise HarnessError("the case talks to a store IUT, but the IUT is a "
+                               f"{self.iut.profile.role.value}")
+        return self.iut.addr
+
+    @property
+    def client_iut(self) -> ClientUnderTest:
+        if not isinstance(self.iut, ClientUnderTest):
+            raise HarnessError("the case needs a source or receiver IUT")
+        return self.iut
+
+    def start_iut(self, *stores: HarnessStore, reg_ids: dict[HarnessStore, int] | None = None,
+                  groups: tuple[tuple[int, int], ...] = (),
+                  options: UmOptions | None = None) -> ClientUnderTest:
+        """Start the source or receiver IUT for :attr:`iut_topic`.
+
+        ``stores`` become a source's ``ume_store`` lines in this order (with the RegID from
+        ``reg_ids``, default 0, and the store's group); ``groups`` its ``ume_store_group``
+        lines; ``options`` any further UM options (``{"source ume_flight_size": 4}``)."""
+        iut = self.client_iut
+        entries = tuple(StoreEntry(s.addr, (reg_ids or {}).get(s, 0), s.group) for s in stores)
+        shown = ", ".join(f"{k}={v}" for k, v in (options or {}).items())
+        self.note(f"starting the IUT for topic {self.iut_topic!r}"
+                  + (f" with stores {', '.join(s.name for s in stores)}" if stores else "")
+                  + (f"; {shown}" if shown else ""))
+        iut.start(self.iut_topic, stores=entries, groups=groups, options=options)
+        return iut
+
+    def deregister_iut(self) -> None:
+        """Ask the source or receiver IUT to deregister from its stores (the profile's
+        ``deregister_signal``; the case is unsupported without one)."""
+        sig = self.iut.profile.deregister_signal
+        if sig is None:
+            raise Unsupported("the profile names no deregister_signal, so the harness cannot "
+                              "ask the IUT to deregister")
+        self.note(f"asking the IUT to deregister ({sig.name})")
+        self.client_iut.signal(sig)
+
+    def deliveries(self) -> list[dict[str, object]]:
+        """What a receiver IUT reported delivering (unsupported when it reports nothing)."""
+        iut = self.client_iut
+        if not iut.reports_deliveries:
+            raise Unsupported("the profile's launch command has no {deliveries} file, so the "
+                              "harness cannot see what the receiver delivered")
+        return iut.deliveries()
+
+    def wait_tir(self, topic: str | None = None, timeout: float = 3.0) -> lbmr.Tir:
+        """The TIR the IUT advertised for ``topic`` (default: :attr:`iut_topic`)."""
+        name = topic or self.iut_topic
+        tir = self.resolver.wait_tir(name, self.scaled(timeout))
+        if tir is None:
+            raise NoAnswer(f"the IUT advertised no TIR for {name!r} within "
+                           f"{self.scaled(timeout):.2f} s")
+        return tir
 
     # --- time ---------------------------------------------------------------------------------
 
@@ -62,10 +138,27 @@ class Harness:
         """A fresh topic name matching the IUT's configured pattern."""
         return f"conform.{self.spec.id.lower()}.{next(self._topics)}.{self.random.randrange(10**6)}"
 
-    def source(self, name: str = "source", topic: str | None = None) -> HarnessSource:
-        """A scripted source with its own topic, transport port and request port."""
-        return HarnessSource(self, topic or self.topic(),
-                             transport_idx=self.random.randrange(1, 1 << 31), name=name)
+    def source(self, name: str = "source", topic: str | None = None,
+               stores: tuple[HarnessStore, ...] = ()) -> HarnessSource:
+        """A scripted source with its own topic, transport port and request port (registered
+        with the harness ``stores`` when it plays for a receiver IUT)."""
+        source = HarnessSource(self, topic or self.topic(),
+                               transport_idx=self.random.randrange(1, 1 << 31), name=name,
+                               stores=stores)
+        self.sources.append(source)
+        return source
+
+    def store(self, name: str | None = None, *, group: int = 0) -> HarnessStore:
+        """A scripted store on a port of its own; its index is its place in the case."""
+        index = len(self.stores)
+        store = HarnessStore(self, name or f"store {chr(ord('A') + index)}", index=index,
+                             group=group)
+        self.stores.append(store)
+        return store
+
+    def tap(self, name: str = "receiver", timeout: float = 3.0) -> SourceTap:
+        """A scripted receiver on the source IUT's transport (found through its TIR)."""
+        return SourceTap(self, self.wait_tir(timeout=timeout), name)
 
     def receiver(self, source: HarnessSource, name: str = "receiver") -> HarnessReceiver:
         return HarnessReceiver(self, source, name=name)
@@ -74,6 +167,8 @@ class Harness:
         """Restart the IUT on its own files (SIGKILL with ``kill``); peers must reconnect."""
         self.note(f"{'SIGKILL' if kill else 'stopping'} the IUT and starting it again")
         self.restarted = True
+        if not isinstance(self.iut, StoreUnderTest):
+            raise HarnessError("only a store IUT is restarted by its case")
         self.iut.restart(kill=kill)
         self.note("the IUT is ready again")
 
@@ -99,6 +194,12 @@ class Harness:
         """The guide prefers ``condition`` but allows otherwise: ``non-strict`` if it fails."""
         if not condition:
             raise NonStrict(message, expected=expected, observed=observed)
+
+    def peer_errors(self) -> list[str]:
+        """What went wrong inside the harness's own peers (reported as a harness error)."""
+        links = [link for store in self.stores for link in store.links()]
+        links += [link for source in self.sources for link in source.request.links]
+        return [e for link in links for e in link.errors if e.startswith("harness peer failed")]
 
     def close(self) -> None:
         for closer in reversed(self.closers):

@@ -15,6 +15,7 @@ topics), which keeps a full run short; a case that restarts or kills the IUT get
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -22,12 +23,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from conformance.evidence import Addr
 from conformance.model import HarnessError, Unsupported
-from conformance.profile import IutProfile
+from conformance.profile import PLACEHOLDERS, IutProfile
 from reference_impl.config.store_xml_writer import StoreXml, TopicXml, store_daemon_xml
 
 TOPIC_PATTERN = r"conform\..*"
@@ -68,23 +70,120 @@ def free_port(ip: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-class StoreUnderTest:
+class IutProcess:
+    """What every IUT the harness launches shares: the launch command, the wait until it is
+    ready, stopping it, and its log (``iut.log`` in the work directory)."""
+
+    def __init__(self, profile: IutProfile, workdir: Path, resolver: Addr, *,
+                 time_scale: float = 1.0) -> None:
+        self.profile = profile
+        self.workdir = workdir
+        self.resolver = resolver
+        self.time_scale = time_scale
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / "iut.log"
+        self.starts = 0
+
+    def placeholders(self) -> dict[str, str]:
+        """The values of the launch placeholders (:data:`conformance.profile.PLACEHOLDERS`)."""
+        return {name: "" for name in PLACEHOLDERS} | {
+            "python": sys.executable, "workdir": str(self.workdir),
+            "lbm_config": str(self.workdir / "lbm.cfg"),
+            "resolver": f"{self.resolver[0]}:{self.resolver[1]}",
+            "version": self.profile.version}
+
+    def _launch(self, argv: list[str]) -> None:
+        self.starts += 1
+        with self.log_path.open("ab") as log:
+            log.write(f"\n=== ump conform: start #{self.starts}: {' '.join(argv)}\n".encode())
+            log.flush()
+            try:
+                self.proc = subprocess.Popen(argv, cwd=self.workdir, stdout=log,
+                                             stderr=subprocess.STDOUT,
+                                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            except OSError as exc:
+                raise HarnessError(f"cannot start the IUT ({argv[0]}): "
+                                   f"{exc.strerror or exc}") from None
+        self._wait_ready(self.profile.start_timeout * self.time_scale)
+
+    def _ready_without_marker(self) -> bool:
+        """Whether the IUT counts as ready when the profile gives no ``ready`` text."""
+        return True
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        marker = (self.profile.ready or "").encode()
+        start_offset = self._start_offset()
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise HarnessError(f"the IUT exited with code {self.proc.returncode} before it "
+                                   f"was ready:\n{self.log_tail()}")
+            if marker:
+                with self.log_path.open("rb") as fh:
+                    fh.seek(start_offset)
+                    if marker in fh.read():
+                        return
+            elif self._ready_without_marker():
+                return
+            time.sleep(0.02)
+        raise HarnessError(f"the IUT was not ready within {timeout:.1f} s "
+                           f"(waiting for {self.profile.ready or 'its port'}):\n{self.log_tail()}")
+
+    def _start_offset(self) -> int:
+        data = self.log_path.read_bytes()
+        return data.rfind(b"\n=== ump conform: start #")
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, *, kill: bool = False) -> None:
+        """Stop the IUT (the profile's stop signal, SIGKILL after 5 s or when ``kill``)."""
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL if kill else self.profile.stop_signal)
+            try:
+                proc.wait(timeout=5 * self.time_scale)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.proc = None
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the running IUT (a case's request, such as deregistering)."""
+        if self.proc is None or self.proc.poll() is not None:
+            raise HarnessError(f"the IUT is not running, so it cannot get {sig.name}")
+        self.proc.send_signal(sig)
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def log_since(self, offset: int) -> str:
+        if not self.log_path.exists():
+            return ""
+        with self.log_path.open("rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode("utf-8", "replace")
+
+    def log_tail(self, lines: int = 20) -> str:
+        text = self.log_since(0)
+        return "\n".join(text.splitlines()[-lines:])
+
+
+class StoreUnderTest(IutProcess):
     """One store IUT: launched by the harness, or reached at the profile's address."""
 
     def __init__(self, profile: IutProfile, workdir: Path, resolver: Addr, setup: StoreSetup,
                  *, time_scale: float = 1.0) -> None:
-        self.profile = profile
-        self.workdir = workdir
-        self.resolver = resolver
+        super().__init__(profile, workdir, resolver, time_scale=time_scale)
         self.setup = setup
-        self.time_scale = time_scale
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = workdir / "iut.log"
         if profile.address is not None:
             self.addr: Addr = profile.address
         else:
             self.addr = ("127.0.0.1", free_port())
-        self.starts = 0
 
     # --- configuration ------------------------------------------------------------------------
 
@@ -107,10 +206,8 @@ class StoreUnderTest:
 
     def argv(self, config: Path) -> list[str]:
         assert self.profile.launch is not None
-        values = {"python": sys.executable, "config": str(config),
-                  "lbm_config": str(self.workdir / "lbm.cfg"), "workdir": str(self.workdir),
-                  "port": str(self.addr[1]), "resolver": f"{self.resolver[0]}:{self.resolver[1]}",
-                  "topic": "conform.any", "version": self.profile.version}
+        values = self.placeholders() | {"config": str(config), "port": str(self.addr[1]),
+                                        "topic": "conform.any"}
         return [arg.format(**values) for arg in self.profile.launch]
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -123,43 +220,10 @@ class StoreUnderTest:
             self._wait_port(self.profile.start_timeout * self.time_scale)
             return
         config = self.write_config()
-        argv = self.argv(config)
-        self.starts += 1
-        with self.log_path.open("ab") as log:
-            log.write(f"\n=== ump conform: start #{self.starts}: {' '.join(argv)}\n".encode())
-            log.flush()
-            try:
-                self.proc = subprocess.Popen(argv, cwd=self.workdir, stdout=log,
-                                             stderr=subprocess.STDOUT,
-                                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
-            except OSError as exc:
-                raise HarnessError(f"cannot start the IUT ({argv[0]}): "
-                                   f"{exc.strerror or exc}") from None
-        self._wait_ready(self.profile.start_timeout * self.time_scale)
+        self._launch(self.argv(config))
 
-    def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        marker = (self.profile.ready or "").encode()
-        start_offset = self._start_offset()
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise HarnessError(f"the IUT exited with code {self.proc.returncode} before it "
-                                   f"was ready:\n{self.log_tail()}")
-            if marker:
-                with self.log_path.open("rb") as fh:
-                    fh.seek(start_offset)
-                    if marker in fh.read():
-                        return
-            elif self._port_open():
-                return
-            time.sleep(0.02)
-        raise HarnessError(f"the IUT was not ready within {timeout:.1f} s "
-                           f"(waiting for {self.profile.ready or 'its port'}):\n{self.log_tail()}")
-
-    def _start_offset(self) -> int:
-        data = self.log_path.read_bytes()
-        return data.rfind(b"\n=== ump conform: start #")
+    def _ready_without_marker(self) -> bool:
+        return self._port_open()
 
     def _port_open(self) -> bool:
         try:
@@ -176,24 +240,6 @@ class StoreUnderTest:
             time.sleep(0.05)
         raise HarnessError(f"nothing accepts connections at {self.addr[0]}:{self.addr[1]}")
 
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, *, kill: bool = False) -> None:
-        """Stop the IUT (the profile's stop signal, SIGKILL after 5 s or when ``kill``)."""
-        proc = self.proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL if kill else self.profile.stop_signal)
-            try:
-                proc.wait(timeout=5 * self.time_scale)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self.proc = None
-
     def restart(self, *, kill: bool = False) -> None:
         """Stop (or SIGKILL) and start again on the same files: disk state survives."""
         if self.profile.address is not None:
@@ -201,22 +247,104 @@ class StoreUnderTest:
         self.stop(kill=kill)
         self.start()
 
-    def log_size(self) -> int:
-        return self.log_path.stat().st_size if self.log_path.exists() else 0
-
-    def log_since(self, offset: int) -> str:
-        if not self.log_path.exists():
-            return ""
-        with self.log_path.open("rb") as fh:
-            fh.seek(offset)
-            return fh.read().decode("utf-8", "replace")
-
-    def log_tail(self, lines: int = 20) -> str:
-        text = self.log_since(0)
-        return "\n".join(text.splitlines()[-lines:])
-
     def wipe(self) -> None:
         """Remove disk state and cache (a fresh IUT for the next case)."""
         for name in ("cache", "state"):
             with contextlib.suppress(FileNotFoundError):
                 shutil.rmtree(self.workdir / name)
+
+
+@dataclass(frozen=True)
+class StoreEntry:
+    """One ``ume_store`` line of a source IUT's configuration: a harness store's address, the
+    RegID the source asks it for (0: let the store assign one) and its group index."""
+
+    addr: Addr
+    reg_id: int = 0
+    group: int = 0
+
+    def line(self) -> str:
+        return f"source ume_store {self.addr[0]}:{self.addr[1]}:{self.reg_id}:{self.group}"
+
+
+UmOptions = Mapping[str, str | int]
+"""UM configuration options for a source or receiver IUT, keyed ``"<scope> <option>"`` (as
+the flat file writes them: ``{"source ume_flight_size": 4}``)."""
+
+
+class ClientUnderTest(IutProcess):
+    """A source or receiver IUT, started by its case once the harness's peers listen.
+
+    Its UM configuration file (``lbm.cfg``, the ``{config}`` and ``{lbm_config}``
+    placeholders) points topic resolution at the harness's resolver daemon and, for a source,
+    names the case's harness stores in ``ume_store`` lines; the case adds the options it needs.
+    A receiver whose launch command uses ``{deliveries}`` appends every delivered message to
+    that file as a JSON line with at least ``"sqn"`` (and ``"rx"``, true for a
+    retransmission), which is how the delivery-order checks see what the application got.
+    """
+
+    addr: Addr | None = None
+
+    def __init__(self, profile: IutProfile, workdir: Path, resolver: Addr, *,
+                 time_scale: float = 1.0) -> None:
+        super().__init__(profile, workdir, resolver, time_scale=time_scale)
+        self.topic = ""
+        self.stores: tuple[StoreEntry, ...] = ()
+        self.deliveries_path = workdir / "deliveries.jsonl"
+
+    @property
+    def reports_deliveries(self) -> bool:
+        return any("{deliveries}" in arg for arg in self.profile.launch or ())
+
+    def write_config(self, stores: tuple[StoreEntry, ...], groups: tuple[tuple[int, int], ...],
+                     options: UmOptions) -> Path:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        lines = ["# written by ump conform: topic resolution through the harness, the "
+                 "harness's stores",
+                 f"context resolver_unicast_daemon {self.resolver[0]}:{self.resolver[1]}"]
+        lines += [entry.line() for entry in stores]
+        lines += [f"source ume_store_group {index}:{size}" for index, size in groups]
+        for key, value in options.items():
+            if len(key.split()) != 2:
+                raise ValueError(f"UM option {key!r} must be written '<scope> <option>'")
+            lines.append(f"{key} {value}")
+        path = self.workdir / "lbm.cfg"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def argv(self, config: Path) -> list[str]:
+        assert self.profile.launch is not None
+        values = self.placeholders() | {
+            "config": str(config), "topic": self.topic,
+            "stores": ",".join(f"{s.addr[0]}:{s.addr[1]}" for s in self.stores),
+            "deliveries": str(self.deliveries_path)}
+        return [arg.format(**values) for arg in self.profile.launch]
+
+    def start(self, topic: str, *, stores: tuple[StoreEntry, ...] = (),
+              groups: tuple[tuple[int, int], ...] = (), options: UmOptions | None = None
+              ) -> None:
+        """Write the configuration and launch the IUT for ``topic``."""
+        if self.profile.launch is None:
+            raise Unsupported(f"a {self.profile.role.value} IUT must be started by the harness "
+                              f"(its configuration names the harness's peers): give a launch "
+                              f"command in the profile")
+        if self.running:
+            raise HarnessError("the case started the IUT twice")
+        self.topic, self.stores = topic, stores
+        self.deliveries_path.unlink(missing_ok=True)
+        config = self.write_config(stores, groups, dict(options or {}))
+        self._launch(self.argv(config))
+
+    def deliveries(self) -> list[dict[str, object]]:
+        """What the IUT reported delivering so far (see the class docstring), oldest first."""
+        if not self.deliveries_path.exists():
+            return []
+        out: list[dict[str, object]] = []
+        for line in self.deliveries_path.read_text(errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a line the IUT is still writing
+            if isinstance(row, dict) and isinstance(row.get("sqn"), int):
+                out.append(row)
+        return out

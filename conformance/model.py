@@ -57,7 +57,9 @@ class CaseSpec:
     """A conformance case: its identity, the requirement it checks, and the check itself.
 
     Attributes:
-        id: stable identifier, ``<SUITE>-<AREA>-<NNN>``; reports and profiles refer to it.
+        id: stable identifier, ``<SUITE>-<AREA>-<NNN>`` for store cases (``REG-STORE-003``),
+            ``<ROLE>-<SUITE>-<NNN>`` for source and receiver cases (``SRC-REG-001``,
+            ``RCV-REC-002``); reports and profiles refer to it.
         title: one line saying what is checked.
         suite: the suite it belongs to (``registration``, ``recovery``, ``robustness``).
         role: the IUT role the case tests.
@@ -152,8 +154,10 @@ def case(id: str, *, title: str, suite: str, section: str, requirement: str,
 SUITES = ("registration", "recovery", "robustness")
 
 
-def all_cases() -> list[CaseSpec]:
-    """Every case of every suite, in ID order (importing the suites registers them)."""
+def all_cases(role: Role | None = None) -> list[CaseSpec]:
+    """Every case of every suite (of one IUT role, when given), in ID order (importing the
+    suites registers them)."""
     from conformance import suites  # noqa: F401 - registers the cases
 
-    return sorted(_REGISTRY.values(), key=lambda c: c.id)
+    return sorted((c for c in _REGISTRY.values() if role is None or c.role is role),
+                  key=lambda c: c.id)

@@ -56,8 +56,12 @@ class TcpLink:
     """One TCP connection with the IUT, LBT-TCP framed in both directions."""
 
     def __init__(self, sock: socket.socket, recorder: Recorder, *, iut_is_client: bool,
-                 name: str) -> None:
+                 name: str, on_message: Callable[[TcpLink, lbmc.LbmcMessage], None] | None = None
+                 ) -> None:
         self.sock = sock
+        # given to the constructor, not set afterwards: the reader thread starts here and a
+        # message arriving before a later assignment would never reach the handler
+        self.on_message = on_message
         self.name = name
         self.recorder = recorder
         self.local: Addr = sock.getsockname()[:2]
@@ -104,12 +108,29 @@ class TcpLink:
                     self.received.append(message)
                     self._unread.append(message)
                     self._cond.notify_all()
+                if self.on_message is not None:
+                    self._dispatch(message)
         with self._cond:
             if not self._closed:
                 self.closed_by_peer = True
                 self.recorder.close(self.conn, by_iut=True)
             self._closed = True
             self._cond.notify_all()
+
+    def _dispatch(self, message: lbmc.LbmcMessage) -> None:
+        """Give ``message`` to the scripted peer that owns the link (on the reader thread).
+
+        A peer that fails must not end the reader (the case would then wait for answers that
+        can no longer be read): its error is kept in :attr:`errors` for the case to report."""
+        assert self.on_message is not None
+        try:
+            self.on_message(self, message)
+        except NoAnswer:
+            return  # the IUT closed the link while the peer answered: the reader sees it
+        except Exception as exc:
+            with self._cond:
+                self.errors.append(f"harness peer failed on {message.label()}: {exc!r}")
+                self._cond.notify_all()
 
     @property
     def closed(self) -> bool:
@@ -169,15 +190,27 @@ class TcpLink:
         self.sock.close()
 
 
-def connect(addr: Addr, recorder: Recorder, name: str, timeout: float) -> TcpLink:
-    try:
-        sock = socket.create_connection(addr, timeout=timeout)
-    except OSError as exc:
-        raise NoAnswer(f"{name}: cannot connect to {addr[0]}:{addr[1]}: "
-                       f"{exc.strerror or exc}") from None
+def connect(addr: Addr, recorder: Recorder, name: str, timeout: float,
+            on_message: Callable[[TcpLink, lbmc.LbmcMessage], None] | None = None) -> TcpLink:
+    """A recorded link to ``addr``; a refused connection is retried until ``timeout`` (a
+    peer may advertise its port a moment before it listens there)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            sock = socket.create_connection(addr, timeout=timeout)
+            break
+        except ConnectionRefusedError as exc:
+            if time.monotonic() + 0.02 < deadline:
+                time.sleep(0.02)
+                continue
+            raise NoAnswer(f"{name}: cannot connect to {addr[0]}:{addr[1]}: "
+                           f"{exc.strerror or exc}") from None
+        except OSError as exc:
+            raise NoAnswer(f"{name}: cannot connect to {addr[0]}:{addr[1]}: "
+                           f"{exc.strerror or exc}") from None
     sock.settimeout(None)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return TcpLink(sock, recorder, iut_is_client=False, name=name)
+    return TcpLink(sock, recorder, iut_is_client=False, name=name, on_message=on_message)
 
 
 def _wake_and_close(sock: socket.socket) -> None:
@@ -214,8 +247,10 @@ class Listener:
 
     def __init__(self, ip: str, recorder: Recorder, name: str,
                  on_link: Callable[[TcpLink], None] | None = None,
-                 ports: Sequence[int] | None = None) -> None:
+                 ports: Sequence[int] | None = None,
+                 on_message: Callable[[TcpLink, lbmc.LbmcMessage], None] | None = None) -> None:
         self.sock = _bind_first(socket.SOCK_STREAM, ip, ports)
+        self.on_message = on_message
         self.sock.listen(16)
         self.addr: Addr = self.sock.getsockname()[:2]
         self.name = name
@@ -236,7 +271,8 @@ class Listener:
                 return
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             link = TcpLink(sock, self.recorder, iut_is_client=True,
-                           name=f"{self.name} #{len(self.links) + 1}")
+                           name=f"{self.name} #{len(self.links) + 1}",
+                           on_message=self.on_message)
             with self._cond:
                 if self._closed:  # accepted while closing: never leave it open behind us
                     link.close()

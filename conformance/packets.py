@@ -20,13 +20,22 @@ def _layer(name: str) -> type[Packet]:
     return cast(type[Packet], getattr(scapy_layers, name))
 
 
+LBMC_Sri = _layer("LBMC_Sri")
+LBMC_SriReq = _layer("LBMC_SriReq")
+LBMC_TopicIdx = _layer("LBMC_TopicIdx")
 LBMC_Topicname = _layer("LBMC_Topicname")
 LBMC_UmeAck = _layer("LBMC_UmeAck")
 LBMC_UmeClientLifetime = _layer("LBMC_UmeClientLifetime")
 LBMC_UmeKeepalive = _layer("LBMC_UmeKeepalive")
 LBMC_UmePreg = _layer("LBMC_UmePreg")
+LBMC_UmePregResp = _layer("LBMC_UmePregResp")
 LBMC_UmeRxreq = _layer("LBMC_UmeRxreq")
 LBMC_UmeSid = _layer("LBMC_UmeSid")
+LBMC_UmeStoreExt = _layer("LBMC_UmeStoreExt")
+LBMC_UmeStoreGroup = _layer("LBMC_UmeStoreGroup")
+LBMC_UmeStoreid = _layer("LBMC_UmeStoreid")
 
-__all__ = ["LBMC", "LBMC_Topicname", "LBMC_UmeAck", "LBMC_UmeClientLifetime",
-           "LBMC_UmeKeepalive", "LBMC_UmePreg", "LBMC_UmeRxreq", "LBMC_UmeSid"]
+__all__ = ["LBMC", "LBMC_Sri", "LBMC_SriReq", "LBMC_TopicIdx", "LBMC_Topicname", "LBMC_UmeAck",
+           "LBMC_UmeClientLifetime", "LBMC_UmeKeepalive", "LBMC_UmePreg", "LBMC_UmePregResp",
+           "LBMC_UmeRxreq", "LBMC_UmeSid", "LBMC_UmeStoreExt", "LBMC_UmeStoreGroup",
+           "LBMC_UmeStoreid"]

@@ -7,10 +7,14 @@ What they do by themselves is only what the IUT needs to get on with the case:
 
 * :class:`HarnessResolver` is the unicast resolver daemon the IUT's ``lbm.cfg`` names; it
   answers a TQR for a harness source's topic with that source's TIR (what lbmrd relaying the
-  source's advertisement would give) and records every datagram;
-* :class:`HarnessSource` listens on a transport port and a request port (the store joins the
-  first and asks for SRI on the second), registers on its own TCP connection to the store
-  and sends data messages to every store connection on its transport;
+  source's advertisement would give), keeps the TIRs a source IUT advertises (the harness's
+  stores and receivers find its transport there) and records every datagram;
+* :class:`HarnessSource` listens on a transport port and a request port (a store or receiver
+  IUT joins the first and asks for SRI on the second), registers on its own TCP connection to
+  a store IUT and sends data messages to every connection on its transport; in front of a
+  receiver IUT it is "registered" with the case's harness stores
+  (:class:`~conformance.store_peer.HarnessStore`) instead, names them in its SRI and puts
+  what it publishes into their repositories;
 * :class:`HarnessReceiver` registers naming the source's RegID, acknowledges and requests
   retransmissions on its connection to the store.
 """
@@ -19,7 +23,8 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from scapy.packet import Packet
@@ -27,6 +32,8 @@ from scapy.packet import Packet
 from conformance.net import Datagram, Listener, TcpLink, UdpPort, connect, has
 from conformance.packets import (
     LBMC,
+    LBMC_Sri,
+    LBMC_TopicIdx,
     LBMC_Topicname,
     LBMC_UmeAck,
     LBMC_UmeClientLifetime,
@@ -34,18 +41,22 @@ from conformance.packets import (
     LBMC_UmePreg,
     LBMC_UmeRxreq,
     LBMC_UmeSid,
+    LBMC_UmeStoreExt,
+    LBMC_UmeStoreGroup,
 )
 from wire import lbmr
 from wire.lbmc import (
     AckType,
     LbmcMessage,
     MessageType,
+    SriReq,
     UmeAck,
     UmePregResp,
 )
 
 if TYPE_CHECKING:
     from conformance.harness import Harness
+    from conformance.store_peer import HarnessStore
 
 
 TRANSPORT_PORTS = range(14371, 14391)
@@ -70,14 +81,37 @@ class HarnessResolver:
     def __init__(self, port: UdpPort) -> None:
         self.port = port
         self.sources: dict[str, HarnessSource] = {}
+        self.tirs: dict[str, lbmr.Tir] = {}  # the newest TIR an IUT advertised, per topic
         self.iut_addrs: set[tuple[str, int]] = set()
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         port.handler = self._on_datagram
+
+    def reset(self) -> None:
+        """Forget the previous case's sources and advertisements."""
+        with self._lock:
+            self.sources.clear()
+            self.tirs.clear()
+
+    def wait_tir(self, topic: str, timeout: float) -> lbmr.Tir | None:
+        """The TIR an IUT advertised for ``topic``, waiting up to ``timeout`` seconds for it."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while topic not in self.tirs:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._lock.wait(left)
+            return self.tirs[topic]
 
     def _on_datagram(self, dgram: Datagram) -> None:
         with self._lock:
             self.iut_addrs.add(dgram.addr)
             sources = dict(self.sources)
+            if dgram.packet is not None:
+                for tir in dgram.packet.tirs:
+                    if isinstance(tir, lbmr.Tir):
+                        self.tirs[tir.name] = tir
+                self._lock.notify_all()
         if dgram.packet is None:
             return
         for tqr in dgram.packet.tqrs:
@@ -109,7 +143,7 @@ class _Client:
 
     def connect(self) -> TcpLink:
         if self.link is None or self.link.closed:
-            self.link = connect(self.h.iut.addr, self.h.recorder, f"{self.name} -> store",
+            self.link = connect(self.h.store_addr, self.h.recorder, f"{self.name} -> store",
                                 self.h.scaled(2.0))
         return self.link
 
@@ -130,18 +164,26 @@ class HarnessSource(_Client):
     """A scripted source of one topic (see the module docstring)."""
 
     def __init__(self, harness: Harness, topic: str, *, transport_idx: int,
-                 topic_idx: int = 0, name: str = "source") -> None:
+                 topic_idx: int = 0, name: str = "source",
+                 stores: Sequence[HarnessStore] = ()) -> None:
         self.h = harness
         self.topic = topic
         self.name = name
         self.transport_idx = transport_idx
         self.topic_idx = topic_idx
+        self.stores = list(stores)
+        self.sri_version = 0
+        self.answer_sri_requests = False
+        self._sri_lock = threading.Lock()
+        self._sri_requests: list[tuple[float, LbmcMessage]] = []
         self.transport = Listener("127.0.0.1", harness.recorder, f"{name} transport",
                                   ports=rotated(TRANSPORT_PORTS))
         self.request = Listener("127.0.0.1", harness.recorder, f"{name} request port",
-                                ports=rotated(REQUEST_PORTS))
+                                ports=rotated(REQUEST_PORTS), on_message=self._on_request)
         self.link: TcpLink | None = None
-        self.reg_id = 0
+        # in front of harness stores the source is "registered" with them already
+        self.reg_id = self.stores[0].source_reg_id if self.stores else 0
+        self.store_addr = self.stores[0].addr if self.stores else harness.store_addr
         self.advertise_on_query = True
         harness.resolver.serve(self)
         harness.closers.append(self.close)
@@ -149,7 +191,7 @@ class HarnessSource(_Client):
     # --- resolution ---------------------------------------------------------------------------
 
     def tir(self) -> lbmr.Tir:
-        store = self.h.iut.addr
+        store = self.store_addr
         request = self.request.addr
         return lbmr.Tir(
             name=self.topic, ttl=1, index=self.topic_idx,
@@ -206,6 +248,62 @@ class HarnessSource(_Client):
             lambda m: any(isinstance(h, UmeAck) and h.type == AckType.STABLE
                           and h.seqnum >= sqn for h in m.headers),
             self.h.scaled(timeout), f"a stability ACK for sqn {sqn}")
+
+    # --- SRI and publishing (in front of a receiver IUT) -------------------------------------
+
+    def sri(self, *, version: int | None = None, stores: Sequence[HarnessStore] | None = None,
+            low: int = 0, high: int = 0, acktosrc: bool = False) -> Packet:
+        """An SRI naming ``stores`` (default: this source's), each with the RegID it holds for
+        the source and store version 1; the overall version is the next one unless given."""
+        if version is None:
+            self.sri_version += 1
+            version = self.sri_version
+        named = self.stores if stores is None else list(stores)
+        pkt: Packet = LBMC() / LBMC_Sri(version=version, low_sqn=low, high_sqn=high,
+                                        initial_sqn_known=1, acktosrc=int(acktosrc)) \
+            / LBMC_TopicIdx(tidx=self.topic_idx)
+        for group in sorted({s.group for s in named}):
+            size = sum(1 for s in named if s.group == group)
+            pkt = pkt / LBMC_UmeStoreGroup(grp_idx=group, grp_sz=size)
+        for store in named:
+            pkt = pkt / LBMC_UmeStoreExt(
+                grp_idx=store.group, store_tcp_port=store.addr[1], store_idx=store.index,
+                store_ip_addr=store.addr[0], src_reg_id=store.source_reg_id, version=1)
+        return pkt
+
+    def send_sri(self, sri: Packet | None = None) -> None:
+        """Send an SRI (default: :meth:`sri`) to every connection on the transport."""
+        pkt = sri if sri is not None else self.sri(high=self.high_sent())
+        for link in [x for x in self.transport.links if not x.closed]:
+            link.send(pkt)
+
+    def high_sent(self) -> int:
+        held = [sqn for store in self.stores for sqn in store.repository]
+        return max(held, default=0)
+
+    def publish(self, *sqns: int, live: bool = True) -> None:
+        """Put messages into every harness store's repository and, when ``live``, send them on
+        the transport (``live=False``: sent before anyone listened, or lost on the way)."""
+        for sqn in sqns:
+            payload = bytes(self.data(sqn).payload)
+            for store in self.stores:
+                store.hold(sqn, payload)
+            if live:
+                for link in [x for x in self.transport.links if not x.closed]:
+                    link.send(self.data(sqn))
+
+    def sri_requests(self) -> list[tuple[float, LbmcMessage]]:
+        """(arrival time, message) of every SRI request on the request port so far."""
+        with self._sri_lock:
+            return list(self._sri_requests)
+
+    def _on_request(self, link: TcpLink, message: LbmcMessage) -> None:
+        if message.header(SriReq) is None:
+            return
+        with self._sri_lock:
+            self._sri_requests.append((time.monotonic(), message))
+        if self.answer_sri_requests:
+            self.send_sri()
 
     def keepalive(self) -> None:
         self.connect().send(LBMC() / LBMC_UmeKeepalive(

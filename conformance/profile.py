@@ -17,13 +17,26 @@ A profile is a small TOML file::
     "REC-STORE-003" = { known_failure = "ACME-1234" }
 
 Placeholders in ``launch`` (the harness fills them per case): ``{python}`` (this
-interpreter), ``{config}`` (the umestored XML the harness wrote for the case), ``{lbm_config}``
-(the UM configuration file it names), ``{workdir}``, ``{port}`` (the store port),
-``{resolver}`` (``host:port`` of the harness's resolver daemon), ``{topic}``, ``{version}``
-(the profile's UM version profile).  ``launch`` is
+interpreter), ``{config}`` (for a store, the umestored XML the harness wrote for the case; for a
+source or receiver, the UM configuration file), ``{lbm_config}`` (the UM configuration file:
+resolution through the harness and, for a source, ``ume_store`` lines naming the harness's
+stores), ``{workdir}``, ``{port}`` (the store port), ``{resolver}`` (``host:port`` of the
+harness's resolver daemon), ``{topic}``, ``{version}`` (the profile's UM version profile),
+``{stores}`` (the harness stores of the case, ``host:port,host:port``) and ``{deliveries}``
+(a file a receiver appends every delivered message to, one JSON object per line with
+``"sqn"`` and ``"rx"``; without it the delivery-order checks are unsupported).  ``launch`` is
 split like a shell command line (``shlex``) or may be given as a list.
 
-Without ``--iut`` the built-in profile runs the reference store (:data:`REFERENCE_STORE`).
+``deregister_signal = "SIGUSR1"`` (source or receiver) names the signal that makes the IUT
+deregister from its stores (``lbm_src_ume_deregister``); the deregistration cases are
+unsupported without it.
+
+A store IUT may also be reached at an ``address``; a source or receiver IUT must be launched,
+because its configuration names the peers the harness plays for the case.
+
+Without ``--iut`` the built-in profile runs the reference store (:data:`REFERENCE_STORE`);
+``--iut source`` and ``--iut receiver`` name the reference source and receiver
+(:data:`BUILTIN_PROFILES`, :func:`resolve_profile`).
 Every mistake is a :class:`ProfileError` naming the file and the key.
 """
 
@@ -68,6 +81,7 @@ class IutProfile:
     ready: str | None = None
     start_timeout: float = 20.0
     stop_signal: signal.Signals = signal.SIGTERM
+    deregister_signal: signal.Signals | None = None
     cases: Mapping[str, CaseExpectation] = field(default_factory=dict)
     source: str = "<built-in>"
 
@@ -85,8 +99,27 @@ REFERENCE_STORE = IutProfile(
     ready="ready to accept registrations")
 """The default IUT: this project's store, started per case like any third-party store."""
 
+REFERENCE_SOURCE = IutProfile(
+    name="ump-harness reference source", role=Role.SOURCE,
+    launch=("{python}", "-m", "ump", "source", "-c", "{lbm_config}", "--topic", "{topic}",
+            "--count", "100000000", "--rate", "50", "--linger", "0", "--profile", "{version}"),
+    deregister_signal=signal.SIGUSR1)
+"""This project's source, sending 50 messages a second for as long as a case runs (a case
+sees the first data message within one registration round and is never short of traffic)."""
+
+REFERENCE_RECEIVER = IutProfile(
+    name="ump-harness reference receiver", role=Role.RECEIVER,
+    launch=("{python}", "-m", "ump", "receiver", "-c", "{lbm_config}", "--topic", "{topic}",
+            "--out", "{deliveries}", "--profile", "{version}"))
+"""This project's receiver; it reports every delivered message in ``{deliveries}``."""
+
+BUILTIN_PROFILES: dict[str, IutProfile] = {
+    "default": REFERENCE_STORE, "store": REFERENCE_STORE, "source": REFERENCE_SOURCE,
+    "receiver": REFERENCE_RECEIVER}
+"""Profile names ``--iut`` accepts besides a file: the reference implementation's processes."""
+
 _IUT_KEYS = ("name", "role", "version", "launch", "address", "ready", "start_timeout",
-             "stop_signal")
+             "stop_signal", "deregister_signal")
 _CASE_KEYS = ("skip", "known_failure", "reason")
 
 
@@ -144,6 +177,9 @@ def parse_profile(data: Mapping[str, Any], source: str = "<profile>") -> IutProf
     if (launch is None) == (address is None):
         raise ProfileError(f"{where}: give exactly one of launch (start the IUT per case) "
                            f"or address (reach a running IUT)")
+    if address is not None and role is not Role.STORE:
+        raise ProfileError(f"{where}: a {role.value} IUT needs launch, not address (the "
+                           f"harness writes its configuration to name the peers it plays)")
     if launch is not None:
         bad = _bad_placeholder(launch)
         if bad:
@@ -152,11 +188,12 @@ def parse_profile(data: Mapping[str, Any], source: str = "<profile>") -> IutProf
     timeout = iut.get("start_timeout", 20.0)
     if not isinstance(timeout, int | float) or timeout <= 0:
         raise ProfileError(f"{where}: start_timeout must be a positive number of seconds")
-    sig_name = iut.get("stop_signal", "SIGTERM")
-    try:
-        stop_signal = signal.Signals[str(sig_name).upper()]
-    except KeyError:
-        raise ProfileError(f"{where}: stop_signal {sig_name!r} is not a signal name") from None
+    stop_signal = _signal(where, "stop_signal", iut.get("stop_signal", "SIGTERM"))
+    deregister_signal = None
+    if "deregister_signal" in iut:
+        if role == Role.STORE:
+            raise ProfileError(f"{where}: deregister_signal is for a source or receiver IUT")
+        deregister_signal = _signal(where, "deregister_signal", iut["deregister_signal"])
     ready = iut.get("ready")
     if ready is not None and not isinstance(ready, str):
         raise ProfileError(f"{where}: ready must be a text")
@@ -179,11 +216,19 @@ def parse_profile(data: Mapping[str, Any], source: str = "<profile>") -> IutProf
                                          reason=str(spec.get("reason", "")))
     return IutProfile(name=str(name), role=role, version=version, launch=launch,
                       address=address, ready=ready, start_timeout=float(timeout),
-                      stop_signal=stop_signal, cases=cases, source=source)
+                      stop_signal=stop_signal, deregister_signal=deregister_signal,
+                      cases=cases, source=source)
+
+
+def _signal(where: str, key: str, name: object) -> signal.Signals:
+    try:
+        return signal.Signals[str(name).upper()]
+    except KeyError:
+        raise ProfileError(f"{where}: {key} {name!r} is not a signal name") from None
 
 
 PLACEHOLDERS = ("python", "config", "lbm_config", "workdir", "port", "resolver", "topic",
-                "version")
+                "version", "stores", "deliveries")
 
 
 def _bad_placeholder(argv: tuple[str, ...]) -> str | None:
@@ -208,3 +253,18 @@ def load_profile(path: str | Path) -> IutProfile:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ProfileError(f"{name}: not valid TOML: {exc}") from None
     return parse_profile(data, name)
+
+
+def resolve_profile(text: str | None) -> IutProfile:
+    """``--iut``: a built-in name (:data:`BUILTIN_PROFILES`) or a profile file; none = the
+    reference store.  An existing file wins over a built-in name of the same spelling."""
+    if not text:
+        return REFERENCE_STORE
+    if text in BUILTIN_PROFILES and not Path(text).is_file():
+        return BUILTIN_PROFILES[text]
+    if not Path(text).exists() and "." not in Path(text).name:
+        close = difflib.get_close_matches(text, list(BUILTIN_PROFILES), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ProfileError(f"{text}: no such profile file, and not a built-in profile name "
+                           f"({', '.join(BUILTIN_PROFILES)}){hint}")
+    return load_profile(text)

@@ -1,6 +1,7 @@
 """Run the conformance cases as pytest tests: ``pytest -p conformance.pytest_plugin --iut X``.
 
-Options: ``--iut PROFILE.toml`` (``default`` for the reference store), ``--conform-suite``
+Options: ``--iut PROFILE.toml`` (or a built-in name: ``default``/``store``, ``source``,
+``receiver`` for the reference implementation), ``--conform-suite``
 (repeatable), ``--conform-out DIR`` (evidence and reports, default ``conform-out``),
 ``--time-scale X``.  Every case becomes one test item named by its ID, so ``-k`` and
 ``--junitxml`` work as usual; a ``fail`` of a MUST case or an ``error`` fails the item, a
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 
 from conformance.model import SUITES, CaseSpec, Verdict, all_cases
-from conformance.profile import REFERENCE_STORE, IutProfile, ProfileError, load_profile
+from conformance.profile import IutProfile, ProfileError, resolve_profile
 from conformance.runner import CaseResult, Runner, RunResult, select
 
 
@@ -27,7 +28,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("ump conform")
     g.addoption("--iut", metavar="PROFILE.toml",
                 help="run the UM persistence conformance cases against this IUT profile "
-                     "('default' = the reference store)")
+                     "('default', 'source', 'receiver' = the reference implementation)")
     g.addoption("--conform-suite", action="append", default=[], choices=SUITES,
                 help="only this conformance suite (repeatable)")
     g.addoption("--conform-out", default="conform-out", help="evidence and report directory")
@@ -68,7 +69,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not iut:
         return
     try:
-        profile = REFERENCE_STORE if iut == "default" else load_profile(iut)
+        profile = resolve_profile(iut)
     except ProfileError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[_SESSION_KEY] = ConformanceSession(config, profile)
@@ -87,7 +88,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "conformance_case" not in metafunc.fixturenames:
         return
     suites = metafunc.config.getoption("--conform-suite")
-    cases = select(all_cases(), suites=suites)
+    session = metafunc.config.stash.get(_SESSION_KEY, None)
+    role = session.runner.profile.role if session is not None else None
+    cases = select(all_cases(role), suites=suites)
     metafunc.parametrize("conformance_case", cases, ids=[c.id for c in cases])
 
 

@@ -40,6 +40,7 @@ def case_json(r: CaseResult, out: Path) -> dict[str, Any]:
         "counts_against": r.counts_against,
         "pcap": str(r.pcap.relative_to(out)) if r.pcap else None, "frames": r.frames,
         "store_port": r.iut_port,
+        "store_ports": r.store_ports,
         "timeline": r.timeline,
     }
 
@@ -136,10 +137,14 @@ def write_html(run: RunResult, path: Path) -> None:
                      f"{known}"
                      f"</td><td>{spec.strength.value}</td><td>{html.escape(spec.suite)}</td>"
                      f"<td>{html.escape(spec.title)}</td><td>{r.seconds:.2f} s</td></tr>")
+        ports = ",".join(str(p) for p in r.store_ports)
+        whose = "the IUT's port" if r.iut_port is not None else "the harness stores' ports"
         pcap = (f'<a href="{html.escape(str(r.pcap.relative_to(out)))}">evidence.pcap</a> '
-                f"({r.frames} frames; decode the IUT's port {r.iut_port} as a UM store port: "
-                f"<code>ump dissect evidence.pcap --store-port {r.iut_port}</code>)"
-                ) if r.pcap else "no packets"
+                f"({r.frames} frames; decode {whose} {ports} as UM store ports: "
+                f"<code>ump dissect evidence.pcap --store-port {ports}</code>)"
+                ) if r.pcap and ports else (
+                f'<a href="{html.escape(str(r.pcap.relative_to(out)))}">evidence.pcap</a> '
+                f"({r.frames} frames)" if r.pcap else "no packets")
         blocks.append(f"""
 <details id="{anchor}" {'open' if r.counts_against else ''}>
 <summary>{_badge(r.verdict)} <b>{spec.id}</b> {html.escape(spec.title)}</summary>

@@ -6,6 +6,10 @@ directory per case (``<out>/cases/<ID>/``: ``evidence.pcap``, ``timeline.json``,
 :class:`~conformance.iut.StoreSetup` share an IUT process, and a case that restarts the IUT,
 or after which the IUT is no longer running, ends that process's use.
 
+A source or receiver IUT gets a fresh work directory and process for every case, which starts it
+itself once the peers it plays (stores, a source) listen, and stops it at the end: its
+configuration names those peers.
+
 A case that runs past its timeout (scaled) is an ``error``: its sockets are closed, which ends
 any wait it is blocked in, and the IUT is replaced for the next case.  An IUT that dies during
 a case makes the case ``fail`` (a crash is never conformant), with its log in the evidence.
@@ -24,8 +28,8 @@ from typing import Any
 
 from conformance.evidence import Recorder
 from conformance.harness import Harness
-from conformance.iut import StoreSetup, StoreUnderTest
-from conformance.model import CaseSpec, Conclusion, Strength, Verdict, all_cases
+from conformance.iut import ClientUnderTest, IutProcess, StoreSetup, StoreUnderTest
+from conformance.model import CaseSpec, Conclusion, Role, Strength, Verdict, all_cases
 from conformance.net import NoAnswer, UdpPort
 from conformance.peers import RESOLVER_PORTS, HarnessResolver
 from conformance.profile import IutProfile
@@ -53,6 +57,9 @@ class CaseResult:
     known_failure: str | None = None
     skipped: str | None = None
     iut_port: int | None = None
+    store_ports: list[int] = field(default_factory=list)
+    """TCP ports to decode as UM store ports in the evidence: the store IUT's, or the
+    harness's stores' in front of a source or receiver IUT."""
 
     @property
     def unexpected_pass(self) -> bool:
@@ -117,7 +124,7 @@ class Runner:
         self.out = out
         self.time_scale = time_scale
         self.progress = progress
-        self.iut: StoreUnderTest | None = None
+        self.iut: IutProcess | None = None
         self._iut_count = 0
         self.resolver_port: UdpPort | None = None
         self.resolver: HarnessResolver | None = None
@@ -139,9 +146,14 @@ class Runner:
             self.iut.stop()
             self.iut = None
 
-    def _iut_for(self, spec: CaseSpec) -> StoreUnderTest:
+    def _iut_for(self, spec: CaseSpec) -> IutProcess:
+        if self.profile.role is not Role.STORE:
+            return self._client_for(spec)
         setup = StoreSetup.of(spec.store_options, spec.topic_options)
         iut = self.iut
+        if iut is not None and not isinstance(iut, StoreUnderTest):
+            self._retire_iut()
+            iut = None
         if iut is not None and (iut.setup != setup or not self._usable(iut)):
             self._retire_iut()
             iut = None
@@ -155,6 +167,20 @@ class Runner:
                                  time_scale=self.time_scale)
             self.iut = iut
             iut.start()
+        return iut
+
+    def _client_for(self, spec: CaseSpec) -> ClientUnderTest:
+        """A fresh, not yet started source or receiver IUT (the case starts it)."""
+        self._retire_iut()
+        assert self.resolver_port is not None
+        self._iut_count += 1
+        workdir = self.out / "iut" / f"{self._iut_count:03d}"
+        if workdir.exists():
+            shutil.rmtree(workdir)
+        workdir.mkdir(parents=True)
+        iut = ClientUnderTest(self.profile, workdir, self.resolver_port.addr,
+                              time_scale=self.time_scale)
+        self.iut = iut
         return iut
 
     def _usable(self, iut: StoreUnderTest) -> bool:
@@ -184,7 +210,7 @@ class Runner:
         recorder = Recorder()
         assert self.resolver is not None and self.resolver_port is not None
         self.resolver_port.recorder = recorder
-        self.resolver.sources.clear()
+        self.resolver.reset()
         try:
             iut = self._iut_for(spec)
         except Conclusion as exc:
@@ -214,13 +240,19 @@ class Runner:
             self._retire_iut()
         else:
             self._judge(result, outcome["exc"])
+            errors = harness.peer_errors()
+            if errors and result.verdict is not Verdict.ERROR:
+                result.verdict = Verdict.ERROR
+                result.message = "harness error: " + "; ".join(errors[:3])
+        result.store_ports = [s.addr[1] for s in harness.stores] or \
+            ([iut.addr[1]] if isinstance(iut, StoreUnderTest) else [])
         if not timed_out and iut.proc is not None and not iut.running:
             code = iut.proc.returncode
             result.verdict = Verdict.FAIL
             result.message = (f"the IUT exited (code {code}) during the case"
                               + (f"; before that: {result.message}" if result.message else ""))
             self._retire_iut()
-        elif spec.needs_restart or harness.restarted:
+        elif spec.needs_restart or harness.restarted or isinstance(iut, ClientUnderTest):
             self._retire_iut()
         return self._finish(result, recorder, evidence, iut, log_offset, started)
 
@@ -241,9 +273,9 @@ class Runner:
             result.observed = "".join(traceback.format_exception(exc))[-4000:]
 
     def _finish(self, result: CaseResult, recorder: Recorder, evidence: Path,
-                iut: StoreUnderTest | None, log_offset: int, started: float) -> CaseResult:
+                iut: IutProcess | None, log_offset: int, started: float) -> CaseResult:
         result.evidence = evidence
-        result.iut_port = iut.addr[1] if iut is not None else None
+        result.iut_port = iut.addr[1] if isinstance(iut, StoreUnderTest) else None
         result.pcap = evidence / "evidence.pcap"
         result.frames = recorder.write_pcap(result.pcap)
         recorder.write_timeline(evidence / "timeline.json")
@@ -265,7 +297,7 @@ def run(profile: IutProfile, out: Path, *, suites: Iterable[str] = (),
         progress: Callable[[CaseResult], None] | None = None,
         cases: list[CaseSpec] | None = None) -> RunResult:
     """Run the selected cases; the reports are the caller's business (:mod:`.report`)."""
-    chosen = cases if cases is not None else select(all_cases(), suites=suites,
+    chosen = cases if cases is not None else select(all_cases(profile.role), suites=suites,
                                                     keywords=keywords)
     started = time.monotonic()
     with Runner(profile, out, time_scale=time_scale, progress=progress) as runner:

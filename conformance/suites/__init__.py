@@ -1,5 +1,10 @@
-"""The conformance suites; importing this package registers every case."""
+"""The conformance suites; importing this package registers every case.
 
-from conformance.suites import recovery, registration, robustness
+Store IUT: :mod:`.registration`, :mod:`.recovery`, :mod:`.robustness`; source IUT:
+:mod:`.source`; receiver IUT: :mod:`.receiver` (their cases belong to the registration and
+recovery suites too, told apart by role).
+"""
 
-__all__ = ["recovery", "registration", "robustness"]
+from conformance.suites import receiver, recovery, registration, robustness, source
+
+__all__ = ["receiver", "recovery", "registration", "robustness", "source"]

@@ -28,7 +28,7 @@ def _still_registers(h: Harness) -> None:
       requirement="A store must survive malformed input from the network and keep serving "
                   "its clients.")
 def random_bytes(h: Harness) -> None:
-    link = connect(h.iut.addr, h.recorder, "stranger -> store", h.scaled(2.0))
+    link = connect(h.store_addr, h.recorder, "stranger -> store", h.scaled(2.0))
     link.send(os.urandom(64), b"\x00" * 16, b"\xff" * 40)
     link.wait_closed(h.scaled(1.0))
     link.close()

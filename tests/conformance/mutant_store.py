@@ -24,12 +24,12 @@ def grants_active_regid() -> None:
     """Grants a source the RegID another active source holds (instead of refusing it)."""
     reject = StoreCore._reject
 
-    def patched(self: StoreCore, conn: Any, preg: Any, error: int, text: str) -> None:
+    def patched(self: StoreCore, conn: Any, preg: Any, error: PregError, text: str) -> None:
         if error == PregError.EACTIVE:
             self._respond(conn, preg, reg_id=preg.reg_id)
             return
         reject(self, conn, preg, error, text)
-    StoreCore._reject = patched  # type: ignore[method-assign]
+    StoreCore._reject = patched  # type: ignore[method-assign, assignment]
 
 
 def forgets_old_flag() -> None:
@@ -62,7 +62,7 @@ def ignores_rate_limit() -> None:
 
         s = settings(*args, **kw)
         return dataclasses.replace(s, retransmission_request_processing_rate=10**9)
-    runtime.store_settings = patched  # type: ignore[assignment]
+    runtime.store_settings = patched
 
 
 MUTANTS: dict[str, Callable[[], None]] = {

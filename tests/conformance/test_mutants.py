@@ -1,8 +1,11 @@
-"""The harness tests itself: each deliberately faulty store must fail a MUST case.
+"""The harness tests itself: each deliberately faulty IUT must fail a MUST case.
 
-The mutants live in :mod:`tests.conformance.mutant_store`; each is the reference store with one
-behaviour broken.  A profile launches the mutant like any third-party store, and the suite
-holding the broken behaviour must end with exit code 1 and the named case failing.
+The mutants live in :mod:`tests.conformance.mutant_store` (stores) and
+:mod:`tests.conformance.mutant_client` (sources and receivers); each is the reference
+implementation with one behaviour broken.  A profile launches the mutant like any third-party
+IUT, and the case holding the broken behaviour must fail (the run ending with exit code 1).
+Store mutants run their whole suite; source and receiver mutants (a fresh process per case)
+run just the catching case, which keeps the test short.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from conformance.profile import parse_profile
 from conformance.runner import run
 
 MUTANT = Path(__file__).with_name("mutant_store.py")
+CLIENT_MUTANT = Path(__file__).with_name("mutant_client.py")
 
 # mutant -> (suite to run, the case that must catch it)
 CATCHES = {
@@ -24,6 +28,24 @@ CATCHES = {
     "forgets-old-flag": ("registration", "REG-STORE-004"),
     "wrong-low-sqn": ("registration", "REG-STORE-010"),
     "ignores-rate-limit": ("recovery", "REC-STORE-005"),
+}
+
+# source/receiver mutant -> (its role, the case that must catch it)
+CLIENT_CATCHES = {
+    "ignores-store-sqn": ("source", "SRC-REG-003"),
+    "sends-before-quorum": ("source", "SRC-REG-004"),
+    "counts-refused-store": ("source", "SRC-REG-005"),
+    "ignores-sri-request": ("source", "SRC-REG-007"),
+    "stale-store-version": ("source", "SRC-REG-008"),
+    "cumulative-stability": ("source", "SRC-REC-001"),
+    "ignores-flight-size": ("source", "SRC-REC-002"),
+    "deregisters-from-one-store": ("source", "SRC-REG-009"),
+    "no-sri-request": ("receiver", "RCV-REG-001"),
+    "ignores-low-sqn": ("receiver", "RCV-REG-004"),
+    "never-rxreq": ("receiver", "RCV-REC-001"),
+    "ignores-outstanding-maximum": ("receiver", "RCV-REC-002"),
+    "hasty-rerequest": ("receiver", "RCV-REC-003"),
+    "no-consumption-ack": ("receiver", "RCV-REC-005"),
 }
 
 
@@ -41,4 +63,33 @@ def test_every_mutant_is_caught(mutant: str, tmp_path: Path) -> None:
     errors = [(r.spec.id, r.message) for r in result.results if r.verdict is Verdict.ERROR]
     assert errors == []
     assert catcher in failed, [(r.spec.id, r.verdict.value, r.message) for r in result.results]
+    assert result.exit_code == 1
+
+
+def test_every_client_mutant_is_known() -> None:
+    sys.path.insert(0, str(CLIENT_MUTANT.parent))
+    try:
+        from mutant_client import MUTANTS
+    finally:
+        sys.path.remove(str(CLIENT_MUTANT.parent))
+    assert {name: role for name, (role, _) in MUTANTS.items()} == \
+        {name: role for name, (role, _) in CLIENT_CATCHES.items()}
+
+
+@pytest.mark.parametrize("mutant", sorted(CLIENT_CATCHES))
+def test_every_source_and_receiver_mutant_is_caught(mutant: str, tmp_path: Path) -> None:
+    role, catcher = CLIENT_CATCHES[mutant]
+    launch = [sys.executable, str(CLIENT_MUTANT), mutant, role, "-c", "{lbm_config}",
+              "--topic", "{topic}", "--profile", "{version}"]
+    launch += ["--count", "100000000", "--rate", "50", "--linger", "0"] if role == "source" \
+        else ["--out", "{deliveries}"]
+    iut: dict[str, object] = {"name": f"mutant {mutant}", "role": role, "launch": launch}
+    if role == "source":
+        iut["deregister_signal"] = "SIGUSR1"  # as the reference source's profile says
+    profile = parse_profile({"iut": iut}, f"<mutant {mutant}>")
+    result = run(profile, tmp_path / "out", keywords=[catcher])
+    assert [r.spec.id for r in result.results] == [catcher]
+    (only,) = result.results
+    assert only.verdict is Verdict.FAIL and only.spec.strength is Strength.MUST, \
+        (only.verdict.value, only.message)
     assert result.exit_code == 1

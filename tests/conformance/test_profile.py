@@ -7,7 +7,16 @@ from pathlib import Path
 import pytest
 
 from conformance.model import Role, all_cases
-from conformance.profile import REFERENCE_STORE, ProfileError, load_profile, parse_profile
+from conformance.profile import (
+    BUILTIN_PROFILES,
+    REFERENCE_RECEIVER,
+    REFERENCE_SOURCE,
+    REFERENCE_STORE,
+    ProfileError,
+    load_profile,
+    parse_profile,
+    resolve_profile,
+)
 from conformance.runner import select
 
 
@@ -24,6 +33,10 @@ def test_a_full_profile_parses() -> None:
     assert p.expectation("REC-STORE-005").known_failure == "ACME-12"
     assert p.expectation("REG-STORE-001").skip is None
     assert p.stop_signal.name == "SIGINT"
+    assert p.deregister_signal is None
+    source = parse_profile({"iut": {"role": "source", "launch": "s",
+                                    "deregister_signal": "sigusr2"}}, "s.toml")
+    assert source.deregister_signal is not None and source.deregister_signal.name == "SIGUSR2"
 
 
 @pytest.mark.parametrize("data, message", [
@@ -43,6 +56,11 @@ def test_a_full_profile_parses() -> None:
     ({"iut": {"role": "store", "launch": "x"}, "cases": {"A": {"skp": "a"}}},
      "did you mean 'skip'"),
     ({"iut": {"role": "store", "launch": "x"}, "extra": {}}, "unknown key 'extra'"),
+    ({"iut": {"role": "source", "address": "h:1"}}, "a source IUT needs launch"),
+    ({"iut": {"role": "receiver", "launch": "r {delivered}"}}, "unknown placeholder {delivered}"),
+    ({"iut": {"role": "source", "launch": "s", "deregister_signal": "USR9"}}, "not a signal"),
+    ({"iut": {"role": "store", "launch": "x", "deregister_signal": "SIGUSR1"}},
+     "for a source or receiver"),
 ])
 def test_profile_mistakes_are_named(data: dict[str, object], message: str) -> None:
     with pytest.raises(ProfileError, match=message.replace("[", r"\[").replace("{", r"\{")):
@@ -63,12 +81,33 @@ def test_reference_profile_launches_the_reference_store() -> None:
     assert "{config}" in REFERENCE_STORE.launch and "{version}" in REFERENCE_STORE.launch
 
 
+def test_builtin_profiles_launch_the_reference_source_and_receiver(tmp_path: Path) -> None:
+    assert resolve_profile(None) is REFERENCE_STORE
+    assert resolve_profile("default") is REFERENCE_STORE
+    assert resolve_profile("source") is REFERENCE_SOURCE
+    assert resolve_profile("receiver") is REFERENCE_RECEIVER
+    assert REFERENCE_SOURCE.role is Role.SOURCE and REFERENCE_RECEIVER.role is Role.RECEIVER
+    assert REFERENCE_SOURCE.launch and "{lbm_config}" in REFERENCE_SOURCE.launch
+    assert REFERENCE_RECEIVER.launch and "{deliveries}" in REFERENCE_RECEIVER.launch
+    assert {p.role for p in BUILTIN_PROFILES.values()} == set(Role)
+    with pytest.raises(ProfileError, match="did you mean 'receiver'"):
+        resolve_profile("recevier")
+    own = tmp_path / "source"  # a file wins over the built-in name of the same spelling
+    own.write_text('[iut]\nrole = "source"\nname = "mine"\nlaunch = "x {topic}"\n')
+    assert resolve_profile(str(own)).name == "mine"
+
+
 def test_every_case_has_a_stable_id_a_section_and_a_requirement() -> None:
     cases = all_cases()
-    assert len({c.id for c in cases}) == len(cases) >= 25
+    assert len({c.id for c in cases}) == len(cases) >= 40
+    prefixes = {Role.STORE: {"REG", "REC", "ROB"}, Role.SOURCE: {"SRC"},
+                Role.RECEIVER: {"RCV"}}
     for c in cases:
         assert c.section and len(c.requirement) > 20 and c.title
-        assert c.id.split("-")[0] in {"REG", "REC", "ROB"}
+        assert c.id.split("-")[0] in prefixes[c.role], c.id
+    for role in Role:
+        assert all(c.role is role for c in all_cases(role))
+        assert len(all_cases(role)) >= 9
 
 
 def test_selection_by_suite_and_keywords() -> None:

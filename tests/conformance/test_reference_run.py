@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from conformance.model import all_cases
+from conformance.model import Role, all_cases
 from wire.dissect import check_against_tshark, dissect_file
 from wire.tshark import PortMap
 
@@ -41,7 +41,7 @@ def test_every_case_passes_against_the_reference_store(
     proc, out = run
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = _results(out)
-    assert {c["id"] for c in data["cases"]} == {c.id for c in all_cases()}
+    assert {c["id"] for c in data["cases"]} == {c.id for c in all_cases(Role.STORE)}
     failed = [(c["id"], c["verdict"], c["message"]) for c in data["cases"]
               if c["verdict"] != "pass"]
     assert failed == []
@@ -54,7 +54,7 @@ def test_junit_lists_every_case_without_failures(
     _, out = run
     root = ET.parse(out / "junit.xml").getroot()
     cases = root.findall(".//testcase")
-    assert len(cases) == len(all_cases())
+    assert len(cases) == len(all_cases(Role.STORE))
     assert not root.findall(".//failure") and not root.findall(".//error")
     assert {s.get("name") for s in root.findall("testsuite")} == {
         "registration", "recovery", "robustness"}
@@ -72,7 +72,7 @@ def test_every_evidence_pcap_agrees_with_tshark(
         assert any(r.status == "um" for r in reports), case["id"]
         assert check_against_tshark(pcap, reports, ports) == [], case["id"]
         checked += 1
-    assert checked == len(all_cases())
+    assert checked == len(all_cases(Role.STORE))
 
 
 def test_html_report_renders_in_headless_chromium(
@@ -90,7 +90,8 @@ def test_html_report_renders_in_headless_chromium(
     for case in _results(out)["cases"]:
         assert f'id="{case["id"]}"' in dom  # a section per case
         assert f'href="{case["pcap"]}"' in dom  # with its evidence
-    assert dom.count('class="v"') >= 2 * len(all_cases())  # verdict badges: index + sections
+    # verdict badges: index + sections
+    assert dom.count('class="v"') >= 2 * len(all_cases(Role.STORE))
     assert "guide section" in dom and "packet timeline" in dom
 
 

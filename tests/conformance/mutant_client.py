@@ -1,0 +1,180 @@
+"""Deliberately faulty sources and receivers: the harness must catch every one of them.
+
+Run like ``ump source`` / ``ump receiver``, with the mutant's name first::
+
+    python tests/conformance/mutant_client.py ignores-store-sqn source -c lbm.cfg --topic T
+
+Each mutant patches one behaviour of the reference source (:class:`reference_impl.source
+.SourceCore`) or receiver (:class:`reference_impl.receiver.ReceiverCore`) and is otherwise the
+reference implementation, so a case that catches it checks exactly that behaviour.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from reference_impl import receiver, runtime, source
+from reference_impl.receiver import ReceiverCore
+from reference_impl.source import SourceCore, StoreLink
+from wire.lbmc import UmePregResp
+
+# --- sources ------------------------------------------------------------------------------------
+
+
+def ignores_store_sqn() -> None:
+    """Starts at sequence number 0 whatever the stores answer on re-registration."""
+    source._consensus = lambda values, behaviour: -1
+
+
+def sends_before_quorum() -> None:
+    """Counts a group as complete (and a message as stable) with any one store."""
+    def patched(self: SourceCore, members: set[int]) -> tuple[bool, set[int]]:
+        groups = set(self.group_sizes)
+        return bool(members), groups if members else set()
+    SourceCore._groups_ok = patched  # type: ignore[method-assign]
+
+
+def counts_refused_store() -> None:
+    """Takes a registration refused with an error code for a granted one."""
+    on_resp = SourceCore._on_preg_resp
+
+    def patched(self: SourceCore, link: StoreLink, resp: Any) -> None:
+        if resp.e_flag:
+            resp = UmePregResp(s_flag=1, reg_id=resp.reg_id or 1,
+                               transport_idx=resp.transport_idx, topic_idx=resp.topic_idx)
+        on_resp(self, link, resp)
+    SourceCore._on_preg_resp = patched  # type: ignore[method-assign]
+
+
+def cumulative_stability() -> None:
+    """Treats a stability ACK as acknowledging every older message too."""
+    on_stable = SourceCore._on_stable
+
+    def patched(self: SourceCore, link: StoreLink, sqn: int) -> None:
+        for older in [s for s in self.retained if s <= sqn]:
+            on_stable(self, link, older)
+    SourceCore._on_stable = patched  # type: ignore[method-assign]
+
+
+def ignores_flight_size() -> None:
+    """Never blocks on the flight size (the configured ume_flight_size is not used)."""
+    config = runtime.source_config
+
+    def patched(*args: Any, **kw: Any) -> Any:
+        return dataclasses.replace(config(*args, **kw), ume_flight_size=1 << 30)
+    runtime.source_config = patched
+
+
+def ignores_sri_request() -> None:
+    """Drops SRI requests (sends SRI only in its unsolicited bursts)."""
+    on_message = SourceCore.on_message
+
+    def patched(self: SourceCore, conn: Any, message: Any, raw: bytes) -> None:
+        if any(type(h).__name__ == "SriReq" for h in message.headers):
+            return
+        on_message(self, conn, message, raw)
+    SourceCore.on_message = patched  # type: ignore[method-assign]
+
+
+def stale_store_version() -> None:
+    """Names every store with version 1 in its SRI, however often it re-registered."""
+    sri_bytes = SourceCore._sri_bytes
+
+    def patched(self: SourceCore) -> bytes:
+        versions = [link.version for link in self.links]
+        for link in self.links:
+            link.version = min(link.version, 1)
+        try:
+            return sri_bytes(self)
+        finally:
+            for link, version in zip(self.links, versions, strict=True):
+                link.version = version
+    SourceCore._sri_bytes = patched  # type: ignore[method-assign]
+
+
+def deregisters_from_one_store() -> None:
+    """Deregisters from the first registered store only."""
+    def patched(self: SourceCore) -> None:
+        self.deregistering = True
+        for link in self.links:
+            if link.registered:
+                self.send_to(link.info.addr, source.control(self._preg(link, deregister=True)))
+                return
+    SourceCore.deregister = patched  # type: ignore[method-assign]
+
+
+# --- receivers ----------------------------------------------------------------------------------
+
+
+def no_sri_request() -> None:
+    """Waits for unsolicited SRI and never asks for it."""
+    ReceiverCore._sri_request = lambda self: None  # type: ignore[method-assign]
+
+
+def ignores_low_sqn() -> None:
+    """Recovers from sequence number 0 whatever low sequence number the stores answer."""
+    receiver._consensus = lambda values, behaviour: 0
+
+
+def never_rxreq() -> None:
+    """Never asks a store for a retransmission."""
+    ReceiverCore._request_more = lambda self: None  # type: ignore[method-assign]
+
+
+def _receiver_option(**values: Any) -> None:
+    config = runtime.receiver_config
+
+    def patched(*args: Any, **kw: Any) -> Any:
+        return dataclasses.replace(config(*args, **kw), **values)
+    runtime.receiver_config = patched
+
+
+def ignores_outstanding_maximum() -> None:
+    """Requests every missing message at once."""
+    _receiver_option(retransmit_request_outstanding_maximum=0)
+
+
+def hasty_rerequest() -> None:
+    """Repeats unanswered RXREQs every 50 ms whatever the configured interval."""
+    _receiver_option(retransmit_request_interval=50)
+
+
+def no_consumption_ack() -> None:
+    """Never acknowledges consumption to the stores."""
+    ReceiverCore._send_ack_to = lambda self, store, sqn: None  # type: ignore[method-assign]
+
+
+MUTANTS: dict[str, tuple[str, Callable[[], None]]] = {
+    "ignores-store-sqn": ("source", ignores_store_sqn),
+    "sends-before-quorum": ("source", sends_before_quorum),
+    "counts-refused-store": ("source", counts_refused_store),
+    "cumulative-stability": ("source", cumulative_stability),
+    "ignores-flight-size": ("source", ignores_flight_size),
+    "ignores-sri-request": ("source", ignores_sri_request),
+    "stale-store-version": ("source", stale_store_version),
+    "deregisters-from-one-store": ("source", deregisters_from_one_store),
+    "no-sri-request": ("receiver", no_sri_request),
+    "ignores-low-sqn": ("receiver", ignores_low_sqn),
+    "never-rxreq": ("receiver", never_rxreq),
+    "ignores-outstanding-maximum": ("receiver", ignores_outstanding_maximum),
+    "hasty-rerequest": ("receiver", hasty_rerequest),
+    "no-consumption-ack": ("receiver", no_consumption_ack),
+}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[0] not in MUTANTS or argv[1] != MUTANTS[argv[0]][0]:
+        print(f"usage: mutant_client.py {{{','.join(MUTANTS)}}} source|receiver ARGS...",
+              file=sys.stderr)
+        return 2
+    MUTANTS[argv[0]][1]()
+    from ump.cli import main as ump_main
+
+    return ump_main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,84 @@
+"""``ump conform --iut source`` and ``--iut receiver``: the reference source and receiver pass
+every case of their role, the reports name every case, and every evidence pcap dissects
+identically in wire/ and tshark (with the harness stores' ports as store ports).
+
+One run per role (about 20 s and 13 s) is shared by the tests of this module.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.model import Role, all_cases
+from wire.dissect import check_against_tshark, dissect_file
+from wire.tshark import PortMap
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module", params=["source", "receiver"])
+def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+        ) -> tuple[Role, subprocess.CompletedProcess[str], Path]:
+    role = Role(request.param)
+    out = tmp_path_factory.mktemp(f"conform-{role.value}") / "out"
+    proc = subprocess.run([sys.executable, "-m", "ump", "conform", "--iut", role.value,
+                           "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return role, proc, out
+
+
+def _results(out: Path) -> dict[str, Any]:
+    return json.loads((out / "results.json").read_text())
+
+
+def test_every_case_of_the_role_passes(
+        run: tuple[Role, subprocess.CompletedProcess[str], Path]) -> None:
+    role, proc, out = run
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = _results(out)
+    assert data["iut"]["role"] == role.value
+    assert {c["id"] for c in data["cases"]} == {c.id for c in all_cases(role)}
+    assert [(c["id"], c["verdict"], c["message"]) for c in data["cases"]
+            if c["verdict"] != "pass"] == []
+    assert all(c["store_ports"] for c in data["cases"])  # the harness stores are named
+    root = ET.parse(out / "junit.xml").getroot()
+    assert len(root.findall(".//testcase")) == len(all_cases(role))
+    assert not root.findall(".//failure") and not root.findall(".//error")
+
+
+@pytest.mark.oracle
+def test_every_evidence_pcap_agrees_with_tshark(
+        run: tuple[Role, subprocess.CompletedProcess[str], Path]) -> None:
+    role, _, out = run
+    checked = 0
+    for case in _results(out)["cases"]:
+        pcap = out / case["pcap"]
+        ports = PortMap(store_ports=case["store_ports"])
+        reports = list(dissect_file(pcap, ports))
+        assert sum(r.status == "um" for r in reports) >= 3, case["id"]
+        assert check_against_tshark(pcap, reports, ports) == [], case["id"]
+        checked += 1
+    assert checked == len(all_cases(role))
+
+
+def test_an_unknown_builtin_name_is_a_usage_error() -> None:
+    proc = subprocess.run([sys.executable, "-m", "ump", "conform", "--iut", "sorce", "--list"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2
+    assert "did you mean 'source'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_list_shows_the_cases_of_the_role() -> None:
+    proc = subprocess.run([sys.executable, "-m", "ump", "conform", "--iut", "receiver",
+                           "--list"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    listed = {line.split()[0] for line in proc.stdout.splitlines()
+              if line and not line.startswith(" ")}
+    assert listed == {c.id for c in all_cases(Role.RECEIVER)}
