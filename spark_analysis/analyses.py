@@ -548,11 +548,25 @@ def _pair_registrations(events: pa.Table) -> pa.Table:
         "response_index": pa.array(pairs["response_index"], pa.int32())})
 
 
+def _pair_by_key(events: pa.Table) -> pa.Table:
+    """:func:`_pair_registrations` over every :data:`_REG_KEY` group of ``events`` (what
+    ``groupBy(*_REG_KEY).applyInArrow`` does, in one process)."""
+    import pyarrow as pa
+
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    keys = zip(*(events.column(k).to_pylist() for k in _REG_KEY), strict=True)
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    parts = [_pair_registrations(events.take(pa.array(rows))) for rows in groups.values()]
+    return (pa.concat_tables(parts) if parts
+            else _pair_registrations(events.slice(0, 0)))
+
+
 def _role(s_flag: Column) -> Column:
     return F.when(s_flag, "source").otherwise("receiver")
 
 
-def registrations(messages: DataFrame) -> DataFrame:
+def registrations(messages: DataFrame, *, pair_on_driver: bool = False) -> DataFrame:
     """Who registered with which store, asking what, and what did the store answer? (timeline)
 
     One row per registration request (PREG), source or receiver, with its response
@@ -564,6 +578,10 @@ def registrations(messages: DataFrame) -> DataFrame:
     RPP flags, the store's low/high sequence numbers, store ID) and the response time.
     ``source_ip``/``topic`` of a receiver's registration come from the source registration
     the store granted with the RegID the receiver names (``src_reg_id``).
+
+    ``pair_on_driver`` pairs requests and responses in the driver process (the events come
+    over as Arrow) instead of in ``applyInArrow`` tasks: for a small capture, starting the
+    Python workers costs more than the pairing.  The result is the same.
     """
     preg = F.col("ume_preg")
     requests = messages.where(preg.isNotNull()).select(
@@ -596,7 +614,11 @@ def registrations(messages: DataFrame) -> DataFrame:
                                             F.col("response_index").alias("msg_index"),
                                             F.lit(False).alias("request"),
                                             F.lit("").alias("content"))))
-    pairs = events.groupBy(*_REG_KEY).applyInArrow(_pair_registrations, _PAIR_SCHEMA)
+    if pair_on_driver:
+        pairs = messages.sparkSession.createDataFrame(
+            _pair_by_key(events.toArrow()).to_pandas(), _PAIR_SCHEMA)
+    else:
+        pairs = events.groupBy(*_REG_KEY).applyInArrow(_pair_registrations, _PAIR_SCHEMA)
     response_cols = [c for c in responses.columns if c not in _REG_KEY]
     matched = pairs.join(responses.select("capture", *response_cols),
                          ["capture", "response_pos", "response_index"])
@@ -1186,7 +1208,7 @@ class AnalysisRun:
 
 
 def analyze(tables: CaptureTables, options: AnalysisOptions | None = None, *,
-            checkpoint: bool = True,
+            checkpoint: bool = True, small: bool = False,
             progress: Callable[[str], None] | None = None) -> AnalysisRun:
     """Every analysis of the module over ``tables``.
 
@@ -1196,7 +1218,9 @@ def analyze(tables: CaptureTables, options: AnalysisOptions | None = None, *,
     as it is made (``localCheckpoint``, memory then disk) so later plans start from it: the
     query plans of the results stay small, which matters as much as the data on small
     captures (planning a result over the whole lineage costs seconds).  Without it they are
-    only persisted and everything stays lazy.  ``progress`` is told each step's name.
+    only persisted and everything stays lazy.  ``small`` (a capture of a few thousand
+    messages) does what needs Python workers in the driver instead (registration pairing).
+    ``progress`` is told each step's name.
     Detail tables (one row per event) and summaries are both returned; :data:`DETAIL_OUTPUTS`
     names the detail ones.
     """
@@ -1224,7 +1248,7 @@ def analyze(tables: CaptureTables, options: AnalysisOptions | None = None, *,
         .select(*_MESSAGE_COLUMNS))
     data = keep("data messages", data_messages(packets, messages))
     sends = keep("message sends", message_sends(data))
-    regs = keep("registrations", registrations(messages))
+    regs = keep("registrations", registrations(messages, pair_on_driver=small))
     flags = keep("sequence analysis", sequence_flags(packets, data))
     stability = keep("stability ACKs", stability_acks(messages, sends, regs))
     consumption = keep("consumption ACKs", consumption_acks(messages, sends, regs))

@@ -5,7 +5,7 @@ ways that give the same rows:
 
 * :func:`decode_to_parquet` (the fast path, for whole captures): Python tasks read, decode
   and write Parquet with pyarrow, and only file lists cross into the JVM.  Measured with
-  ``python -m benchmarks.spark`` on the 2-core machine (10,000,000 frames): about 260,000
+  ``python -m benchmarks.spark`` on the 2-core machine (10,000,000 frames): about 285,000
   frames per CPU-second of the whole Spark process tree (JVM and Python workers), against
   about 17,000 for the DataFrame path below and about 35,000 for tshark.  See its docstring
   for the stages and the commit rule;
@@ -54,9 +54,10 @@ import os
 import resource
 import time
 import uuid
+import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -271,7 +272,8 @@ def decode_frames(frames: DataFrame, options: DecodeOptions | None = None, *,
     if persist:
         stage1 = stage1.persist(StorageLevel.MEMORY_AND_DISK)
     segments = _table(stage1, "tcp_segments")
-    stage2 = segments.repartition(*FLOW_KEY).mapInArrow(_stage2(options), _SPARK_PARTS)
+    stage2 = (segments.repartition(*columnar.flow_key_columns(options))
+              .mapInArrow(_stage2(options), _SPARK_PARTS))
     if persist:
         stage2 = stage2.persist(StorageLevel.MEMORY_AND_DISK)
     parts = stage1.where(F.col("table") != "tcp_segments").unionByName(stage2)
@@ -395,18 +397,28 @@ def _writer_options(name: str) -> dict[str, Any]:
     statistics saves a tenth of the write time."""
     schema = PARQUET_TABLES[name]
     return {
+        # levels and values are produced this many rows at a time (default 1,024): fewer
+        # rounds over the 148 leaves of ``messages``, most of them null (measured -8% CPU)
+        "write_batch_size": 1 << 16,
         "use_dictionary": [f.name for f in schema if pa.types.is_string(f.type)],
         "write_statistics": [f.name for f in schema
                              if not pa.types.is_nested(f.type) and not pa.types.is_binary(f.type)],
     }
 
 
-def flow_buckets(segments: pa.Table, buckets: int) -> np.ndarray:
+def flow_buckets(segments: pa.Table, buckets: int, separate_files: bool = False) -> np.ndarray:
     """The bucket (``0 <= b < buckets``) of each segment's connection direction.
 
     A fixed integer hash of :data:`~spark_analysis.columnar.FLOW_KEY` (never Python's
-    per-process ``hash``): every task must put a flow in the same bucket."""
+    per-process ``hash``): every task must put a flow in the same bucket.  With
+    ``separate_files`` the file name (its CRC-32) is part of the key, so the same 4-tuple in
+    two captures usually lands in different buckets (stage 2 keeps them apart either way)."""
     mixed = np.zeros(segments.num_rows, np.uint64)
+    if separate_files and segments.num_rows:
+        files = pc.dictionary_encode(segments.column("file").combine_chunks())
+        crcs = np.array([zlib.crc32(name.encode()) for name in files.dictionary.to_pylist()],
+                        np.uint64)
+        mixed = crcs[files.indices.to_numpy(zero_copy_only=False)] * np.uint64(0x9FB21C651E98DF25)
     for name, factor in zip(FLOW_KEY, (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F,
                                        0x165667B19E3779F9, 0x27D4EB2F165667C5), strict=True):
         values = segments.column(name).to_numpy().astype(np.uint64)
@@ -427,7 +439,7 @@ class _BucketSink:
     def add(self, segments: pa.Table) -> None:
         if not segments.num_rows:
             return
-        bucket = flow_buckets(segments, self.job.buckets)
+        bucket = flow_buckets(segments, self.job.buckets, self.job.options.separate_files)
         order = np.argsort(bucket, kind="stable")
         sorted_buckets = bucket[order]
         cuts = np.flatnonzero(np.diff(sorted_buckets)) + 1
@@ -462,7 +474,8 @@ class _BucketSink:
 def _worker_stats(cpu: float, wall: float) -> dict[str, Any]:
     """The task's CPU and wall seconds, and its worker's pid and peak RSS."""
     return {"pid": os.getpid(), "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-            "cpu": time.process_time() - cpu, "wall": time.perf_counter() - wall}
+            "cpu": time.process_time() - cpu, "wall": time.perf_counter() - wall,
+            "ended": time.time()}
 
 
 def _note_truncated(notes: list[str], record: TruncatedRecord) -> None:
@@ -536,6 +549,7 @@ class ParquetTables:
         truncated: the partial last records that were dropped (one line each).
         workers: per Python worker process: pid -> peak RSS in KiB (as the worker saw it).
         seconds: wall time of the two Spark jobs and the commit.
+        tasks: per task: stage, index, worker pid, CPU and wall seconds, end (epoch seconds).
     """
 
     out: str
@@ -546,6 +560,7 @@ class ParquetTables:
     truncated: list[str]
     workers: dict[int, int]
     seconds: dict[str, float]
+    tasks: list[dict[str, Any]] = field(default_factory=list)
 
     def dataframes(self, spark: SparkSession) -> dict[str, DataFrame]:
         """Each table as a DataFrame read back from its Parquet files."""
@@ -556,25 +571,34 @@ def _join(root: str, name: str) -> str:
     return f"{root.rstrip('/')}/{name}"
 
 
+STAGE2_BYTES_PER_SEGMENT = 4096
+"""Payload bytes that cost stage 2 about as much CPU as one more segment.  Measured per flow
+bucket of the benchmark capture: CPU follows the segment count (correlation 0.98; about
+2.7 us per segment with its Parquet rows) far more than the payload bytes (0.54)."""
+
+
 def _plan_stage2(tcp: Sequence[tuple[int, str, int, int]], parallelism: int,
                  ) -> list[list[tuple[int, list[str]]]]:
-    """Flow buckets packed into stage-2 tasks: largest first onto the lightest task, with
-    enough tasks for every core and for :data:`STAGE2_TASK_BYTES`."""
+    """Flow buckets packed into stage-2 tasks: costliest first onto the least loaded task,
+    with enough tasks for every core and for :data:`STAGE2_TASK_BYTES`.  A bucket's cost is
+    its segments plus its payload over :data:`STAGE2_BYTES_PER_SEGMENT`."""
     paths: dict[int, list[str]] = defaultdict(list)
     size: dict[int, int] = defaultdict(int)
-    for bucket, path, _rows, nbytes in tcp:
+    cost: dict[int, int] = defaultdict(int)
+    for bucket, path, rows, nbytes in tcp:
         paths[bucket].append(path)
         size[bucket] += nbytes
+        cost[bucket] += rows + nbytes // STAGE2_BYTES_PER_SEGMENT
     if not paths:
         return []
     total = sum(size.values())
     count = min(len(paths), max(parallelism, -(-total // STAGE2_TASK_BYTES)))
     tasks: list[list[tuple[int, list[str]]]] = [[] for _ in range(count)]
     load = [0] * count
-    for bucket in sorted(paths, key=lambda b: (-size[b], b)):
+    for bucket in sorted(paths, key=lambda b: (-cost[b], b)):
         lightest = load.index(min(load))
         tasks[lightest].append((bucket, sorted(paths[bucket])))
-        load[lightest] += size[bucket]
+        load[lightest] += cost[bucket]
     return [t for t in tasks if t]
 
 
@@ -583,7 +607,8 @@ def decode_to_parquet(spark: SparkSession, paths: str | Sequence[str], out: str,
                       split_size: int | None = None, pcapng_index: PcapngIndexMode = "head",
                       on_truncated: OnTruncated = "warn", overwrite: bool = False,
                       buckets: int = DEFAULT_BUCKETS, compression: str = "snappy",
-                      chunk_size: int = DEFAULT_CHUNK_SIZE) -> ParquetTables:
+                      chunk_size: int = DEFAULT_CHUNK_SIZE,
+                      driver_bytes: int = 0) -> ParquetTables:
     """Decode captures into Parquet tables under ``out`` (``packets/``, ``messages/``,
     ``advertisements/``, ``skipped/``): the same rows as :func:`decode_frames`, about ten
     times faster, in bounded memory.
@@ -595,7 +620,8 @@ def decode_to_parquet(spark: SparkSession, paths: str | Sequence[str], out: str,
        UDP and LBMR rows straight to Parquet with pyarrow; LBT-TCP segments go, grouped by
        flow, to Arrow IPC files of :data:`DEFAULT_BUCKETS` flow buckets under ``out``;
     2. one task per group of buckets reassembles them (:func:`columnar.reassemble_tcp`) and
-       writes their rows.  Buckets are balanced over the tasks by payload bytes.
+       writes their rows.  Buckets are balanced over the tasks by estimated cost (segments,
+       then payload bytes: :func:`_plan_stage2`).
 
     The tasks write under ``out/_temporary/<run>/`` with file names unique per attempt; the
     driver moves the files of the successful attempts into place once both jobs succeeded
@@ -605,6 +631,10 @@ def decode_to_parquet(spark: SparkSession, paths: str | Sequence[str], out: str,
 
     Memory: a stage-1 task holds one read chunk, its decode and :data:`ROW_GROUP_ROWS` rows
     per table; a stage-2 task holds one flow bucket (all of its flows' payload).
+
+    Captures of at most ``driver_bytes`` bytes in all (0: never) are decoded by the same task
+    code in the driver process, without Spark jobs: for a tiny capture, starting Python
+    workers and scheduling two jobs costs seconds, the decode milliseconds.
 
     Raises :class:`CaptureError` for unreadable captures (also when found by a task), and
     ``FileExistsError`` when ``out`` exists and ``overwrite`` is false.
@@ -639,16 +669,22 @@ def decode_to_parquet(spark: SparkSession, paths: str | Sequence[str], out: str,
     seconds: dict[str, float] = {}
     try:
         t0 = time.perf_counter()
-        first = (sc.parallelize(list(enumerate(splits_planned)), len(splits_planned))
-                 .mapPartitions(functools.partial(_decode_splits, job)).collect())
+        in_driver = sum(s.end - s.start for s in splits_planned) <= driver_bytes
+        if in_driver:
+            first = list(_decode_splits(job, enumerate(splits_planned)))
+        else:
+            first = (sc.parallelize(list(enumerate(splits_planned)), len(splits_planned))
+                     .mapPartitions(functools.partial(_decode_splits, job)).collect())
         _raise_task_error(first)
         seconds["stage1"] = time.perf_counter() - t0
         tcp = [entry for m in first for entry in m["tcp"]]
         plan2 = _plan_stage2(tcp, parallelism)
         t0 = time.perf_counter()
-        second = (sc.parallelize(list(enumerate(plan2)), max(1, len(plan2)))
-                  .mapPartitions(functools.partial(_reassemble_buckets, job)).collect()
-                  if plan2 else [])
+        if in_driver or not plan2:
+            second = list(_reassemble_buckets(job, enumerate(plan2)))
+        else:
+            second = (sc.parallelize(list(enumerate(plan2)), len(plan2))
+                      .mapPartitions(functools.partial(_reassemble_buckets, job)).collect())
         _raise_task_error(second)
         seconds["stage2"] = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -666,6 +702,8 @@ def decode_to_parquet(spark: SparkSession, paths: str | Sequence[str], out: str,
         seconds[f"{stage}_task_cpu"] = sum(m["cpu"] for m in manifests)
         seconds[f"{stage}_task_wall"] = sum(m["wall"] for m in manifests)
     result.seconds = seconds
+    result.tasks = [{k: m[k] for k in ("stage", "index", "pid", "cpu", "wall", "ended")}
+                    for m in (*first, *second)]
     for line in result.truncated:
         if on_truncated == "error":
             raise CaptureError(line)

@@ -19,8 +19,11 @@ The same code runs in three ways:
   spark_analysis/job.py ...`` works as it is.
 
 ``--out`` may be a local directory or any URI pyarrow understands (``hdfs://``, ``s3://``).
-It receives ``parquet/<analysis>/`` for every DataFrame of :func:`spark_analysis.analyses.analyze`
-(written sorted, so reruns are byte-for-byte comparable), ``summary.json`` (every summary
+It receives ``decoded/<table>/`` (the decoded ``packets``, ``messages``, ``advertisements``
+and ``skipped`` counts of :func:`spark_analysis.decode.decode_to_parquet`, which the analyses
+read back), ``parquet/<analysis>/`` for every DataFrame of
+:func:`spark_analysis.analyses.analyze` (written sorted, so reruns are byte-for-byte
+comparable), ``summary.json`` (every summary
 table per capture plus the row count of every detail table: what the corpus tests compare)
 and ``report.html`` (:mod:`spark_analysis.report`).
 
@@ -32,13 +35,14 @@ printed unless ``--debug``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -223,25 +227,30 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
     decode_options = DecodeOptions(ports=port_map(args),
                                    content_heuristics=not args.no_content_heuristics)
     log("starting Spark")
+    small_files = _capture_bytes(args.captures) <= SMALL_CAPTURE_BYTES
     spark = get_spark(app_name="ump-analyze", master=args.master,
+                      config=SMALL_CAPTURE_JVM if small_files else None,
                       log_level="WARN" if args.debug else "ERROR")
-    read_options: dict[str, Any] = {}
-    if args.split_size:
-        read_options["splitSize"] = args.split_size << 20
-    decoded = _decode(spark, natural_order(files), args.per_file, decode_options, read_options)
+    log("decoding")
+    decoded = _decode(spark, natural_order(files), args.per_file, decode_options,
+                      args.split_size << 20 if args.split_size else None, out)
+    log(f"  decoded {decoded.frames} frames into {out.uri(DECODED)}")
     tables = prepare(decoded.packets, decoded.messages, decoded.advertisements, files=files,
                      per_file=args.per_file)
-    log("decoding and analysing")
-    result = analyze(tables, options, progress=lambda step: log(f"  {step}"))
-    try:
-        counts: dict[str, int] = {}
-        for name, df in result.outputs.items():
-            counts[name] = _write(df, name, SORT_KEYS[name], name in DETAIL_OUTPUTS, out)
-            log(f"  wrote {name}: {counts[name]} rows")
-        skipped = decoded.skipped.toPandas()
-    finally:
-        result.unpersist()
-        decoded.unpersist()
+    small = decoded.frames <= SMALL_CAPTURE_FRAMES
+    log("analysing" + (" (small capture: one partition, no adaptive plans)" if small else ""))
+    with _sql_settings(spark, SMALL_CAPTURE_SQL if small else {}):
+        result = analyze(tables, options, small=small,
+                         progress=lambda step: log(f"  {step}"))
+        try:
+            counts: dict[str, int] = {}
+            for name, df in result.outputs.items():
+                counts[name] = _write(df, name, SORT_KEYS[name],
+                                      name in DETAIL_OUTPUTS and not small, out)
+                log(f"  wrote {name}: {counts[name]} rows")
+        finally:
+            result.unpersist()
+    skipped = decoded.skipped
     tables_read = {name: out.read(name, REPORT_ROW_LIMIT if name in DETAIL_OUTPUTS else None)
                    for name in result.outputs}
     summary = build_summary(files, args, out, list(result.outputs), DETAIL_OUTPUTS, skipped)
@@ -256,6 +265,77 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
     return RunResult(args.out, files, summary, tables_read, counts, seconds)
 
 
+SMALL_CAPTURE_FRAMES = 250_000
+"""Up to this many captured frames a run is *small*: what it pays is Spark's fixed cost per
+job, stage and plan, not the data.  The analyses then run with :data:`SMALL_CAPTURE_SQL` and
+every output (a few rows per frame at most) is sorted and written on the driver, which saves
+the sampling and commit jobs of a distributed sort and write.  On planted.pcap (43 frames) the
+run went from 143 Spark jobs and about 75 CPU-seconds of JVM to 42 jobs and about 28."""
+
+SMALL_CAPTURE_SQL = {
+    # adaptive execution runs every shuffle stage as a job of its own and re-plans after it:
+    # on a few hundred rows that is all the cost and nothing to adapt to
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.shuffle.partitions": "1",
+    # a broadcast join is one more job (collecting the small side); a sort-merge join of one
+    # partition is a stage of the same job
+    "spark.sql.autoBroadcastJoinThreshold": "-1",
+    # generated code is compiled (Janino, then the JIT) per plan: seconds of CPU for plans
+    # that each see a few rows; the interpreted evaluators start at once
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
+"""Session SQL settings for small captures (restored when the analysis is done)."""
+
+
+DRIVER_DECODE_BYTES = 4 << 20
+"""Captures up to this size (about 30,000 frames) are decoded in the driver process
+(``decode_to_parquet(driver_bytes=...)``): under a second of decoding, against seconds of
+Python worker start and two Spark jobs."""
+
+SMALL_CAPTURE_BYTES = 32 << 20
+"""Captures of at most this many bytes in all start Spark with :data:`SMALL_CAPTURE_JVM`."""
+
+SMALL_CAPTURE_JVM = {
+    # the JVM's optimising compiler (C2) spends tens of CPU-seconds on a run that lasts
+    # seconds; the quick tier alone halves the JVM's CPU on planted.pcap
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    "spark.ui.enabled": "false",
+}
+"""Launch settings when Spark is started for small captures (ignored when a session exists
+already, e.g. under spark-submit, which has launched its JVM)."""
+
+
+def _capture_bytes(captures: Sequence[str]) -> int:
+    """Total size of the capture files (already checked by :func:`check_captures`)."""
+    from spark_analysis.splits import expand_paths
+
+    return sum(ref.filesystem.get_file_info(ref.path).size or 0
+               for ref in expand_paths(list(captures)))
+
+
+@contextlib.contextmanager
+def _sql_settings(spark: Any, settings: Mapping[str, str]) -> Iterator[None]:
+    """Apply runtime SQL settings for a block, then put back what was there."""
+    before = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
+DECODED = "decoded"
+"""The subdirectory of ``--out`` that receives the decoded tables (``packets/``,
+``messages/``, ``advertisements/``, ``skipped/``: :func:`spark_analysis.decode.decode_to_parquet`),
+which the analyses read back and users may query themselves."""
+
+
 @dataclass
 class Decoded:
     """The decoded tables of all captures (see :func:`_decode`)."""
@@ -263,36 +343,39 @@ class Decoded:
     packets: DataFrame
     messages: DataFrame
     advertisements: DataFrame
-    skipped: DataFrame
-    parts: list[Any]
-
-    def unpersist(self) -> None:
-        for part in self.parts:
-            part.unpersist()
+    skipped: pd.DataFrame
+    frames: int
 
 
 def _decode(spark: Any, files: Sequence[str], per_file: bool, options: Any,
-            read_options: Mapping[str, Any]) -> Decoded:
-    """Decode the captures: all together (one capture split over files: TCP streams continue
-    from one file to the next), or each file on its own (``per_file``: separate captures may
-    reuse the same TCP 4-tuples, whose segments must not be reassembled together).  Either
-    way the tables come out as one DataFrame each, so the analyses run once."""
-    from spark_analysis.decode import decode_frames
-    from spark_analysis.pcap_source import load_captures
+            split_size: int | None, out: OutputDir) -> Decoded:
+    """Decode the captures to Parquet under ``OUT/decoded/`` in one Spark decode, then read
+    the tables back as DataFrames for the analyses.
 
-    groups = [[f] for f in files] if per_file else [list(files)]
-    parts = [decode_frames(load_captures(spark, group, **read_options), options)
-             for group in groups]
+    All files are one capture (TCP streams continue from one file to the next), or with
+    ``per_file`` each is its own (``DecodeOptions.separate_files``: separate captures may reuse
+    the same TCP 4-tuples, whose segments must not be reassembled together).  Either way the
+    analyses run once over all of them.  ``skipped`` is a handful of rows: it is read with
+    pyarrow on the driver, not by a Spark job."""
+    import dataclasses
 
-    def union(name: str) -> DataFrame:
-        frames = [getattr(part, name) for part in parts]
-        out = frames[0]
-        for frame in frames[1:]:
-            out = out.unionByName(frame)
-        return out
+    import pyarrow.dataset as ds
 
-    return Decoded(union("packets"), union("messages"), union("advertisements"),
-                   union("skipped"), parts)
+    from spark_analysis.decode import decode_to_parquet
+    from spark_analysis.splits import CaptureError
+
+    options = dataclasses.replace(options, separate_files=per_file)
+    try:
+        tables = decode_to_parquet(spark, list(files), out.uri(DECODED), options,
+                                   split_size=split_size, overwrite=True,
+                                   driver_bytes=DRIVER_DECODE_BYTES)
+    except (CaptureError, FileExistsError) as exc:
+        raise AnalyzeError(str(exc)) from None
+    frames = tables.dataframes(spark)
+    skipped = ds.dataset(f"{out.path}/{DECODED}/skipped", format="parquet",
+                         filesystem=out.fs).to_table().to_pandas()
+    return Decoded(frames["packets"], frames["messages"], frames["advertisements"], skipped,
+                   tables.frames)
 
 
 def _write(df: DataFrame, name: str, keys: Sequence[str], detail: bool,

@@ -980,12 +980,15 @@ class _Chunk:
         return self.end >= self.source.size
 
     def refill(self, pos: int, need: int) -> None:
-        """Keep ``[pos, end)`` and read on so that at least ``need`` bytes follow ``pos``."""
-        keep = self.buf[pos - self.base :]
-        want = max(need, self.source.chunk_size) - len(keep)
-        more = self.source.handle.read_at(max(0, min(want, self.source.size - self.end)),
-                                          self.end)
-        self.buf, self.base = keep + more, pos
+        """Make the chunk start at ``pos`` with at least ``need`` bytes (file size allowing).
+
+        The partial record at the old chunk's end is read again with the new chunk rather
+        than carried over: ``carry + read`` copied every whole chunk once more (about 4% of
+        the stage-1 CPU), re-reading costs a few hundred bytes."""
+        # never shorter than what the old chunk held from ``pos`` (a grown chunk stays grown)
+        length = max(need, self.source.chunk_size, self.end - pos)
+        self.buf = self.source.handle.read_at(max(0, min(length, self.source.size - pos)), pos)
+        self.base = pos
 
 
 def _walk_pcap(source: _Source, info: PcapInfo, start: int, stop: int,

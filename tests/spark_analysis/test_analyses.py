@@ -389,3 +389,27 @@ def test_registration_pairing_is_first_come_first_served() -> None:
     pairs = _pair_registrations(events).to_pydict()
     # the response at 5 precedes every request: it answers nothing
     assert list(zip(pairs["pos"], pairs["response_pos"], strict=True)) == [(10, 30), (20, 40)]
+
+
+def test_registrations_paired_on_the_driver_equal_the_task_pairing(spark: Any,
+                                                                    tmp_path: Path) -> None:
+    """Small runs pair registrations in the driver (no Python workers); the restarts capture
+    (re-registrations, several stores) gives the same timeline either way."""
+    from spark_analysis.analyses import prepare, registrations
+    from spark_analysis.columnar import DecodeOptions
+    from spark_analysis.decode import decode_to_parquet
+    from wire.tshark import PortMap
+
+    from .analysis_corpus import CORPUS, STORE_PORT
+
+    capture = str(CORPUS / "restarts.pcap")
+    decoded = decode_to_parquet(spark, capture, str(tmp_path / "d"),
+                                DecodeOptions(PortMap(store_ports=[STORE_PORT])),
+                                driver_bytes=1 << 30).dataframes(spark)
+    tables = prepare(decoded["packets"], decoded["messages"], decoded["advertisements"],
+                     files=[capture])
+    keys = [("pos", "ascending"), ("msg_index", "ascending")]
+    in_tasks = registrations(tables.messages).toArrow().sort_by(keys)
+    on_driver = registrations(tables.messages, pair_on_driver=True).toArrow().sort_by(keys)
+    assert in_tasks.num_rows > 5 and "granted" in in_tasks.column("outcome").to_pylist()
+    assert in_tasks.equals(on_driver)

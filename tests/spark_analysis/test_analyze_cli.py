@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -190,3 +191,28 @@ def test_summary_json_is_plain_json(corpus: CorpusRun) -> None:
     text = (corpus.out / "summary.json").read_text()
     assert "NaN" not in text and "Infinity" not in text
     json.loads(text)
+
+
+def test_run_keeps_the_decoded_tables(corpus: CorpusRun) -> None:
+    """``OUT/decoded/`` holds the decode the analyses read: one decode for every file, each
+    file's packets under its own name (``--per-file`` decodes with ``separate_files``)."""
+    import pyarrow.parquet as pq
+
+    decoded = corpus.out / job.DECODED
+    assert (decoded / "_SUCCESS").exists()
+    packets = pq.read_table(decoded / "packets", columns=["file"]).column("file").to_pylist()
+    assert set(packets) == {str(c) for c in CAPTURES if "not-um" not in c.name}
+    skipped = pq.read_table(decoded / "skipped").to_pylist()
+    summary = corpus.summary()
+    for capture, section in summary["captures"].items():
+        assert section["not_um_frames"] == {
+            r["reason"]: r["frames"] for r in skipped if r["file"] == capture}
+
+
+def test_small_capture_settings_are_put_back(spark: Any) -> None:
+    key = "spark.sql.shuffle.partitions"
+    before = spark.conf.get(key)
+    with job._sql_settings(spark, {key: "1", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}):
+        assert spark.conf.get(key) == "1"
+    assert spark.conf.get(key) == before
+    assert spark.conf.get("spark.sql.codegen.factoryMode", None) in (None, "FALLBACK")

@@ -770,6 +770,54 @@ def test_stage_two_is_order_and_grouping_independent() -> None:
     assert whole.packets.sort_by(keys[:1]).equals(merged.packets.sort_by(keys[:1]))
 
 
+@pytest.mark.parametrize("lengths", ["any", "long", "inline", "mostly_empty"])
+def test_gather_ranges_equals_slicing(lengths: str) -> None:
+    """The range gather (Arrow binary views for payloads, inline views up to 12 bytes, empty
+    values) concatenates exactly the slices, with int32 offsets."""
+    import numpy as np
+
+    rng = np.random.default_rng(len(lengths))
+    for _ in range(200):
+        size = int(rng.integers(41, 300))
+        data = rng.integers(0, 255, size, dtype=np.uint8)
+        n = int(rng.integers(1, 40))
+        if lengths == "mostly_empty":
+            length = np.where(rng.random(n) < 0.9, 0, rng.integers(0, 31, n))
+        else:
+            lo, hi = {"any": (0, 40), "long": (13, 40), "inline": (0, 12)}[lengths]
+            length = rng.integers(lo, hi + 1, n)
+        start = np.array([rng.integers(0, size - k + 1) for k in length.tolist()])
+        values, offsets = columnar._gather_ranges(data, start, length)
+        assert values.tobytes() == b"".join(
+            data[a:a + k].tobytes() for a, k in zip(start.tolist(), length.tolist(), strict=True))
+        assert offsets.dtype == np.int32
+        assert offsets.tolist() == [0, *np.cumsum(length).tolist()]
+
+
+def test_separate_files_keep_a_reused_four_tuple_apart() -> None:
+    """Two captures of the same conversation (same 4-tuple, same ISNs): as pieces of one
+    capture the second file's segments are TCP retransmissions of the first's; as separate
+    captures (``separate_files``) each file reassembles its own messages."""
+    story = lbttcp_story()
+    records = records_of(story.frames)
+    segments = pa.concat_tables([
+        decode_batch(frames_batch(records, name, offsets_of(records)),
+                     DecodeOptions(STORE_PORTS)).tcp_segments
+        for name in ("a.pcap", "b.pcap")])
+    joined = reassemble_tcp(segments, DecodeOptions(STORE_PORTS))
+    separate = reassemble_tcp(segments, DecodeOptions(STORE_PORTS, separate_files=True))
+    alone = reassemble_tcp(segments.filter(pa.compute.equal(segments["file"], "a.pcap")),
+                           DecodeOptions(STORE_PORTS))
+    assert alone.messages.num_rows == len(story.messages)
+    assert joined.messages.num_rows == len(story.messages)  # b.pcap: all duplicates
+    per_file = defaultdict(list)
+    for row in separate.messages.to_pylist():
+        per_file[row.pop("file")].append(row)
+    want = [{k: v for k, v in r.items() if k != "file"} for r in alone.messages.to_pylist()]
+    assert per_file == {"a.pcap": want, "b.pcap": want}
+    assert columnar.flow_key_columns(DecodeOptions(separate_files=True))[0] == "file"
+
+
 def test_schemas_document_every_column() -> None:
     for schema in (columnar.PACKETS_SCHEMA, columnar.MESSAGES_SCHEMA,
                    columnar.ADVERTISEMENTS_SCHEMA, columnar.SKIPPED_SCHEMA,

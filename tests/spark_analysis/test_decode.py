@@ -7,6 +7,7 @@ connection land in different partitions and files and stage 2 must bring them to
 
 from __future__ import annotations
 
+import os
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -110,13 +111,17 @@ def _parquet_rows(directory: Path, keys: tuple[str, ...]) -> list[dict[str, Any]
     return _rows(pq.read_table(directory), keys)
 
 
+@pytest.mark.parametrize("driver_bytes", [0, 1 << 30], ids=["spark", "in-driver"])
 def test_decode_to_parquet_matches_the_columnar_decode(spark: Any, captures: list[Path],
-                                                       tmp_path: Path) -> None:
+                                                       tmp_path: Path, driver_bytes: int) -> None:
     """Small splits and three flow buckets: a TCP connection spans files, splits and the
-    stage-2 hand-over, and the Parquet tables still hold exactly the single-process rows."""
+    stage-2 hand-over, and the Parquet tables still hold exactly the single-process rows
+    (also when the same tasks run in the driver for a tiny capture)."""
     out = tmp_path / "out"
     result = decode.decode_to_parquet(spark, [str(p) for p in captures], str(out),
-                                      DecodeOptions(STORE_PORTS), split_size=4096, buckets=3)
+                                      DecodeOptions(STORE_PORTS), split_size=4096, buckets=3,
+                                      driver_bytes=driver_bytes)
+    assert (driver_bytes > 0) == ({t["pid"] for t in result.tasks} <= {os.getpid()})
     expected = columnar.decode_batches(
         [columnar.frames_batch_from_capture(p) for p in captures], DecodeOptions(STORE_PORTS))
     assert result.frames == sum(columnar.frames_batch_from_capture(p).num_rows
@@ -137,6 +142,29 @@ def test_decode_to_parquet_matches_the_columnar_decode(spark: Any, captures: lis
         # Spark reads back the very types decode_frames gives (what the analyses use)
         assert tables[name].schema == decode._SPARK_SCHEMAS[name], name
     assert tables["packets"].count() == result.rows["packets"]
+
+
+def test_decode_to_parquet_separate_files(spark: Any, tmp_path: Path) -> None:
+    """Two captures reusing one TCP 4-tuple, decoded in one run as separate captures: each
+    file's messages are exactly its own (joined, the second file would be retransmissions)."""
+    story = lbttcp_story()
+    files = [_write(tmp_path / f"{name}.pcap", story.frames, 1_700_000_000.0)
+             for name in ("a", "b")]
+    options = DecodeOptions(STORE_PORTS, separate_files=True)
+    result = decode.decode_to_parquet(spark, [str(p) for p in files], str(tmp_path / "out"),
+                                      options, split_size=4096, buckets=3)
+    assert result.rows["messages"] == 2 * len(story.messages)
+    alone = columnar.decode_batches([columnar.frames_batch_from_capture(files[0])], options)
+    assert alone.messages.num_rows == len(story.messages)
+    got = pq.read_table(tmp_path / "out" / "messages").to_pylist()
+    for path in files:
+        mine = pa.Table.from_pylist([r for r in got if r["file"] == str(path)])
+        assert _rows(mine, ("ts_ns", "msg_index")) == _rows(
+            alone.messages, ("ts_ns", "msg_index")), path.name
+    buckets = decode.flow_buckets(
+        pa.table({"file": ["a", "b"], **{k: [1, 1] for k in columnar.FLOW_KEY}}), 1 << 20,
+        separate_files=True)
+    assert buckets[0] != buckets[1]
 
 
 def test_decode_to_parquet_reports_a_truncated_capture(spark: Any, tmp_path: Path) -> None:
@@ -182,15 +210,20 @@ def test_flow_buckets_are_stable_and_keep_each_direction_together() -> None:
     assert decode.flow_buckets(story.slice(1), 5).tolist() == buckets[1:].tolist()
 
 
-def test_stage2_plan_balances_buckets_by_bytes() -> None:
-    tcp = [(0, "a0", 1, 900), (1, "a1", 1, 500), (1, "b1", 1, 400), (2, "a2", 1, 300),
-           (3, "a3", 1, 200), (4, "a4", 1, 100)]
+def test_stage2_plan_balances_buckets_by_cost() -> None:
+    """Segments are what stage 2 pays for (payload bytes count little): buckets are spread by
+    segments plus bytes / STAGE2_BYTES_PER_SEGMENT, costliest first, a bucket's files together."""
+    per = decode.STAGE2_BYTES_PER_SEGMENT
+    tcp = [(0, "a0", 900, 10), (1, "a1", 500, 3 * per), (1, "b1", 400, 0), (2, "a2", 300, 0),
+           (3, "a3", 200, 0), (4, "a4", 100, 10**4 * per)]
     tasks = decode._plan_stage2(tcp, 2)
     assert sorted(b for task in tasks for b, _ in task) == [0, 1, 2, 3, 4]
-    loads = sorted(sum(sum(n for b2, _p, _r, n in tcp if b2 == b) for b, _ in task)
-                   for task in tasks)
-    assert loads == [1200, 1200]  # 900 + 300 | 900 + 200 + 100, largest first
     assert [dict(task)[1] for task in tasks if 1 in dict(task)] == [["a1", "b1"]]
+    # bucket 4 is the costliest by its bytes and gets a task alone; the rest share the other
+    assert sorted(sorted(b for b, _ in task) for task in tasks) == [[0, 1, 2, 3], [4]]
+    light = decode._plan_stage2([(b, p, r, 0) for b, p, r, _n in tcp[:-1]], 2)
+    loads = sorted(sum(r for b2, _p, r, _n in tcp if b2 in dict(task)) for task in light)
+    assert loads == [1100, 1200]  # 900 + 200 | 900 (500 + 400) + 300, costliest first
 
 
 def test_pack_cuts_big_tables_into_bounded_streams() -> None:
