@@ -209,6 +209,15 @@ class HarnessStore:
             raise NoAnswer(f"{self.name}: expected one registered source, have {len(sources)}")
         return sources[0]
 
+    def only_receiver(self) -> StoreReceiver:
+        """The one receiver registered here (a case that sends it something of its own)."""
+        with self._lock:
+            receivers = list(self.receivers.values())
+        if len(receivers) != 1:
+            raise NoAnswer(f"{self.name}: expected one registered receiver, have "
+                           f"{len(receivers)}")
+        return receivers[0]
+
     def packet_preg_resp(self, preg: Header, *, reg_id: int, error: int = 0, old: bool = False,
                          low: int = 0, high: int = 0) -> Packet:
         """The PREG_RESP this store sends for ``preg`` (change any field to craft variants)."""

@@ -59,6 +59,20 @@ def cumulative_stability() -> None:
     SourceCore._on_stable = patched  # type: ignore[method-assign]
 
 
+def counts_any_ack() -> None:
+    """Counts a stability ACK for a sequence number it never sent as one for its oldest
+    unstable message (it counts ACKs instead of matching them)."""
+    on_stable = SourceCore._on_stable
+
+    def patched(self: SourceCore, link: StoreLink, sqn: int) -> None:
+        if sqn not in self.retained:
+            unstable = [s for s, msg in self.retained.items() if not msg.stable]
+            if unstable:
+                sqn = min(unstable)
+        on_stable(self, link, sqn)
+    SourceCore._on_stable = patched  # type: ignore[method-assign]
+
+
 def ignores_flight_size() -> None:
     """Never blocks on the flight size (the configured ume_flight_size is not used)."""
     config = runtime.source_config
@@ -124,6 +138,20 @@ def never_rxreq() -> None:
     ReceiverCore._request_more = lambda self: None  # type: ignore[method-assign]
 
 
+def delivers_unrequested_rx() -> None:
+    """Hands every retransmission below the delivery point to the application again (a
+    duplicate, or a message below the low sequence number)."""
+    on_data = ReceiverCore._on_data
+
+    def patched(self: ReceiverCore, sqn: int, payload: bytes, *, retransmission: bool) -> None:
+        if retransmission and self.complete and self.next_sqn is not None \
+                and sqn < self.next_sqn:
+            self.emit(receiver.MessageDelivered(sqn, payload, True))
+            return
+        on_data(self, sqn, payload, retransmission=retransmission)
+    ReceiverCore._on_data = patched  # type: ignore[method-assign]
+
+
 def _receiver_option(**values: Any) -> None:
     config = runtime.receiver_config
 
@@ -153,6 +181,7 @@ MUTANTS: dict[str, tuple[str, Callable[[], None]]] = {
     "counts-refused-store": ("source", counts_refused_store),
     "cumulative-stability": ("source", cumulative_stability),
     "ignores-flight-size": ("source", ignores_flight_size),
+    "counts-any-ack": ("source", counts_any_ack),
     "ignores-sri-request": ("source", ignores_sri_request),
     "stale-store-version": ("source", stale_store_version),
     "deregisters-from-one-store": ("source", deregisters_from_one_store),
@@ -162,6 +191,7 @@ MUTANTS: dict[str, tuple[str, Callable[[], None]]] = {
     "ignores-outstanding-maximum": ("receiver", ignores_outstanding_maximum),
     "hasty-rerequest": ("receiver", hasty_rerequest),
     "no-consumption-ack": ("receiver", no_consumption_ack),
+    "delivers-unrequested-rx": ("receiver", delivers_unrequested_rx),
 }
 
 

@@ -39,6 +39,7 @@ CLIENT_CATCHES = {
     "stale-store-version": ("source", "SRC-REG-008"),
     "cumulative-stability": ("source", "SRC-REC-001"),
     "ignores-flight-size": ("source", "SRC-REC-002"),
+    "counts-any-ack": ("source", "SRC-ROB-003"),
     "deregisters-from-one-store": ("source", "SRC-REG-009"),
     "no-sri-request": ("receiver", "RCV-REG-001"),
     "ignores-low-sqn": ("receiver", "RCV-REG-004"),
@@ -46,6 +47,7 @@ CLIENT_CATCHES = {
     "ignores-outstanding-maximum": ("receiver", "RCV-REC-002"),
     "hasty-rerequest": ("receiver", "RCV-REC-003"),
     "no-consumption-ack": ("receiver", "RCV-REC-005"),
+    "delivers-unrequested-rx": ("receiver", "RCV-ROB-003"),
 }
 
 
