@@ -89,6 +89,24 @@ class Harness:
         iut.start(self.iut_topic, stores=entries, groups=groups, options=options)
         return iut
 
+    def check_delivered(self, expected: list[int], timeout: float = 4.0,
+                        retransmitted: set[int] | None = None) -> None:
+        """The receiver IUT delivered exactly ``expected``, in that order, each once (waits
+        for the count, then a moment for a duplicate that must not come); with
+        ``retransmitted``, exactly those carry the retransmission flag."""
+        self.wait_until(lambda: len(self.deliveries()) >= len(expected), timeout,
+                        f"{len(expected)} deliveries")
+        self.wait_until(lambda: len(self.deliveries()) > len(expected), 0.2,
+                        "a duplicate (must not come)")
+        got = [int(str(d["sqn"])) for d in self.deliveries()]
+        self.check(got == expected, "the receiver did not deliver every message once and in "
+                   "order", expected=expected, observed=got)
+        if retransmitted is not None:
+            flagged = {int(str(d["sqn"])) for d in self.deliveries() if d.get("rx")}
+            self.check(flagged == retransmitted,
+                       "the retransmission flag of the delivered messages is wrong",
+                       expected=sorted(retransmitted), observed=sorted(flagged))
+
     def deregister_iut(self) -> None:
         """Ask the source or receiver IUT to deregister from its stores (the profile's
         ``deregister_signal``; the case is unsupported without one)."""

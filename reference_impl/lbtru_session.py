@@ -211,7 +211,8 @@ Event = (ClientConnected | ClientTimedOut | Connected | Delivered | Lost | Conne
 
 
 class _Endpoint:
-    """Outbox, events and named timers (a heap with lazy deletion), as in the other cores."""
+    """What both session ends share: outbox, events and named timers (a heap with lazy
+    deletion), as in the other cores.  Subclasses implement :meth:`_on_timer`."""
 
     def __init__(self, now: float) -> None:
         self.now = now
@@ -276,7 +277,7 @@ class _Client:
     last_heard: float
 
 
-class LbtruSourceSession:
+class LbtruSourceSession(_Endpoint):
     """The source end of one LBT-RU transport session (see the module docstring).
 
     Args:
@@ -285,8 +286,7 @@ class LbtruSourceSession:
     """
 
     def __init__(self, settings: LbtruSourceSettings | None = None, *, now: float = 0.0) -> None:
-        self._ep = _Endpoint(now)
-        self._ep._on_timer = self._on_timer  # type: ignore[method-assign]
+        super().__init__(now)
         self.settings = settings or LbtruSourceSettings()
         self.session_id = self.settings.session_id
         self.clients: dict[Addr, _Client] = {}
@@ -307,22 +307,6 @@ class LbtruSourceSession:
     # --- the sans-IO interface ------------------------------------------------------------------
 
     @property
-    def now(self) -> float:
-        return self._ep.now
-
-    def datagrams_to_send(self, now: float) -> list[tuple[bytes, Addr]]:
-        return self._ep.datagrams_to_send(now)
-
-    def next_event(self) -> Event | None:
-        return self._ep.next_event()
-
-    def get_timer(self) -> float | None:
-        return self._ep.get_timer()
-
-    def handle_timer(self, now: float) -> None:
-        self._ep.handle_timer(now)
-
-    @property
     def lead_sqn(self) -> int:
         """The newest sequence number sent (32-bit; 0xFFFFFFFF before the first)."""
         return (self.next_sqn - 1) & SQN_MASK
@@ -336,7 +320,7 @@ class LbtruSourceSession:
     def send(self, payload: bytes, now: float) -> int:
         """Send one DATA datagram carrying ``payload`` (LBMC bytes) to every connected
         receiver; returns its sequence number.  It is retained for retransmission."""
-        self._ep.now = now
+        self.now = now
         sqn = self.next_sqn
         self.next_sqn += 1
         self._retained[sqn] = payload
@@ -348,7 +332,7 @@ class LbtruSourceSession:
             self._last_rx.pop(_old, None)
         if self.clients:
             datagram = self._data(sqn, payload, rx=False)
-            out = self._ep._out
+            out = self._out
             for addr in self.clients:
                 out.append((datagram, addr))
         self.stats["data"] += 1
@@ -358,8 +342,8 @@ class LbtruSourceSession:
 
     def receive(self, data: bytes, addr: Addr, now: float) -> None:
         """A datagram from a receiver (CREQ, NAK or ACK) for this session."""
-        self._ep.now = now
-        packet = self._ep._parse(data)
+        self.now = now
+        packet = self._parse(data)
         if packet is None:
             return
         if isinstance(packet, lbtru.LbtruCreq):
@@ -367,10 +351,10 @@ class LbtruSourceSession:
             return
         client = self.clients.get(addr)
         if not isinstance(packet, lbtru.LbtruNak | lbtru.LbtruAck):
-            self._ep.dropped += 1  # DATA/SM/NCF/RST flow the other way
+            self.dropped += 1  # DATA/SM/NCF/RST flow the other way
             return
         if client is None:
-            self._ep._out.append((lbtru.LbtruRst(reason=lbtru.RST_DEFAULT).build(), addr))
+            self._out.append((lbtru.LbtruRst(reason=lbtru.RST_DEFAULT).build(), addr))
             return
         client.last_heard = now
         if isinstance(packet, lbtru.LbtruNak):
@@ -390,10 +374,10 @@ class LbtruSourceSession:
         if client is None:
             client = self.clients[addr] = _Client(self._next_cid, self.now)
             self._next_cid += 1
-            self._ep._events.append(ClientConnected(addr, client.client_id))
+            self._events.append(ClientConnected(addr, client.client_id))
             self._arm_activity()
         client.last_heard = self.now
-        self._ep._out.append((self._sm(syn=True, client_id=client.client_id), addr))
+        self._out.append((self._sm(syn=True, client_id=client.client_id), addr))
         self._arm_sm()
 
     def _sm(self, *, syn: bool = False, client_id: int | None = None) -> bytes:
@@ -425,7 +409,7 @@ class LbtruSourceSession:
                 continue
             self._last_rx[sqn] = self.now
             self.stats["retransmissions"] += 1
-            self._ep._out.append((self._data(sqn, payload, rx=True), addr))
+            self._out.append((self._data(sqn, payload, rx=True), addr))
         for reason, sqns in ((lbtru.NcfReason.NO_RETRY, gone),
                              (lbtru.NcfReason.IGNORED, ignored)):
             for i in range(0, len(sqns), NAKS_PER_PACKET):
@@ -434,22 +418,22 @@ class LbtruSourceSession:
                                      format=lbtru.FORMAT_SELECTIVE,
                                      ncfs=sqns[i:i + NAKS_PER_PACKET],
                                      options=_sid_options(self.session_id))
-                self._ep._out.append((ncf.build(), addr))
+                self._out.append((ncf.build(), addr))
 
     def _arm_sm(self) -> None:
         if self.clients:
-            self._ep._set_timer("sm", self.now + self._sm_interval)
+            self._set_timer("sm", self.now + self._sm_interval)
 
     def _arm_activity(self) -> None:
         if self.clients:
             oldest = min(c.last_heard for c in self.clients.values())
-            self._ep._set_timer("activity", oldest + self.settings.client_activity_timeout)
+            self._set_timer("activity", oldest + self.settings.client_activity_timeout)
 
     def _on_timer(self, name: str) -> None:
         if name == "sm":
             if self.clients:
                 for addr in self.clients:
-                    self._ep._out.append((self._sm(), addr))
+                    self._out.append((self._sm(), addr))
                 self._sm_interval = min(self._sm_interval * 2, self.settings.sm_maximum_interval)
                 self._arm_sm()
         elif name == "activity":
@@ -457,7 +441,7 @@ class LbtruSourceSession:
             for addr, client in list(self.clients.items()):
                 if self.now - client.last_heard >= limit:
                     del self.clients[addr]
-                    self._ep._events.append(ClientTimedOut(addr, client.client_id))
+                    self._events.append(ClientTimedOut(addr, client.client_id))
             self._arm_activity()
 
 
@@ -483,7 +467,7 @@ class _ReceiverState:
     last_heard: float = 0.0
 
 
-class LbtruReceiverSession:
+class LbtruReceiverSession(_Endpoint):
     """The receiver end of one LBT-RU transport session (see the module docstring).
 
     Args:
@@ -497,8 +481,7 @@ class LbtruReceiverSession:
     def __init__(self, source: Addr, session_id: int = 0,
                  settings: LbtruReceiverSettings | None = None, *, now: float = 0.0,
                  seed: int = 0) -> None:
-        self._ep = _Endpoint(now)
-        self._ep._on_timer = self._on_timer  # type: ignore[method-assign]
+        super().__init__(now)
         self.source = source
         self.session_id = session_id
         self.settings = settings or LbtruReceiverSettings()
@@ -511,25 +494,15 @@ class LbtruReceiverSession:
     # --- the sans-IO interface ------------------------------------------------------------------
 
     @property
-    def now(self) -> float:
-        return self._ep.now
-
-    @property
     def connected(self) -> bool:
         return self.state.connected
 
-    def datagrams_to_send(self, now: float) -> list[tuple[bytes, Addr]]:
-        return self._ep.datagrams_to_send(now)
-
-    def next_event(self) -> Event | None:
-        return self._ep.next_event()
-
     def get_timer(self) -> float | None:
-        return None if self.closed else self._ep.get_timer()
+        return None if self.closed else super().get_timer()
 
     def handle_timer(self, now: float) -> None:
         if not self.closed:
-            self._ep.handle_timer(now)
+            super().handle_timer(now)
 
     @property
     def missing(self) -> list[int]:
@@ -538,9 +511,9 @@ class LbtruReceiverSession:
 
     def receive(self, data: bytes, addr: Addr, now: float) -> None:
         """A datagram from the source (DATA, SM, NCF or RST) for this session."""
-        self._ep.now = now
+        self.now = now
         if self.closed or addr != self.source:
-            self._ep.dropped += 1
+            self.dropped += 1
             return
         st = self.state
         if len(data) >= _DATA.size and data[0] & 0x0F == lbtru.PacketType.DATA:
@@ -549,11 +522,11 @@ class LbtruReceiverSession:
                 st.last_heard = now
                 self._on_data(*fast)
                 return
-        packet = self._ep._parse(data)
+        packet = self._parse(data)
         if packet is None:
             return
         if packet.session_id != self.session_id and not isinstance(packet, lbtru.LbtruRst):
-            self._ep.dropped += 1  # another session on the same source port
+            self.dropped += 1  # another session on the same source port
             return
         st.last_heard = now
         if isinstance(packet, lbtru.LbtruData):
@@ -564,11 +537,11 @@ class LbtruReceiverSession:
         elif isinstance(packet, lbtru.LbtruNcf):
             self._on_ncf(packet)
         elif isinstance(packet, lbtru.LbtruRst):
-            self._ep._events.append(SessionReset())
+            self._events.append(SessionReset())
             self.state = _ReceiverState(last_heard=now)
             self._connect()
         else:
-            self._ep.dropped += 1
+            self.dropped += 1
 
     def close(self) -> None:
         """Stop: no more datagrams or timers."""
@@ -605,13 +578,13 @@ class LbtruReceiverSession:
     def _connect(self) -> None:
         st = self.state
         if st.attempts >= self.settings.maximum_connect_attempts:
-            self._ep._events.append(ConnectFailed(st.attempts))
+            self._events.append(ConnectFailed(st.attempts))
             self.close()
             return
         st.attempts += 1
         creq = lbtru.LbtruCreq(request=lbtru.CREQ_SYN, options=_sid_options(self.session_id))
-        self._ep._out.append((creq.build(), self.source))
-        self._ep._set_timer("connect", self.now + self.settings.connect_interval)
+        self._out.append((creq.build(), self.source))
+        self._set_timer("connect", self.now + self.settings.connect_interval)
 
     def _start(self, next_sqn: int) -> None:
         """Fix where delivery starts (first SYN or first DATA)."""
@@ -625,11 +598,11 @@ class LbtruReceiverSession:
         if packet.syn and not st.connected:
             st.connected = True
             st.client_id = packet.client_id
-            self._ep._cancel_timer("connect")
+            self._cancel_timer("connect")
             self._start((packet.lead_sqn + 1) & SQN_MASK)
             assert st.expected is not None
-            self._ep._events.append(Connected(st.client_id or 0, st.expected & SQN_MASK))
-            self._ep._set_timer("ack", self.now + self.settings.acknowledgement_interval)
+            self._events.append(Connected(st.client_id or 0, st.expected & SQN_MASK))
+            self._set_timer("ack", self.now + self.settings.acknowledgement_interval)
             self._arm_activity()
         if st.expected is None:
             return
@@ -662,7 +635,7 @@ class LbtruReceiverSession:
     def _deliver(self, sqn: int, payload: bytes, rx: bool) -> None:
         st = self.state
         self.stats["delivered"] += 1
-        self._ep._events.append(Delivered(sqn & SQN_MASK, payload, rx))
+        self._events.append(Delivered(sqn & SQN_MASK, payload, rx))
         st.expected = sqn + 1
 
     def _advance(self) -> None:
@@ -724,7 +697,7 @@ class LbtruReceiverSession:
 
     def _lose(self, first: int, last: int, reason: str) -> None:
         self.stats["lost"] += last - first + 1
-        self._ep._events.append(Lost(first & SQN_MASK, last & SQN_MASK, reason))
+        self._events.append(Lost(first & SQN_MASK, last & SQN_MASK, reason))
 
     def _report_runs(self, sqns: list[int], reason: str) -> None:
         if not sqns:
@@ -763,12 +736,12 @@ class LbtruReceiverSession:
     def _arm_nak(self) -> None:
         st = self.state
         if st.missing:
-            self._ep._set_timer("nak", min(m.nak_at for m in st.missing.values()))
+            self._set_timer("nak", min(m.nak_at for m in st.missing.values()))
         else:
-            self._ep._cancel_timer("nak")
+            self._cancel_timer("nak")
 
     def _arm_activity(self) -> None:
-        self._ep._set_timer("activity", self.state.last_heard + self.settings.activity_timeout)
+        self._set_timer("activity", self.state.last_heard + self.settings.activity_timeout)
 
     def _on_timer(self, name: str) -> None:
         st = self.state
@@ -780,14 +753,14 @@ class LbtruReceiverSession:
                 self.stats["acks"] += 1
                 ack = lbtru.LbtruAck(ack_sqn=(st.expected - 1) & SQN_MASK,
                                      options=self._options())
-                self._ep._out.append((ack.build(), self.source))
-                self._ep._set_timer("ack", self.now + self.settings.acknowledgement_interval)
+                self._out.append((ack.build(), self.source))
+                self._set_timer("ack", self.now + self.settings.acknowledgement_interval)
         elif name == "nak":
             self._on_nak_timer()
         elif name == "activity":
             silent = self.now - st.last_heard
             if silent >= self.settings.activity_timeout:
-                self._ep._events.append(SourceTimedOut(silent))
+                self._events.append(SourceTimedOut(silent))
                 self.close()
             else:
                 self._arm_activity()
@@ -810,5 +783,5 @@ class LbtruReceiverSession:
             self.stats["naks"] += 1
             nak = lbtru.LbtruNak(format=lbtru.FORMAT_SELECTIVE, options=self._options(),
                                  naks=[s & SQN_MASK for s in due[i:i + NAKS_PER_PACKET]])
-            self._ep._out.append((nak.build(), self.source))
+            self._out.append((nak.build(), self.source))
         self._arm_nak()

@@ -58,22 +58,6 @@ def _registered(h: Harness, *stores: HarnessStore, timeout: float = 3.0) -> None
             observed={s.name: len(s.receiver_pregs()) for s in stores})
 
 
-def _delivered(h: Harness, expected: list[int], timeout: float = 4.0,
-               retransmitted: set[int] | None = None) -> None:
-    """The receiver delivered exactly ``expected``, in that order (waits for the count)."""
-    h.wait_until(lambda: len(h.deliveries()) >= len(expected), timeout,
-                 f"{len(expected)} deliveries")
-    h.wait_until(lambda: len(h.deliveries()) > len(expected), 0.2, "a duplicate (must not come)")
-    got = [int(str(d["sqn"])) for d in h.deliveries()]
-    h.check(got == expected, "the receiver did not deliver every message once and in order",
-            expected=expected, observed=got)
-    if retransmitted is not None:
-        flagged = {int(str(d["sqn"])) for d in h.deliveries() if d.get("rx")}
-        h.check(flagged == retransmitted,
-                "the retransmission flag of the delivered messages is wrong",
-                expected=sorted(retransmitted), observed=sorted(flagged))
-
-
 @case("RCV-REG-001", suite=SUITE_REG, role=Role.RECEIVER,
       title="Without SRI, the receiver asks the source for it every ume_sri_request_interval",
       section="Receiver Registration",
@@ -170,7 +154,7 @@ def starts_at_store_low_sqn(h: Harness) -> None:
     _registered(h, store)
     h.wait_until(lambda: {6, 7, 8, 9} <= set(store.rxreq_sqns()), 2.0, "RXREQs for 6..9")
     src.publish(10, 11)
-    _delivered(h, list(range(6, 12)), retransmitted={6, 7, 8, 9})
+    h.check_delivered(list(range(6, 12)), retransmitted={6, 7, 8, 9})
     below = sorted({sqn for sqn in store.rxreq_sqns() if sqn < 6})
     h.check(not below, "the receiver asked for messages below the low sequence number",
             expected="no RXREQ below 6", observed=below)
@@ -194,7 +178,7 @@ def gap_is_recovered(h: Harness) -> None:
     h.wait_until(lambda: {5, 6} <= set(store.rxreq_sqns()), 3.0, "RXREQs for 5 and 6")
     h.check({5, 6} <= set(store.rxreq_sqns()), "the receiver did not request the gap",
             expected="RXREQs for 5 and 6", observed=store.rxreq_sqns())
-    _delivered(h, list(range(10)), retransmitted={5, 6})
+    h.check_delivered(list(range(10)), retransmitted={5, 6})
 
 
 def _unanswered_requests(h: Harness, interval: int, outstanding: int,
@@ -228,7 +212,7 @@ def outstanding_maximum(h: Harness) -> None:
             f"{len(asked)} different messages requested with an outstanding maximum of 4",
             expected="at most 4 (the lowest missing: 0..3)", observed=asked)
     store.serve_rxreq = True
-    _delivered(h, list(range(30)), timeout=6.0, retransmitted=set(range(30)))
+    h.check_delivered(list(range(30)), timeout=6.0, retransmitted=set(range(30)))
 
 
 @case("RCV-REC-003", suite=SUITE_REC, role=Role.RECEIVER,
@@ -273,7 +257,7 @@ def late_receiver_recovers_in_order(h: Harness) -> None:
             expected="nothing before 0..9 are recovered",
             observed=[d["sqn"] for d in h.deliveries()])
     store.serve_rxreq = True
-    _delivered(h, list(range(15)), timeout=5.0, retransmitted=set(range(10)))
+    h.check_delivered(list(range(15)), timeout=5.0, retransmitted=set(range(10)))
 
 
 @case("RCV-REC-005", suite=SUITE_REC, role=Role.RECEIVER,

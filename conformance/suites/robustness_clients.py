@@ -284,22 +284,6 @@ def _registered(h: Harness, store: HarnessStore, timeout: float = 3.0) -> None:
             observed=f"{len(store.receiver_pregs())} PREG(s)")
 
 
-def _delivered(h: Harness, expected: list[int], timeout: float = 4.0,
-               retransmitted: set[int] | None = None) -> None:
-    """The receiver delivered exactly ``expected``, in that order (waits for the count)."""
-    h.wait_until(lambda: len(h.deliveries()) >= len(expected), timeout,
-                 f"{len(expected)} deliveries")
-    h.wait_until(lambda: len(h.deliveries()) > len(expected), 0.2, "a duplicate (must not come)")
-    got = [int(str(d["sqn"])) for d in h.deliveries()]
-    h.check(got == expected, "the receiver did not deliver every message once and in order",
-            expected=expected, observed=got)
-    if retransmitted is not None:
-        flagged = {int(str(d["sqn"])) for d in h.deliveries() if d.get("rx")}
-        h.check(flagged == retransmitted,
-                "the retransmission flag of the delivered messages is wrong",
-                expected=sorted(retransmitted), observed=sorted(flagged))
-
-
 def _live(src: HarnessSource) -> list[TcpLink]:
     return [x for x in src.transport.links if not x.closed]
 
@@ -328,7 +312,7 @@ def receiver_drops_malformed_data(h: Harness) -> None:
         link.send(LBMC(ver_type=int(MessageType.MESSAGE), tidx=src.topic_idx, sqn=5)
                   / LBMC_TopicIdx(hdr_len=3, tidx=src.topic_idx) / b"malformed copy of 5")
     src.publish(6, 7, 8, 9)
-    _delivered(h, list(range(10)), retransmitted={5})
+    h.check_delivered(list(range(10)), retransmitted={5})
     joined = len(src.transport.links)
     for link in _live(src):
         _send(link, garbage(h))
@@ -336,7 +320,7 @@ def receiver_drops_malformed_data(h: Harness) -> None:
     h.wait_until(lambda: len(src.transport.links) > joined, 4.0,
                  "the receiver joining the transport again")
     src.publish(12, 13, 14)
-    _delivered(h, list(range(15)), timeout=6.0, retransmitted={5, 10, 11})
+    h.check_delivered(list(range(15)), timeout=6.0, retransmitted={5, 10, 11})
 
 
 @case("RCV-ROB-002", suite=SUITE, role=Role.RECEIVER,
@@ -371,7 +355,7 @@ def receiver_ignores_malformed_sri(h: Harness) -> None:
     h.check_equal(preg.src_reg_id, store.source_reg_id,
                   "the source RegID in the receiver's PREG (from the valid SRI)")
     src.publish(*range(5))
-    _delivered(h, list(range(5)))
+    h.check_delivered(list(range(5)))
 
 
 @case("RCV-ROB-003", suite=SUITE, role=Role.RECEIVER,
@@ -399,10 +383,10 @@ def receiver_survives_bad_store(h: Harness) -> None:
     src.send_sri()
     _answer_badly_then_grant(h, store, store.receiver_pregs)
     _registered(h, store)
-    _delivered(h, [3, 4, 5], retransmitted={3, 4, 5})
+    h.check_delivered([3, 4, 5], retransmitted={3, 4, 5})
     receiver = store.only_receiver()
     for sqn in (1, 4):
         receiver.link.send(LBMC(ver_type=int(MessageType.RETRANS), tidx=receiver.topic_idx,
                                 sqn=sqn) / store.repository[sqn])
     src.publish(6, 7, 8, 9)
-    _delivered(h, list(range(3, 10)), retransmitted={3, 4, 5})
+    h.check_delivered(list(range(3, 10)), retransmitted={3, 4, 5})
