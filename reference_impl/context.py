@@ -9,6 +9,9 @@ real sockets):
 * ``receive(data, addr, now)`` for UDP datagrams (LBMR topic resolution);
 * ``stream_event(event, now)`` / ``stream_commands(now)`` for TCP connections, each framed as
   LBT-TCP (LBMC messages back to back, :class:`wire.lbttcp.LbttcpStream`);
+* ``receive_at(local_port, data, addr, now)`` / ``datagrams_from(now)`` for the LBT-RU
+  sessions a core runs on its own UDP ports (:class:`LbtruBinding`); a receiving session's
+  payloads enter the same LBMC path as a TCP chunk, through a stand-in :class:`Connection`;
 * ``get_timer()`` / ``handle_timer(now)`` driven by named deadlines;
 * ``next_event()`` for the application events of :mod:`reference_impl.events`.
 
@@ -28,11 +31,20 @@ from __future__ import annotations
 
 import heapq
 import struct
+import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from reference_impl.events import Addr, Event, InputDropped, Level, LogRecord
+from reference_impl.lbtru_session import (
+    Delivered,
+    LbtruReceiverSession,
+    LbtruReceiverSettings,
+    LbtruSourceSession,
+    LbtruSourceSettings,
+)
+from reference_impl.lbtru_session import Event as LbtruEvent
 from reference_impl.sim import (
     Connect,
     ConnKey,
@@ -65,6 +77,8 @@ class Connection:
         pending: bytes written before the connection was established.
         tag: what the subclass uses this connection for (free-form).
         partial: received bytes of a message not yet complete.
+        datagrams: it stands in for an LBT-RU session (:class:`LbtruBinding`): whole messages
+            arrive one datagram at a time and nothing can be written back.
     """
 
     key: ConnKey
@@ -74,6 +88,7 @@ class Connection:
     pending: list[bytes] = field(default_factory=list)
     tag: object = None
     partial: bytearray = field(default_factory=bytearray)
+    datagrams: bool = False  # an LBT-RU session's stand-in (see :class:`LbtruBinding`)
 
     @property
     def unframed(self) -> int:
@@ -87,6 +102,23 @@ class Connection:
     @property
     def remote(self) -> Addr:
         return self.key[1]
+
+
+@dataclass(eq=False)
+class LbtruBinding:
+    """One LBT-RU session a core runs on one of its UDP ports.
+
+    A receiving session (a store or receiver on a source's LBT-RU transport) has a stand-in
+    :class:`Connection` (``conn``, ``datagrams`` set, keyed (our LBT-RU address, the source's))
+    on which its delivered payloads enter the very LBMC path the LBT-TCP transport uses, so the
+    subclasses tell the two transports apart only where they must (opening, closing, writing
+    back, which LBT-RU cannot: nothing is ever written on the stand-in).  A source's session
+    has none.
+    """
+
+    port: int
+    session: LbtruSourceSession | LbtruReceiverSession
+    conn: Connection | None = None
 
 
 class ContextCore:
@@ -122,6 +154,8 @@ class ContextCore:
         self._connecting: dict[Addr, list[bytes]] = {}  # remote -> bytes waiting for CONNECTED
         self.stats: dict[str, int] = {"dropped_inputs": 0}
         self.closed = False
+        self.lbtru_ports: set[int] = set()  # UDP ports that carry LBT-RU, not LBMR
+        self.lbtru: list[LbtruBinding] = []
 
     # --- the sans-IO interface --------------------------------------------------------------
 
@@ -141,6 +175,34 @@ class ContextCore:
         out, self._datagrams = self._datagrams, []
         return out
 
+    def receive_at(self, local_port: int, data: bytes, addr: Addr, now: float) -> None:
+        """A UDP datagram arrived at ``local_port``: LBT-RU on an LBT-RU port (handed to the
+        sessions there; a receiving session takes only its source's), LBMR anywhere else."""
+        if local_port not in self.lbtru_ports:
+            self.receive(data, addr, now)
+            return
+        self.now = now
+        if self.closed:
+            return
+        taken = False
+        for binding in list(self.lbtru):
+            session = binding.session
+            if binding.port != local_port or (
+                    isinstance(session, LbtruReceiverSession) and session.source != addr):
+                continue
+            taken = True
+            session.receive(data, addr, now)
+            self._pump_lbtru(binding)
+        if not taken:
+            self.drop(addr, f"LBT-RU datagram for no session on port {local_port}", len(data))
+
+    def datagrams_from(self, now: float) -> list[tuple[int, bytes, Addr]]:
+        """What the LBT-RU sessions send, each from its own port."""
+        if not self.lbtru:
+            return []
+        return [(b.port, data, dst) for b in self.lbtru
+                for data, dst in b.session.datagrams_to_send(now)]
+
     def stream_commands(self, now: float) -> list[StreamCommand]:
         self._seal_writes()
         out, self._commands = self._commands, []
@@ -148,12 +210,18 @@ class ContextCore:
 
     def get_timer(self) -> float | None:
         heap = self._heap
+        first: float | None = None
         while heap:
             at, name = heap[0]
             if self._deadlines.get(name) == at:
-                return at
+                first = at
+                break
             heapq.heappop(heap)  # superseded or cancelled
-        return None
+        for binding in self.lbtru:
+            due = binding.session.get_timer()
+            if due is not None and (first is None or due < first):
+                first = due
+        return first
 
     def handle_timer(self, now: float) -> None:
         self.now = now
@@ -171,6 +239,11 @@ class ContextCore:
                 continue  # superseded or cancelled, possibly by an earlier handler of this call
             del deadlines[name]
             self.on_timer(name)
+        for binding in list(self.lbtru):
+            session_due = binding.session.get_timer()
+            if session_due is not None and session_due <= now and binding in self.lbtru:
+                binding.session.handle_timer(now)
+                self._pump_lbtru(binding)
 
     def stream_event(self, event: StreamEvent, now: float) -> None:
         self.now = now
@@ -306,7 +379,10 @@ class ContextCore:
         return self._outgoing.get(remote)
 
     def write(self, conn: Connection, data: bytes) -> None:
-        """Write on an existing connection (either direction); dropped if it is gone."""
+        """Write on an existing connection (either direction); dropped if it is gone (or
+        if it stands in for an LBT-RU session, which carries nothing back)."""
+        if conn.datagrams:
+            return
         if conn.open:
             self._stream_write(conn.key, data)
         elif conn.outgoing and self._outgoing.get(conn.remote) is conn:
@@ -327,7 +403,77 @@ class ContextCore:
         self._outgoing.clear()
         self._deadlines.clear()
         self._heap.clear()
+        for binding in list(self.lbtru):
+            self.close_lbtru(binding)
         self.closed = True
+
+    # --- LBT-RU sessions -----------------------------------------------------------------------
+
+    def open_lbtru_source(self, port: int, settings: LbtruSourceSettings) -> LbtruBinding:
+        """Run the source end of an LBT-RU session on our UDP ``port``."""
+        binding = LbtruBinding(port, LbtruSourceSession(settings, now=self.now))
+        self.lbtru_ports.add(port)
+        self.lbtru.append(binding)
+        return binding
+
+    def open_lbtru_receiver(self, port: int, source: Addr, session_id: int, *,
+                            tag: object = None,
+                            settings: LbtruReceiverSettings | None = None) -> LbtruBinding:
+        """Connect from our UDP ``port`` to the LBT-RU session ``session_id`` of ``source``;
+        its payloads arrive on the binding's stand-in connection (tagged ``tag``).  The NAK
+        backoff draws are seeded from both addresses, so a run stays a function of its seed."""
+        seed = zlib.crc32(f"{self.ip}:{port}/{source[0]}:{source[1]}/{session_id}".encode())
+        session = LbtruReceiverSession(source, session_id, settings, now=self.now, seed=seed)
+        conn = Connection(((self.ip, port), source), outgoing=True, open=True, tag=tag,
+                          datagrams=True)
+        binding = LbtruBinding(port, session, conn)
+        self.lbtru_ports.add(port)
+        self.lbtru.append(binding)
+        return binding
+
+    def lbtru_receiving(self, source: Addr) -> LbtruBinding | None:
+        """Our receiving session to the LBT-RU source at ``source``, if any."""
+        return next((b for b in self.lbtru if b.conn is not None and b.conn.remote == source),
+                    None)
+
+    def close_lbtru(self, binding: LbtruBinding) -> None:
+        """Stop a session: no more datagrams, timers or events from it."""
+        if isinstance(binding.session, LbtruReceiverSession):
+            binding.session.close()
+        if binding.conn is not None:
+            binding.conn.open = False
+        if binding in self.lbtru:
+            self.lbtru.remove(binding)
+
+    def _pump_lbtru(self, binding: LbtruBinding) -> None:
+        """Hand over what one call into a session produced: delivered payloads into the LBMC
+        path, every other transport event to :meth:`on_lbtru_event`."""
+        session = binding.session
+        while (event := session.next_event()) is not None:
+            if isinstance(event, Delivered):
+                if binding.conn is not None and binding.conn.open:
+                    self._feed_datagram(binding.conn, event.payload)
+            else:
+                self.on_lbtru_event(binding, event)
+
+    def _feed_datagram(self, conn: Connection, data: bytes) -> None:
+        """Every LBMC message of one LBT-RU payload to :meth:`on_raw_message`, as
+        :meth:`_feed` does for a TCP chunk; a datagram holds whole messages, so bytes that do
+        not frame as one are dropped, not kept for the next."""
+        unpack, prefix = _PREFIX.unpack_from, _PREFIX.size
+        pos, end = self.on_message_run(conn, data), len(data)
+        on_raw_message = self.on_raw_message
+        while end - pos >= prefix:
+            msglen = unpack(data, pos)[_MSGLEN]
+            if msglen < prefix or msglen > end - pos:
+                break
+            on_raw_message(conn, data[pos:pos + msglen])
+            pos += msglen
+        if pos:
+            self.on_chunk_done(conn)
+        if pos != end:
+            self.drop(conn.remote, f"LBT-RU payload ends inside an LBMC message "
+                                   f"({end - pos} bytes)", end - pos)
 
     def _feed(self, conn: Connection, data: bytes) -> None:
         """Hand every whole message of a received chunk to :meth:`on_raw_message`.
@@ -443,6 +589,10 @@ class ContextCore:
 
     def on_timer(self, name: str) -> None:
         """The named deadline passed."""
+
+    def on_lbtru_event(self, binding: LbtruBinding, event: LbtruEvent) -> None:
+        """An LBT-RU session reported something other than a delivery (connected, lost,
+        reset, timed out)."""
 
 
 class FixedControl:

@@ -2,8 +2,9 @@
 
 Scenario tests, the capture generator and ``ump demo --simulated`` all need the same wiring:
 one node per process, the well-known ports tshark decodes (resolver 15380, LBMR client ports
-14402-14406, LBT-TCP transports 14371-14390, request ports 14391-14395, store port chosen by
-the test and given to ``ump dissect --store-port``), and helpers that restart a process with
+14402-14406, LBT-TCP transports 14371-14390, request ports 14391-14395, LBT-RU source ports
+14380-14389 and receiver ports 14360-14379, store port chosen by the test and given to
+``ump dissect --store-port``), and helpers that restart a process with
 fresh state.  :class:`SimDeployment` is that wiring; every process is a core bound to a
 :class:`~reference_impl.sim.SimNetwork` node, so a scenario of minutes runs in milliseconds and
 the trace can be written as a pcap.
@@ -29,6 +30,12 @@ TRANSPORT_PORT = 14371
 SOURCE_REQUEST_PORT = 14391
 RECEIVER_REQUEST_PORT = 14392
 STORE_PORT = 14567
+LBTRU_SOURCE_PORT = 14380
+"""A source's LBT-RU port (``source transport lbt-ru``): tshark's LBT-RU source range is
+14380-14389."""
+LBTRU_RECEIVER_PORT = 14360
+"""Where stores and receivers receive LBT-RU transports: tshark's receiver range 14360-14379.
+Every store and receiver binds it, since which transport a source uses is learnt from its TIR."""
 
 
 def restart_seed(seed: int | None, incarnation: int) -> int | None:
@@ -101,13 +108,14 @@ class SimDeployment:
             cfg = StoreSettings(name=name, ip=ip, port=port, lbmr_port=LBMR_PORT,
                                 resolver=self.resolver_addr,
                                 seed=restart_seed(seed, incarnation),
+                                lbtru_port=LBTRU_RECEIVER_PORT,
                                 **settings)  # type: ignore[arg-type]
             return StoreCore(cfg, now=self.net.now)
 
         store = make()
         self._factories[name] = make
         self.stores[name] = store
-        self._bind(name, store, [LBMR_PORT, port])
+        self._bind(name, store, [LBMR_PORT, port, LBTRU_RECEIVER_PORT])
         return store
 
     def add_source(self, name: str, topic: str, stores: list[str] | None = None,
@@ -122,12 +130,14 @@ class SimDeployment:
         def make() -> SourceCore:
             return SourceCore(topic, config, ip=ip, transport_port=TRANSPORT_PORT,
                               request_port=SOURCE_REQUEST_PORT, lbmr_port=LBMR_PORT,
-                              resolver=self.resolver_addr, now=self.net.now)
+                              resolver=self.resolver_addr, now=self.net.now,
+                              lbtru_port=LBTRU_SOURCE_PORT)
 
         source = make()
         self._factories[name] = make
         self.sources[name] = source
-        self._bind(name, source, [LBMR_PORT, TRANSPORT_PORT, SOURCE_REQUEST_PORT])
+        ports = [LBMR_PORT, TRANSPORT_PORT, SOURCE_REQUEST_PORT]
+        self._bind(name, source, [*ports, LBTRU_SOURCE_PORT] if config.lbtru else ports)
         return source
 
     def add_receiver(self, name: str, topic: str, *,
@@ -139,12 +149,13 @@ class SimDeployment:
         def make() -> ReceiverCore:
             return ReceiverCore(topic, config, ip=ip, request_port=RECEIVER_REQUEST_PORT,
                                 lbmr_port=LBMR_PORT, resolver=self.resolver_addr,
-                                recovery_callback=recovery_callback, now=self.net.now)
+                                recovery_callback=recovery_callback, now=self.net.now,
+                                lbtru_port=LBTRU_RECEIVER_PORT)
 
         receiver = make()
         self._factories[name] = make
         self.receivers[name] = receiver
-        self._bind(name, receiver, [LBMR_PORT, RECEIVER_REQUEST_PORT])
+        self._bind(name, receiver, [LBMR_PORT, RECEIVER_REQUEST_PORT, LBTRU_RECEIVER_PORT])
         return receiver
 
     def _bind(self, name: str, core: object, ports: list[int]) -> None:
@@ -181,7 +192,8 @@ class SimDeployment:
             def remake() -> SourceCore:
                 return SourceCore(topic, config, ip=ip, transport_port=TRANSPORT_PORT,
                                   request_port=SOURCE_REQUEST_PORT, lbmr_port=LBMR_PORT,
-                                  resolver=self.resolver_addr, now=self.net.now)
+                                  resolver=self.resolver_addr, now=self.net.now,
+                                  lbtru_port=LBTRU_SOURCE_PORT)
             self._factories[name] = remake
         elif isinstance(old, ReceiverCore):
             rconfig = replace(old.config, **changes)  # type: ignore[arg-type]
@@ -190,7 +202,8 @@ class SimDeployment:
             def remake_r() -> ReceiverCore:
                 return ReceiverCore(rtopic, rconfig, ip=rip, request_port=RECEIVER_REQUEST_PORT,
                                     lbmr_port=LBMR_PORT, resolver=self.resolver_addr,
-                                    recovery_callback=cb, now=self.net.now)
+                                    recovery_callback=cb, now=self.net.now,
+                                    lbtru_port=LBTRU_RECEIVER_PORT)
             self._factories[name] = remake_r
         else:
             raise ValueError(f"no config changes for {name!r} ({make})")

@@ -24,6 +24,15 @@ Flow (guide "Receiver Registration", "Persistent Receiver Recovery"; semantics.m
    ``ume_explicit_ack_only``), and to the source when its SRI asks for delivery confirmation.
    Every ``ume_proactive_keepalive_interval`` the latest ACK is re-sent as a keepalive.
 
+An LBT-RU source (its TIR carries an LBT-RU transport, and the receiver has an ``lbtru_port``)
+is received through an :class:`~reference_impl.lbtru_session.LbtruReceiverSession` from that
+port; its payloads enter the LBMC path the LBT-TCP transport uses (the session's stand-in
+connection, :class:`~reference_impl.context.LbtruBinding`).  What the transport declares lost
+needs nothing special: the next message delivered opens the gap in the topic sequence numbers
+and recovery asks the stores, as for any gap.  A session that times out (or never connects)
+counts as a transport connection lost (resolve again); a reset (the source restarted) only
+restarts the SRI version count, the session reconnects by itself.
+
 Data is taken only from the source's connections (its transport) and retransmissions only
 from the stores the receiver registered with; SRI only from the source.  Anything else (a
 stranger connecting to the request port and talking first) is dropped with an
@@ -42,7 +51,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from reference_impl.context import Connection, ContextCore, FixedControl, control
+from reference_impl.context import Connection, ContextCore, FixedControl, LbtruBinding, control
 from reference_impl.events import (
     Addr,
     Level,
@@ -55,6 +64,14 @@ from reference_impl.events import (
     UnrecoverableLoss,
 )
 from reference_impl.fastmsg import ControlTemplate, data_fields
+from reference_impl.lbtru_session import (
+    Connected,
+    ConnectFailed,
+    Lost,
+    SessionReset,
+    SourceTimedOut,
+)
+from reference_impl.lbtru_session import Event as LbtruEvent
 from reference_impl.source import _consensus
 from wire import lbmr
 from wire.fields import ipv4_to_int
@@ -152,6 +169,7 @@ class Source:
     topic_idx: int
     transport_idx: int
     persistent: bool
+    lbtru_session_id: int | None = None  # None: LBT-TCP; else the LBT-RU session's ID
 
 
 @dataclass
@@ -219,6 +237,8 @@ class ReceiverCore(ContextCore):
         topic: the topic to receive.
         config: its options.
         ip: its address; ``request_port`` is what it names as its reply port in PREG/RXREQ.
+        lbtru_port: the UDP port it receives LBT-RU transports on (0: it takes only LBT-TCP
+            sources, and ignores advertisements of LBT-RU ones).
         lbmr_port, resolver: topic resolution.
         recovery_callback: optional pure function choosing the low sequence number.
         now: the time it starts.
@@ -228,10 +248,14 @@ class ReceiverCore(ContextCore):
 
     def __init__(self, topic: str, config: ReceiverConfig, *, ip: str, request_port: int = 0,
                  lbmr_port: int = 0, resolver: Addr | None = None,
-                 recovery_callback: RecoveryCallback | None = None, now: float = 0.0) -> None:
+                 recovery_callback: RecoveryCallback | None = None, now: float = 0.0,
+                 lbtru_port: int = 0) -> None:
         super().__init__(topic, ip, lbmr_port=lbmr_port, resolver=resolver)
         self.topic = topic
         self.config = config
+        self.lbtru_port = lbtru_port
+        if lbtru_port:
+            self.lbtru_ports.add(lbtru_port)
         self.request_addr: Addr = (ip, request_port)
         self.recovery_callback = recovery_callback
         self.now = now
@@ -278,29 +302,43 @@ class ReceiverCore(ContextCore):
         for tir in packet.tirs:
             if not isinstance(tir, lbmr.Tir):
                 continue  # queue records (QIR, type 6 packets) say nothing about sources
-            if tir.name != self.topic or not isinstance(tir.info,
-                                                        lbmr.TcpInfo | lbmr.TcpSidInfo):
+            if tir.name != self.topic:
+                continue
+            info = tir.info
+            if isinstance(info, lbmr.LbtruInfo | lbmr.LbtruSidInfo) and self.lbtru_port:
+                sid: int | None = getattr(info, "session_id", 0)
+            elif isinstance(info, lbmr.TcpInfo | lbmr.TcpSidInfo):
+                sid = None
+            else:
                 continue
             ume = next((o for o in (tir.options or []) if isinstance(o, lbmr.ToptUme)), None)
             persistent = ume is not None and bool(ume.store) and bool(self.config.ume_use_store)
             request = (ume.src_tcp_addr, ume.src_tcp_port) if ume is not None else None
             again = self.source is not None
-            self.source = Source((tir.info.ip, tir.info.port), request, tir.index,
-                                 ume.transport_idx if ume is not None else 0, persistent)
+            self.source = Source((info.ip, info.port), request, tir.index,
+                                 ume.transport_idx if ume is not None else 0, persistent, sid)
             self.transport_up = True
             self.cancel_timer("resolve")
-            self.send_to(self.source.transport, b"", tag="transport")
+            if sid is None:
+                self.send_to(self.source.transport, b"", tag="transport")
+            else:
+                old = self.lbtru_receiving(self.source.transport)
+                if old is not None:
+                    self.close_lbtru(old)
+                self.open_lbtru_receiver(self.lbtru_port, self.source.transport, sid,
+                                         tag="transport")
             if again:
                 # a restarted source numbers its SRI versions afresh; our registrations stand
                 self.sri_version = 0
-                self.log(Level.INFO, f"source back: transport {tir.info.ip}:{tir.info.port}")
+                self.log(Level.INFO, f"source back: transport {info.ip}:{info.port}")
                 return
             if persistent:
                 self.set_timer("sri-request",
                                self.now + self.config.ume_sri_request_interval / 1000)
             else:
                 self.complete = True  # streaming: deliver from the first message seen
-            self.log(Level.INFO, f"topic resolved: transport {tir.info.ip}:{tir.info.port}")
+            kind = "LBT-TCP" if sid is None else f"LBT-RU session {sid:#x}"
+            self.log(Level.INFO, f"topic resolved: {kind} transport {info.ip}:{info.port}")
             return
 
     # --- messages -----------------------------------------------------------------------------
@@ -402,6 +440,23 @@ class ReceiverCore(ContextCore):
             self.log(Level.WARNING, "source transport connection lost; resolving again")
             self.transport_up = False
             self.set_timer("resolve", self.now + self.config.resolver_query_interval / 1000)
+
+    def on_lbtru_event(self, binding: LbtruBinding, event: LbtruEvent) -> None:
+        # Lost needs nothing here: the session then delivers what follows the loss, whose
+        # LBMC sequence numbers open the gap that recovery from the stores fills (_on_data)
+        conn = binding.conn
+        if isinstance(event, Lost):
+            self.log(Level.INFO, f"LBT-RU transport lost sqn {event.first}..{event.last} "
+                                 f"({event.reason}); recovering from the stores")
+        elif isinstance(event, Connected):
+            self.log(Level.INFO, f"LBT-RU session connected (client ID {event.client_id})")
+        elif isinstance(event, SessionReset):
+            # the source restarted: a restarted source numbers its SRI versions afresh
+            self.sri_version = 0
+            self.log(Level.INFO, "LBT-RU session reset by the source; reconnecting")
+        elif isinstance(event, SourceTimedOut | ConnectFailed) and conn is not None:
+            self.close_lbtru(binding)  # like a transport connection that went away
+            self.on_connection_lost(conn, refused=isinstance(event, ConnectFailed))
 
     # --- SRI and registration ----------------------------------------------------------------
 

@@ -124,6 +124,22 @@ class Endpoint(Protocol):
     def handle_timer(self, now: float) -> None: ...
 
 
+class MultiPortEndpoint(Endpoint, Protocol):
+    """Optional extras of an endpoint bound on several UDP ports (a core with an LBT-RU
+    port besides its LBMR port), which must know which port a datagram hit and send from a
+    chosen port.  Both are optional and looked up by name, so plain endpoints stay as they are:
+
+    * ``receive_at(local_port, data, addr, now)`` is called *instead of*
+      :meth:`Endpoint.receive` when the endpoint has it;
+    * ``datagrams_from(now)`` returns ``(local port, data, destination)`` triples, collected
+      after :meth:`Endpoint.datagrams_to_send` (which sends from the endpoint's first port).
+    """
+
+    def receive_at(self, local_port: int, data: bytes, addr: Addr, now: float) -> None: ...
+
+    def datagrams_from(self, now: float) -> list[tuple[int, bytes, Addr]]: ...
+
+
 @runtime_checkable
 class StreamEndpoint(Endpoint, Protocol):
     """An endpoint that also uses streams; it accepts every connection to its address.
@@ -643,7 +659,11 @@ class SimNetwork:
             return
         self.stats["delivered"] += 1
         self._capture(CapturedPacket(self.now, src, dst, "udp", data, "data", dnode.name))
-        ep.receive(data, src, self.now)
+        receive_at = getattr(ep, "receive_at", None)
+        if receive_at is not None:  # a core bound on several ports learns which one was hit
+            receive_at(target[1], data, src, self.now)
+        else:
+            ep.receive(data, src, self.now)
         self._collect(dnode, ep)
 
     # --- streams --------------------------------------------------------------------------------
@@ -840,6 +860,10 @@ class SimNetwork:
         port = next((p for p, e in node.endpoints.items() if e is ep), 0)
         for data, dst in ep.datagrams_to_send(self.now):
             self.send_datagram((node.ip, port), dst, data)
+        datagrams_from = getattr(ep, "datagrams_from", None)
+        if datagrams_from is not None:  # a core on several UDP ports says which one
+            for local_port, data, dst in datagrams_from(self.now):
+                self.send_datagram((node.ip, local_port), dst, data)
         if _speaks_streams(ep):
             for cmd in ep.stream_commands(self.now):  # type: ignore[attr-defined]
                 if isinstance(cmd, Connect):

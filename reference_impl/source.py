@@ -18,8 +18,9 @@ Flow (guide "Operational View", semantics.md §1.1-1.12):
    consensus sequence number (``ume_consensus_sequence_number_behavior``) and sends SRI
    ``ume_sri_max_number_of_sri_per_update`` times, ``ume_sri_inter_sri_interval`` apart, and
    whenever a receiver or store asks (SRI request).
-4. :meth:`SourceCore.send` puts each message on the LBT-TCP transport (every receiver and store
-   connected to the transport port gets it) and keeps it until it is stable per the group rules
+4. :meth:`SourceCore.send` puts each message on the transport (LBT-TCP: every receiver and
+   store connected to the transport port gets it; LBT-RU, ``transport lbt-ru``: see below) and
+   keeps it until it is stable per the group rules
    and has ``ume_retention_unique_confirmations`` delivery confirmations.  The flight size
    (``ume_flight_size`` / ``_bytes``) blocks (:class:`SendError` ``would_block``) or notifies.
 5. Every ``ume_store_check_interval`` it checks store liveness (``ume_store_activity_timeout``;
@@ -38,6 +39,18 @@ transport as a CONTROL message naming the topic with a ``topic_idx`` header, fol
 per-store version); a restarted source with stores that answer OLD but hold no message resumes
 at 0.
 
+LBT-RU (``SourceConfig.transport = "lbt-ru"``, UM option ``source transport lbt-ru``): the
+source runs one :class:`~reference_impl.lbtru_session.LbtruSourceSession` on its LBT-RU UDP
+port and advertises it in the 10-byte TIR form (address, session ID, port; the TIR leaves from
+the same IP).  Choices: the session ID is ``transport_lbtru_session_id``, or when 0 a CRC-32 of
+the LBT-RU address and transport index (:func:`lbtru_session_id`: stable across restarts, so
+receivers get the restarted source's RST and reconnect at once); every data message and every
+SRI is one datagram (one LBMC message per datagram: no batching, so a NAKed datagram costs one
+message); proactive retransmissions stay on the store's own connection, as with LBT-TCP (they
+are meant for one store that has not acknowledged, not for every receiver); a store says it
+receives the transport (the store keepalive) on the source's request port, since LBT-RU carries
+nothing from receivers to the source but its own control packets.
+
 Hot paths (the store benchmark asks for 100,000 messages/s, which leaves a few microseconds per
 message): :meth:`SourceCore.send_many` puts a batch out as one stream write, through a loop that
 looks up once what every take needs; an ACK of the one shape stores and receivers send is read
@@ -52,12 +65,13 @@ these shortcuts and requires identical events, bytes and state.
 
 from __future__ import annotations
 
+import zlib
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from reference_impl.context import Connection, ContextCore, control
+from reference_impl.context import Connection, ContextCore, LbtruBinding, control
 from reference_impl.events import (
     Addr,
     DeliveryConfirmation,
@@ -76,6 +90,13 @@ from reference_impl.events import (
     StoreUnresponsive,
 )
 from reference_impl.fastmsg import ControlTemplate, data_message
+from reference_impl.lbtru_session import (
+    ClientConnected,
+    ClientTimedOut,
+    LbtruSourceSession,
+    LbtruSourceSettings,
+)
+from reference_impl.lbtru_session import Event as LbtruEvent
 from wire import lbmr
 from wire.lbmc import (
     DATA_BASE,
@@ -154,6 +175,34 @@ class SourceConfig:
     retransmit_retention_size_limit: int = 25_165_824
     retransmit_retention_size_threshold: int = 0
     resolver_advertisement_interval: int = 1000
+    transport: str = "tcp"  # "tcp" or "lbt-ru" ("lbtru" too)
+    transport_lbtru_session_id: int = 0  # 0: derived (see :func:`lbtru_session_id`)
+    transport_lbtru_transmission_window_size: int = 25_165_824
+
+    def __post_init__(self) -> None:
+        if self.transport.lower() not in TRANSPORTS:
+            raise ValueError(f"source transport {self.transport!r}: the reference source "
+                             f"speaks tcp or lbt-ru")
+
+    @property
+    def lbtru(self) -> bool:
+        """The data transport is LBT-RU."""
+        return TRANSPORTS[self.transport.lower()] == "lbt-ru"
+
+
+TRANSPORTS = {"tcp": "tcp", "lbt-ru": "lbt-ru", "lbtru": "lbt-ru"}
+"""The ``transport`` values the source accepts, and what each means."""
+
+
+def lbtru_session_id(ip: str, port: int, transport_idx: int) -> int:
+    """The LBT-RU session ID of a source that configures none: a CRC-32 of its LBT-RU
+    address and transport index, never 0 (0 would mean "no SID" on the wire).
+
+    Why derived and not random: a restarted source on the same address gets the same ID, so
+    its receivers' sessions (keyed by source address and SID) get its RST and reconnect at
+    once instead of waiting for their activity timeout; two sources of one host differ by
+    port."""
+    return zlib.crc32(f"{ip}:{port}/{transport_idx}".encode()) or 1
 
 
 UNRESOLVED: Addr = ("0.0.0.0", 0)
@@ -298,6 +347,7 @@ class SourceCore(ContextCore):
         config: its options.
         ip: the address it binds.
         transport_port: its LBT-TCP transport listener (receivers and stores connect here).
+        lbtru_port: its LBT-RU UDP port, used when ``config.transport`` is LBT-RU.
         request_port: its request listener (SRI requests and delivery confirmations).
         lbmr_port, resolver: topic resolution.
         topic_idx, transport_idx: the indexes it advertises.
@@ -308,11 +358,26 @@ class SourceCore(ContextCore):
 
     def __init__(self, topic: str, config: SourceConfig, *, ip: str, transport_port: int,
                  request_port: int, lbmr_port: int = 0, resolver: Addr | None = None,
-                 topic_idx: int = 1, transport_idx: int = 1, now: float = 0.0) -> None:
+                 topic_idx: int = 1, transport_idx: int = 1, now: float = 0.0,
+                 lbtru_port: int = 0) -> None:
         super().__init__(topic, ip, lbmr_port=lbmr_port, resolver=resolver)
         self.topic = topic
         self.config = config
+        self.now = now
         self.transport_addr: Addr = (ip, transport_port)
+        self.lbtru_session: LbtruSourceSession | None = None
+        if config.lbtru:
+            if not lbtru_port:
+                raise ValueError("an LBT-RU source needs a UDP port (lbtru_port)")
+            sid = config.transport_lbtru_session_id or \
+                lbtru_session_id(ip, lbtru_port, transport_idx)
+            self.transport_addr = (ip, lbtru_port)
+            settings = LbtruSourceSettings(
+                session_id=sid,
+                transmission_window_size=config.transport_lbtru_transmission_window_size)
+            session = self.open_lbtru_source(lbtru_port, settings).session
+            assert isinstance(session, LbtruSourceSession)
+            self.lbtru_session = session
         self.request_addr: Addr = (ip, request_port)
         self.topic_idx, self.transport_idx = topic_idx, transport_idx
         self.now = now
@@ -367,6 +432,9 @@ class SourceCore(ContextCore):
     def send(self, payload: bytes) -> int:
         """Send one message now; returns its sequence number or raises :class:`SendError`."""
         sqn, raw = self._take(payload)
+        if self.lbtru_session is not None:
+            self.lbtru_session.send(raw, self.now)
+            return sqn
         for conn in self._transport_conns:
             self.write(conn, raw)
         return sqn
@@ -383,6 +451,15 @@ class SourceCore(ContextCore):
         """
         first = self.next_sqn
         parts: list[bytes] = []
+        session = self.lbtru_session
+        if session is not None:  # one datagram per message: nothing to batch
+            try:
+                for payload in payloads:
+                    session.send(self._take(payload)[1], self.now)
+            except SendError:
+                if self.next_sqn == first:
+                    raise
+            return (self.next_sqn - first) & 0xFFFFFFFF
         try:
             if self._batch_ready():
                 self._take_batch(payloads, parts)
@@ -730,6 +807,9 @@ class SourceCore(ContextCore):
 
     def _send_sri(self) -> None:
         raw = self._sri_bytes()
+        if self.lbtru_session is not None:
+            self.lbtru_session.send(raw, self.now)
+            return
         for conn in self._transport_conns:
             self.write(conn, raw)
 
@@ -758,9 +838,13 @@ class SourceCore(ContextCore):
         options.append(lbmr.ToptExfunc(src_tcp_port=self.request_addr[1],
                                        src_ip_addr=self.request_addr[0],
                                        ume=int(first is not None), lj=1))
-        return lbmr.Tir(name=self.topic, ttl=1, index=self.topic_idx,
-                        info=lbmr.TcpInfo(ip=self.transport_addr[0],
-                                          port=self.transport_addr[1]),
+        info: lbmr.Record = lbmr.TcpInfo(ip=self.transport_addr[0],
+                                         port=self.transport_addr[1])
+        if self.lbtru_session is not None:  # the 10-byte form: receivers need the SID
+            info = lbmr.LbtruSidInfo(ip=self.transport_addr[0],
+                                     session_id=self.lbtru_session.session_id,
+                                     port=self.transport_addr[1])
+        return lbmr.Tir(name=self.topic, ttl=1, index=self.topic_idx, info=info,
                         options=options)
 
     def _advertise(self) -> None:
@@ -820,6 +904,13 @@ class SourceCore(ContextCore):
     def on_connection_lost(self, conn: Connection, *, refused: bool) -> None:
         if conn in self._transport_conns:
             self._transport_conns.remove(conn)
+
+    def on_lbtru_event(self, binding: LbtruBinding, event: LbtruEvent) -> None:
+        if isinstance(event, ClientConnected):
+            self.log(Level.INFO, f"LBT-RU receiver {event.addr[0]}:{event.addr[1]} connected "
+                                 f"(client ID {event.client_id})")
+        elif isinstance(event, ClientTimedOut):
+            self.log(Level.INFO, f"LBT-RU receiver {event.addr[0]}:{event.addr[1]} timed out")
 
     # --- stability, confirmation, retention ------------------------------------------------
 

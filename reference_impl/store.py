@@ -46,6 +46,12 @@ Choices where the fact sheets are silent (each tested in tests/reference_impl/te
   value").
 * An RPP repository with no blocking receivers releases by the size threshold, like SPP.
 * Stability ACKs name the source's transport and topic index (``id_2``); ``rcv_reg_id`` is 0.
+* An LBT-RU source (TIR with an LBT-RU transport) is joined with an
+  :class:`~reference_impl.lbtru_session.LbtruReceiverSession` from the store's ``lbtru_port``;
+  "joined" is the session's Connected, and the store keepalive that says so goes to the
+  source's request port (LBT-RU has no way back for LBMC).  What the transport loses the store
+  does not recover from the source: it holds what it received (a warning names the loss), and
+  a session that times out counts as a transport connection lost.
 * The store answers a source's registration once it has joined the source's transport (or
   after :data:`JOIN_WAIT` without a TIR), so nothing sent after Registration Complete can miss
   it; the current guide says the same thing the other way round ("the Stores must receive
@@ -63,7 +69,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from reference_impl.context import Connection, ContextCore, FixedControl, control
+from reference_impl.context import Connection, ContextCore, FixedControl, LbtruBinding, control
 from reference_impl.events import (
     Addr,
     ClientRegistered,
@@ -71,6 +77,8 @@ from reference_impl.events import (
     ClientStateDeleted,
     Level,
 )
+from reference_impl.lbtru_session import Connected, ConnectFailed, Lost, SourceTimedOut
+from reference_impl.lbtru_session import Event as LbtruEvent
 from reference_impl.repository import Repository, RetentionLimits, as_retransmission
 from wire import lbmr
 from wire.lbmc import (
@@ -179,6 +187,8 @@ class StoreSettings:
         lbmr_port: the UDP port for topic resolution.
         resolver: the resolver daemon's address.
         seed: seeds RegID assignment (deterministic tests and captures).
+        lbtru_port: the UDP port it receives LBT-RU transports on (0: LBT-TCP sources only;
+            advertisements of LBT-RU ones are ignored).
     """
 
     name: str
@@ -192,6 +202,7 @@ class StoreSettings:
     lbmr_port: int = 0
     resolver: Addr | None = None
     seed: int | None = None
+    lbtru_port: int = 0
 
     def policy_for(self, topic: str) -> TopicPolicy | None:
         for rule in self.topics:
@@ -283,6 +294,9 @@ class StoreCore(ContextCore):
         # newest advertisement last
         self._tirs: dict[tuple[Addr, int, int], dict[str, Addr]] = {}
         self._routes: dict[tuple[Addr, int], SourceState] = {}
+        self._lbtru_sids: dict[Addr, int] = {}  # LBT-RU transport address -> its session ID
+        if settings.lbtru_port:
+            self.lbtru_ports.add(settings.lbtru_port)
         self._resolve_turn = 0  # where the next "resolve" timer's topic queries start
         self._rxq: deque[tuple[ReceiverState, int]] = deque()
         self.rx = RetransmissionStats(since=now)
@@ -373,7 +387,11 @@ class StoreCore(ContextCore):
                 continue  # queue records (QIR, type 6 packets) say nothing about sources
             ume = next((o for o in (tir.options or []) if isinstance(o, lbmr.ToptUme)), None)
             info = tir.info
-            if ume is None or not isinstance(info, lbmr.TcpInfo | lbmr.TcpSidInfo):
+            if ume is None:
+                continue
+            if isinstance(info, lbmr.LbtruInfo | lbmr.LbtruSidInfo) and self.settings.lbtru_port:
+                self._lbtru_sids[(info.ip, info.port)] = getattr(info, "session_id", 0)
+            elif not isinstance(info, lbmr.TcpInfo | lbmr.TcpSidInfo):
                 continue
             key = ((ume.src_tcp_addr, ume.src_tcp_port), ume.transport_idx, tir.index)
             transport = (info.ip, info.port)
@@ -396,8 +414,13 @@ class StoreCore(ContextCore):
             return
         src.transport, src.tir_seen = transport, True
         self._routes[(transport, src.topic_idx)] = src
-        conn = self.connection_to(transport)
-        if conn is None:
+        sid = self._lbtru_sids.get(transport)
+        conn = self._transport_conn(transport)
+        if conn is None and sid is not None:
+            if self.lbtru_receiving(transport) is None:  # answered once connected
+                self.open_lbtru_receiver(self.settings.lbtru_port, transport, sid,
+                                         tag="transport")
+        elif conn is None:
             self.send_to(transport, b"", tag="transport")  # answered once connected
         elif conn.open and src.pending_response is not None:
             # already receiving that transport (another topic of the same source context):
@@ -679,7 +702,7 @@ class StoreCore(ContextCore):
         self._find_tir(src)
         if not src.tir_seen:
             self.send_lbmr(lbmr.LbmrPacket(tqrs=[lbmr.Tqr(name=topic)]))
-        transport = self.connection_to(src.transport) if src.transport is not None else None
+        transport = self._transport_conn(src.transport) if src.transport is not None else None
         if transport is not None and transport.open:
             self._hello(src, transport)
             self._answer(src)
@@ -703,10 +726,42 @@ class StoreCore(ContextCore):
     def _hello(self, src: SourceState, conn: Connection) -> None:
         """Tell the source on its own transport that this store now receives it (a store
         keepalive naming the source's RegID); the source completes registration only after
-        this, so its first message cannot race the store's join."""
-        self.write(conn, control(UmeKeepalive(
+        this, so its first message cannot race the store's join.  LBT-RU carries nothing
+        back to the source, so there it goes to the source's request port instead (which
+        takes the same keepalive), once the session is connected."""
+        hello = control(UmeKeepalive(
             type=KeepaliveType.STORE, transport_idx=src.transport_idx,
-            topic_idx=src.topic_idx, reg_id=src.reg_id)))
+            topic_idx=src.topic_idx, reg_id=src.reg_id))
+        if conn.datagrams:
+            self.send_to(src.request_addr, hello)
+        else:
+            self.write(conn, hello)
+
+    def _transport_conn(self, transport: Addr) -> Connection | None:
+        """What receives the source's ``transport``: our LBT-TCP connection to it, or the
+        stand-in connection of our LBT-RU session once that is connected; None before."""
+        binding = self.lbtru_receiving(transport)
+        if binding is not None:
+            connected = getattr(binding.session, "connected", False)
+            return binding.conn if connected else None
+        return self.connection_to(transport)
+
+    def on_lbtru_event(self, binding: LbtruBinding, event: LbtruEvent) -> None:
+        conn = binding.conn
+        if conn is None:
+            return
+        if isinstance(event, Connected):
+            self.on_connected(conn)  # joined: answer the registrations that waited for it
+        elif isinstance(event, Lost):
+            # the store does not recover from the source: what it missed it never holds, and
+            # receivers that ask for it get nothing from this store (another may have it)
+            self.stats["lbtru_lost"] = self.stats.get("lbtru_lost", 0) + \
+                event.last - event.first + 1
+            self.log(Level.WARNING, f"LBT-RU transport {conn.remote[0]}:{conn.remote[1]} lost "
+                                    f"sqn {event.first}..{event.last} ({event.reason})")
+        elif isinstance(event, SourceTimedOut | ConnectFailed):
+            self.close_lbtru(binding)  # like a transport connection that went away
+            self.on_connection_lost(conn, refused=isinstance(event, ConnectFailed))
 
     def _new_repository(self, src: SourceState) -> Repository:
         p = src.policy

@@ -104,6 +104,45 @@ def test_one_way_delay_and_callbacks_can_reply() -> None:
     assert a.received == [(pytest.approx(0.023), B, b"re:ping")]
 
 
+class TwoPorts(CallbackEndpoint):
+    """A CallbackEndpoint bound on two ports that records the port each datagram hit and
+    sends from a chosen port (the optional multi-port interface)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hits: list[tuple[int, bytes, tuple[str, int]]] = []
+        self.from_port: list[tuple[int, bytes, tuple[str, int]]] = []
+
+    def receive_at(self, local_port: int, data: bytes, addr: tuple[str, int],
+                   now: float) -> None:
+        self.hits.append((local_port, data, addr))
+
+    def datagrams_from(self, now: float) -> list[tuple[int, bytes, tuple[str, int]]]:
+        out, self.from_port = self.from_port, []
+        return out
+
+
+def test_a_multi_port_endpoint_knows_the_port_hit_and_sends_from_any_port() -> None:
+    net, (a, b, _) = three_nodes()
+    two = TwoPorts()
+    net.bind("c", 3001, two)  # c: 3000 plain, 3001 and 3002 the multi-port endpoint
+    net.bind("c", 3002, two)
+    a.send(b"to-3001", (C[0], 3001))
+    a.send(b"to-3002", (C[0], 3002))
+    net.run_until(0.01)
+    assert two.hits == [(3001, b"to-3001", A), (3002, b"to-3002", A)]
+    assert two.received == []  # receive_at replaces receive
+    two.from_port.append((3002, b"from-3002", B))
+    two.send(b"default", B)  # datagrams_to_send: from the first port bound
+    net.run_until(0.02)
+    assert sorted((src, d) for _, src, d in b.received) == [
+        ((C[0], 3001), b"default"), ((C[0], 3002), b"from-3002")]
+    # a plain endpoint on the same node is untouched by all this
+    a.send(b"plain", C)
+    net.run_until(0.03)
+    assert [d for _, _, d in net.endpoint(C).received] == [b"plain"]  # type: ignore[union-attr]
+
+
 def test_multicast_reaches_every_member_but_the_sender() -> None:
     net, (a, b, c) = three_nodes()
     for addr in (A, B, C):
