@@ -72,6 +72,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import logging
 import signal
 import socket
@@ -185,7 +186,10 @@ class _UdpSocket:
         if host._closed:
             return
         state = self.state
-        receive = state.endpoint.receive
+        receive_at = getattr(state.endpoint, "receive_at", None)
+        # a core on several UDP ports (LBMR and LBT-RU) learns which one a datagram hit
+        receive = functools.partial(receive_at, self.addr[1]) if receive_at is not None \
+            else state.endpoint.receive
         recvfrom = self.sock.recvfrom
         own = self.own
         now = host._clock()
@@ -657,6 +661,9 @@ class AioHost:
         where = "datagrams_to_send"
         try:
             datagrams = ep.datagrams_to_send(now)
+            where = "datagrams_from"
+            sourced = from_ports(now) if (from_ports := getattr(ep, "datagrams_from", None)) \
+                else None
             where = "stream_commands"
             commands = cast(StreamEndpoint, ep).stream_commands(now) \
                 if state.streams_capable else None
@@ -672,11 +679,29 @@ class AioHost:
                 log.info("%s sends datagrams without a bound UDP socket: sending from %s",
                          state.name, out.addr)
             out.send(datagrams)
+        if sourced:
+            self._send_from_ports(state, sourced)
         if commands:
             self._apply(state, commands)
         if deadline is not None and not self._closed and (
                 state.timer_handle is None or deadline < cast(float, state.timer_when)):
             self._arm(state, deadline)
+
+    def _send_from_ports(self, state: _EndpointState,
+                         sourced: list[tuple[int, bytes, Addr]]) -> None:
+        """Datagrams a core sends from a given local port (``datagrams_from``: its LBT-RU
+        ports), each from the socket bound at that port."""
+        by_port = {u.addr[1]: u for u in state.udp}
+        batches: dict[int, list[tuple[bytes, Addr]]] = {}
+        for port, data, dst in sourced:
+            batches.setdefault(port, []).append((data, dst))
+        for port, batch in batches.items():
+            udp = by_port.get(port)
+            if udp is None:
+                self._core_failed(state, "datagrams_from",
+                                  HostError(f"no UDP socket bound at port {port}"))
+                return
+            udp.send(batch)
 
     def _apply(self, state: _EndpointState, commands: list[StreamCommand]) -> None:
         """Carry out stream commands in order; runs of writes to one stream become one write."""

@@ -96,6 +96,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workdir", help="where configurations, logs and state go (default: temp)")
     p.add_argument("--store-port", type=int, default=14567)
     p.add_argument("--capture", help="also capture the loopback traffic to this pcap")
+    p.add_argument("--transport", choices=("tcp", "lbt-ru"), default="tcp",
+                   help="the source's data transport (default tcp)")
     p.set_defaults(handler=cmd_demo)
 
 
@@ -255,4 +257,4 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from reference_impl.demo import run_demo
     _setup_logging(args.verbose)
     return run_demo(messages=args.messages, workdir=args.workdir, store_port=args.store_port,
-                    capture=args.capture, profile=args.profile)
+                    capture=args.capture, profile=args.profile, transport=args.transport)

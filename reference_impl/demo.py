@@ -2,7 +2,8 @@
 
 It writes a umestored XML file and two UM configuration files into a work directory, starts
 ``ump resolver``, ``ump store`` (disk repository), ``ump receiver`` and ``ump source`` as
-separate processes, then:
+separate processes (the source's data on LBT-TCP, or LBT-RU with ``--transport lbt-ru``),
+then:
 
 1. kills the receiver with SIGKILL a third of the way through and restarts it (it
    re-registers with its Session ID and recovers from the store what it missed);
@@ -40,6 +41,7 @@ context resolver_unicast_daemon 127.0.0.1:15380
 source ume_store 127.0.0.1:{port}
 source ume_session_id 0x5E55100
 source ume_flight_size 2000
+source transport {transport}
 """
 
 RECEIVER_CFG = """# the demo receiver: a Session ID so a restart re-registers as the same receiver
@@ -49,8 +51,10 @@ receiver ume_session_id 0x5E55200
 
 
 class Demo:
-    def __init__(self, messages: int, workdir: Path, store_port: int, profile: str) -> None:
+    def __init__(self, messages: int, workdir: Path, store_port: int, profile: str,
+                 transport: str = "tcp") -> None:
         self.messages = messages
+        self.transport = transport
         self.dir = workdir
         self.port = store_port
         self.profile = profile
@@ -113,7 +117,8 @@ class Demo:
         d.mkdir(parents=True, exist_ok=True)
         (d / "store.xml").write_text(disk_store_xml(
             "demo-store", self.port, r"demo\..*", web_monitor=f"127.0.0.1:{self.port + 1}"))
-        (d / "source.cfg").write_text(SOURCE_CFG.format(port=self.port))
+        (d / "source.cfg").write_text(SOURCE_CFG.format(port=self.port,
+                                                        transport=self.transport))
         (d / "receiver.cfg").write_text(RECEIVER_CFG)
         self.rate = max(200, self.messages // 10)  # about ten seconds of traffic
         print(f"ump demo: work directory {d}", file=sys.stderr)
@@ -176,20 +181,25 @@ class Demo:
 
 
 def run_demo(*, messages: int = 3000, workdir: str | None = None, store_port: int = 14567,
-             capture: str | None = None, profile: str = "current") -> int:
+             capture: str | None = None, profile: str = "current",
+             transport: str = "tcp") -> int:
     if workdir is None:
         base = Path(tempfile.mkdtemp(prefix="ump-demo-"))
     else:
         base = Path(workdir)
         if (base / "deliveries.jsonl").exists():
             os.remove(base / "deliveries.jsonl")
-    demo = Demo(messages, base, store_port, profile)
+    demo = Demo(messages, base, store_port, profile, transport)
     if capture is None:
         return demo.run()
-    from reference_impl.capture import LoopbackCapture
-    ports = [store_port, 15380, *range(14371, 14396)]
-    with LoopbackCapture(Path(capture).resolve(), ports=ports) as cap:
-        code = demo.run()
+    from reference_impl.capture import CaptureError, LoopbackCapture
+    ports = [store_port, 15380, *range(14360, 14396)]  # LBT-RU 14360-14389 too
+    try:
+        with LoopbackCapture(Path(capture).resolve(), ports=ports) as cap:
+            code = demo.run()
+    except CaptureError as exc:
+        print(f"ump demo: {exc}", file=sys.stderr)
+        return 2
     print(f"ump demo: {cap.frames} frames captured to {capture}")
     return code or check_capture(Path(capture), store_port)
 

@@ -94,9 +94,9 @@ def source_config(client: ClientConfig) -> SourceConfig:
                                    entry.domain_id))
         else:  # ume_store_name: resolved from the store's context-name advertisement
             specs.append(StoreSpec.named(entry.name, entry.reg_id, entry.group_idx))
-    if opts.transport != "tcp":
+    if opts.transport not in ("tcp", "lbt-ru"):
         raise RuntimeError_(f"transport {opts.transport} is not implemented by the reference "
-                            f"source yet; use transport tcp")
+                            f"source; use transport tcp or lbt-ru")
     names = {f.name for f in dataclasses.fields(SourceConfig)}
     values: dict[str, Any] = {n: getattr(opts, n) for n in names if hasattr(opts, n)}
     values["ume_store"] = tuple(specs)
@@ -175,8 +175,12 @@ async def start_stores(host: AioHost, config: StoreDaemonConfig, *, resolver: Ad
         for d in (settings.disk_cache_directory, settings.disk_state_directory):
             if d is not None:
                 d.mkdir(parents=True, exist_ok=True)
+        # every store can join LBT-RU sources: a receiver UDP port of its own
+        settings = dataclasses.replace(
+            settings, lbtru_port=free_udp_port(settings.ip, LBTRU_RECEIVER_PORTS))
         core = StoreCore(settings, now=host.now())
         await host.bind_udp(core, (settings.ip, 0), name=f"store {store.name}")
+        await host.bind_udp(core, (settings.ip, settings.lbtru_port))
         listen_ip = "0.0.0.0" if store.interface in ("0.0.0.0", "") else settings.ip
         try:
             await host.listen_tcp(core, (listen_ip, store.port))
@@ -187,6 +191,22 @@ async def start_stores(host: AioHost, config: StoreDaemonConfig, *, resolver: Ad
         log.info('Store "%s" ready to accept registrations on %s:%d', store.name,
                  settings.ip, store.port)
     return cores
+
+
+LBTRU_RECEIVER_PORTS = (14360, 14379)
+"""UM's receiver ``transport_lbtru_port_low/high`` defaults (tshark's LBT-RU receiver range)."""
+
+
+def free_udp_port(ip: str, ports: tuple[int, int]) -> int:
+    """The first UDP port of the range nobody has bound."""
+    for port in range(ports[0], ports[1] + 1):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            try:
+                sock.bind((ip, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError_(f"no free UDP port in {ports[0]}-{ports[1]} on {ip}")
 
 
 def free_tcp_port(ip: str, ports: tuple[int, int], taken: frozenset[int] = frozenset()) -> int:
@@ -211,14 +231,22 @@ async def start_source(host: AioHost, topic: str, client: ClientConfig, *,
     for _ in range(10):  # another process may take a port between the check and the bind
         transport = free_tcp_port(ip, TRANSPORT_PORTS)
         request = free_tcp_port(ip, REQUEST_PORTS)
+        lbtru = 0
+        if config.transport != "tcp":  # LBT-RU: the source's UDP port for the transport
+            lbtru = client.source.transport_lbtru_port or free_udp_port(
+                ip, (client.context.transport_lbtru_port_low,
+                     client.context.transport_lbtru_port_high))
         core = SourceCore(topic, config, ip=ip, transport_port=transport,
-                          request_port=request, resolver=resolver_of(client), now=host.now())
+                          request_port=request, resolver=resolver_of(client), now=host.now(),
+                          lbtru_port=lbtru)
         try:
             # every port listens before the core advertises them (AioHost.starting)
             with host.starting(core, name=f"source {topic}"):
                 await host.listen_tcp(core, (ip, transport))
                 await host.listen_tcp(core, (ip, request))
                 await host.bind_udp(core, (ip, 0))
+                if lbtru:
+                    await host.bind_udp(core, (ip, lbtru))
         except OSError:
             continue
         return core
@@ -228,9 +256,13 @@ async def start_source(host: AioHost, topic: str, client: ClientConfig, *,
 async def start_receiver(host: AioHost, topic: str, client: ClientConfig, *,
                          ip: str = "127.0.0.1", reg_id: int = 0) -> ReceiverCore:
     config = receiver_config(client, reg_id)
+    lbtru = free_udp_port(ip, (client.receiver.transport_lbtru_port_low,
+                               client.receiver.transport_lbtru_port_high))
     core = ReceiverCore(topic, config, ip=ip, request_port=0, resolver=resolver_of(client),
-                        now=host.now())
-    await host.bind_udp(core, (ip, 0), name=f"receiver {topic}")
+                        now=host.now(), lbtru_port=lbtru)
+    with host.starting(core, name=f"receiver {topic}"):
+        await host.bind_udp(core, (ip, 0))
+        await host.bind_udp(core, (ip, lbtru))  # joins LBT-RU sources from here
     return core
 
 

@@ -287,6 +287,43 @@ async def test_a_starting_core_sends_nothing_until_all_its_sockets_are_bound() -
         assert echo.datagrams == [(b"hello", bound)]
 
 
+class TwoPortCore(CallbackEndpoint):
+    """Answers on the port a datagram arrived at (``receive_at`` / ``datagrams_from``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hits: list[tuple[int, bytes]] = []
+        self.sourced: list[tuple[int, bytes, Addr]] = []
+
+    def receive_at(self, local_port: int, data: bytes, addr: Addr, now: float) -> None:
+        self.hits.append((local_port, data))
+        self.sourced.append((local_port, data.upper(), addr))
+
+    def datagrams_from(self, now: float) -> list[tuple[int, bytes, Addr]]:
+        out, self.sourced = self.sourced, []
+        return out
+
+
+@async_test()
+async def test_a_core_on_two_udp_ports_hears_and_answers_on_each() -> None:
+    async with AioHost() as host:
+        core = TwoPortCore()
+        first = await host.bind_udp(core, (LO, 0))
+        second = await host.bind_udp(core, (LO, 0))
+        loop = asyncio.get_running_loop()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:
+            raw.setblocking(False)
+            raw.bind((LO, 0))
+            raw.sendto(b"one", first)
+            raw.sendto(b"two", second)
+            answers = {}
+            for _ in range(2):
+                data, addr = await asyncio.wait_for(loop.sock_recvfrom(raw, 100), 5)
+                answers[data] = addr
+        assert sorted(core.hits) == sorted([(first[1], b"one"), (second[1], b"two")])
+        assert answers == {b"ONE": first, b"TWO": second}
+
+
 @async_test()
 async def test_datagrams_leave_from_the_first_bound_socket_or_an_ephemeral_one() -> None:
     async with AioHost() as host:
