@@ -72,16 +72,23 @@ _PLUMBING = {"code", "next_hdr", "hdr_len", "marker_byte", "flags"}
 
 
 def _fields(header: Any) -> str:
-    """``Name(field=value ...)`` with the non-zero members and set flag bits of a header."""
+    """``Name(field=value ...)`` with the non-zero members and bit views of a header.
+
+    A member with bit views is shown through them, each with its value, and only the views
+    tshark shows for that raw value (an error PREG_RESP has an error code, not N/W/D flags,
+    in the same bits)."""
     values: dict[str, Any] = getattr(header, "values", {})
+    views: dict[str, tuple[str, Any]] = getattr(header, "_views", {})
+    viewed = {member for member, _bit in views.values()}
     shown = [f"{k}={_short(v)}" for k, v in values.items()
-             if k not in _PLUMBING and v not in (0, None, b"", "", [], ())]
-    for view in getattr(header, "_views", {}):
-        try:
-            if getattr(header, view):
-                shown.append(f"{view}=1")
-        except (AttributeError, TypeError, ValueError):
+             if k not in _PLUMBING and k not in viewed and v not in (0, None, b"", "", [], ())]
+    for view, (member, bit) in views.items():
+        raw = values.get(member)
+        if not isinstance(raw, int) or (bit.when is not None and not bit.when(raw)):
             continue
+        value = bit.get(raw)
+        if value:
+            shown.append(f"{view}={value}")
     return f"{type(header).__name__}({', '.join(shown)})"
 
 
