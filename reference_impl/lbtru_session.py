@@ -76,6 +76,7 @@ declared lost at once (it could never be recovered inside the default window any
 
 _DATA = lbtru.DATA_FAST
 _OPTION = lbtru.SidOption.fast  # every LBT-RU option: next_hdr, hdr_len, flags, u32 value
+_TYPE = lbtru.VER_TYPE_BITS["type"]
 
 
 def unwrap(value: int, near: int) -> int:
@@ -516,7 +517,7 @@ class LbtruReceiverSession(_Endpoint):
             self.dropped += 1
             return
         st = self.state
-        if len(data) >= _DATA.size and data[0] & 0x0F == lbtru.PacketType.DATA:
+        if len(data) >= _DATA.size:
             fast = self._data_fast(data)
             if fast is not None:
                 st.last_heard = now
@@ -551,8 +552,11 @@ class LbtruReceiverSession(_Endpoint):
 
     def _data_fast(self, data: bytes) -> tuple[int, int, bool, bytes] | None:
         """(sqn, trail, rx, payload) of a DATA datagram, walking its options with the derived
-        option layout; None when the options do not check out (the full parser then decides)."""
-        _vt, next_hdr, flags, sqn, trail = _DATA.unpack_from(data)
+        option layout; None for another type or options that do not check out (the full
+        parser then decides)."""
+        ver_type, next_hdr, flags, sqn, trail = _DATA.unpack_from(data)
+        if _TYPE.get(ver_type) != lbtru.PacketType.DATA:
+            return None
         offset = _DATA.size
         sid = 0
         while next_hdr:

@@ -77,6 +77,7 @@ from wire import lbmr
 from wire.fields import ipv4_to_int
 from wire.lbmc import (
     DATA_BASE,
+    VER_TYPE_BITS,
     AckType,
     Header,
     KeepaliveType,
@@ -102,6 +103,7 @@ _ACK = ControlTemplate(UmeAck)
 _DATA_SIZE = DATA_BASE.size
 _DATA_UNPACK = DATA_BASE.codec.unpack_from
 _MESSAGE, _RETRANS = int(MessageType.MESSAGE), int(MessageType.RETRANS)
+_TYPE_MASK = VER_TYPE_BITS["type"].mask  # the message type nibble of ver_type (shift 0)
 _RXREQ = FixedControl(UmeRxreq)
 _RXREQ_IDX, _RXREQ_SQN = _RXREQ.at["request_idx"], _RXREQ.at["seqnum"]
 RecoveryCallback = Callable[[int, int], int]
@@ -376,7 +378,7 @@ class ReceiverCore(ContextCore):
         pos, end = 0, len(data)
         while end - pos >= size:
             ver_type, next_hdr, msglen, topic_idx, sqn = unpack(data, pos)
-            mtype = ver_type & 0x0F
+            mtype = ver_type & _TYPE_MASK
             if next_hdr or mtype not in allowed or msglen < size or msglen > end - pos:
                 break
             if topic_idx == tidx:

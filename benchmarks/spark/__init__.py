@@ -36,7 +36,6 @@ import json
 import os
 import platform
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -109,10 +108,21 @@ def first_frames(capture: Path, count: int) -> Path:
     subset = capture.with_name(f"{capture.stem}.first-{count}.pcap")
     if subset.exists():
         return subset
+    from wire.fastpath import derive
+    from wire.pcap import (
+        PCAP_MAGIC_NS,
+        PCAP_MAGIC_US,
+        PcapHeaderLE,
+        PcapRecordBE,
+        PcapRecordLE,
+    )
+
     with capture.open("rb") as src:
-        header = src.read(24)
-        order = "<" if header[:4] in (b"\xd4\xc3\xb2\xa1", b"\x4d\x3c\xb2\xa1") else ">"
-        record = struct.Struct(order + "IIII")
+        little = derive(PcapHeaderLE)
+        header = src.read(little.size)
+        le = little.decode(header)["magic"] in (PCAP_MAGIC_US, PCAP_MAGIC_NS)
+        record = derive(PcapRecordLE if le else PcapRecordBE)
+        incl_len = record.names.index("incl_len")
         partial = subset.with_name(subset.name + ".partial")
         with partial.open("wb") as dst:
             dst.write(header)
@@ -121,7 +131,7 @@ def first_frames(capture: Path, count: int) -> Path:
                 if len(head) < record.size:
                     break
                 dst.write(head)
-                dst.write(src.read(record.unpack(head)[2]))
+                dst.write(src.read(record.unpack_from(head)[incl_len]))
     partial.replace(subset)
     return subset
 

@@ -135,7 +135,7 @@ def delivered(net: Net, who: str = "r14360") -> list[int]:
 
 
 def packet_type(data: bytes) -> int:
-    return data[0] & 0x0F
+    return lbtru.VER_TYPE_BITS["type"].get(lbtru.COMMON.unpack_from(data)[0])
 
 
 def test_handshake_assigns_client_ids_and_starts_at_the_next_sequence_number() -> None:
