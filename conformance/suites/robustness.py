@@ -22,11 +22,14 @@ def _still_registers(h: Harness) -> None:
             expected="a granted registration", observed=repr(resp))
 
 
+SURVIVES = "A store must survive malformed input from the network and keep serving its clients."
+"""The requirement every case of this suite checks."""
+
+
 @case("ROB-STORE-001", suite=SUITE, role=Role.STORE,
       title="Random bytes on a registration connection do not break the store",
       section="Persistent Store Fault Tolerance",
-      requirement="A store must survive malformed input from the network and keep serving "
-                  "its clients.")
+      requirement=SURVIVES)
 def random_bytes(h: Harness) -> None:
     link = connect(h.store_addr, h.recorder, "stranger -> store", h.scaled(2.0))
     link.send(os.urandom(64), b"\x00" * 16, b"\xff" * 40)
@@ -38,8 +41,7 @@ def random_bytes(h: Harness) -> None:
 @case("ROB-STORE-002", suite=SUITE, role=Role.STORE,
       title="A PREG with a wrong header length does not break the store",
       section="Persistent Store Fault Tolerance",
-      requirement="A store must survive malformed input from the network and keep serving "
-                  "its clients.")
+      requirement=SURVIVES)
 def malformed_preg(h: Harness) -> None:
     src = h.source("bad source")
     link = src.connect()
@@ -53,8 +55,7 @@ def malformed_preg(h: Harness) -> None:
 @case("ROB-STORE-003", suite=SUITE, role=Role.STORE,
       title="A NUL byte inside a registration's topic name is refused or ignored",
       section="Persistent Store Fault Tolerance",
-      requirement="A store must survive malformed input from the network and keep serving "
-                  "its clients.")
+      requirement=SURVIVES)
 def nul_in_topic(h: Harness) -> None:
     src = h.source("odd source")
     link = src.connect()
@@ -69,8 +70,7 @@ def nul_in_topic(h: Harness) -> None:
 @case("ROB-STORE-004", suite=SUITE, role=Role.STORE,
       title="Garbage datagrams to the store's topic-resolution socket do not break it",
       section="Persistent Store Fault Tolerance",
-      requirement="A store must survive malformed input from the network and keep serving "
-                  "its clients.")
+      requirement=SURVIVES)
 def garbage_datagrams(h: Harness) -> None:
     _still_registers(h)  # makes the store talk to the resolver, so its address is known
     for addr in list(h.resolver.iut_addrs):
