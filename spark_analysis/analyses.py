@@ -1184,11 +1184,14 @@ def anomaly_summary(found: DataFrame) -> DataFrame:
 # All of them
 # =============================================================================================
 
+HEADER_COLUMNS = ("ume_preg", "ume_preg_resp", "ume_ack", "ume_rxreq", "ume_sid", "ume_storeid")
+"""The typed LBMC header columns of ``messages`` the analyses read: what a reader of stored
+tables joins back (:meth:`spark_analysis.decode.ParquetTables.messages`)."""
+
 _MESSAGE_COLUMNS = ["capture", "pos", "msg_index", "file", "file_offset", "ts_ns", "protocol",
                     "src_ip", "src_port", "dst_ip", "dst_port", "session_id", "transport_sqn",
                     "message_type", "label", "tidx", "sqn", "topic_name", "payload_length",
-                    "malformed_reason", "ume_preg", "ume_preg_resp", "ume_ack", "ume_rxreq",
-                    "ume_sid", "ume_storeid"]
+                    "malformed_reason", *HEADER_COLUMNS]
 """The messages columns the analyses read (the table is wide: select early)."""
 
 

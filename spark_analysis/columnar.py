@@ -106,8 +106,11 @@ from .splits import CAPTURE_SCHEMA, RecordChunk
 __all__ = [
     "ADVERTISEMENTS_SCHEMA",
     "FRAME_SCHEMA",
+    "HEADER_TABLE_SCHEMAS",
     "MESSAGES_SCHEMA",
+    "MESSAGE_CORE_SCHEMA",
     "MESSAGE_HEADER_COLUMNS",
+    "MESSAGE_KEY",
     "PACKETS_SCHEMA",
     "SKIPPED_SCHEMA",
     "TCP_SEGMENTS_SCHEMA",
@@ -121,9 +124,11 @@ __all__ = [
     "flow_key_columns",
     "frames_batch",
     "frames_batch_from_capture",
+    "join_headers",
     "member_at",
     "null_array",
     "reassemble_tcp",
+    "split_messages",
 ]
 
 # =============================================================================================
@@ -445,6 +450,77 @@ MESSAGES_SCHEMA = pa.schema([
       for h in MESSAGE_HEADER_COLUMNS],
 ])
 """One row per LBMC message, with its packet's identity and time."""
+
+MESSAGE_KEY = ("file", "file_offset", "msg_index")
+"""The columns naming one message: its frame (file and record offset) and its place among
+the messages that frame holds or (LBT-TCP) made deliverable."""
+
+MESSAGE_CORE_SCHEMA = pa.schema([f for f in MESSAGES_SCHEMA
+                                 if f.name not in {h.name for h in MESSAGE_HEADER_COLUMNS}])
+"""``messages`` without the typed header columns: how :func:`split_messages` stores it."""
+
+HEADER_TABLE_PREFIX = "lbmc_"
+"""Stored header tables are named after tshark's field prefix: ``lbmc_ume_ack`` holds what
+tshark shows as ``lbmc.ume_ack.*``."""
+
+HEADER_TABLE_SCHEMAS: dict[str, pa.Schema] = {
+    f"{HEADER_TABLE_PREFIX}{h.name}": pa.schema([
+        *[MESSAGES_SCHEMA.field(k) for k in MESSAGE_KEY],
+        MESSAGES_SCHEMA.field(h.name).with_nullable(False)])
+    for h in MESSAGE_HEADER_COLUMNS}
+"""One table per typed header column: the key of each message that carries the header
+(:data:`MESSAGE_KEY`) and the header itself, the column of ``messages`` of the same name."""
+
+
+def split_messages(messages: pa.Table) -> tuple[pa.Table, dict[str, pa.Table]]:
+    """``messages`` as stored: the core columns (:data:`MESSAGE_CORE_SCHEMA`) and, per
+    header column with any value, the rows that carry it (:data:`HEADER_TABLE_SCHEMAS`).
+
+    Why stored apart: a wide row costs the Parquet writer a definition level for every leaf
+    of every header struct whether the header is there or not (148 leaves; most messages
+    carry one header or none), which was most of the time spent writing ``messages``.
+    :func:`join_headers` (pyarrow) and :meth:`spark_analysis.decode.ParquetTables.messages`
+    (Spark) put them back together."""
+    core = messages.select(MESSAGE_CORE_SCHEMA.names)
+    headers: dict[str, pa.Table] = {}
+    for column in MESSAGE_HEADER_COLUMNS:
+        values = messages.column(column.name)
+        if values.null_count == len(values):
+            continue
+        name = f"{HEADER_TABLE_PREFIX}{column.name}"
+        present = values.is_valid()
+        rows = messages.select([*MESSAGE_KEY, column.name]).filter(present)
+        headers[name] = rows.cast(HEADER_TABLE_SCHEMAS[name])
+    return core, headers
+
+
+def join_headers(core: pa.Table, headers: Mapping[str, pa.Table],
+                 names: Sequence[str] | None = None) -> pa.Table:
+    """The wide ``messages`` table (:data:`MESSAGES_SCHEMA`; with ``names``, only those
+    header columns) from the stored core and header tables: the inverse of
+    :func:`split_messages`, for reading stored tables back with pyarrow.  Raises ValueError
+    for a header row whose key names no message."""
+    wanted = [h.name for h in MESSAGE_HEADER_COLUMNS if names is None or h.name in names]
+    n = core.num_rows
+    rows = {key: i for i, key in enumerate(
+        zip(*(core.column(k).to_pylist() for k in MESSAGE_KEY), strict=True))}
+    columns = [core.column(name) for name in MESSAGE_CORE_SCHEMA.names]
+    for name in wanted:
+        stored = headers.get(f"{HEADER_TABLE_PREFIX}{name}")
+        index = np.full(n, -1, np.int64)
+        if stored is not None and stored.num_rows:
+            keys = zip(*(stored.column(k).to_pylist() for k in MESSAGE_KEY), strict=True)
+            try:
+                at = np.array([rows[key] for key in keys], np.int64)
+            except KeyError as exc:
+                raise ValueError(f"a {name} row names no message: {exc.args[0]}") from None
+            index[at] = np.arange(stored.num_rows)
+            values = stored.column(name).combine_chunks()
+        else:
+            values = pa.array([], MESSAGES_SCHEMA.field(name).type)
+        columns.append(values.take(pa.array(index, mask=index < 0)))
+    schema = pa.schema([MESSAGES_SCHEMA.field(c) for c in [*MESSAGE_CORE_SCHEMA.names, *wanted]])
+    return pa.Table.from_arrays(columns, schema=schema)
 
 ADVERTISEMENTS_SCHEMA = pa.schema([
     *_IDENTITY,

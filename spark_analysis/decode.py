@@ -74,6 +74,11 @@ from . import columnar
 from .columnar import (
     ADVERTISEMENTS_SCHEMA,
     FLOW_KEY,
+    HEADER_TABLE_PREFIX,
+    HEADER_TABLE_SCHEMAS,
+    MESSAGE_CORE_SCHEMA,
+    MESSAGE_HEADER_COLUMNS,
+    MESSAGE_KEY,
     MESSAGES_SCHEMA,
     PACKETS_SCHEMA,
     SKIPPED_SCHEMA,
@@ -296,11 +301,15 @@ def decode_frames(frames: DataFrame, options: DecodeOptions | None = None, *,
 
 PARQUET_TABLES: dict[str, pa.Schema] = {
     "packets": PACKETS_SCHEMA,
-    "messages": MESSAGES_SCHEMA,
+    "messages": MESSAGE_CORE_SCHEMA,
     "advertisements": ADVERTISEMENTS_SCHEMA,
     "skipped": SKIPPED_SCHEMA,
+    **HEADER_TABLE_SCHEMAS,
 }
-"""The tables :func:`decode_to_parquet` writes, one directory of Parquet files each."""
+"""The tables :func:`decode_to_parquet` writes, one directory of Parquet files each.
+``messages`` is stored split (:func:`~spark_analysis.columnar.split_messages`): its core
+columns, and one ``lbmc_<header>`` table per typed header column holding the messages that
+carry that header; :meth:`ParquetTables.messages` joins them back."""
 
 DEFAULT_BUCKETS = 64
 """Flow buckets of the LBT-TCP hand-over (stage 2 tasks take whole buckets)."""
@@ -350,8 +359,9 @@ class _ParquetSink:
         self.skipped: list[pa.Table] = []
 
     def add(self, tables: DecodedTables) -> None:
-        for name in ("packets", "messages", "advertisements"):
-            table: pa.Table = getattr(tables, name)
+        core, headers = columnar.split_messages(tables.messages)
+        for name, table in (("packets", tables.packets), ("messages", core),
+                            ("advertisements", tables.advertisements), *headers.items()):
             if table.num_rows:
                 self.pending[name].append(table)
                 self.pending_rows[name] += table.num_rows
@@ -563,8 +573,26 @@ class ParquetTables:
     tasks: list[dict[str, Any]] = field(default_factory=list)
 
     def dataframes(self, spark: SparkSession) -> dict[str, DataFrame]:
-        """Each table as a DataFrame read back from its Parquet files."""
+        """Each table as stored, as a DataFrame read back from its Parquet files
+        (``messages`` without its header columns: see :meth:`messages`)."""
         return {name: spark.read.parquet(path) for name, path in self.paths.items()}
+
+    def messages(self, spark: SparkSession, headers: Iterable[str] | None = None,
+                 ) -> DataFrame:
+        """``messages`` with its typed header columns joined back from the ``lbmc_*``
+        tables: all of them (the schema of :func:`decode_frames`' ``messages``), or only
+        those named in ``headers`` (each join costs a shuffle: ask for what you read)."""
+        wanted = [h.name for h in MESSAGE_HEADER_COLUMNS if headers is None or h.name in headers]
+        unknown = sorted(set(headers or ()) - set(wanted))
+        if unknown:
+            raise ValueError(f"no header column {unknown[0]!r}; known: "
+                             f"{', '.join(h.name for h in MESSAGE_HEADER_COLUMNS)}")
+        frames = self.dataframes(spark)
+        joined = frames["messages"]
+        for name in wanted:
+            joined = joined.join(frames[f"{HEADER_TABLE_PREFIX}{name}"], list(MESSAGE_KEY),
+                                 "left")
+        return joined.select(*MESSAGE_CORE_SCHEMA.names, *wanted)
 
 
 def _join(root: str, name: str) -> str:

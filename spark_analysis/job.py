@@ -374,8 +374,10 @@ def _decode(spark: Any, files: Sequence[str], per_file: bool, options: Any,
     frames = tables.dataframes(spark)
     skipped = ds.dataset(f"{out.path}/{DECODED}/skipped", format="parquet",
                          filesystem=out.fs).to_table().to_pandas()
-    return Decoded(frames["packets"], frames["messages"], frames["advertisements"], skipped,
-                   tables.frames)
+    from spark_analysis.analyses import HEADER_COLUMNS
+
+    return Decoded(frames["packets"], tables.messages(spark, HEADER_COLUMNS),
+                   frames["advertisements"], skipped, tables.frames)
 
 
 def _write(df: DataFrame, name: str, keys: Sequence[str], detail: bool,

@@ -405,8 +405,9 @@ def test_registrations_paired_on_the_driver_equal_the_task_pairing(spark: Any,
     capture = str(CORPUS / "restarts.pcap")
     decoded = decode_to_parquet(spark, capture, str(tmp_path / "d"),
                                 DecodeOptions(PortMap(store_ports=[STORE_PORT])),
-                                driver_bytes=1 << 30).dataframes(spark)
-    tables = prepare(decoded["packets"], decoded["messages"], decoded["advertisements"],
+                                driver_bytes=1 << 30)
+    frames = decoded.dataframes(spark)
+    tables = prepare(frames["packets"], decoded.messages(spark), frames["advertisements"],
                      files=[capture])
     keys = [("pos", "ascending"), ("msg_index", "ascending")]
     in_tasks = registrations(tables.messages).toArrow().sort_by(keys)

@@ -39,8 +39,9 @@ def _write(path: Path, frames: list[bytes], start: float) -> Path:
 
 
 def _rows(table: pa.Table, keys: tuple[str, ...]) -> list[dict[str, Any]]:
-    rows = [{k: v for k, v in row.items() if k != "file"} for row in table.to_pylist()]
-    return sorted(rows, key=lambda r: tuple(-1 if r[k] is None else r[k] for k in keys))
+    rows = sorted(table.to_pylist(), key=lambda r: tuple(
+        -1 if r[k] is None else Path(r[k]).name if k == "file" else r[k] for k in keys))
+    return [{k: v for k, v in row.items() if k != "file"} for row in rows]
 
 
 def _normal(value: Any) -> Any:
@@ -126,22 +127,41 @@ def test_decode_to_parquet_matches_the_columnar_decode(spark: Any, captures: lis
         [columnar.frames_batch_from_capture(p) for p in captures], DecodeOptions(STORE_PORTS))
     assert result.frames == sum(columnar.frames_batch_from_capture(p).num_rows
                                 for p in captures)
-    for name, keys in (("packets", ("ts_ns",)), ("messages", ("ts_ns", "msg_index")),
-                       ("advertisements", ("ts_ns", "record", "record_index"))):
+    core, headers = columnar.split_messages(expected.messages)
+    stored = {"packets": expected.packets, "messages": core,
+              "advertisements": expected.advertisements, **headers}
+    assert {"lbmc_ume_preg", "lbmc_ume_ack", "lbmc_ume_store"} <= set(headers)
+    for name, want_table in stored.items():
+        keys = {"packets": ("ts_ns",), "advertisements": ("ts_ns", "record", "record_index")
+                }.get(name, ("file", "file_offset", "msg_index"))
         got = _parquet_rows(out / name, keys)
-        want = _rows(getattr(expected, name), keys)
+        want = _rows(want_table, keys)
         assert len(got) == len(want) == result.rows[name] > 0, name
         assert got == want, name
+    for name in set(decode.PARQUET_TABLES) - set(stored) - {"skipped"}:
+        assert result.rows[name] == 0 and not pq.read_table(out / name).num_rows, name
+    wide = columnar.join_headers(pq.read_table(out / "messages"),
+                                 {n: pq.read_table(out / n) for n in headers})
+    by_key = ("file", "file_offset", "msg_index")
+    assert _rows(wide, by_key) == _rows(expected.messages, by_key)
     skipped = {(Path(r["file"]).name, r["reason"], r["frames"], r["first_file_offset"])
                for r in pq.read_table(out / "skipped").to_pylist()}
     assert skipped == {(Path(r["file"]).name, r["reason"], r["frames"], r["first_file_offset"])
                        for r in expected.skipped.to_pylist()}
     assert (out / "_SUCCESS").exists() and not (out / "_temporary").exists()
     tables = result.dataframes(spark)
-    for name in ("packets", "messages", "advertisements", "skipped"):
+    for name in ("packets", "advertisements", "skipped"):
         # Spark reads back the very types decode_frames gives (what the analyses use)
         assert tables[name].schema == decode._SPARK_SCHEMAS[name], name
     assert tables["packets"].count() == result.rows["packets"]
+    messages = result.messages(spark)
+    assert messages.schema == decode._SPARK_SCHEMAS["messages"]
+    assert _rows(messages.toArrow().cast(columnar.MESSAGES_SCHEMA), by_key) == _rows(
+        expected.messages, by_key)
+    narrow = result.messages(spark, ["ume_ack"])
+    assert narrow.columns == [*columnar.MESSAGE_CORE_SCHEMA.names, "ume_ack"]
+    with pytest.raises(ValueError, match="no header column 'ume_akc'"):
+        result.messages(spark, ["ume_akc"])
 
 
 def test_decode_to_parquet_separate_files(spark: Any, tmp_path: Path) -> None:
@@ -157,10 +177,11 @@ def test_decode_to_parquet_separate_files(spark: Any, tmp_path: Path) -> None:
     alone = columnar.decode_batches([columnar.frames_batch_from_capture(files[0])], options)
     assert alone.messages.num_rows == len(story.messages)
     got = pq.read_table(tmp_path / "out" / "messages").to_pylist()
+    alone_core, _ = columnar.split_messages(alone.messages)
     for path in files:
         mine = pa.Table.from_pylist([r for r in got if r["file"] == str(path)])
         assert _rows(mine, ("ts_ns", "msg_index")) == _rows(
-            alone.messages, ("ts_ns", "msg_index")), path.name
+            alone_core, ("ts_ns", "msg_index")), path.name
     buckets = decode.flow_buckets(
         pa.table({"file": ["a", "b"], **{k: [1, 1] for k in columnar.FLOW_KEY}}), 1 << 20,
         separate_files=True)
