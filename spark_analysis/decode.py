@@ -317,6 +317,11 @@ DEFAULT_BUCKETS = 64
 ROW_GROUP_ROWS = 1 << 18
 """Rows a task buffers per table before writing them as one Parquet row group."""
 
+STAGE2_TASKS_PER_CORE = 3
+"""Stage-2 tasks per core: with one task per core, a cost estimate that is off by a tenth
+left one core idle for a second at the end of a 10,000,000-frame run; smaller tasks handed
+out as cores free up even that out, for about 0.1 s of task start-up each."""
+
 STAGE2_TASK_BYTES = 256 << 20
 """TCP payload bytes per stage-2 task at most (unless one bucket alone is larger)."""
 
@@ -402,17 +407,20 @@ class _ParquetSink:
 @functools.cache
 def _writer_options(name: str) -> dict[str, Any]:
     """Dictionary pages for the string columns only (addresses, names, reasons: few distinct
-    values) and min/max statistics for the top-level scalar columns only (what queries filter
-    on).  The typed header structs are mostly null: encoding their leaves plainly and without
-    statistics saves a tenth of the write time."""
+    values) and min/max statistics for the top-level integer and boolean columns only (times,
+    offsets, ports, sequence numbers: what queries filter on by range).  String statistics
+    cost about a fifth of the write time of ``packets`` and ``messages`` (measured on the
+    benchmark capture); an equality filter on a string column is answered from its
+    dictionary page instead.  Nested columns (header structs, lists) are encoded plainly and
+    without statistics."""
     schema = PARQUET_TABLES[name]
     return {
         # levels and values are produced this many rows at a time (default 1,024): fewer
-        # rounds over the 148 leaves of ``messages``, most of them null (measured -8% CPU)
+        # rounds over the leaves of the header structs (measured -8% CPU)
         "write_batch_size": 1 << 16,
         "use_dictionary": [f.name for f in schema if pa.types.is_string(f.type)],
         "write_statistics": [f.name for f in schema
-                             if not pa.types.is_nested(f.type) and not pa.types.is_binary(f.type)],
+                             if pa.types.is_integer(f.type) or pa.types.is_boolean(f.type)],
     }
 
 
@@ -608,8 +616,11 @@ bucket of the benchmark capture: CPU follows the segment count (correlation 0.98
 def _plan_stage2(tcp: Sequence[tuple[int, str, int, int]], parallelism: int,
                  ) -> list[list[tuple[int, list[str]]]]:
     """Flow buckets packed into stage-2 tasks: costliest first onto the least loaded task,
-    with enough tasks for every core and for :data:`STAGE2_TASK_BYTES`.  A bucket's cost is
-    its segments plus its payload over :data:`STAGE2_BYTES_PER_SEGMENT`."""
+    with :data:`STAGE2_TASKS_PER_CORE` tasks for every core (at least; more when needed to
+    keep each under :data:`STAGE2_TASK_BYTES`).  A bucket's cost is its segments plus its
+    payload over :data:`STAGE2_BYTES_PER_SEGMENT`.  The tasks come costliest first: Spark
+    hands them out in that order as cores free up, which evens out what the estimate
+    missed."""
     paths: dict[int, list[str]] = defaultdict(list)
     size: dict[int, int] = defaultdict(int)
     cost: dict[int, int] = defaultdict(int)
@@ -620,14 +631,16 @@ def _plan_stage2(tcp: Sequence[tuple[int, str, int, int]], parallelism: int,
     if not paths:
         return []
     total = sum(size.values())
-    count = min(len(paths), max(parallelism, -(-total // STAGE2_TASK_BYTES)))
+    count = min(len(paths), max(STAGE2_TASKS_PER_CORE * parallelism,
+                                -(-total // STAGE2_TASK_BYTES)))
     tasks: list[list[tuple[int, list[str]]]] = [[] for _ in range(count)]
     load = [0] * count
     for bucket in sorted(paths, key=lambda b: (-cost[b], b)):
         lightest = load.index(min(load))
         tasks[lightest].append((bucket, sorted(paths[bucket])))
         load[lightest] += cost[bucket]
-    return [t for t in tasks if t]
+    order = sorted(range(count), key=lambda i: -load[i])
+    return [tasks[i] for i in order if tasks[i]]
 
 
 def decode_to_parquet(spark: SparkSession, paths: str | Sequence[str], out: str,

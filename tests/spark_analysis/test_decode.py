@@ -138,6 +138,13 @@ def test_decode_to_parquet_matches_the_columnar_decode(spark: Any, captures: lis
         want = _rows(want_table, keys)
         assert len(got) == len(want) == result.rows[name] > 0, name
         assert got == want, name
+    # range statistics on the integer columns (time, offsets, ports), none on strings, whose
+    # dictionary pages answer equality filters
+    meta = pq.ParquetFile(next((out / "packets").glob("*.parquet"))).metadata
+    chunks = {meta.schema.column(i).name: meta.row_group(0).column(i)
+              for i in range(meta.num_columns)}
+    assert chunks["ts_ns"].is_stats_set and chunks["dst_port"].is_stats_set
+    assert not chunks["src_ip"].is_stats_set and chunks["src_ip"].has_dictionary_page
     for name in set(decode.PARQUET_TABLES) - set(stored) - {"skipped"}:
         assert result.rows[name] == 0 and not pq.read_table(out / name).num_rows, name
     wide = columnar.join_headers(pq.read_table(out / "messages"),
@@ -237,14 +244,19 @@ def test_stage2_plan_balances_buckets_by_cost() -> None:
     per = decode.STAGE2_BYTES_PER_SEGMENT
     tcp = [(0, "a0", 900, 10), (1, "a1", 500, 3 * per), (1, "b1", 400, 0), (2, "a2", 300, 0),
            (3, "a3", 200, 0), (4, "a4", 100, 10**4 * per)]
-    tasks = decode._plan_stage2(tcp, 2)
+    # one core: STAGE2_TASKS_PER_CORE (3) tasks
+    tasks = decode._plan_stage2(tcp, 1)
+    assert decode.STAGE2_TASKS_PER_CORE == 3 and len(tasks) == 3
     assert sorted(b for task in tasks for b, _ in task) == [0, 1, 2, 3, 4]
     assert [dict(task)[1] for task in tasks if 1 in dict(task)] == [["a1", "b1"]]
-    # bucket 4 is the costliest by its bytes and gets a task alone; the rest share the other
-    assert sorted(sorted(b for b, _ in task) for task in tasks) == [[0, 1, 2, 3], [4]]
-    light = decode._plan_stage2([(b, p, r, 0) for b, p, r, _n in tcp[:-1]], 2)
-    loads = sorted(sum(r for b2, _p, r, _n in tcp if b2 in dict(task)) for task in light)
-    assert loads == [1100, 1200]  # 900 + 200 | 900 (500 + 400) + 300, costliest first
+    # bucket 4 is the costliest by its bytes and gets a task alone, handed out first; then
+    # 0 + 2 (900 + 300) and 1 + 3 (903 + 200)
+    assert [sorted(b for b, _ in task) for task in tasks] == [[4], [0, 2], [1, 3]]
+    light = decode._plan_stage2([(b, p, r, 0) for b, p, r, _n in tcp[:-1]], 1)
+    loads = [sum(r for b2, _p, r, _n in tcp if b2 in dict(task)) for task in light]
+    assert loads == [900, 900, 500]  # 900 | 500 + 400 | 300 + 200, costliest first
+    # never more tasks than buckets
+    assert len(decode._plan_stage2(tcp, 8)) == 5
 
 
 def test_pack_cuts_big_tables_into_bounded_streams() -> None:
