@@ -1,5 +1,5 @@
 """Decode-to-Parquet speed of the Spark pipeline against tshark:
-``python -m benchmarks.spark [--quick] [--packets N] [--json PATH]``.
+``python -m benchmarks.spark [--quick] [--packets N] [--repeat N] [--json PATH]``.
 
 One run measures, on the same generated capture (scenario ``big``, at least 10,000,000 frames
 by default; ``--quick`` 200,000):
@@ -17,6 +17,11 @@ by default; ``--quick`` 200,000):
   packets/s, so by default it reads the first ``--tshark-packets`` (1,000,000) frames of the
   capture, copied to a file of their own; its rate is per packet of that subset, and the
   report says so.  ``--tshark-packets 0`` gives it the whole capture.
+
+``--repeat N`` runs the Spark side N times, each in a fresh session (Python workers
+started anew, as a user's run starts them), and reports the run of median wall time plus
+every run's wall and CPU seconds: on this shared machine two runs of the same code differ by
+a tenth or more, so a single run cannot show a change of a few percent.
 
 Printed: packets/s of both and their ratio (both wall clock, and per CPU-second: the machine
 has two cores and other work may share them), the CPU seconds of each side, the peak resident
@@ -327,6 +332,12 @@ def _dataframe_pipeline(spark: Any, capture: Path, out: Path, options: Any,
     return frames, rows, stages
 
 
+def median_run(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median wall time (the lower middle one of an even count): on a shared
+    machine single runs of the same code differ by a tenth or more."""
+    return sorted(runs, key=lambda run: run["seconds"])[(len(runs) - 1) // 2]
+
+
 def run_tshark(capture: Path, store: Sequence[int]) -> dict[str, Any]:
     from wire.tshark import PortMap, tshark_path
 
@@ -371,6 +382,9 @@ def report(result: dict[str, Any]) -> str:
         f"in {spark['seconds']:.1f} s = {s_pps:,.0f} packets/s wall "
         f"({spark['cpu_seconds']:.1f} CPU-s, {s_cpu:,.0f} packets per CPU-second); "
         f"session start {spark['session_seconds']:.1f} s not included",
+        *([f"  the median of {len(runs)} runs: " + ", ".join(
+            f"{r['seconds']:.1f} s ({r['cpu_seconds']:.1f} CPU-s)" for r in runs)]
+          if len(runs := result.get("spark_runs", [])) > 1 else []),
         "  rows written: " + ", ".join(f"{k} {v:,}" for k, v in spark["rows"].items()),
         "  stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in spark["stages"].items()),
         "  CPU by process: " + ", ".join(f"{k} {v:.1f} s" for k, v in
@@ -416,6 +430,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pipeline", choices=("fast", "dataframe"), default="fast")
     parser.add_argument("--out", type=Path, help="Parquet output directory (default: a "
                         "temporary one, deleted after)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="Spark runs, each in a fresh session; the median (by wall time) "
+                             "is reported, with every run's figures (default 1)")
     parser.add_argument("--skip-tshark", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
@@ -424,6 +441,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       else QUICK_TSHARK_PACKETS if args.quick else DEFAULT_TSHARK_PACKETS)
     if packets <= 0 or tshark_packets < 0:
         parser.error("packet counts must be positive")
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     try:
         capture, generated = ensure_capture(args.cache, packets, args.seed)
         print(f"capture {capture}" + (f" (generated in {generated:.0f} s)" if generated else
@@ -435,13 +454,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             "python": platform.python_version(),
         }
         out_dir = args.out or Path(tempfile.mkdtemp(prefix="ump-bench-spark-out-"))
+        runs = []
         try:
-            result["spark"] = run_spark(capture, out_dir, args.master, args.pipeline)
+            for _ in range(args.repeat):
+                runs.append(run_spark(capture, out_dir, args.master, args.pipeline))
+                print(f"spark done: {runs[-1]['frames']:,} frames in "
+                      f"{runs[-1]['seconds']:.1f} s", flush=True)
         finally:
             if args.out is None:
                 shutil.rmtree(out_dir, ignore_errors=True)
-        print(f"spark done: {result['spark']['frames']:,} frames in "
-              f"{result['spark']['seconds']:.1f} s", flush=True)
+        result["spark"] = median_run(runs)
+        result["spark_runs"] = [{k: run[k] for k in ("seconds", "cpu_seconds", "stages")}
+                                for run in runs]
         if not args.skip_tshark:
             subset = (capture if tshark_packets == 0 or tshark_packets >= packets
                       else first_frames(capture, tshark_packets))
