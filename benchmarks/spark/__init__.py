@@ -18,10 +18,12 @@ by default; ``--quick`` 200,000):
   capture, copied to a file of their own; its rate is per packet of that subset, and the
   report says so.  ``--tshark-packets 0`` gives it the whole capture.
 
-``--repeat N`` runs the Spark side N times, each in a fresh session (Python workers
-started anew, as a user's run starts them), and reports the run of median wall time plus
-every run's wall and CPU seconds: on this shared machine two runs of the same code differ by
-a tenth or more, so a single run cannot show a change of a few percent.
+``--repeat N`` runs the Spark side N times, each in a new SparkContext (its Python workers
+started anew, as a user's run starts them; the driver JVM is the first run's, so later runs
+start their session in well under a second and their driver is warm), and reports the run of
+median wall time plus every run's wall and CPU seconds: on this shared machine two runs of
+the same code differ by a tenth or more, so a single run cannot show a change of a few
+percent.
 
 Printed: packets/s of both and their ratio (both wall clock, and per CPU-second: the machine
 has two cores and other work may share them), the CPU seconds of each side, the peak resident
@@ -431,8 +433,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="Parquet output directory (default: a "
                         "temporary one, deleted after)")
     parser.add_argument("--repeat", type=int, default=1,
-                        help="Spark runs, each in a fresh session; the median (by wall time) "
-                             "is reported, with every run's figures (default 1)")
+                        help="Spark runs, each in a new SparkContext (new Python workers, "
+                             "same driver JVM); the median (by wall time) is reported, with "
+                             "every run's figures (default 1)")
     parser.add_argument("--skip-tshark", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
     args = parser.parse_args(argv)

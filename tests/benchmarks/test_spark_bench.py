@@ -1,5 +1,5 @@
 """Smoke test of ``python -m benchmarks.spark`` on a tiny capture: the command runs end to end,
-repeats the Spark side in fresh sessions and reports the median run.  The speed target is
+repeats the Spark side in new SparkContexts and reports the median run.  The speed target is
 judged by the benchmark's own output, never here.
 
 The benchmark starts and stops its own Spark sessions, so it runs in a subprocess: in this
