@@ -126,6 +126,7 @@ __all__ = [
     "frames_batch_from_capture",
     "join_headers",
     "member_at",
+    "merge_skipped",
     "null_array",
     "reassemble_tcp",
     "split_messages",
@@ -2332,7 +2333,9 @@ def _concat(tables: Sequence[pa.Table], schema: pa.Schema) -> pa.Table:
     return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
 
-def _merge_skipped(tables: Sequence[pa.Table]) -> pa.Table:
+def merge_skipped(tables: Sequence[pa.Table]) -> pa.Table:
+    """One ``skipped`` table (:data:`SKIPPED_SCHEMA`) from several: frames summed and the
+    first offset kept per file and reason."""
     table = _concat(tables, SKIPPED_SCHEMA)
     if not table.num_rows:
         return table
@@ -2350,7 +2353,7 @@ def concat_tables(parts: Sequence[DecodedTables]) -> DecodedTables:
         _concat([p.packets for p in parts], PACKETS_SCHEMA),
         _concat([p.messages for p in parts], MESSAGES_SCHEMA),
         _concat([p.advertisements for p in parts], ADVERTISEMENTS_SCHEMA),
-        _merge_skipped([p.skipped for p in parts]),
+        merge_skipped([p.skipped for p in parts]),
         _concat([p.tcp_segments for p in parts], TCP_SEGMENTS_SCHEMA),
     )
 

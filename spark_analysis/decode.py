@@ -397,11 +397,7 @@ class _ParquetSink:
         for name, writer in self.writers.items():
             writer.close()
             files.append((name, f"{self.job.tmp}/{name}/{self.tag}.parquet", self.rows[name]))
-        skipped = columnar.concat_tables([
-            DecodedTables(PACKETS_SCHEMA.empty_table(), MESSAGES_SCHEMA.empty_table(),
-                          ADVERTISEMENTS_SCHEMA.empty_table(), s,
-                          TCP_SEGMENTS_SCHEMA.empty_table()) for s in self.skipped]).skipped
-        return {"files": files, "skipped": skipped.to_pylist()}
+        return {"files": files, "skipped": columnar.merge_skipped(self.skipped).to_pylist()}
 
 
 @functools.cache
@@ -773,11 +769,8 @@ def _commit(job: _Job, root: str, out: str, manifests: Sequence[Mapping[str, Any
             fs.move(path, f"{paths[name]}/part-{numbers[name]:05d}.parquet")
             numbers[name] += 1
             rows[name] += count
-    skipped = columnar.concat_tables([
-        DecodedTables(PACKETS_SCHEMA.empty_table(), MESSAGES_SCHEMA.empty_table(),
-                      ADVERTISEMENTS_SCHEMA.empty_table(),
-                      pa.Table.from_pylist(m["skipped"], schema=SKIPPED_SCHEMA),
-                      TCP_SEGMENTS_SCHEMA.empty_table()) for m in ordered]).skipped
+    skipped = columnar.merge_skipped([pa.Table.from_pylist(m["skipped"], schema=SKIPPED_SCHEMA)
+                                      for m in ordered])
     skipped = skipped.sort_by([("file", "ascending"), ("reason", "ascending")])
     pq.write_table(skipped, f"{paths['skipped']}/part-00000.parquet", filesystem=fs)
     numbers["skipped"] = 1
