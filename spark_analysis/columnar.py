@@ -523,6 +523,7 @@ def join_headers(core: pa.Table, headers: Mapping[str, pa.Table],
     schema = pa.schema([MESSAGES_SCHEMA.field(c) for c in [*MESSAGE_CORE_SCHEMA.names, *wanted]])
     return pa.Table.from_arrays(columns, schema=schema)
 
+
 ADVERTISEMENTS_SCHEMA = pa.schema([
     *_IDENTITY,
     _f("record", pa.string(), "tir, tqr or wc_tqr"),

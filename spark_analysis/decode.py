@@ -707,22 +707,12 @@ def decode_to_parquet(spark: SparkSession, paths: str | Sequence[str], out: str,
     try:
         t0 = time.perf_counter()
         in_driver = sum(s.end - s.start for s in splits_planned) <= driver_bytes
-        if in_driver:
-            first = list(_decode_splits(job, enumerate(splits_planned)))
-        else:
-            first = (sc.parallelize(list(enumerate(splits_planned)), len(splits_planned))
-                     .mapPartitions(functools.partial(_decode_splits, job)).collect())
-        _raise_task_error(first)
+        first = _run_tasks(sc if not in_driver else None, _decode_splits, job, splits_planned)
         seconds["stage1"] = time.perf_counter() - t0
         tcp = [entry for m in first for entry in m["tcp"]]
         plan2 = _plan_stage2(tcp, parallelism)
         t0 = time.perf_counter()
-        if in_driver or not plan2:
-            second = list(_reassemble_buckets(job, enumerate(plan2)))
-        else:
-            second = (sc.parallelize(list(enumerate(plan2)), len(plan2))
-                      .mapPartitions(functools.partial(_reassemble_buckets, job)).collect())
-        _raise_task_error(second)
+        second = _run_tasks(sc if not in_driver else None, _reassemble_buckets, job, plan2)
         seconds["stage2"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         result = _commit(job, root, out, first + second)
@@ -746,6 +736,22 @@ def decode_to_parquet(spark: SparkSession, paths: str | Sequence[str], out: str,
             raise CaptureError(line)
         log.warning("%s", line)
     return result
+
+
+def _run_tasks(sc: Any, task: Callable[[_Job, Iterable[tuple[int, Any]]],
+                                       Iterator[dict[str, Any]]],
+               job: _Job, items: Sequence[Any]) -> list[dict[str, Any]]:
+    """``task``'s manifests for every item (one Spark task each), or, with no SparkContext
+    ``sc`` (a capture small enough to decode in the driver) or nothing to do, run right
+    here.  Raises the first task's CaptureError."""
+    numbered = list(enumerate(items))
+    if sc is None or not numbered:
+        manifests = list(task(job, numbered))
+    else:
+        manifests = (sc.parallelize(numbered, len(numbered))
+                     .mapPartitions(functools.partial(task, job)).collect())
+    _raise_task_error(manifests)
+    return manifests
 
 
 def _raise_task_error(manifests: Sequence[Mapping[str, Any]]) -> None:
