@@ -145,6 +145,10 @@ def test_decode_to_parquet_matches_the_columnar_decode(spark: Any, captures: lis
               for i in range(meta.num_columns)}
     assert chunks["ts_ns"].is_stats_set and chunks["dst_port"].is_stats_set
     assert not chunks["src_ip"].is_stats_set and chunks["src_ip"].has_dictionary_page
+    # growing integers are delta-encoded (the other integers stay plain)
+    assert "DELTA_BINARY_PACKED" in chunks["file_offset"].encodings
+    assert "DELTA_BINARY_PACKED" in chunks["ts_ns"].encodings
+    assert "DELTA_BINARY_PACKED" not in chunks["dst_port"].encodings
     for name in set(decode.PARQUET_TABLES) - set(stored) - {"skipped"}:
         assert result.rows[name] == 0 and not pq.read_table(out / name).num_rows, name
     wide = columnar.join_headers(pq.read_table(out / "messages"),
