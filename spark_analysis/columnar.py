@@ -105,6 +105,8 @@ from .splits import CAPTURE_SCHEMA, RecordChunk
 
 __all__ = [
     "ADVERTISEMENTS_SCHEMA",
+    "CATEGORICAL_COLUMNS",
+    "DICTIONARY_STRING",
     "FRAME_SCHEMA",
     "HEADER_TABLE_SCHEMAS",
     "MESSAGES_SCHEMA",
@@ -121,6 +123,7 @@ __all__ = [
     "decode_batch",
     "decode_batches",
     "decode_chunk",
+    "dictionary_schema",
     "flow_key_columns",
     "frames_batch",
     "frames_batch_from_capture",
@@ -481,8 +484,10 @@ def split_messages(messages: pa.Table) -> tuple[pa.Table, dict[str, pa.Table]]:
     of every header struct whether the header is there or not (148 leaves; most messages
     carry one header or none), which was most of the time spent writing ``messages``.
     :func:`join_headers` (pyarrow) and :meth:`spark_analysis.decode.ParquetTables.messages`
-    (Spark) put them back together."""
+    (Spark) put them back together.  Dictionary-typed key columns stay so
+    (:data:`CATEGORICAL_COLUMNS`)."""
     core = messages.select(MESSAGE_CORE_SCHEMA.names)
+    dictionaries = pa.types.is_dictionary(messages.schema.field("file").type)
     headers: dict[str, pa.Table] = {}
     for column in MESSAGE_HEADER_COLUMNS:
         values = messages.column(column.name)
@@ -491,7 +496,8 @@ def split_messages(messages: pa.Table) -> tuple[pa.Table, dict[str, pa.Table]]:
         name = f"{HEADER_TABLE_PREFIX}{column.name}"
         present = values.is_valid()
         rows = messages.select([*MESSAGE_KEY, column.name]).filter(present)
-        headers[name] = rows.cast(HEADER_TABLE_SCHEMAS[name])
+        schemas = _HEADER_TABLES_D if dictionaries else HEADER_TABLE_SCHEMAS
+        headers[name] = rows.cast(schemas[name])
     return core, headers
 
 
@@ -499,8 +505,11 @@ def join_headers(core: pa.Table, headers: Mapping[str, pa.Table],
                  names: Sequence[str] | None = None) -> pa.Table:
     """The wide ``messages`` table (:data:`MESSAGES_SCHEMA`; with ``names``, only those
     header columns) from the stored core and header tables: the inverse of
-    :func:`split_messages`, for reading stored tables back with pyarrow.  Raises ValueError
+    :func:`split_messages`, for reading stored tables back with pyarrow (whose categorical
+    columns come back dictionary-typed: they are cast to plain strings).  Raises ValueError
     for a header row whose key names no message."""
+    if core.schema != MESSAGE_CORE_SCHEMA:
+        core = core.cast(MESSAGE_CORE_SCHEMA)
     wanted = [h.name for h in MESSAGE_HEADER_COLUMNS if names is None or h.name in names]
     n = core.num_rows
     rows = {key: i for i, key in enumerate(
@@ -556,10 +565,8 @@ TCP_SEGMENTS_SCHEMA = pa.schema([
     _f("file", pa.string(), "capture file"),
     _f("file_offset", pa.int64(), "frame offset in the file"),
     _f("ts_ns", pa.int64(), "capture time"),
-    _f("src_ip", pa.string(), "IPv4 source"),
     _f("src_ip_int", pa.int64(), "IPv4 source as a number"),
     _f("src_port", pa.int32(), "TCP source port"),
-    _f("dst_ip", pa.string(), "IPv4 destination"),
     _f("dst_ip_int", pa.int64(), "IPv4 destination as a number"),
     _f("dst_port", pa.int32(), "TCP destination port"),
     _f("seq", pa.int64(), "TCP sequence number"),
@@ -567,7 +574,37 @@ TCP_SEGMENTS_SCHEMA = pa.schema([
     _f("payload", pa.binary(), "TCP payload"),
 ])
 """TCP segments of candidate LBT-TCP connections: the input of :func:`reassemble_tcp` (the
-stateful second stage, grouped by connection direction)."""
+stateful second stage, grouped by connection direction).  Addresses travel as numbers only:
+stage 2 formats the dotted form of the few distinct ones itself."""
+
+CATEGORICAL_COLUMNS = frozenset({"file", "protocol", "src_ip", "dst_ip", "classified_by",
+                                 "packet_type", "message_type", "label"})
+"""String columns of ``packets``, ``messages`` and ``advertisements`` with few distinct values
+(file names, protocols, addresses, kinds).  The decoder makes them as dictionary arrays
+(:data:`DICTIONARY_STRING`): a code per row and each distinct text once.  The public schemas
+say ``string`` and the tables are cast to them on the way out; with ``dictionaries=True``
+(:func:`decode_chunk`, :func:`reassemble_tcp`) they stay dictionaries, which is how
+:func:`spark_analysis.decode.decode_to_parquet` stores them: the Parquet writer takes a
+dictionary column's codes as they are, where it hashes every value of a plain string column
+(measured: 7 against 13-20 ns a row and column), and the cast to plain strings (a copy of
+every value) is not made at all."""
+
+DICTIONARY_STRING = pa.dictionary(pa.int32(), pa.string())
+"""The type of a categorical column under ``dictionaries=True``."""
+
+
+def dictionary_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with its :data:`CATEGORICAL_COLUMNS` dictionary-typed (names, docs and
+    nullability kept): the ``dictionaries=True`` form of a table."""
+    return pa.schema([f.with_type(DICTIONARY_STRING)
+                      if f.name in CATEGORICAL_COLUMNS and pa.types.is_string(f.type) else f
+                      for f in schema], metadata=schema.metadata)
+
+
+_PACKETS_D = dictionary_schema(PACKETS_SCHEMA)
+_MESSAGES_D = dictionary_schema(MESSAGES_SCHEMA)
+_ADVERTISEMENTS_D = dictionary_schema(ADVERTISEMENTS_SCHEMA)
+_HEADER_TABLES_D = {name: dictionary_schema(s) for name, s in HEADER_TABLE_SCHEMAS.items()}
 
 FLOW_KEY = ("src_ip_int", "src_port", "dst_ip_int", "dst_port")
 """The columns naming one direction of a TCP connection (the stage-2 grouping key)."""
@@ -813,22 +850,28 @@ def _latin1_array(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
 
 
 def _dictionary_strings(codes: np.ndarray, names: Sequence[str | None],
-                        valid: np.ndarray | None = None) -> pa.Array:
-    """A string column from small integer codes (enum-like columns: protocol, types), null
-    where ``valid`` is false."""
+                        valid: np.ndarray | None = None) -> pa.DictionaryArray:
+    """A dictionary-typed string column (:data:`DICTIONARY_STRING`) from small integer codes
+    (enum-like columns: protocol, types), null where ``valid`` is false.  :func:`_table`
+    casts it to plain strings where the schema says so."""
+    names = list(names)
+    if None in names:  # a code without a name is a null (a dictionary holds no nulls)
+        codes = np.where(valid, codes, 0) if valid is not None else codes
+        named = np.array([n is not None for n in names])[codes]
+        valid = named if valid is None else valid & named
+        names = [n if n is not None else "" for n in names]
     indices = _masked(np.where(valid, codes, 0) if valid is not None else codes, valid,
                       pa.int32())
-    return pa.DictionaryArray.from_arrays(indices, pa.array(list(names), pa.string())).cast(
-        pa.string())
+    return pa.DictionaryArray.from_arrays(indices, pa.array(names, pa.string()))
 
 
-def _ipv4_strings(values: np.ndarray) -> pa.Array:
-    """Dotted IPv4 strings for u32 values: hashed to the few distinct addresses first."""
+def _ipv4_strings(values: np.ndarray) -> pa.DictionaryArray:
+    """Dotted IPv4 strings for u32 values, dictionary-typed: hashed to the few distinct
+    addresses first, each formatted once."""
     encoded = pc.dictionary_encode(pa.array(values.astype(np.int64)))
     distinct = encoded.dictionary.to_numpy()
     text = [str(ipaddress.IPv4Address(int(v))) for v in distinct]
-    return pa.DictionaryArray.from_arrays(encoded.indices, pa.array(text, pa.string())).cast(
-        pa.string())
+    return pa.DictionaryArray.from_arrays(encoded.indices, pa.array(text, pa.string()))
 
 
 @functools.cache
@@ -889,12 +932,10 @@ def _sparse_strings(rows: int, texts: Mapping[int, str]) -> pa.Array:
     return _dictionary_strings(codes, distinct, valid)
 
 
-def _constant(text: str, rows: int) -> pa.Array:
-    """A string column holding ``text`` in every row."""
-    raw = text.encode()
-    offsets = np.arange(rows + 1, dtype=np.int32) * len(raw)
-    return pa.Array.from_buffers(pa.string(), rows,
-                                 [None, pa.py_buffer(offsets), pa.py_buffer(raw * rows)])
+def _constant(text: str, rows: int) -> pa.DictionaryArray:
+    """A dictionary-typed string column holding ``text`` in every row."""
+    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, np.int32)),
+                                          pa.array([text], pa.string()))
 
 
 def _convert(part: ColumnPart, raw: np.ndarray) -> pa.Array:
@@ -907,8 +948,8 @@ def _convert(part: ColumnPart, raw: np.ndarray) -> pa.Array:
         distinct = np.unique(raw)
         allowed = distinct[np.array([bool(when(int(v))) for v in distinct], dtype=bool)]
         return _masked(values, np.isin(raw, allowed), part.type)
-    if part.kind == "ipv4":
-        return _ipv4_strings(raw)
+    if part.kind == "ipv4":  # a struct field: plain strings (struct types are fixed)
+        return _ipv4_strings(raw).cast(pa.string())
     if part.kind == "bytes":
         width = raw.dtype.itemsize
         fixed = pa.Array.from_buffers(pa.binary(width), len(raw),
@@ -987,19 +1028,33 @@ class _Skips:
             self.add(rows[values == value], reason(int(value)))
 
     def table(self, files: pa.Array, offsets: np.ndarray) -> pa.Table:
+        """Frames and first offset per (file, reason), sorted by both; ``files`` gives each
+        frame row's file (a dictionary array: grouped by its codes, in numpy)."""
         if not self._parts:
             return SKIPPED_SCHEMA.empty_table()
+        if not pa.types.is_dictionary(files.type):
+            files = pc.dictionary_encode(files)
+        reasons = sorted({reason for _, reason in self._parts})
+        number = {reason: i for i, reason in enumerate(reasons)}
         rows = np.concatenate([r for r, _ in self._parts])
-        codes = np.concatenate([np.full(len(r), i, np.int32)
-                                for i, (r, _) in enumerate(self._parts)])
-        reasons = _dictionary_strings(codes, [reason for _, reason in self._parts])
-        frame = pa.table({"file": files.take(pa.array(rows)), "reason": reasons,
-                          "off": pa.array(offsets[rows], pa.int64())})
-        grouped = frame.group_by(["file", "reason"]).aggregate([("off", "count"),
-                                                                 ("off", "min")])
-        return pa.table({"file": grouped["file"], "reason": grouped["reason"],
-                         "frames": grouped["off_count"].cast(pa.int64()),
-                         "first_file_offset": grouped["off_min"]}, schema=SKIPPED_SCHEMA)
+        reason = np.concatenate([np.full(len(r), number[text], np.int64)
+                                 for r, text in self._parts])
+        names = files.dictionary.to_pylist()
+        file_rank = np.argsort(np.argsort(np.array(names, object), kind="stable"))
+        code = files.indices.to_numpy(zero_copy_only=False).astype(np.int64)[rows]
+        key = file_rank[code] * len(reasons) + reason
+        order = np.lexsort((offsets[rows], key))
+        key, first_offset = key[order], offsets[rows][order]
+        starts = np.flatnonzero(np.diff(key, prepend=-1))
+        counts = np.diff(np.append(starts, len(key)))
+        by_rank = np.argsort(file_rank)
+        return pa.table({
+            "file": pa.array([names[i] for i in by_rank[key[starts] // len(reasons)]],
+                             pa.string()),
+            "reason": pa.array([reasons[i] for i in key[starts] % len(reasons)], pa.string()),
+            "frames": pa.array(counts, pa.int64()),
+            "first_file_offset": pa.array(first_offset[starts], pa.int64()),
+        }, schema=SKIPPED_SCHEMA)
 
 
 # =============================================================================================
@@ -1058,6 +1113,7 @@ class _Frames:
         single = None
         if len(files) and not files.null_count and pc.all(pc.equal(files, files[0])).as_py():
             single = files[0].as_py()
+        files = pc.dictionary_encode(files)  # taken per table row: codes, not texts
         return cls(len(batch), files, ints("file_offset"), ts_ns, ints("linktype"),
                    _Binary.of(column("data")), single)
 
@@ -1107,8 +1163,7 @@ class _Network:
                         for v in encoded.dictionary.to_numpy()]
             cached = self.text[which] = (encoded.indices.to_numpy(), pa.array(distinct))
         indices, dictionary = cached
-        return pa.DictionaryArray.from_arrays(pa.array(indices[rows]), dictionary).cast(
-            pa.string())
+        return pa.DictionaryArray.from_arrays(pa.array(indices[rows]), dictionary)
 
 
 def _decode_network(fr: _Frames, skips: _Skips) -> _Network:
@@ -1675,7 +1730,7 @@ def _messages_table(bv: ByteView, msgs: _Lbmc, identity: Mapping[str, pa.Array],
         columns["malformed_reason"] = _sparse_strings(
             m, {i: msgs.error_text(i) or "" for i in np.flatnonzero(~ok).tolist()})
     columns.update(_header_columns(bv, msgs))
-    return _table(MESSAGES_SCHEMA, m, columns)
+    return _table(_MESSAGES_D, m, columns)
 
 
 def _table(schema: pa.Schema, n: int, columns: Mapping[str, pa.Array]) -> pa.Table:
@@ -2127,7 +2182,7 @@ def _udp_tables(fr: _Frames, net: _Network, res: _UdpResult, positions: np.ndarr
             parts.append(_packet_error(decoder.name, _P_FRAGMENT, 0, 0, (), None))
         reasons[i] = "; ".join(parts)
     columns["malformed_reason"] = _sparse_strings(k, reasons)
-    packets = _table(PACKETS_SCHEMA, k, columns)
+    packets = _table(_PACKETS_D, k, columns)
 
     # messages of the selected rows
     selected = np.zeros(len(res.frame_rows), bool)
@@ -2280,7 +2335,7 @@ def _decode_lbmr(fr: _Frames, net: _Network, frame_rows: np.ndarray, strict: boo
 def _lbmr_tables(fr: _Frames, net: _Network, decoded: list[_LbmrRow], classified_by: str,
                  ) -> tuple[pa.Table, pa.Table]:
     if not decoded:
-        return PACKETS_SCHEMA.empty_table(), ADVERTISEMENTS_SCHEMA.empty_table()
+        return _PACKETS_D.empty_table(), _ADVERTISEMENTS_D.empty_table()
     rows = np.array([d[0] for d in decoded], np.int64)
     columns = _identity(fr, net, rows, "lbmr")
     columns["classified_by"] = _constant(classified_by, len(rows))
@@ -2288,17 +2343,17 @@ def _lbmr_tables(fr: _Frames, net: _Network, decoded: list[_LbmrRow], classified
     columns["packet_type"] = pa.array([d[1] for d in decoded], pa.string())
     columns["messages"] = pa.array(np.zeros(len(rows), np.int32))
     columns["malformed_reason"] = pa.array([d[2] for d in decoded], pa.string())
-    packets = _table(PACKETS_SCHEMA, len(rows), columns)
+    packets = _table(_PACKETS_D, len(rows), columns)
     owners = np.array([d[0] for d in decoded for _ in d[3]], np.int64)
     records = [r for d in decoded for r in d[3]]
     if not records:
-        return packets, ADVERTISEMENTS_SCHEMA.empty_table()
+        return packets, _ADVERTISEMENTS_D.empty_table()
     ident = _identity(fr, net, owners, "lbmr")
     adverts = pa.Table.from_pylist(records, schema=pa.schema(
         [f for f in ADVERTISEMENTS_SCHEMA if f.name not in ident]))
     cols = {**{n: ident[n] for n in ADVERTISEMENTS_SCHEMA.names if n in ident},
             **{n: adverts.column(n) for n in adverts.column_names}}
-    return packets, _table(ADVERTISEMENTS_SCHEMA, len(records), cols)
+    return packets, _table(_ADVERTISEMENTS_D, len(records), cols)
 
 
 # =============================================================================================
@@ -2321,10 +2376,24 @@ class DecodedTables:
     tcp_segments: pa.Table
 
     @classmethod
-    def empty(cls) -> DecodedTables:
-        return cls(PACKETS_SCHEMA.empty_table(), MESSAGES_SCHEMA.empty_table(),
-                   ADVERTISEMENTS_SCHEMA.empty_table(), SKIPPED_SCHEMA.empty_table(),
-                   TCP_SEGMENTS_SCHEMA.empty_table())
+    def empty(cls, dictionaries: bool = False) -> DecodedTables:
+        packets, messages, adverts = ((_PACKETS_D, _MESSAGES_D, _ADVERTISEMENTS_D)
+                                      if dictionaries else
+                                      (PACKETS_SCHEMA, MESSAGES_SCHEMA, ADVERTISEMENTS_SCHEMA))
+        return cls(packets.empty_table(), messages.empty_table(), adverts.empty_table(),
+                   SKIPPED_SCHEMA.empty_table(), TCP_SEGMENTS_SCHEMA.empty_table())
+
+    def plain(self) -> DecodedTables:
+        """These tables with the public schemas: :data:`CATEGORICAL_COLUMNS` as plain strings
+        (a no-op for tables that have them already)."""
+        return DecodedTables(_cast(self.packets, PACKETS_SCHEMA),
+                             _cast(self.messages, MESSAGES_SCHEMA),
+                             _cast(self.advertisements, ADVERTISEMENTS_SCHEMA),
+                             self.skipped, self.tcp_segments)
+
+
+def _cast(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    return table if table.schema == schema else table.cast(schema)
 
 
 def _concat(tables: Sequence[pa.Table], schema: pa.Schema) -> pa.Table:
@@ -2349,29 +2418,34 @@ def merge_skipped(tables: Sequence[pa.Table]) -> pa.Table:
 
 
 def concat_tables(parts: Sequence[DecodedTables]) -> DecodedTables:
-    """One :class:`DecodedTables` from several (skipped counts merged per file and reason)."""
+    """One :class:`DecodedTables` from several (skipped counts merged per file and reason);
+    the parts must agree on ``dictionaries``."""
+    like = parts[0] if parts else DecodedTables.empty()
     return DecodedTables(
-        _concat([p.packets for p in parts], PACKETS_SCHEMA),
-        _concat([p.messages for p in parts], MESSAGES_SCHEMA),
-        _concat([p.advertisements for p in parts], ADVERTISEMENTS_SCHEMA),
+        _concat([p.packets for p in parts], like.packets.schema),
+        _concat([p.messages for p in parts], like.messages.schema),
+        _concat([p.advertisements for p in parts], like.advertisements.schema),
         merge_skipped([p.skipped for p in parts]),
         _concat([p.tcp_segments for p in parts], TCP_SEGMENTS_SCHEMA),
     )
 
 
 def decode_batch(batch: pa.RecordBatch | pa.Table, options: DecodeOptions | None = None,
-                 ) -> DecodedTables:
+                 *, dictionaries: bool = False) -> DecodedTables:
     """Stage 1 (stateless): every frame of ``batch`` to packets, messages, advertisements and
-    skipped counts; TCP segments of candidate LBT-TCP connections go to ``tcp_segments``."""
-    return _decode_frames(_Frames.of(batch), options or DecodeOptions())
+    skipped counts; TCP segments of candidate LBT-TCP connections go to ``tcp_segments``.
+    With ``dictionaries`` the :data:`CATEGORICAL_COLUMNS` are dictionary arrays."""
+    tables = _decode_frames(_Frames.of(batch), options or DecodeOptions())
+    return tables if dictionaries else tables.plain()
 
 
 def decode_chunk(file: str, chunk: RecordChunk, options: DecodeOptions | None = None,
-                 ) -> DecodedTables:
+                 *, dictionaries: bool = False) -> DecodedTables:
     """:func:`decode_batch` of the records of a reader chunk
     (:meth:`spark_analysis.splits.SplitReader.chunks`), read where they lie in the chunk's
     buffer: the same tables as decoding the Arrow batches of those records."""
-    return _decode_frames(_Frames.of_chunk(file, chunk), options or DecodeOptions())
+    tables = _decode_frames(_Frames.of_chunk(file, chunk), options or DecodeOptions())
+    return tables if dictionaries else tables.plain()
 
 
 def _decode_frames(fr: _Frames, options: DecodeOptions) -> DecodedTables:
@@ -2439,16 +2513,25 @@ def _decode_frames(fr: _Frames, options: DecodeOptions) -> DecodedTables:
     segments = _tcp_segments_table(fr, net, tcp)
 
     return DecodedTables(
-        _concat(packets, PACKETS_SCHEMA), _concat(messages, MESSAGES_SCHEMA),
-        _concat(adverts, ADVERTISEMENTS_SCHEMA),
+        _concat(packets, _PACKETS_D), _concat(messages, _MESSAGES_D),
+        _concat(adverts, _ADVERTISEMENTS_D),
         skips.table(fr.files, fr.file_offset), segments)
 
 
 def _tcp_segments_table(fr: _Frames, net: _Network, rows: np.ndarray) -> pa.Table:
     if not rows.size:
         return TCP_SEGMENTS_SCHEMA.empty_table()
-    ident = _identity(fr, net, rows, "lbttcp")
-    columns = {name: ident[name] for name in TCP_SEGMENTS_SCHEMA.names if name in ident}
+    take = pa.array(rows)
+    columns = {
+        "file": (_constant(fr.single_file, len(rows)) if fr.single_file is not None
+                 else fr.files.take(take)),
+        "file_offset": pa.array(fr.file_offset[rows], pa.int64()),
+        "ts_ns": fr.ts_ns.take(take),
+        "src_ip_int": pa.array(net.src[rows], pa.int64()),
+        "src_port": pa.array(net.sport[rows].astype(np.int32)),
+        "dst_ip_int": pa.array(net.dst[rows], pa.int64()),
+        "dst_port": pa.array(net.dport[rows].astype(np.int32)),
+    }
     columns["seq"] = pa.array(net.seq[rows], pa.int64())
     columns["tcp_flags"] = pa.array(net.tcp_flags[rows], pa.int32())
     columns["payload"] = _binary_array(fr.data.bv.data, net.pstart[rows],
@@ -2722,19 +2805,20 @@ def _contiguous_piece(out: _TcpOut, raw: bytes, rows: np.ndarray, useq: np.ndarr
 
 
 def reassemble_tcp(segments: pa.Table | pa.RecordBatch, options: DecodeOptions | None = None,
-                   ) -> DecodedTables:
+                   *, dictionaries: bool = False) -> DecodedTables:
     """Stage 2 (stateful): reassemble and frame LBT-TCP connection directions.
 
     ``segments`` (:data:`TCP_SEGMENTS_SCHEMA`) must hold *every* segment of each connection
     direction it contains (Spark groups them by :func:`flow_key_columns`); any order.  Returns
     the lbttcp packets (one per segment with payload on a recognised connection), their
     messages and the skipped counts.  With :attr:`DecodeOptions.separate_files` a direction
-    is reassembled per file.
+    is reassembled per file.  With ``dictionaries`` the :data:`CATEGORICAL_COLUMNS` are
+    dictionary arrays.
     """
     options = options or DecodeOptions()
     table = segments if isinstance(segments, pa.Table) else pa.Table.from_batches([segments])
     if table.num_rows == 0:
-        return DecodedTables.empty()
+        return DecodedTables.empty(dictionaries)
     seg = _Segments.of(table, by_file=options.separate_files)
     n = seg.n
     raw = seg.raw
@@ -2750,7 +2834,8 @@ def reassemble_tcp(segments: pa.Table | pa.RecordBatch, options: DecodeOptions |
             _reassemble_epoch(out, raw, np.arange(s, e), seq, flags, seg.pstart, seg.plen)
     transport = (_in(seg.ints["src_port"], options.ports.lbttcp_source)
                  | _in(seg.ints["dst_port"], options.ports.lbttcp_source))
-    return _tcp_tables(seg, out, transport)
+    tables = _tcp_tables(seg, out, transport)
+    return tables if dictionaries else tables.plain()
 
 
 @dataclass
@@ -2810,7 +2895,7 @@ class _Segments:
         if len(self.file_names) == 1:
             return _constant(self.file_names[0].as_py(), len(input_rows))
         return pa.DictionaryArray.from_arrays(
-            pa.array(self.file_codes[input_rows], pa.int32()), self.file_names).cast(pa.string())
+            pa.array(self.file_codes[input_rows], pa.int32()), self.file_names)
 
     def identity(self, rows: np.ndarray) -> dict[str, pa.Array]:
         """The identity columns of sorted positions ``rows``."""
@@ -2904,7 +2989,7 @@ def _tcp_tables(seg: _Segments, out: _TcpOut, transport: np.ndarray) -> DecodedT
         at = np.searchsorted(rows, np.fromiter(out.reason.keys(), np.int64, len(out.reason)))
         columns["malformed_reason"] = _sparse_strings(
             len(rows), dict(zip(at.tolist(), out.reason.values(), strict=True)))
-    packets = _table(PACKETS_SCHEMA, len(rows), columns)
+    packets = _table(_PACKETS_D, len(rows), columns)
     mident = {k: v for k, v in seg.identity(owner).items() if k in MESSAGES_SCHEMA.names}
     messages = _messages_table(bv, msgs, mident, transport[owner], msg_index=index)
     skips = _Skips()
@@ -2912,7 +2997,7 @@ def _tcp_tables(seg: _Segments, out: _TcpOut, transport: np.ndarray) -> DecodedT
         skips.add(seg.order[np.array(skipped_rows, np.int64)], reason)
     skipped = skips.table(seg.files(np.arange(n)),
                           seg.table.column("file_offset").to_numpy().astype(np.int64))
-    return DecodedTables(packets, messages, ADVERTISEMENTS_SCHEMA.empty_table(), skipped,
+    return DecodedTables(packets, messages, _ADVERTISEMENTS_D.empty_table(), skipped,
                          TCP_SEGMENTS_SCHEMA.empty_table())
 
 

@@ -85,6 +85,7 @@ from .columnar import (
     TCP_SEGMENTS_SCHEMA,
     DecodedTables,
     DecodeOptions,
+    dictionary_schema,
 )
 from .splits import (
     DEFAULT_CHUNK_SIZE,
@@ -300,16 +301,19 @@ def decode_frames(frames: DataFrame, options: DecodeOptions | None = None, *,
 # =============================================================================================
 
 PARQUET_TABLES: dict[str, pa.Schema] = {
-    "packets": PACKETS_SCHEMA,
-    "messages": MESSAGE_CORE_SCHEMA,
-    "advertisements": ADVERTISEMENTS_SCHEMA,
-    "skipped": SKIPPED_SCHEMA,
-    **HEADER_TABLE_SCHEMAS,
+    "packets": dictionary_schema(PACKETS_SCHEMA),
+    "messages": dictionary_schema(MESSAGE_CORE_SCHEMA),
+    "advertisements": dictionary_schema(ADVERTISEMENTS_SCHEMA),
+    "skipped": SKIPPED_SCHEMA,  # a few rows, merged on the driver
+    **{name: dictionary_schema(schema) for name, schema in HEADER_TABLE_SCHEMAS.items()},
 }
 """The tables :func:`decode_to_parquet` writes, one directory of Parquet files each.
 ``messages`` is stored split (:func:`~spark_analysis.columnar.split_messages`): its core
 columns, and one ``lbmc_<header>`` table per typed header column holding the messages that
-carry that header; :meth:`ParquetTables.messages` joins them back."""
+carry that header; :meth:`ParquetTables.messages` joins them back.  The
+:data:`~spark_analysis.columnar.CATEGORICAL_COLUMNS` are stored from dictionary arrays (see
+there why): Spark reads them as strings, pyarrow as dictionary arrays (pandas: categoricals);
+their Parquet column is a string column either way."""
 
 DEFAULT_BUCKETS = 64
 """Flow buckets of the LBT-TCP hand-over (stage 2 tasks take whole buckets)."""
@@ -386,7 +390,9 @@ class _ParquetSink:
             writer = self.writers[name] = pq.ParquetWriter(
                 path, PARQUET_TABLES[name], filesystem=self.job.filesystem,
                 compression=self.job.compression, **_writer_options(name))
-        table = pa.concat_tables(pending) if len(pending) > 1 else pending[0]
+        # one dictionary per column and row group: the writer takes a dictionary column's
+        # codes as they are only while its dictionary stays the same (else it hashes values)
+        table = pa.concat_tables(pending).unify_dictionaries()
         writer.write_table(table, row_group_size=table.num_rows)
         self.rows[name] += table.num_rows
 
@@ -422,7 +428,8 @@ def _writer_options(name: str) -> dict[str, Any]:
         # levels and values are produced this many rows at a time (default 1,024): fewer
         # rounds over the leaves of the header structs (measured -8% CPU)
         "write_batch_size": 1 << 16,
-        "use_dictionary": [f.name for f in schema if pa.types.is_string(f.type)],
+        "use_dictionary": [f.name for f in schema
+                           if pa.types.is_string(f.type) or pa.types.is_dictionary(f.type)],
         "column_encoding": {f.name: "DELTA_BINARY_PACKED" for f in schema
                             if f.name in DELTA_COLUMNS and pa.types.is_int64(f.type)},
         "write_statistics": [f.name for f in schema
@@ -520,7 +527,8 @@ def _decode_splits(job: _Job, items: Iterable[tuple[int, Split]]) -> Iterator[di
         try:
             for chunk in reader.chunks():
                 frames += len(chunk)
-                tables = columnar.decode_chunk(split.capture.name, chunk, job.options)
+                tables = columnar.decode_chunk(split.capture.name, chunk, job.options,
+                                               dictionaries=True)
                 sink.add(tables)
                 buckets.add(tables.tcp_segments)
         except CaptureError as exc:
@@ -554,7 +562,7 @@ def _reassemble_buckets(job: _Job, items: Iterable[tuple[int, list[tuple[int, li
         for _bucket, paths in buckets:
             table = _read_segments(job, paths)
             segments += table.num_rows
-            sink.add(columnar.reassemble_tcp(table, job.options))
+            sink.add(columnar.reassemble_tcp(table, job.options, dictionaries=True))
             del table
         yield {"stage": 2, "index": index, "segments": segments, **sink.close(),
                **_worker_stats(cpu, wall)}

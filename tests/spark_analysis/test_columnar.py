@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -816,6 +817,41 @@ def test_separate_files_keep_a_reused_four_tuple_apart() -> None:
     want = [{k: v for k, v in r.items() if k != "file"} for r in alone.messages.to_pylist()]
     assert per_file == {"a.pcap": want, "b.pcap": want}
     assert columnar.flow_key_columns(DecodeOptions(separate_files=True))[0] == "file"
+
+
+def test_dictionaries_give_the_same_rows_with_categorical_columns_as_dictionaries() -> None:
+    """``dictionaries=True`` (how decode_to_parquet stores the tables) changes types only:
+    cast back, both stages equal the default output; unnamed codes (a packet type without a
+    name) stay null; the skipped counts come sorted by file and reason."""
+    options = DecodeOptions(STORE_PORTS)
+    batch = columnar.frames_batch_from_capture(REFERENCE)
+    plain = decode_batch(batch, options)
+    coded = decode_batch(batch, options, dictionaries=True)
+    second = reassemble_tcp(plain.tcp_segments, options)
+    second_coded = reassemble_tcp(plain.tcp_segments, options, dictionaries=True)
+    for a, b in ((plain, coded), (second, second_coded)):
+        for name in ("packets", "messages", "advertisements"):
+            got: pa.Table = getattr(b, name)
+            for column in columnar.CATEGORICAL_COLUMNS & set(got.column_names):
+                assert got.schema.field(column).type == columnar.DICTIONARY_STRING, column
+            assert got.schema == columnar.dictionary_schema(getattr(a, name).schema)
+            assert getattr(b.plain(), name).equals(getattr(a, name)), name
+        assert b.skipped.equals(a.skipped) and b.tcp_segments.equals(a.tcp_segments)
+    assert plain.packets.num_rows and second.messages.num_rows
+    empty = reassemble_tcp(plain.tcp_segments.slice(0, 0), options, dictionaries=True)
+    assert empty.packets.schema == columnar.dictionary_schema(columnar.PACKETS_SCHEMA)
+    names = columnar._dictionary_strings(np.array([0, 1, 2, 1]), ["a", None, "c"],
+                                         np.array([True, True, True, False]))
+    assert names.to_pylist() == ["a", None, "c", None]
+    records = records_of([udp_frame(SRC, 1234, RCV, 5678, b"hello"),
+                          tcp_frame(SRC, 1234, RCV, 5678, 1, 1, pcap.TCP_ACK, b"x"),
+                          udp_frame(SRC, 1234, RCV, 5678, b"again")])
+    skipped = decode(records, DecodeOptions()).skipped
+    offsets = offsets_of(records)
+    assert [(r["reason"], r["frames"], r["first_file_offset"]) for r in skipped.to_pylist()] == [
+        ("TCP matches no LBT-TCP port range", 1, offsets[1]),
+        ("UDP matches no UM port rule and decodes as no UM protocol", 2, offsets[0]),
+    ]
 
 
 def test_schemas_document_every_column() -> None:

@@ -149,6 +149,10 @@ def test_decode_to_parquet_matches_the_columnar_decode(spark: Any, captures: lis
     assert "DELTA_BINARY_PACKED" in chunks["file_offset"].encodings
     assert "DELTA_BINARY_PACKED" in chunks["ts_ns"].encodings
     assert "DELTA_BINARY_PACKED" not in chunks["dst_port"].encodings
+    # categorical strings are stored from dictionary arrays (pyarrow reads them back so)
+    stored_packets = pq.read_table(out / "packets")
+    assert pa.types.is_dictionary(stored_packets.schema.field("src_ip").type)
+    assert stored_packets.schema.field("malformed_reason").type == pa.string()
     for name in set(decode.PARQUET_TABLES) - set(stored) - {"skipped"}:
         assert result.rows[name] == 0 and not pq.read_table(out / name).num_rows, name
     wide = columnar.join_headers(pq.read_table(out / "messages"),
