@@ -80,7 +80,7 @@ import ipaddress
 import itertools
 import struct
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -582,20 +582,20 @@ CATEGORICAL_COLUMNS = frozenset({"file", "protocol", "src_ip", "dst_ip", "classi
 """String columns of ``packets``, ``messages`` and ``advertisements`` with few distinct values
 (file names, protocols, addresses, kinds).  The decoder makes them as dictionary arrays
 (:data:`DICTIONARY_STRING`): a code per row and each distinct text once.  The public schemas
-say ``string`` and the tables are cast to them on the way out; with ``dictionaries=True``
-(:func:`decode_chunk`, :func:`reassemble_tcp`) they stay dictionaries, which is how
+say ``string`` and the tables are cast to them on the way out; in the stored form
+(:class:`DecodedTables`) they stay dictionaries, which is how
 :func:`spark_analysis.decode.decode_to_parquet` stores them: the Parquet writer takes a
 dictionary column's codes as they are, where it hashes every value of a plain string column
 (measured: 7 against 13-20 ns a row and column), and the cast to plain strings (a copy of
 every value) is not made at all."""
 
 DICTIONARY_STRING = pa.dictionary(pa.int32(), pa.string())
-"""The type of a categorical column under ``dictionaries=True``."""
+"""The type of a categorical column in the stored form."""
 
 
 def dictionary_schema(schema: pa.Schema) -> pa.Schema:
     """``schema`` with its :data:`CATEGORICAL_COLUMNS` dictionary-typed (names, docs and
-    nullability kept): the ``dictionaries=True`` form of a table."""
+    nullability kept): a table's schema in the stored form."""
     return pa.schema([f.with_type(DICTIONARY_STRING)
                       if f.name in CATEGORICAL_COLUMNS and pa.types.is_string(f.type) else f
                       for f in schema], metadata=schema.metadata)
@@ -605,6 +605,7 @@ _PACKETS_D = dictionary_schema(PACKETS_SCHEMA)
 _MESSAGES_D = dictionary_schema(MESSAGES_SCHEMA)
 _ADVERTISEMENTS_D = dictionary_schema(ADVERTISEMENTS_SCHEMA)
 _HEADER_TABLES_D = {name: dictionary_schema(s) for name, s in HEADER_TABLE_SCHEMAS.items()}
+_MESSAGE_CORE_D = dictionary_schema(MESSAGE_CORE_SCHEMA)
 
 FLOW_KEY = ("src_ip_int", "src_port", "dst_ip_int", "dst_port")
 """The columns naming one direction of a TCP connection (the stage-2 grouping key)."""
@@ -1665,36 +1666,70 @@ def _labels(msgs: _Lbmc, transport: np.ndarray) -> pa.Array:
     return _dictionary_strings(code, names, msgs.err == 0)
 
 
-def _header_columns(bv: ByteView, msgs: _Lbmc) -> dict[str, pa.Array]:
-    """The typed header columns and ``topic_name``/``header_codes`` of ``msgs``."""
-    m = msgs.count
-    out: dict[str, pa.Array] = {}
-    counts = np.bincount(msgs.h_msg, minlength=m)
-    offsets = np.zeros(m + 1, np.int32)
-    np.cumsum(counts, out=offsets[1:])
-    out["header_codes"] = pa.ListArray.from_arrays(pa.array(offsets),
-                                                   pa.array(msgs.h_code, pa.int32()))
+def _typed_headers(bv: ByteView, msgs: _Lbmc,
+                   ) -> Iterator[tuple[HeaderColumn, np.ndarray, dict[str, np.ndarray]]]:
+    """Per typed header column that some message of ``msgs`` carries: the owning message of
+    each value (ascending; repeated for a repeated header) and the raw member values."""
     for column in MESSAGE_HEADER_COLUMNS:
         kind = column.kind
         assert kind.fast is not None
         sel = np.flatnonzero(msgs.h_code == kind.code)
         if not sel.size:
-            out[column.name] = null_array(column.arrow_type, m)
             continue
-        owner = msgs.h_msg[sel]
+        owner = msgs.h_msg[sel]  # h_msg is sorted
         if not column.repeated:
             owner, first = np.unique(owner, return_index=True)
             sel = sel[first]
-        raw = read_members(bv, kind.fast, msgs.h_pos[sel], {p.member for p in column.parts})
+        yield column, owner, read_members(bv, kind.fast, msgs.h_pos[sel],
+                                          {p.member for p in column.parts})
+
+
+def _list_offsets(counts: np.ndarray) -> pa.Array:
+    offsets = np.zeros(len(counts) + 1, np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    return pa.array(offsets)
+
+
+def _header_columns(bv: ByteView, msgs: _Lbmc) -> dict[str, pa.Array]:
+    """The typed header columns of ``msgs``, one row per message (null where absent)."""
+    m = msgs.count
+    out = {column.name: null_array(column.arrow_type, m) for column in MESSAGE_HEADER_COLUMNS}
+    for column, owner, raw in _typed_headers(bv, msgs):
         if column.repeated:
-            values = _struct_array(column.parts, raw, len(sel))
             counts = np.bincount(owner, minlength=m)
-            offs = np.zeros(m + 1, np.int32)
-            np.cumsum(counts, out=offs[1:])
-            out[column.name] = pa.ListArray.from_arrays(pa.array(offs), values,
-                                                        mask=pa.array(counts == 0))
+            out[column.name] = pa.ListArray.from_arrays(
+                _list_offsets(counts), _struct_array(column.parts, raw, len(owner)),
+                mask=pa.array(counts == 0))
         else:
             out[column.name] = _spread_struct(column.parts, raw, owner, m)
+    return out
+
+
+def _header_tables(bv: ByteView, msgs: _Lbmc, key: Mapping[str, pa.Array],
+                   ) -> dict[str, pa.Table]:
+    """The typed headers of ``msgs`` as stored (:data:`HEADER_TABLE_SCHEMAS`, categorical key
+    columns dictionary-typed): per header, only the messages that carry it, built from those
+    values alone (no spreading to every message and filtering back)."""
+    out: dict[str, pa.Table] = {}
+    for column, owner, raw in _typed_headers(bv, msgs):
+        values = _struct_array(column.parts, raw, len(owner))
+        if column.repeated:
+            owner, counts = np.unique(owner, return_counts=True)
+            values = pa.ListArray.from_arrays(_list_offsets(counts), values)
+        take = pa.array(owner)
+        name = f"{HEADER_TABLE_PREFIX}{column.name}"
+        out[name] = _table(_HEADER_TABLES_D[name], len(owner), {
+            **{k: key[k].take(take) for k in MESSAGE_KEY}, column.name: values})
+    return out
+
+
+def _core_header_columns(bv: ByteView, msgs: _Lbmc) -> dict[str, pa.Array]:
+    """``header_codes`` and ``topic_name`` of ``msgs``."""
+    m = msgs.count
+    out: dict[str, pa.Array] = {}
+    out["header_codes"] = pa.ListArray.from_arrays(_list_offsets(np.bincount(msgs.h_msg,
+                                                                             minlength=m)),
+                                                   pa.array(msgs.h_code, pa.int32()))
     sel = np.flatnonzero(msgs.h_code == _TOPICNAME.code)
     owner, first = np.unique(msgs.h_msg[sel], return_index=True)
     sel = sel[first]
@@ -1710,8 +1745,10 @@ def _header_columns(bv: ByteView, msgs: _Lbmc) -> dict[str, pa.Array]:
 
 def _messages_table(bv: ByteView, msgs: _Lbmc, identity: Mapping[str, pa.Array],
                     transport: np.ndarray, extra: Mapping[str, pa.Array] | None = None,
-                    msg_index: np.ndarray | None = None) -> pa.Table:
-    """The messages table; ``identity`` columns are already one value per message."""
+                    msg_index: np.ndarray | None = None, stored: bool = False,
+                    ) -> tuple[pa.Table, dict[str, pa.Table]]:
+    """The messages table and, when ``stored``, apart from it its header tables
+    (:func:`split_messages`); ``identity`` columns are already one value per message."""
     m = msgs.count
     ok = msgs.err == 0
     data = ok & _DATA_TYPES[msgs.mtype]
@@ -1729,8 +1766,11 @@ def _messages_table(bv: ByteView, msgs: _Lbmc, identity: Mapping[str, pa.Array],
     if (~ok).any():
         columns["malformed_reason"] = _sparse_strings(
             m, {i: msgs.error_text(i) or "" for i in np.flatnonzero(~ok).tolist()})
+    columns.update(_core_header_columns(bv, msgs))
+    if stored:
+        return _table(_MESSAGE_CORE_D, m, columns), _header_tables(bv, msgs, columns)
     columns.update(_header_columns(bv, msgs))
-    return _table(_MESSAGES_D, m, columns)
+    return _table(_MESSAGES_D, m, columns), {}
 
 
 def _table(schema: pa.Schema, n: int, columns: Mapping[str, pa.Array]) -> pa.Table:
@@ -2138,8 +2178,10 @@ _BOOL_COLUMNS = ("retransmission", "syn")
 
 
 def _udp_tables(fr: _Frames, net: _Network, res: _UdpResult, positions: np.ndarray,
-                classified_by: str) -> tuple[pa.Table, pa.Table]:
-    """Packets and messages tables for ``positions`` (into ``res.frame_rows``)."""
+                classified_by: str, stored: bool,
+                ) -> tuple[pa.Table, pa.Table, dict[str, pa.Table]]:
+    """Packets and messages tables for ``positions`` (into ``res.frame_rows``), and the header
+    tables when ``stored`` (see :func:`_messages_table`)."""
     decoder = res.transport.decoder
     tr = res.transport
     frame_rows = res.frame_rows[positions]
@@ -2198,8 +2240,9 @@ def _udp_tables(fr: _Frames, net: _Network, res: _UdpResult, positions: np.ndarr
         got = tr.values.get(column)
         if got is not None:
             extra[name] = _masked(got[0][owner], got[1][owner], pa.int64())
-    messages = _messages_table(fr.data.bv, msgs, ident, np.ones(msgs.count, bool), extra)
-    return packets, messages
+    messages, headers = _messages_table(fr.data.bv, msgs, ident, np.ones(msgs.count, bool),
+                                        extra, stored=stored)
+    return packets, messages, headers
 
 
 # =============================================================================================
@@ -2367,6 +2410,13 @@ class DecodedTables:
 
     ``tcp_segments`` holds the TCP segments of candidate LBT-TCP connections still to be
     reassembled by :func:`reassemble_tcp` (empty once that stage has run).
+
+    In the *stored* form (``stored=True`` of :func:`decode_chunk`, :func:`decode_batch` and
+    :func:`reassemble_tcp`: how :func:`spark_analysis.decode.decode_to_parquet` writes them)
+    the :data:`CATEGORICAL_COLUMNS` are dictionary arrays, ``messages`` holds the core
+    columns only (:data:`MESSAGE_CORE_SCHEMA`) and ``headers`` the typed header tables
+    (:data:`HEADER_TABLE_SCHEMAS`, those with rows): what :func:`split_messages` makes of
+    the wide table, built directly.  :meth:`public` turns it into the public form.
     """
 
     packets: pa.Table
@@ -2374,20 +2424,28 @@ class DecodedTables:
     advertisements: pa.Table
     skipped: pa.Table
     tcp_segments: pa.Table
+    headers: dict[str, pa.Table] = field(default_factory=dict)
 
     @classmethod
-    def empty(cls, dictionaries: bool = False) -> DecodedTables:
-        packets, messages, adverts = ((_PACKETS_D, _MESSAGES_D, _ADVERTISEMENTS_D)
-                                      if dictionaries else
+    def empty(cls, stored: bool = False) -> DecodedTables:
+        packets, messages, adverts = ((_PACKETS_D, _MESSAGE_CORE_D, _ADVERTISEMENTS_D)
+                                      if stored else
                                       (PACKETS_SCHEMA, MESSAGES_SCHEMA, ADVERTISEMENTS_SCHEMA))
         return cls(packets.empty_table(), messages.empty_table(), adverts.empty_table(),
                    SKIPPED_SCHEMA.empty_table(), TCP_SEGMENTS_SCHEMA.empty_table())
 
-    def plain(self) -> DecodedTables:
-        """These tables with the public schemas: :data:`CATEGORICAL_COLUMNS` as plain strings
-        (a no-op for tables that have them already)."""
-        return DecodedTables(_cast(self.packets, PACKETS_SCHEMA),
-                             _cast(self.messages, MESSAGES_SCHEMA),
+    @property
+    def stored(self) -> bool:
+        """Whether these tables are in the stored form."""
+        return "header_codes" in self.messages.column_names and not any(
+            h.name in self.messages.column_names for h in MESSAGE_HEADER_COLUMNS)
+
+    def public(self) -> DecodedTables:
+        """These tables in the public form: :data:`CATEGORICAL_COLUMNS` as plain strings and
+        the header tables joined into ``messages`` (:func:`join_headers`)."""
+        messages = (join_headers(self.messages, self.headers) if self.stored
+                    else _cast(self.messages, MESSAGES_SCHEMA))
+        return DecodedTables(_cast(self.packets, PACKETS_SCHEMA), messages,
                              _cast(self.advertisements, ADVERTISEMENTS_SCHEMA),
                              self.skipped, self.tcp_segments)
 
@@ -2419,7 +2477,7 @@ def merge_skipped(tables: Sequence[pa.Table]) -> pa.Table:
 
 def concat_tables(parts: Sequence[DecodedTables]) -> DecodedTables:
     """One :class:`DecodedTables` from several (skipped counts merged per file and reason);
-    the parts must agree on ``dictionaries``."""
+    the parts must all be in the public form or all in the stored form."""
     like = parts[0] if parts else DecodedTables.empty()
     return DecodedTables(
         _concat([p.packets for p in parts], like.packets.schema),
@@ -2427,34 +2485,42 @@ def concat_tables(parts: Sequence[DecodedTables]) -> DecodedTables:
         _concat([p.advertisements for p in parts], like.advertisements.schema),
         merge_skipped([p.skipped for p in parts]),
         _concat([p.tcp_segments for p in parts], TCP_SEGMENTS_SCHEMA),
+        _concat_headers([p.headers for p in parts]),
     )
 
 
+def _concat_headers(parts: Sequence[Mapping[str, pa.Table]]) -> dict[str, pa.Table]:
+    names = sorted({name for part in parts for name in part})
+    return {name: _concat([p[name] for p in parts if name in p], _HEADER_TABLES_D[name])
+            for name in names}
+
+
 def decode_batch(batch: pa.RecordBatch | pa.Table, options: DecodeOptions | None = None,
-                 *, dictionaries: bool = False) -> DecodedTables:
+                 *, stored: bool = False) -> DecodedTables:
     """Stage 1 (stateless): every frame of ``batch`` to packets, messages, advertisements and
     skipped counts; TCP segments of candidate LBT-TCP connections go to ``tcp_segments``.
-    With ``dictionaries`` the :data:`CATEGORICAL_COLUMNS` are dictionary arrays."""
-    tables = _decode_frames(_Frames.of(batch), options or DecodeOptions())
-    return tables if dictionaries else tables.plain()
+    With ``stored``, the tables come in the stored form (:class:`DecodedTables`)."""
+    tables = _decode_frames(_Frames.of(batch), options or DecodeOptions(), stored)
+    return tables if stored else tables.public()
 
 
 def decode_chunk(file: str, chunk: RecordChunk, options: DecodeOptions | None = None,
-                 *, dictionaries: bool = False) -> DecodedTables:
+                 *, stored: bool = False) -> DecodedTables:
     """:func:`decode_batch` of the records of a reader chunk
     (:meth:`spark_analysis.splits.SplitReader.chunks`), read where they lie in the chunk's
     buffer: the same tables as decoding the Arrow batches of those records."""
-    tables = _decode_frames(_Frames.of_chunk(file, chunk), options or DecodeOptions())
-    return tables if dictionaries else tables.plain()
+    tables = _decode_frames(_Frames.of_chunk(file, chunk), options or DecodeOptions(), stored)
+    return tables if stored else tables.public()
 
 
-def _decode_frames(fr: _Frames, options: DecodeOptions) -> DecodedTables:
+def _decode_frames(fr: _Frames, options: DecodeOptions, stored: bool) -> DecodedTables:
     ports = options.ports
     skips = _Skips()
     net = _decode_network(fr, skips)
     bv = fr.data.bv
     packets: list[pa.Table] = []
     messages: list[pa.Table] = []
+    headers: list[dict[str, pa.Table]] = []
     adverts: list[pa.Table] = []
 
     udp = np.flatnonzero(net.proto == _PROTO_UDP)
@@ -2478,9 +2544,10 @@ def _decode_frames(fr: _Frames, options: DecodeOptions) -> DecodedTables:
         content_ok = np.flatnonzero(res.clean()[n_port:]) + n_port
         for positions, how in ((np.arange(n_port), "port"), (content_ok, "content")):
             if positions.size:
-                p, m = _udp_tables(fr, net, res, positions, how)
+                p, m, h = _udp_tables(fr, net, res, positions, how, stored)
                 packets.append(p)
                 messages.append(m)
+                headers.append(h)
         open_rows = open_rows[~np.isin(open_rows, res.frame_rows[content_ok])]
 
     by_port = udp[proto == _LBMR]
@@ -2513,9 +2580,10 @@ def _decode_frames(fr: _Frames, options: DecodeOptions) -> DecodedTables:
     segments = _tcp_segments_table(fr, net, tcp)
 
     return DecodedTables(
-        _concat(packets, _PACKETS_D), _concat(messages, _MESSAGES_D),
+        _concat(packets, _PACKETS_D),
+        _concat(messages, _MESSAGE_CORE_D if stored else _MESSAGES_D),
         _concat(adverts, _ADVERTISEMENTS_D),
-        skips.table(fr.files, fr.file_offset), segments)
+        skips.table(fr.files, fr.file_offset), segments, _concat_headers(headers))
 
 
 def _tcp_segments_table(fr: _Frames, net: _Network, rows: np.ndarray) -> pa.Table:
@@ -2805,20 +2873,20 @@ def _contiguous_piece(out: _TcpOut, raw: bytes, rows: np.ndarray, useq: np.ndarr
 
 
 def reassemble_tcp(segments: pa.Table | pa.RecordBatch, options: DecodeOptions | None = None,
-                   *, dictionaries: bool = False) -> DecodedTables:
+                   *, stored: bool = False) -> DecodedTables:
     """Stage 2 (stateful): reassemble and frame LBT-TCP connection directions.
 
     ``segments`` (:data:`TCP_SEGMENTS_SCHEMA`) must hold *every* segment of each connection
     direction it contains (Spark groups them by :func:`flow_key_columns`); any order.  Returns
     the lbttcp packets (one per segment with payload on a recognised connection), their
     messages and the skipped counts.  With :attr:`DecodeOptions.separate_files` a direction
-    is reassembled per file.  With ``dictionaries`` the :data:`CATEGORICAL_COLUMNS` are
-    dictionary arrays.
+    is reassembled per file.  With ``stored``, the tables come in the stored form
+    (:class:`DecodedTables`).
     """
     options = options or DecodeOptions()
     table = segments if isinstance(segments, pa.Table) else pa.Table.from_batches([segments])
     if table.num_rows == 0:
-        return DecodedTables.empty(dictionaries)
+        return DecodedTables.empty(stored)
     seg = _Segments.of(table, by_file=options.separate_files)
     n = seg.n
     raw = seg.raw
@@ -2834,8 +2902,8 @@ def reassemble_tcp(segments: pa.Table | pa.RecordBatch, options: DecodeOptions |
             _reassemble_epoch(out, raw, np.arange(s, e), seq, flags, seg.pstart, seg.plen)
     transport = (_in(seg.ints["src_port"], options.ports.lbttcp_source)
                  | _in(seg.ints["dst_port"], options.ports.lbttcp_source))
-    tables = _tcp_tables(seg, out, transport)
-    return tables if dictionaries else tables.plain()
+    tables = _tcp_tables(seg, out, transport, stored)
+    return tables if stored else tables.public()
 
 
 @dataclass
@@ -2957,7 +3025,8 @@ def _flat(array: pa.Array | pa.ChunkedArray) -> pa.Array:
     return array
 
 
-def _tcp_tables(seg: _Segments, out: _TcpOut, transport: np.ndarray) -> DecodedTables:
+def _tcp_tables(seg: _Segments, out: _TcpOut, transport: np.ndarray, stored: bool,
+                ) -> DecodedTables:
     n = seg.n
     raw = seg.raw
     combined = np.frombuffer(raw + bytes(out.extra), np.uint8)
@@ -2991,14 +3060,15 @@ def _tcp_tables(seg: _Segments, out: _TcpOut, transport: np.ndarray) -> DecodedT
             len(rows), dict(zip(at.tolist(), out.reason.values(), strict=True)))
     packets = _table(_PACKETS_D, len(rows), columns)
     mident = {k: v for k, v in seg.identity(owner).items() if k in MESSAGES_SCHEMA.names}
-    messages = _messages_table(bv, msgs, mident, transport[owner], msg_index=index)
+    messages, headers = _messages_table(bv, msgs, mident, transport[owner], msg_index=index,
+                                        stored=stored)
     skips = _Skips()
     for reason, skipped_rows in sorted(out.skips.items()):
         skips.add(seg.order[np.array(skipped_rows, np.int64)], reason)
     skipped = skips.table(seg.files(np.arange(n)),
                           seg.table.column("file_offset").to_numpy().astype(np.int64))
     return DecodedTables(packets, messages, _ADVERTISEMENTS_D.empty_table(), skipped,
-                         TCP_SEGMENTS_SCHEMA.empty_table())
+                         TCP_SEGMENTS_SCHEMA.empty_table(), headers)
 
 
 # =============================================================================================

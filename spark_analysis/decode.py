@@ -368,9 +368,10 @@ class _ParquetSink:
         self.skipped: list[pa.Table] = []
 
     def add(self, tables: DecodedTables) -> None:
-        core, headers = columnar.split_messages(tables.messages)
-        for name, table in (("packets", tables.packets), ("messages", core),
-                            ("advertisements", tables.advertisements), *headers.items()):
+        """Buffer (and write when due) tables in the stored form (:class:`DecodedTables`)."""
+        for name, table in (("packets", tables.packets), ("messages", tables.messages),
+                            ("advertisements", tables.advertisements),
+                            *tables.headers.items()):
             if table.num_rows:
                 self.pending[name].append(table)
                 self.pending_rows[name] += table.num_rows
@@ -528,7 +529,7 @@ def _decode_splits(job: _Job, items: Iterable[tuple[int, Split]]) -> Iterator[di
             for chunk in reader.chunks():
                 frames += len(chunk)
                 tables = columnar.decode_chunk(split.capture.name, chunk, job.options,
-                                               dictionaries=True)
+                                               stored=True)
                 sink.add(tables)
                 buckets.add(tables.tcp_segments)
         except CaptureError as exc:
@@ -562,7 +563,7 @@ def _reassemble_buckets(job: _Job, items: Iterable[tuple[int, list[tuple[int, li
         for _bucket, paths in buckets:
             table = _read_segments(job, paths)
             segments += table.num_rows
-            sink.add(columnar.reassemble_tcp(table, job.options, dictionaries=True))
+            sink.add(columnar.reassemble_tcp(table, job.options, stored=True))
             del table
         yield {"stage": 2, "index": index, "segments": segments, **sink.close(),
                **_worker_stats(cpu, wall)}

@@ -819,27 +819,43 @@ def test_separate_files_keep_a_reused_four_tuple_apart() -> None:
     assert columnar.flow_key_columns(DecodeOptions(separate_files=True))[0] == "file"
 
 
-def test_dictionaries_give_the_same_rows_with_categorical_columns_as_dictionaries() -> None:
-    """``dictionaries=True`` (how decode_to_parquet stores the tables) changes types only:
-    cast back, both stages equal the default output; unnamed codes (a packet type without a
-    name) stay null; the skipped counts come sorted by file and reason."""
+def test_the_stored_form_gives_the_same_rows() -> None:
+    """``stored=True`` (how decode_to_parquet writes the tables) changes the form only:
+    categorical columns are dictionary arrays and ``messages`` comes as its core columns plus
+    one table per typed header, exactly what split_messages makes of the public table; made
+    public again, both stages equal the default output.  Unnamed codes (a packet type without
+    a name) stay null; the skipped counts come sorted by file and reason."""
     options = DecodeOptions(STORE_PORTS)
     batch = columnar.frames_batch_from_capture(REFERENCE)
-    plain = decode_batch(batch, options)
-    coded = decode_batch(batch, options, dictionaries=True)
-    second = reassemble_tcp(plain.tcp_segments, options)
-    second_coded = reassemble_tcp(plain.tcp_segments, options, dictionaries=True)
-    for a, b in ((plain, coded), (second, second_coded)):
+    public = decode_batch(batch, options)
+    stored = decode_batch(batch, options, stored=True)
+    second = reassemble_tcp(public.tcp_segments, options)
+    second_stored = reassemble_tcp(public.tcp_segments, options, stored=True)
+    for a, b in ((public, stored), (second, second_stored)):
+        assert b.stored and not a.stored and not a.headers
         for name in ("packets", "messages", "advertisements"):
             got: pa.Table = getattr(b, name)
             for column in columnar.CATEGORICAL_COLUMNS & set(got.column_names):
                 assert got.schema.field(column).type == columnar.DICTIONARY_STRING, column
-            assert got.schema == columnar.dictionary_schema(getattr(a, name).schema)
-            assert getattr(b.plain(), name).equals(getattr(a, name)), name
-        assert b.skipped.equals(a.skipped) and b.tcp_segments.equals(a.tcp_segments)
-    assert plain.packets.num_rows and second.messages.num_rows
-    empty = reassemble_tcp(plain.tcp_segments.slice(0, 0), options, dictionaries=True)
-    assert empty.packets.schema == columnar.dictionary_schema(columnar.PACKETS_SCHEMA)
+        core, headers = columnar.split_messages(a.messages)
+        assert b.messages.schema == columnar.dictionary_schema(core.schema)
+        assert b.messages.cast(core.schema).equals(core)
+        assert sorted(b.headers) == sorted(headers) and headers
+        for name, table in headers.items():
+            assert b.headers[name].schema == columnar.dictionary_schema(table.schema), name
+            assert b.headers[name].cast(table.schema).equals(table), name
+        public_again = b.public()
+        for name in ("packets", "messages", "advertisements", "skipped", "tcp_segments"):
+            assert getattr(public_again, name).equals(getattr(a, name)), name
+    assert public.packets.num_rows and second.messages.num_rows
+    assert "lbmc_ume_ack" in second_stored.headers
+    both = columnar.concat_tables([stored, second_stored])
+    assert both.headers["lbmc_ume_ack"].num_rows == (
+        stored.headers.get("lbmc_ume_ack", pa.table({})).num_rows
+        + second_stored.headers["lbmc_ume_ack"].num_rows)
+    empty = reassemble_tcp(public.tcp_segments.slice(0, 0), options, stored=True)
+    assert empty.stored and empty.packets.schema == columnar.dictionary_schema(
+        columnar.PACKETS_SCHEMA)
     names = columnar._dictionary_strings(np.array([0, 1, 2, 1]), ["a", None, "c"],
                                          np.array([True, True, True, False]))
     assert names.to_pylist() == ["a", None, "c", None]
