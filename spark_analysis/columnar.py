@@ -2623,27 +2623,36 @@ _NO_PAYLOAD = "TCP segment without payload"
 class _TcpOut:
     """What stage 2 produces for the (sorted) segments of one stage-2 call.
 
-    The per-message work of the framing loop is one ``append``: messages lying in the input
-    payload buffer are kept as their position; each feed records the segment the messages
-    it completed are attributed to and how many there were; messages that straddled
-    segments are copied to ``extra``.  Lengths and owners are rebuilt column-wise after."""
+    Messages lying in the input payload buffer are kept as their position and the segment
+    they are attributed to, in completion order, as numpy arrays (the one-pass path makes
+    them so; the segment-by-segment replay collects Python lists and adds them when done);
+    messages that straddled segments are copied to ``extra``.  Lengths are read column-wise
+    after."""
 
     def __init__(self) -> None:
-        self.rows: list[int] = []  # segments that get a packets row
+        self.row_parts: list[np.ndarray] = []  # segments that get a packets row
         self.retx: list[int] = []  # ... of which whole retransmissions
         self.reason: dict[int, str] = {}
         self.skips: dict[str, list[int]] = defaultdict(list)
-        self.msg_pos: list[int] = []  # messages inside the payload buffer, in feed order
-        self.feed_seg: list[int] = []  # per feed: attributed segment ...
-        self.feed_count: list[int] = []  # ... and how many buffer messages it completed
+        self.pos_parts: list[np.ndarray] = []  # messages inside the payload buffer ...
+        self.owner_parts: list[np.ndarray] = []  # ... and the segment each is attributed to
+        self.in_buffer = 0  # how many such messages so far
         self.extra_pos: list[int] = []  # messages copied to ``extra`` (straddling segments)
         self.extra_seg: list[int] = []
-        self.extra_order: list[int] = []  # len(msg_pos) when each was completed
+        self.extra_order: list[int] = []  # ``in_buffer`` when each was completed
         self.extra = bytearray()
 
     def note(self, row: int, reason: str) -> None:
         old = self.reason.get(row)
         self.reason[row] = f"{old}; {reason}" if old else reason
+
+    def add(self, rows: np.ndarray, positions: np.ndarray, owners: np.ndarray) -> None:
+        """Packets rows for ``rows``, and buffer messages at ``positions`` owned by
+        ``owners`` (completed in this order, after everything added before)."""
+        self.row_parts.append(rows)
+        self.pos_parts.append(positions)
+        self.owner_parts.append(owners)
+        self.in_buffer += len(positions)
 
 
 def _reassemble_epoch(out: _TcpOut, raw: bytes, rows: np.ndarray, seq: np.ndarray,
@@ -2695,8 +2704,10 @@ def _replay(out: _TcpOut, raw: bytes, data_rows: np.ndarray, data_useq: np.ndarr
     pending = b""
     fed = 0  # bytes fed to the current framer (for error offsets)
     best = -1  # latest-captured fed segment: the one that makes a message deliverable
-    msg_pos = out.msg_pos
-    feed_seg, feed_count = out.feed_seg, out.feed_count
+    rows: list[int] = []  # segments that get a packets row
+    msg_pos: list[int] = []  # messages inside the payload buffer, in feed order
+    feed_seg: list[int] = []  # per feed: attributed segment ...
+    feed_count: list[int] = []  # ... and how many buffer messages it completed
     for r, u, length, start in zip(data_rows.tolist(), data_useq.tolist(),
                                    plen[data_rows].tolist(), pstart[data_rows].tolist(),
                                    strict=True):
@@ -2704,7 +2715,7 @@ def _replay(out: _TcpOut, raw: bytes, data_rows: np.ndarray, data_useq: np.ndarr
             next_seq = u
         if u + length <= next_seq:
             if accepted:
-                out.rows.append(r)
+                rows.append(r)
                 out.retx.append(r)
             else:
                 out.skips["TCP retransmission of data already seen"].append(r)
@@ -2720,7 +2731,7 @@ def _replay(out: _TcpOut, raw: bytes, data_rows: np.ndarray, data_useq: np.ndarr
         ps = start + trim
         pe = start + length
         if broken:
-            out.rows.append(r)
+            rows.append(r)
             out.note(r, "lbttcp: stream unusable after an earlier framing error")
             accepted, broken, pending, fed = False, False, b"", 0
             continue
@@ -2730,7 +2741,7 @@ def _replay(out: _TcpOut, raw: bytes, data_rows: np.ndarray, data_useq: np.ndarr
                 out.skips[f"LBT-TCP entry test fails: {why}"].append(r)
                 continue
             accepted = True
-        out.rows.append(r)
+        rows.append(r)
         if gap:
             out.note(r, gap)
         if r > best:
@@ -2752,7 +2763,7 @@ def _replay(out: _TcpOut, raw: bytes, data_rows: np.ndarray, data_useq: np.ndarr
                     break
                 out.extra_pos.append(len(out.extra))
                 out.extra_seg.append(best)
-                out.extra_order.append(len(msg_pos))
+                out.extra_order.append(out.in_buffer + len(msg_pos))
                 out.extra += buf[pos:pos + msglen]
                 emitted += 1
                 pos += msglen
@@ -2786,12 +2797,15 @@ def _replay(out: _TcpOut, raw: bytes, data_rows: np.ndarray, data_useq: np.ndarr
         else:
             out.note(r, framing_error)
             accepted, pending, fed = False, b"", 0
+    out.add(np.array(rows, np.int64), np.array(msg_pos, np.int64),
+            np.repeat(np.array(feed_seg, np.int64), np.array(feed_count, np.int64)))
 
 
 _WHOLE_DEPTH = 256
 
 
-def _whole_messages(raw: bytes, starts: np.ndarray, lengths: np.ndarray) -> list[int] | None:
+def _whole_messages(raw: bytes, starts: np.ndarray, lengths: np.ndarray,
+                    ) -> np.ndarray | None:
     """The message starts of back-to-back segments when each holds whole messages only (what
     a sender writing message by message produces): framed breadth first, the ``k``-th message
     of every segment at once, so Python loops over messages per segment, not per stream.
@@ -2799,7 +2813,7 @@ def _whole_messages(raw: bytes, starts: np.ndarray, lengths: np.ndarray) -> list
     None when some segment ends inside a message or holds a ``msglen`` below the minimum: the
     caller then frames message by message (the same result wherever both apply)."""
     if not starts.size:
-        return []
+        return np.zeros(0, np.int64)
     bv = ByteView(np.frombuffer(raw, np.uint8))
     ends = starts + lengths
     pos = starts.astype(np.int64)
@@ -2821,7 +2835,7 @@ def _whole_messages(raw: bytes, starts: np.ndarray, lengths: np.ndarray) -> list
     else:
         if active.size:
             return None
-    return np.sort(np.concatenate(found)).tolist() if found else []
+    return np.sort(np.concatenate(found)) if found else np.zeros(0, np.int64)
 
 
 def _contiguous_piece(out: _TcpOut, raw: bytes, rows: np.ndarray, useq: np.ndarray,
@@ -2843,7 +2857,7 @@ def _contiguous_piece(out: _TcpOut, raw: bytes, rows: np.ndarray, useq: np.ndarr
     end = begin + int(lengths.sum())
     if entry_test(memoryview(raw)[begin:begin + int(lengths[0])]) is not None:
         return False
-    positions = _whole_messages(raw, starts, lengths)
+    positions: np.ndarray | list[int] | None = _whole_messages(raw, starts, lengths)
     if positions is None:
         found: list[int] = []
         pos = begin
@@ -2856,19 +2870,13 @@ def _contiguous_piece(out: _TcpOut, raw: bytes, rows: np.ndarray, useq: np.ndarr
             found.append(pos)
             pos += msglen
         positions = found
-    out.rows.extend(rows.tolist())
     if next_seq is not None and int(useq[0]) > next_seq:
         out.note(int(rows[0]), f"{int(useq[0]) - next_seq} bytes missing from the capture "
                  "before this segment")
-    if positions:
-        first = np.array(positions, np.int64)
-        last = first + read_member(ByteView(np.frombuffer(raw, np.uint8)), lbmc.CONTROL_BASE,
-                                   "msglen", first) - 1
-        owner = rows[np.searchsorted(starts + lengths, last, side="right")]
-        change = np.flatnonzero(np.diff(owner, prepend=-1))
-        out.feed_seg.extend(owner[change].tolist())
-        out.feed_count.extend(np.diff(np.append(change, len(owner))).tolist())
-        out.msg_pos.extend(positions)
+    first = np.asarray(positions, np.int64)
+    last = first + read_member(ByteView(np.frombuffer(raw, np.uint8)), lbmc.CONTROL_BASE,
+                               "msglen", first) - 1
+    out.add(rows, first, rows[np.searchsorted(starts + lengths, last, side="right")])
     return True
 
 
@@ -3032,8 +3040,9 @@ def _tcp_tables(seg: _Segments, out: _TcpOut, transport: np.ndarray, stored: boo
     combined = np.frombuffer(raw + bytes(out.extra), np.uint8)
     bv = ByteView(combined)
     # messages in completion order: the buffer ones, with the straddling ones slotted in
-    in_buffer = np.array(out.msg_pos, np.int64)
-    buffer_seg = np.repeat(np.array(out.feed_seg, np.int64), np.array(out.feed_count, np.int64))
+    nothing = np.zeros(0, np.int64)
+    in_buffer = np.concatenate([nothing, *out.pos_parts])
+    buffer_seg = np.concatenate([nothing, *out.owner_parts])
     extra_at = np.array(out.extra_order, np.int64)
     start = np.insert(in_buffer, extra_at, np.array(out.extra_pos, np.int64) + len(raw))
     owner_of = np.insert(buffer_seg, extra_at, np.array(out.extra_seg, np.int64))
@@ -3046,7 +3055,7 @@ def _tcp_tables(seg: _Segments, out: _TcpOut, transport: np.ndarray, stored: boo
     for i in np.flatnonzero(msgs.err != 0).tolist():
         out.note(int(owner[i]), f"lbttcp message {int(index[i])}: {msgs.error_text(i)}")
 
-    rows = np.sort(np.array(out.rows, np.int64))
+    rows = np.sort(np.concatenate([nothing, *out.row_parts]))
     columns = seg.identity(rows)
     columns["classified_by"] = _constant("port", len(rows))
     columns["payload_length"] = pa.array(seg.plen[rows].astype(np.int32))
