@@ -606,6 +606,7 @@ _MESSAGES_D = dictionary_schema(MESSAGES_SCHEMA)
 _ADVERTISEMENTS_D = dictionary_schema(ADVERTISEMENTS_SCHEMA)
 _HEADER_TABLES_D = {name: dictionary_schema(s) for name, s in HEADER_TABLE_SCHEMAS.items()}
 _MESSAGE_CORE_D = dictionary_schema(MESSAGE_CORE_SCHEMA)
+_TCP_SEGMENTS_D = dictionary_schema(TCP_SEGMENTS_SCHEMA)
 
 FLOW_KEY = ("src_ip_int", "src_port", "dst_ip_int", "dst_port")
 """The columns naming one direction of a TCP connection (the stage-2 grouping key)."""
@@ -2431,8 +2432,9 @@ class DecodedTables:
         packets, messages, adverts = ((_PACKETS_D, _MESSAGE_CORE_D, _ADVERTISEMENTS_D)
                                       if stored else
                                       (PACKETS_SCHEMA, MESSAGES_SCHEMA, ADVERTISEMENTS_SCHEMA))
+        segments = _TCP_SEGMENTS_D if stored else TCP_SEGMENTS_SCHEMA
         return cls(packets.empty_table(), messages.empty_table(), adverts.empty_table(),
-                   SKIPPED_SCHEMA.empty_table(), TCP_SEGMENTS_SCHEMA.empty_table())
+                   SKIPPED_SCHEMA.empty_table(), segments.empty_table())
 
     @property
     def stored(self) -> bool:
@@ -2447,7 +2449,7 @@ class DecodedTables:
                     else _cast(self.messages, MESSAGES_SCHEMA))
         return DecodedTables(_cast(self.packets, PACKETS_SCHEMA), messages,
                              _cast(self.advertisements, ADVERTISEMENTS_SCHEMA),
-                             self.skipped, self.tcp_segments)
+                             self.skipped, _cast(self.tcp_segments, TCP_SEGMENTS_SCHEMA))
 
 
 def _cast(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -2484,7 +2486,7 @@ def concat_tables(parts: Sequence[DecodedTables]) -> DecodedTables:
         _concat([p.messages for p in parts], like.messages.schema),
         _concat([p.advertisements for p in parts], like.advertisements.schema),
         merge_skipped([p.skipped for p in parts]),
-        _concat([p.tcp_segments for p in parts], TCP_SEGMENTS_SCHEMA),
+        _concat([p.tcp_segments for p in parts], like.tcp_segments.schema),
         _concat_headers([p.headers for p in parts]),
     )
 
@@ -2577,7 +2579,7 @@ def _decode_frames(fr: _Frames, options: DecodeOptions, stored: bool) -> Decoded
     # grouped by flow (capture order within): a flow's payloads then lie back to back in the
     # shipped buffer, and stage 2 gathers them in long runs
     tcp = tcp[np.lexsort((tcp, net.dport[tcp], net.dst[tcp], net.sport[tcp], net.src[tcp]))]
-    segments = _tcp_segments_table(fr, net, tcp)
+    segments = _tcp_segments_table(fr, net, tcp, stored)
 
     return DecodedTables(
         _concat(packets, _PACKETS_D),
@@ -2586,9 +2588,11 @@ def _decode_frames(fr: _Frames, options: DecodeOptions, stored: bool) -> Decoded
         skips.table(fr.files, fr.file_offset), segments, _concat_headers(headers))
 
 
-def _tcp_segments_table(fr: _Frames, net: _Network, rows: np.ndarray) -> pa.Table:
+def _tcp_segments_table(fr: _Frames, net: _Network, rows: np.ndarray, stored: bool,
+                        ) -> pa.Table:
+    schema = _TCP_SEGMENTS_D if stored else TCP_SEGMENTS_SCHEMA
     if not rows.size:
-        return TCP_SEGMENTS_SCHEMA.empty_table()
+        return schema.empty_table()
     take = pa.array(rows)
     columns = {
         "file": (_constant(fr.single_file, len(rows)) if fr.single_file is not None
@@ -2604,7 +2608,7 @@ def _tcp_segments_table(fr: _Frames, net: _Network, rows: np.ndarray) -> pa.Tabl
     columns["tcp_flags"] = pa.array(net.tcp_flags[rows], pa.int32())
     columns["payload"] = _binary_array(fr.data.bv.data, net.pstart[rows],
                                        net.pend[rows] - net.pstart[rows])
-    return _table(TCP_SEGMENTS_SCHEMA, len(rows), columns)
+    return _table(schema, len(rows), columns)
 
 
 # =============================================================================================
@@ -3077,7 +3081,7 @@ def _tcp_tables(seg: _Segments, out: _TcpOut, transport: np.ndarray, stored: boo
     skipped = skips.table(seg.files(np.arange(n)),
                           seg.table.column("file_offset").to_numpy().astype(np.int64))
     return DecodedTables(packets, messages, _ADVERTISEMENTS_D.empty_table(), skipped,
-                         TCP_SEGMENTS_SCHEMA.empty_table(), headers)
+                         _TCP_SEGMENTS_D.empty_table(), headers)
 
 
 # =============================================================================================

@@ -459,6 +459,11 @@ def flow_buckets(segments: pa.Table, buckets: int, separate_files: bool = False)
     return (mixed % np.uint64(buckets)).astype(np.int64)
 
 
+_STORED_SEGMENTS = dictionary_schema(TCP_SEGMENTS_SCHEMA)
+"""The LBT-TCP hand-over in the stored form: the capture's name once per stream, not per
+segment (it was a quarter of the bytes handed over)."""
+
+
 class _BucketSink:
     """A task's TCP segments, one Arrow IPC stream file per flow bucket it met."""
 
@@ -490,7 +495,7 @@ class _BucketSink:
         found = self.writers.get(bucket)
         if found is None:
             sink = self.job.filesystem.open_output_stream(self._path(bucket))
-            found = self.writers[bucket] = (sink, pa.ipc.new_stream(sink, TCP_SEGMENTS_SCHEMA))
+            found = self.writers[bucket] = (sink, pa.ipc.new_stream(sink, _STORED_SEGMENTS))
         return found[1]
 
     def _path(self, bucket: int) -> str:

@@ -833,6 +833,7 @@ def test_the_stored_form_gives_the_same_rows() -> None:
     second_stored = reassemble_tcp(public.tcp_segments, options, stored=True)
     for a, b in ((public, stored), (second, second_stored)):
         assert b.stored and not a.stored and not a.headers
+        assert b.tcp_segments.schema.field("file").type == columnar.DICTIONARY_STRING
         for name in ("packets", "messages", "advertisements"):
             got: pa.Table = getattr(b, name)
             for column in columnar.CATEGORICAL_COLUMNS & set(got.column_names):
