@@ -124,6 +124,7 @@ __all__ = [
     "decode_batches",
     "decode_chunk",
     "dictionary_schema",
+    "encode_files",
     "flow_key_columns",
     "frames_batch",
     "frames_batch_from_capture",
@@ -849,6 +850,17 @@ def _latin1_array(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
     raw = values.tobytes()
     return pa.array([raw[offsets[i]:offsets[i + 1]].decode("latin-1") for i in range(n)],
                     pa.string())
+
+
+def encode_files(column: pa.ChunkedArray | pa.Array) -> pa.DictionaryArray:
+    """A ``file`` column (plain or dictionary-typed, any chunking) as one dictionary array
+    whose dictionary holds each name once: the chunks' dictionaries are unified first (the
+    stored form gives each hand-over stream its own)."""
+    if isinstance(column, pa.ChunkedArray):
+        if pa.types.is_dictionary(column.type) and column.num_chunks > 1:
+            column = pa.table({"f": column}).unify_dictionaries().column("f")
+        column = column.combine_chunks()
+    return pc.dictionary_encode(column)
 
 
 def _dictionary_strings(codes: np.ndarray, names: Sequence[str | None],
@@ -2947,7 +2959,7 @@ class _Segments:
                 col = col.fill_null(null)
             return col.to_numpy().astype(np.int64)
 
-        files = pc.dictionary_encode(table.column("file").combine_chunks())
+        files = encode_files(table.column("file"))
         names = files.dictionary.to_pylist()
         rank = np.empty(len(names), np.int64)
         rank[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))

@@ -447,7 +447,7 @@ def flow_buckets(segments: pa.Table, buckets: int, separate_files: bool = False)
     two captures usually lands in different buckets (stage 2 keeps them apart either way)."""
     mixed = np.zeros(segments.num_rows, np.uint64)
     if separate_files and segments.num_rows:
-        files = pc.dictionary_encode(segments.column("file").combine_chunks())
+        files = columnar.encode_files(segments.column("file"))
         crcs = np.array([zlib.crc32(name.encode()) for name in files.dictionary.to_pylist()],
                         np.uint64)
         mixed = crcs[files.indices.to_numpy(zero_copy_only=False)] * np.uint64(0x9FB21C651E98DF25)

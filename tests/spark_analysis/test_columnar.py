@@ -871,6 +871,19 @@ def test_the_stored_form_gives_the_same_rows() -> None:
     ]
 
 
+def test_encode_files_unifies_the_dictionaries_of_hand_over_streams() -> None:
+    """Each stage-1 hand-over stream carries its own file dictionary; stage 2 reads several
+    at once and must see each name once (else one file would look like two)."""
+    first = pa.DictionaryArray.from_arrays(pa.array([0, 0], pa.int32()), pa.array(["a.pcap"]))
+    second = pa.DictionaryArray.from_arrays(pa.array([0, 1], pa.int32()),
+                                            pa.array(["b.pcap", "a.pcap"]))
+    for column in (pa.chunked_array([first, second]),
+                   pa.chunked_array([first.cast(pa.string()), second.cast(pa.string())])):
+        encoded = columnar.encode_files(column)
+        assert sorted(encoded.dictionary.to_pylist()) == ["a.pcap", "b.pcap"]
+        assert encoded.to_pylist() == ["a.pcap", "a.pcap", "b.pcap", "a.pcap"]
+
+
 def test_schemas_document_every_column() -> None:
     for schema in (columnar.PACKETS_SCHEMA, columnar.MESSAGES_SCHEMA,
                    columnar.ADVERTISEMENTS_SCHEMA, columnar.SKIPPED_SCHEMA,
