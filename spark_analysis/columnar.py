@@ -115,6 +115,7 @@ __all__ = [
     "MESSAGE_KEY",
     "PACKETS_SCHEMA",
     "SKIPPED_SCHEMA",
+    "STORED_SCHEMAS",
     "TCP_SEGMENTS_SCHEMA",
     "ByteView",
     "DecodeOptions",
@@ -602,12 +603,22 @@ def dictionary_schema(schema: pa.Schema) -> pa.Schema:
                       for f in schema], metadata=schema.metadata)
 
 
-_PACKETS_D = dictionary_schema(PACKETS_SCHEMA)
-_MESSAGES_D = dictionary_schema(MESSAGES_SCHEMA)
-_ADVERTISEMENTS_D = dictionary_schema(ADVERTISEMENTS_SCHEMA)
-_HEADER_TABLES_D = {name: dictionary_schema(s) for name, s in HEADER_TABLE_SCHEMAS.items()}
-_MESSAGE_CORE_D = dictionary_schema(MESSAGE_CORE_SCHEMA)
-_TCP_SEGMENTS_D = dictionary_schema(TCP_SEGMENTS_SCHEMA)
+STORED_SCHEMAS: dict[str, pa.Schema] = {
+    "packets": dictionary_schema(PACKETS_SCHEMA),
+    "messages": dictionary_schema(MESSAGE_CORE_SCHEMA),
+    "advertisements": dictionary_schema(ADVERTISEMENTS_SCHEMA),
+    "tcp_segments": dictionary_schema(TCP_SEGMENTS_SCHEMA),
+    **{name: dictionary_schema(s) for name, s in HEADER_TABLE_SCHEMAS.items()},
+}
+"""Every table's schema in the stored form (:class:`DecodedTables`): ``messages`` holds its
+core columns and each typed header has a table of its own (:data:`HEADER_TABLE_SCHEMAS`)."""
+
+_PACKETS_D = STORED_SCHEMAS["packets"]
+_MESSAGE_CORE_D = STORED_SCHEMAS["messages"]
+_ADVERTISEMENTS_D = STORED_SCHEMAS["advertisements"]
+_TCP_SEGMENTS_D = STORED_SCHEMAS["tcp_segments"]
+_HEADER_TABLES_D = {name: STORED_SCHEMAS[name] for name in HEADER_TABLE_SCHEMAS}
+_MESSAGES_D = dictionary_schema(MESSAGES_SCHEMA)  # the wide table, before the public cast
 
 FLOW_KEY = ("src_ip_int", "src_port", "dst_ip_int", "dst_port")
 """The columns naming one direction of a TCP connection (the stage-2 grouping key)."""

@@ -82,10 +82,10 @@ from .columnar import (
     MESSAGES_SCHEMA,
     PACKETS_SCHEMA,
     SKIPPED_SCHEMA,
+    STORED_SCHEMAS,
     TCP_SEGMENTS_SCHEMA,
     DecodedTables,
     DecodeOptions,
-    dictionary_schema,
 )
 from .splits import (
     DEFAULT_CHUNK_SIZE,
@@ -301,11 +301,9 @@ def decode_frames(frames: DataFrame, options: DecodeOptions | None = None, *,
 # =============================================================================================
 
 PARQUET_TABLES: dict[str, pa.Schema] = {
-    "packets": dictionary_schema(PACKETS_SCHEMA),
-    "messages": dictionary_schema(MESSAGE_CORE_SCHEMA),
-    "advertisements": dictionary_schema(ADVERTISEMENTS_SCHEMA),
+    **{name: STORED_SCHEMAS[name] for name in ("packets", "messages", "advertisements")},
     "skipped": SKIPPED_SCHEMA,  # a few rows, merged on the driver
-    **{name: dictionary_schema(schema) for name, schema in HEADER_TABLE_SCHEMAS.items()},
+    **{name: STORED_SCHEMAS[name] for name in HEADER_TABLE_SCHEMAS},
 }
 """The tables :func:`decode_to_parquet` writes, one directory of Parquet files each.
 ``messages`` is stored split (:func:`~spark_analysis.columnar.split_messages`): its core
@@ -459,13 +457,12 @@ def flow_buckets(segments: pa.Table, buckets: int, separate_files: bool = False)
     return (mixed % np.uint64(buckets)).astype(np.int64)
 
 
-_STORED_SEGMENTS = dictionary_schema(TCP_SEGMENTS_SCHEMA)
-"""The LBT-TCP hand-over in the stored form: the capture's name once per stream, not per
-segment (it was a quarter of the bytes handed over)."""
+_SEGMENTS_STORED = STORED_SCHEMAS["tcp_segments"]
 
 
 class _BucketSink:
-    """A task's TCP segments, one Arrow IPC stream file per flow bucket it met."""
+    """A task's TCP segments, one Arrow IPC stream file per flow bucket it met, in the
+    stored form (the capture's name once per stream, not per segment)."""
 
     def __init__(self, job: _Job, tag: str) -> None:
         self.job = job
@@ -495,7 +492,7 @@ class _BucketSink:
         found = self.writers.get(bucket)
         if found is None:
             sink = self.job.filesystem.open_output_stream(self._path(bucket))
-            found = self.writers[bucket] = (sink, pa.ipc.new_stream(sink, _STORED_SEGMENTS))
+            found = self.writers[bucket] = (sink, pa.ipc.new_stream(sink, _SEGMENTS_STORED))
         return found[1]
 
     def _path(self, bucket: int) -> str:
