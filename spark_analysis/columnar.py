@@ -2180,22 +2180,28 @@ def _decode_udp(decoder: _TransportDecoder, bv: ByteView, net: _Network, frame_r
     return _UdpResult(frame_rows, tr, msgs, region_rows, pstart, pend)
 
 
-def _identity(fr: _Frames, net: _Network, frame_rows: np.ndarray, protocol: str,
-              ) -> dict[str, pa.Array]:
-    src, dst = net.src[frame_rows], net.dst[frame_rows]
+def _frame_columns(fr: _Frames, net: _Network, frame_rows: np.ndarray) -> dict[str, pa.Array]:
+    """The frame's file, offset and time and its addresses and ports as numbers."""
     take = pa.array(frame_rows)
     return {
         "file": (_constant(fr.single_file, len(frame_rows)) if fr.single_file is not None
                  else fr.files.take(take)),
         "file_offset": pa.array(fr.file_offset[frame_rows], pa.int64()),
         "ts_ns": fr.ts_ns.take(take),
-        "protocol": _constant(protocol, len(frame_rows)),
-        "src_ip": net.ip_strings("src", frame_rows),
         "src_port": pa.array(net.sport[frame_rows].astype(np.int32)),
-        "dst_ip": net.ip_strings("dst", frame_rows),
         "dst_port": pa.array(net.dport[frame_rows].astype(np.int32)),
-        "src_ip_int": pa.array(src, pa.int64()), "dst_ip_int": pa.array(dst, pa.int64()),
+        "src_ip_int": pa.array(net.src[frame_rows], pa.int64()),
+        "dst_ip_int": pa.array(net.dst[frame_rows], pa.int64()),
     }
+
+
+def _identity(fr: _Frames, net: _Network, frame_rows: np.ndarray, protocol: str,
+              ) -> dict[str, pa.Array]:
+    """:func:`_frame_columns` with the protocol and the dotted addresses."""
+    return {**_frame_columns(fr, net, frame_rows),
+            "protocol": _constant(protocol, len(frame_rows)),
+            "src_ip": net.ip_strings("src", frame_rows),
+            "dst_ip": net.ip_strings("dst", frame_rows)}
 
 
 _BOOL_COLUMNS = ("retransmission", "syn")
@@ -2616,17 +2622,7 @@ def _tcp_segments_table(fr: _Frames, net: _Network, rows: np.ndarray, stored: bo
     schema = _TCP_SEGMENTS_D if stored else TCP_SEGMENTS_SCHEMA
     if not rows.size:
         return schema.empty_table()
-    take = pa.array(rows)
-    columns = {
-        "file": (_constant(fr.single_file, len(rows)) if fr.single_file is not None
-                 else fr.files.take(take)),
-        "file_offset": pa.array(fr.file_offset[rows], pa.int64()),
-        "ts_ns": fr.ts_ns.take(take),
-        "src_ip_int": pa.array(net.src[rows], pa.int64()),
-        "src_port": pa.array(net.sport[rows].astype(np.int32)),
-        "dst_ip_int": pa.array(net.dst[rows], pa.int64()),
-        "dst_port": pa.array(net.dport[rows].astype(np.int32)),
-    }
+    columns = _frame_columns(fr, net, rows)  # no dotted addresses: stage 2 never reads them
     columns["seq"] = pa.array(net.seq[rows], pa.int64())
     columns["tcp_flags"] = pa.array(net.tcp_flags[rows], pa.int32())
     columns["payload"] = _binary_array(fr.data.bv.data, net.pstart[rows],
