@@ -324,9 +324,11 @@ class HarnessStore:
                 return
             self.h.note(f"{self.name}: granting source RegID {src.reg_id}"
                         f"{f' OLD, high sqn {high}' if old else ''}")
-            link.send(self.packet_preg_resp(preg, reg_id=src.reg_id, old=old, high=high))
+            # recorded before it is sent: the IUT may act on the grant (and a case look at
+            # the grants) before this thread runs again
             with self._lock:
                 self.granted.append((time.monotonic(), src.reg_id))
+            link.send(self.packet_preg_resp(preg, reg_id=src.reg_id, old=old, high=high))
         except NoAnswer as exc:
             self.h.note(f"{self.name}: {exc}")
 
