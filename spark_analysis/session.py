@@ -6,11 +6,17 @@ otherwise) with settings that suit captures on one machine.  Under ``spark-submi
 notebook that already has a session) what was chosen there wins: the master is never forced and
 each default below applies only when the configuration does not already name that key.  Either
 way the ``pcap`` data source is registered.
+
+On a local master the Python workers are started by :mod:`spark_analysis.worker_daemon`, which
+spares each of them compiling PySpark from Spark's zip anew (about 1 CPU-s less per Spark job
+start on the 2-core machine).  Not on a cluster master: there the executors may get this package
+only through ``--py-files``, which reaches a worker after its daemon started.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Mapping
 
 from pyspark import SparkConf, SparkContext
@@ -18,11 +24,19 @@ from pyspark.sql import SparkSession
 
 from .pcap_source import register
 
+DAEMON_MODULE = "spark_analysis.worker_daemon"
+"""``spark.python.daemon.module`` on local masters (see the module docstring)."""
 
-def default_config() -> dict[str, str]:
-    """Settings that suit analysis of captures; each applies only when not already set."""
+
+def default_config(local: bool = True) -> dict[str, str]:
+    """Settings that suit analysis of captures; each applies only when not already set.
+
+    ``local``: the master is ``local[...]``, so the workers run where this package is
+    installed and may use :data:`DAEMON_MODULE`."""
     cores = os.cpu_count() or 2
+    daemon = {"spark.python.daemon.module": DAEMON_MODULE} if local else {}
     return {
+        **daemon,
         # the default 200 shuffle partitions cost more than the work on one machine
         "spark.sql.shuffle.partitions": str(max(4, 2 * cores)),
         # Arrow for toPandas/createDataFrame, the same columnar path the data source uses
@@ -49,7 +63,6 @@ def get_spark(app_name: str = "ump-analysis", master: str | None = None,
     if active is not None:
         register(active)
         return active
-    settings = {**default_config(), **(config or {})}
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
@@ -57,7 +70,12 @@ def get_spark(app_name: str = "ump-analysis", master: str | None = None,
         # the JVM exists already: read what spark-submit was told and only fill the gaps
         SparkContext._ensure_initialized()
         existing = SparkConf()
+        chosen = existing.get("spark.master", master or "local[*]")
+        settings = {**default_config(_is_local(chosen)), **(config or {})}
         settings = {k: v for k, v in settings.items() if not existing.contains(k)}
+    else:
+        chosen = master or _launch_master()
+        settings = {**default_config(_is_local(chosen)), **(config or {})}
     # else getOrCreate launches the JVM itself (with these settings, so launch-time ones such
     # as spark.driver.memory apply) and spark-submit's own default master is local[*]
     for key, value in settings.items():
@@ -66,6 +84,33 @@ def get_spark(app_name: str = "ump-analysis", master: str | None = None,
     spark.sparkContext.setLogLevel(log_level)
     register(spark)
     return spark
+
+
+def _is_local(master: str) -> bool:
+    return master.strip().startswith("local")
+
+
+def _launch_master() -> str:
+    """The master PySpark's launcher picks when none is given: ``--master`` in
+    ``PYSPARK_SUBMIT_ARGS``, else ``spark.master`` in ``spark-defaults.conf``, else
+    ``local[*]``."""
+    args = shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
+    for i, arg in enumerate(args):
+        if arg == "--master" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--master="):
+            return arg.split("=", 1)[1]
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or os.path.join(
+        os.environ.get("SPARK_HOME", ""), "conf")
+    try:
+        with open(os.path.join(conf_dir, "spark-defaults.conf"), encoding="utf-8") as handle:
+            for line in handle:
+                parts = line.split(None, 1)
+                if len(parts) == 2 and parts[0] == "spark.master":
+                    return parts[1].strip()
+    except OSError:
+        pass
+    return "local[*]"
 
 
 def _under_spark_submit() -> bool:
