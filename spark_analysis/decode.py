@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import itertools
 import logging
 import os
@@ -512,6 +513,20 @@ def _worker_stats(cpu: float, wall: float) -> dict[str, Any]:
             "ended": time.time()}
 
 
+def _freeze_heap() -> None:
+    """In a Spark Python worker, exempt everything alive now from garbage collection.
+
+    PySpark's daemon runs a full ``gc.collect()`` after every task of a reused worker.  With
+    pyarrow, numpy, pandas and PySpark imported, that walks some 86,000 objects, about 30 ms
+    each time, for objects that live as long as the worker (measured on the 2-core machine).
+    Called at the start of each task, right after that collection, it leaves the collector
+    only the objects created since.  Frozen objects are still freed by reference counting;
+    only a reference cycle among them would outlive its use.  The driver (tasks run
+    in-process for tiny captures) is left alone."""
+    if TaskContext.get() is not None:
+        gc.freeze()
+
+
 def _note_truncated(notes: list[str], record: TruncatedRecord) -> None:
     notes.append(str(record))
 
@@ -519,6 +534,7 @@ def _note_truncated(notes: list[str], record: TruncatedRecord) -> None:
 def _decode_splits(job: _Job, items: Iterable[tuple[int, Split]]) -> Iterator[dict[str, Any]]:
     """Stage 1 task: each split is read chunk by chunk and decoded where it lies; the tables go
     to Parquet and the LBT-TCP segments to the flow-bucket files of stage 2."""
+    _freeze_heap()
     for index, split in items:
         cpu, wall = time.process_time(), time.perf_counter()
         tag = _task_tag("s", index)
@@ -558,6 +574,7 @@ def _reassemble_buckets(job: _Job, items: Iterable[tuple[int, list[tuple[int, li
                         ) -> Iterator[dict[str, Any]]:
     """Stage 2 task: each of its flow buckets (every segment of those flows, from every split)
     is reassembled on its own, so a task holds one bucket at a time."""
+    _freeze_heap()
     for index, buckets in items:
         cpu, wall = time.process_time(), time.perf_counter()
         sink = _ParquetSink(job, _task_tag("t", index))

@@ -277,3 +277,18 @@ def test_pack_cuts_big_tables_into_bounded_streams() -> None:
     assert sum(r for t, r in counts if t == "messages") == tables.messages.num_rows
     back = pa.Table.from_batches(list(decode.unpack(parts, "messages")), decode.TABLES["messages"])
     assert back.equals(tables.messages.combine_chunks())
+
+
+def test_tasks_freeze_the_heap_only_in_a_spark_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    decode._freeze_heap()  # no TaskContext: the driver running a tiny capture's tasks
+    assert gc.get_freeze_count() == 0
+    monkeypatch.setattr(decode.TaskContext, "get", staticmethod(lambda: object()))
+    try:
+        decode._freeze_heap()
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+    assert gc.get_freeze_count() == 0
