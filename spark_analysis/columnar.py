@@ -529,8 +529,8 @@ def join_headers(core: pa.Table, headers: Mapping[str, pa.Table],
             index[at] = np.arange(stored.num_rows)
             values = stored.column(name).combine_chunks()
         else:
-            values = pa.array([], MESSAGES_SCHEMA.field(name).type)
-        columns.append(values.take(pa.array(index, mask=index < 0)))
+            values = arrow_array([], MESSAGES_SCHEMA.field(name).type)
+        columns.append(values.take(arrow_array(index, mask=index < 0)))
     schema = pa.schema([MESSAGES_SCHEMA.field(c) for c in [*MESSAGE_CORE_SCHEMA.names, *wanted]])
     return pa.Table.from_arrays(columns, schema=schema)
 
@@ -859,7 +859,7 @@ def _latin1_array(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
         return pa.Array.from_buffers(pa.string(), n,
                                      [None, pa.py_buffer(offsets), pa.py_buffer(values)])
     raw = values.tobytes()
-    return pa.array([raw[offsets[i]:offsets[i + 1]].decode("latin-1") for i in range(n)],
+    return arrow_array([raw[offsets[i]:offsets[i + 1]].decode("latin-1") for i in range(n)],
                     pa.string())
 
 
@@ -887,23 +887,154 @@ def _dictionary_strings(codes: np.ndarray, names: Sequence[str | None],
         names = [n if n is not None else "" for n in names]
     indices = _masked(np.where(valid, codes, 0) if valid is not None else codes, valid,
                       pa.int32())
-    return pa.DictionaryArray.from_arrays(indices, pa.array(names, pa.string()))
+    return pa.DictionaryArray.from_arrays(indices, arrow_array(names, pa.string()))
 
 
 def _ipv4_strings(values: np.ndarray) -> pa.DictionaryArray:
     """Dotted IPv4 strings for u32 values, dictionary-typed: hashed to the few distinct
     addresses first, each formatted once."""
-    encoded = pc.dictionary_encode(pa.array(values.astype(np.int64)))
-    distinct = encoded.dictionary.to_numpy()
+    encoded = pc.dictionary_encode(arrow_array(values.astype(np.int64)))
+    distinct = numpy_of(encoded.dictionary)
     text = [str(ipaddress.IPv4Address(int(v))) for v in distinct]
-    return pa.DictionaryArray.from_arrays(encoded.indices, pa.array(text, pa.string()))
+    return pa.DictionaryArray.from_arrays(encoded.indices, arrow_array(text, pa.string()))
+
+
+_ARROW_OF_NUMPY: dict[np.dtype, pa.DataType] = {
+    np.dtype(t): pa.from_numpy_dtype(np.dtype(t))
+    for t in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+              "float32", "float64")}
+
+
+def arrow_array(values: Any, type: pa.DataType | None = None,
+                mask: np.ndarray | None = None) -> pa.Array:
+    """``pa.array(values, type, mask=mask)`` for 1-d numpy arrays of booleans and numbers, and
+    for lists of strings or numbers (``type`` given), built from buffers; anything else goes
+    to ``pa.array``.
+
+    Why: the first ``pa.array`` call in a process imports pandas (pyarrow checks every input
+    for pandas objects), 0.28 CPU-s in each new Spark worker, and it falls on the critical
+    path of a job's first tasks.  The decode calls this instead, so its workers never import
+    pandas.  Numbers are converted with numpy's ``astype``: callers give values that fit
+    ``type``, where ``pa.array`` would raise on an overflow.  A null where ``mask`` is true.
+    """
+    if isinstance(values, list) and type is not None:
+        if not values and mask is None:
+            return pa.nulls(0, type)
+        if pa.types.is_string(type):
+            return _string_array(values, mask)
+        if ((pa.types.is_integer(type) or pa.types.is_floating(type))
+                and all(isinstance(v, int | float) for v in values)):
+            values = np.array(values, _numpy_dtype(type))
+    if (not isinstance(values, np.ndarray) or values.ndim != 1
+            or isinstance(values, np.ma.MaskedArray)):
+        return pa.array(values, type, mask=mask)
+    arrow_type = type if type is not None else _ARROW_OF_NUMPY.get(values.dtype)
+    if arrow_type is None or not (pa.types.is_integer(arrow_type)
+                                  or pa.types.is_floating(arrow_type)
+                                  or pa.types.is_boolean(arrow_type)):
+        return pa.array(values, type, mask=mask)
+    data = np.ascontiguousarray(values.astype(_numpy_dtype(arrow_type), copy=False))
+    if pa.types.is_boolean(arrow_type):
+        data = np.packbits(data, bitorder="little")
+    validity, nulls = _validity(mask, len(values))
+    return pa.Array.from_buffers(arrow_type, len(values), [validity, pa.py_buffer(data)],
+                                 null_count=nulls)
+
+
+def numpy_of(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """``values.to_numpy()`` read straight from the buffer for numbers and booleans without
+    nulls (numbers read only, like ``to_numpy``'s zero-copy result); anything else goes to
+    ``to_numpy``.  Why not
+    ``to_numpy`` itself: it imports pandas too (see :func:`arrow_array`)."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.chunk(0) if values.num_chunks == 1 else values.combine_chunks()
+    kind, rows = values.type, len(values)
+    numeric = pa.types.is_integer(kind) or pa.types.is_floating(kind)
+    if values.null_count or not (numeric or pa.types.is_boolean(kind)):
+        return values.to_numpy(zero_copy_only=False)
+    dtype = _numpy_dtype(kind)
+    data = values.buffers()[1]
+    if data is None or not rows:
+        return np.zeros(0, dtype)
+    if numeric:
+        return np.frombuffer(data, dtype, count=rows, offset=values.offset * dtype.itemsize)
+    bits = np.unpackbits(np.frombuffer(data, np.uint8), count=values.offset + rows,
+                         bitorder="little")
+    return bits[values.offset:].astype(bool)
+
+
+def empty_table(schema: pa.Schema) -> pa.Table:
+    """``schema.empty_table()`` without the pandas import (see :func:`arrow_array`)."""
+    return pa.Table.from_batches([], schema=schema)
+
+
+def python_table(rows: Sequence[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
+    """``pa.Table.from_pylist(rows, schema)`` built column by column from Python values
+    (:func:`_python_array`), without the pandas import (see :func:`arrow_array`)."""
+    return pa.Table.from_arrays([_python_array([r.get(f.name) for r in rows], f.type)
+                                 for f in schema], schema=schema)
+
+
+def _python_array(values: Sequence[Any], kind: pa.DataType) -> pa.Array:
+    """An array of Python values (None: null) of a string, number, boolean, struct or list
+    type, built from its children; other types go to ``pa.array``."""
+    missing = np.fromiter((v is None for v in values), bool, len(values))
+    nulls = missing if missing.any() else None
+    if pa.types.is_string(kind):
+        return _string_array(list(values))
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+        data = np.array([0 if v is None else v for v in values], _numpy_dtype(kind))
+        return arrow_array(data, kind, mask=nulls)
+    if pa.types.is_struct(kind):
+        children = [_python_array([None if v is None else v.get(f.name) for v in values], f.type)
+                    for f in kind]
+        return pa.StructArray.from_arrays(
+            children, fields=list(kind), mask=None if nulls is None else arrow_array(nulls))
+    if pa.types.is_list(kind):
+        offsets = np.zeros(len(values) + 1, np.int32)
+        np.cumsum([0 if v is None else len(v) for v in values], out=offsets[1:])
+        flat = [item for v in values if v is not None for item in v]
+        return pa.ListArray.from_arrays(
+            arrow_array(offsets), _python_array(flat, kind.value_type), type=kind,
+            mask=None if nulls is None else arrow_array(nulls))
+    return pa.array(values, kind)
+
+
+def _validity(mask: np.ndarray | None, rows: int) -> tuple[pa.Buffer | None, int]:
+    """The validity bitmap for nulls where ``mask`` is true, and the null count."""
+    if mask is None:
+        return None, 0
+    mask = np.asarray(mask, bool)
+    if len(mask) != rows:
+        raise ValueError("the mask and the values differ in length")
+    nulls = int(np.count_nonzero(mask))
+    if not nulls:
+        return None, 0
+    return pa.py_buffer(np.packbits(~mask, bitorder="little")), nulls
+
+
+def _string_array(values: list[str | None], mask: np.ndarray | None = None) -> pa.Array:
+    """A string array of Python strings (None: null), from buffers."""
+    encoded = [v.encode() if v is not None else b"" for v in values]
+    offsets = np.zeros(len(encoded) + 1, np.int32)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    missing = np.fromiter((v is None for v in values), bool, len(values))
+    if mask is not None:
+        missing |= np.asarray(mask, bool)
+    validity, nulls = _validity(missing, len(values))
+    return pa.Array.from_buffers(pa.string(), len(values),
+                                 [validity, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))],
+                                 null_count=nulls)
 
 
 @functools.cache
 def _numpy_dtype(dtype: pa.DataType) -> np.dtype:
-    """numpy's dtype for an Arrow integer or boolean type (``to_pandas_dtype`` would import
-    pandas, half a second per Spark worker)."""
-    return np.dtype("bool" if pa.types.is_boolean(dtype) else str(dtype))
+    """numpy's dtype for an Arrow integer, floating-point or boolean type (``to_pandas_dtype``
+    would import pandas, half a second per Spark worker)."""
+    if pa.types.is_boolean(dtype):
+        return np.dtype("bool")
+    return np.dtype({"float": "float32", "double": "float64", "halffloat": "float16"}.get(
+        str(dtype), str(dtype)))
 
 
 def _masked(values: np.ndarray, valid: np.ndarray | None, dtype: pa.DataType) -> pa.Array:
@@ -911,7 +1042,7 @@ def _masked(values: np.ndarray, valid: np.ndarray | None, dtype: pa.DataType) ->
     packed with numpy (``pa.array(..., mask=...)`` is an order of magnitude slower)."""
     if pa.types.is_integer(dtype) or pa.types.is_boolean(dtype):
         values = values.astype(_numpy_dtype(dtype), copy=False)  # numpy casts fastest
-    arr = pa.array(values, dtype)
+    arr = arrow_array(values, dtype)
     if valid is None or valid.all():
         return arr
     bits = pa.py_buffer(np.packbits(valid, bitorder="little"))
@@ -959,8 +1090,8 @@ def _sparse_strings(rows: int, texts: Mapping[int, str]) -> pa.Array:
 
 def _constant(text: str, rows: int) -> pa.DictionaryArray:
     """A dictionary-typed string column holding ``text`` in every row."""
-    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, np.int32)),
-                                          pa.array([text], pa.string()))
+    return pa.DictionaryArray.from_arrays(arrow_array(np.zeros(rows, np.int32)),
+                                          arrow_array([text], pa.string()))
 
 
 def _convert(part: ColumnPart, raw: np.ndarray) -> pa.Array:
@@ -981,14 +1112,14 @@ def _convert(part: ColumnPart, raw: np.ndarray) -> pa.Array:
                                       [None, pa.py_buffer(np.ascontiguousarray(raw).tobytes())])
         return fixed.cast(pa.binary())
     if pa.types.is_decimal(part.type):
-        return pa.array(raw.astype(np.uint64)).cast(part.type)
+        return arrow_array(raw.astype(np.uint64)).cast(part.type)
     return _masked(raw, None, part.type)
 
 
 def _struct_array(parts: Sequence[ColumnPart], raw: Mapping[str, np.ndarray],
                   count: int) -> pa.StructArray:
     if count == 0:
-        return pa.array([], _struct_type(parts))
+        return arrow_array([], _struct_type(parts))
     arrays = [_convert(p, raw[p.member]) for p in parts]
     return pa.StructArray.from_arrays(arrays, fields=list(_struct_type(parts)))
 
@@ -1008,7 +1139,7 @@ def _spread_struct(parts: Sequence[ColumnPart], raw: Mapping[str, np.ndarray],
     # converting spread-out raw values cost O(rows) byte swaps and casts per field
     index: list[np.ndarray] = []
     arrays = [_spread_field(_convert(p, raw[p.member]), owner, rows, index) for p in parts]
-    return pa.StructArray.from_arrays(arrays, fields=list(struct_type), mask=pa.array(~present))
+    return pa.StructArray.from_arrays(arrays, fields=list(struct_type), mask=arrow_array(~present))
 
 
 def _spread_field(values: pa.Array, owner: np.ndarray, rows: int,
@@ -1018,15 +1149,15 @@ def _spread_field(values: pa.Array, owner: np.ndarray, rows: int,
     take index the variable-width fields share."""
     kind = values.type
     if (pa.types.is_integer(kind) or pa.types.is_boolean(kind)) and not values.null_count:
-        compact = values.to_numpy(zero_copy_only=False)
+        compact = numpy_of(values)
         full = np.zeros(rows, compact.dtype)
         full[owner] = compact
-        return pa.array(full, kind)
+        return arrow_array(full, kind)
     if not index:
         at = np.zeros(rows, np.int64)
         at[owner] = np.arange(len(owner))
         index.append(at)
-    return values.take(pa.array(index[0]))
+    return values.take(arrow_array(index[0]))
 
 
 # =============================================================================================
@@ -1056,7 +1187,7 @@ class _Skips:
         """Frames and first offset per (file, reason), sorted by both; ``files`` gives each
         frame row's file (a dictionary array: grouped by its codes, in numpy)."""
         if not self._parts:
-            return SKIPPED_SCHEMA.empty_table()
+            return empty_table(SKIPPED_SCHEMA)
         if not pa.types.is_dictionary(files.type):
             files = pc.dictionary_encode(files)
         reasons = sorted({reason for _, reason in self._parts})
@@ -1066,7 +1197,7 @@ class _Skips:
                                  for r, text in self._parts])
         names = files.dictionary.to_pylist()
         file_rank = np.argsort(np.argsort(np.array(names, object), kind="stable"))
-        code = files.indices.to_numpy(zero_copy_only=False).astype(np.int64)[rows]
+        code = numpy_of(files.indices).astype(np.int64)[rows]
         key = file_rank[code] * len(reasons) + reason
         order = np.lexsort((offsets[rows], key))
         key, first_offset = key[order], offsets[rows][order]
@@ -1074,11 +1205,11 @@ class _Skips:
         counts = np.diff(np.append(starts, len(key)))
         by_rank = np.argsort(file_rank)
         return pa.table({
-            "file": pa.array([names[i] for i in by_rank[key[starts] // len(reasons)]],
+            "file": arrow_array([names[i] for i in by_rank[key[starts] // len(reasons)]],
                              pa.string()),
-            "reason": pa.array([reasons[i] for i in key[starts] % len(reasons)], pa.string()),
-            "frames": pa.array(counts, pa.int64()),
-            "first_file_offset": pa.array(first_offset[starts], pa.int64()),
+            "reason": arrow_array([reasons[i] for i in key[starts] % len(reasons)], pa.string()),
+            "frames": arrow_array(counts, pa.int64()),
+            "first_file_offset": arrow_array(first_offset[starts], pa.int64()),
         }, schema=SKIPPED_SCHEMA)
 
 
@@ -1127,7 +1258,7 @@ class _Frames:
             col = column(name)
             if col.null_count:
                 raise ValueError(f"frame column {name!r} has nulls")
-            return col.to_numpy(zero_copy_only=False).astype(np.int64)
+            return numpy_of(col).astype(np.int64)
 
         files = column("file")
         if not pa.types.is_string(files.type):
@@ -1183,12 +1314,13 @@ class _Network:
         (hashed) and formatted once per batch."""
         cached = self.text.get(which)
         if cached is None:
-            encoded = pc.dictionary_encode(pa.array(getattr(self, which)))
+            encoded = pc.dictionary_encode(arrow_array(getattr(self, which)))
             distinct = [str(ipaddress.IPv4Address(int(v)))
-                        for v in encoded.dictionary.to_numpy()]
-            cached = self.text[which] = (encoded.indices.to_numpy(), pa.array(distinct))
+                        for v in numpy_of(encoded.dictionary)]
+            cached = self.text[which] = (numpy_of(encoded.indices),
+                                         arrow_array(distinct, pa.string()))
         indices, dictionary = cached
-        return pa.DictionaryArray.from_arrays(pa.array(indices[rows]), dictionary)
+        return pa.DictionaryArray.from_arrays(arrow_array(indices[rows]), dictionary)
 
 
 def _decode_network(fr: _Frames, skips: _Skips) -> _Network:
@@ -1711,7 +1843,7 @@ def _typed_headers(bv: ByteView, msgs: _Lbmc,
 def _list_offsets(counts: np.ndarray) -> pa.Array:
     offsets = np.zeros(len(counts) + 1, np.int32)
     np.cumsum(counts, out=offsets[1:])
-    return pa.array(offsets)
+    return arrow_array(offsets)
 
 
 def _header_columns(bv: ByteView, msgs: _Lbmc) -> dict[str, pa.Array]:
@@ -1723,7 +1855,7 @@ def _header_columns(bv: ByteView, msgs: _Lbmc) -> dict[str, pa.Array]:
             counts = np.bincount(owner, minlength=m)
             out[column.name] = pa.ListArray.from_arrays(
                 _list_offsets(counts), _struct_array(column.parts, raw, len(owner)),
-                mask=pa.array(counts == 0))
+                mask=arrow_array(counts == 0))
         else:
             out[column.name] = _spread_struct(column.parts, raw, owner, m)
     return out
@@ -1740,7 +1872,7 @@ def _header_tables(bv: ByteView, msgs: _Lbmc, key: Mapping[str, pa.Array],
         if column.repeated:
             owner, counts = np.unique(owner, return_counts=True)
             values = pa.ListArray.from_arrays(_list_offsets(counts), values)
-        take = pa.array(owner)
+        take = arrow_array(owner)
         name = f"{HEADER_TABLE_PREFIX}{column.name}"
         out[name] = _table(_HEADER_TABLES_D[name], len(owner), {
             **{k: key[k].take(take) for k in MESSAGE_KEY}, column.name: values})
@@ -1753,7 +1885,7 @@ def _core_header_columns(bv: ByteView, msgs: _Lbmc) -> dict[str, pa.Array]:
     out: dict[str, pa.Array] = {}
     out["header_codes"] = pa.ListArray.from_arrays(_list_offsets(np.bincount(msgs.h_msg,
                                                                              minlength=m)),
-                                                   pa.array(msgs.h_code, pa.int32()))
+                                                   arrow_array(msgs.h_code, pa.int32()))
     sel = np.flatnonzero(msgs.h_code == _TOPICNAME.code)
     owner, first = np.unique(msgs.h_msg[sel], return_index=True)
     sel = sel[first]
@@ -1778,12 +1910,12 @@ def _messages_table(bv: ByteView, msgs: _Lbmc, identity: Mapping[str, pa.Array],
     data = ok & _DATA_TYPES[msgs.mtype]
     columns: dict[str, pa.Array] = dict(identity)
     columns.update(extra or {})
-    columns["msg_index"] = pa.array(msgs.index if msg_index is None else msg_index, pa.int32())
-    columns["type"] = pa.array(msgs.mtype, pa.int32())
+    columns["msg_index"] = arrow_array(msgs.index if msg_index is None else msg_index, pa.int32())
+    columns["type"] = arrow_array(msgs.mtype, pa.int32())
     type_names = [_LBMC_TYPE_NAMES.get(t) for t in range(16)]  # type: ignore[call-overload]
     columns["message_type"] = _dictionary_strings(msgs.mtype, type_names)
     columns["label"] = _labels(msgs, transport)
-    columns["msglen"] = pa.array(msgs.msglen, pa.int32())
+    columns["msglen"] = arrow_array(msgs.msglen, pa.int32())
     columns["tidx"] = _masked(msgs.tidx, data, pa.int64())
     columns["sqn"] = _masked(msgs.sqn, data, pa.int64())
     columns["payload_length"] = _masked(msgs.payload_len, ok, pa.int32())
@@ -2067,9 +2199,9 @@ class _Transport:
         selected[rows] = True
         offsets = np.zeros(len(rows) + 1, np.int32)
         np.cumsum(counts[rows], out=offsets[1:])
-        return pa.ListArray.from_arrays(pa.array(offsets),
-                                        pa.array(values[selected[owner]], pa.int64()),
-                                        mask=pa.array(~present[rows]))
+        return pa.ListArray.from_arrays(arrow_array(offsets),
+                                        arrow_array(values[selected[owner]], pa.int64()),
+                                        mask=arrow_array(~present[rows]))
 
     def error_text(self, row: int, lbmc_reason: str | None = None) -> str | None:
         code = int(self.err[row])
@@ -2182,16 +2314,16 @@ def _decode_udp(decoder: _TransportDecoder, bv: ByteView, net: _Network, frame_r
 
 def _frame_columns(fr: _Frames, net: _Network, frame_rows: np.ndarray) -> dict[str, pa.Array]:
     """The frame's file, offset and time and its addresses and ports as numbers."""
-    take = pa.array(frame_rows)
+    take = arrow_array(frame_rows)
     return {
         "file": (_constant(fr.single_file, len(frame_rows)) if fr.single_file is not None
                  else fr.files.take(take)),
-        "file_offset": pa.array(fr.file_offset[frame_rows], pa.int64()),
+        "file_offset": arrow_array(fr.file_offset[frame_rows], pa.int64()),
         "ts_ns": fr.ts_ns.take(take),
-        "src_port": pa.array(net.sport[frame_rows].astype(np.int32)),
-        "dst_port": pa.array(net.dport[frame_rows].astype(np.int32)),
-        "src_ip_int": pa.array(net.src[frame_rows], pa.int64()),
-        "dst_ip_int": pa.array(net.dst[frame_rows], pa.int64()),
+        "src_port": arrow_array(net.sport[frame_rows].astype(np.int32)),
+        "dst_port": arrow_array(net.dport[frame_rows].astype(np.int32)),
+        "src_ip_int": arrow_array(net.src[frame_rows], pa.int64()),
+        "dst_ip_int": arrow_array(net.dst[frame_rows], pa.int64()),
     }
 
 
@@ -2218,7 +2350,7 @@ def _udp_tables(fr: _Frames, net: _Network, res: _UdpResult, positions: np.ndarr
     k = len(positions)
     columns = _identity(fr, net, frame_rows, decoder.name)
     columns["classified_by"] = _constant(classified_by, k)
-    columns["payload_length"] = pa.array((res.pend - res.pstart)[positions], pa.int32())
+    columns["payload_length"] = arrow_array((res.pend - res.pstart)[positions], pa.int32())
     type_codes = tr.ptype[positions]
     names = [decoder.type_names.get(t) for t in range(16)]
     columns["packet_type"] = _dictionary_strings(type_codes, names, type_codes >= 0)
@@ -2233,7 +2365,7 @@ def _udp_tables(fr: _Frames, net: _Network, res: _UdpResult, positions: np.ndarr
         if arr is not None:
             columns[column] = arr
     counts = res.message_count()
-    columns["messages"] = pa.array(counts[positions], pa.int32())
+    columns["messages"] = arrow_array(counts[positions], pa.int32())
     fragment = net.first_fragment[frame_rows]
     lbmc_bad = res.lbmc_error_rows()
     reasons: dict[int, str] = {}
@@ -2408,21 +2540,21 @@ def _decode_lbmr(fr: _Frames, net: _Network, frame_rows: np.ndarray, strict: boo
 def _lbmr_tables(fr: _Frames, net: _Network, decoded: list[_LbmrRow], classified_by: str,
                  ) -> tuple[pa.Table, pa.Table]:
     if not decoded:
-        return _PACKETS_D.empty_table(), _ADVERTISEMENTS_D.empty_table()
+        return empty_table(_PACKETS_D), empty_table(_ADVERTISEMENTS_D)
     rows = np.array([d[0] for d in decoded], np.int64)
     columns = _identity(fr, net, rows, "lbmr")
     columns["classified_by"] = _constant(classified_by, len(rows))
-    columns["payload_length"] = pa.array(net.pend[rows] - net.pstart[rows], pa.int32())
-    columns["packet_type"] = pa.array([d[1] for d in decoded], pa.string())
-    columns["messages"] = pa.array(np.zeros(len(rows), np.int32))
-    columns["malformed_reason"] = pa.array([d[2] for d in decoded], pa.string())
+    columns["payload_length"] = arrow_array(net.pend[rows] - net.pstart[rows], pa.int32())
+    columns["packet_type"] = arrow_array([d[1] for d in decoded], pa.string())
+    columns["messages"] = arrow_array(np.zeros(len(rows), np.int32))
+    columns["malformed_reason"] = arrow_array([d[2] for d in decoded], pa.string())
     packets = _table(_PACKETS_D, len(rows), columns)
     owners = np.array([d[0] for d in decoded for _ in d[3]], np.int64)
     records = [r for d in decoded for r in d[3]]
     if not records:
-        return packets, _ADVERTISEMENTS_D.empty_table()
+        return packets, empty_table(_ADVERTISEMENTS_D)
     ident = _identity(fr, net, owners, "lbmr")
-    adverts = pa.Table.from_pylist(records, schema=pa.schema(
+    adverts = python_table(records, pa.schema(
         [f for f in ADVERTISEMENTS_SCHEMA if f.name not in ident]))
     cols = {**{n: ident[n] for n in ADVERTISEMENTS_SCHEMA.names if n in ident},
             **{n: adverts.column(n) for n in adverts.column_names}}
@@ -2462,8 +2594,8 @@ class DecodedTables:
                                       if stored else
                                       (PACKETS_SCHEMA, MESSAGES_SCHEMA, ADVERTISEMENTS_SCHEMA))
         segments = _TCP_SEGMENTS_D if stored else TCP_SEGMENTS_SCHEMA
-        return cls(packets.empty_table(), messages.empty_table(), adverts.empty_table(),
-                   SKIPPED_SCHEMA.empty_table(), segments.empty_table())
+        return cls(empty_table(packets), empty_table(messages), empty_table(adverts),
+                   empty_table(SKIPPED_SCHEMA), empty_table(segments))
 
     @property
     def stored(self) -> bool:
@@ -2488,7 +2620,7 @@ def _cast(table: pa.Table, schema: pa.Schema) -> pa.Table:
 def _concat(tables: Sequence[pa.Table], schema: pa.Schema) -> pa.Table:
     tables = [t for t in tables if t.num_rows]
     if not tables:
-        return schema.empty_table()
+        return empty_table(schema)
     return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
 
@@ -2498,12 +2630,16 @@ def merge_skipped(tables: Sequence[pa.Table]) -> pa.Table:
     table = _concat(tables, SKIPPED_SCHEMA)
     if not table.num_rows:
         return table
-    grouped = table.group_by(["file", "reason"]).aggregate([("frames", "sum"),
-                                                             ("first_file_offset", "min")])
-    return pa.table({"file": grouped["file"], "reason": grouped["reason"],
-                     "frames": grouped["frames_sum"],
-                     "first_file_offset": grouped["first_file_offset_min"]},
-                    schema=SKIPPED_SCHEMA)
+    # a handful of rows: merged in Python (Table.group_by would import pandas, see
+    # arrow_array), in the order each file and reason first appears
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in table.to_pylist():
+        found = merged.setdefault((row["file"], row["reason"]), {**row, "frames": 0})
+        found["frames"] += row["frames"] or 0
+        offsets = [o for o in (found["first_file_offset"], row["first_file_offset"])
+                   if o is not None]
+        found["first_file_offset"] = min(offsets, default=None)
+    return python_table(list(merged.values()), SKIPPED_SCHEMA)
 
 
 def concat_tables(parts: Sequence[DecodedTables]) -> DecodedTables:
@@ -2621,10 +2757,10 @@ def _tcp_segments_table(fr: _Frames, net: _Network, rows: np.ndarray, stored: bo
                         ) -> pa.Table:
     schema = _TCP_SEGMENTS_D if stored else TCP_SEGMENTS_SCHEMA
     if not rows.size:
-        return schema.empty_table()
+        return empty_table(schema)
     columns = _frame_columns(fr, net, rows)  # no dotted addresses: stage 2 never reads them
-    columns["seq"] = pa.array(net.seq[rows], pa.int64())
-    columns["tcp_flags"] = pa.array(net.tcp_flags[rows], pa.int32())
+    columns["seq"] = arrow_array(net.seq[rows], pa.int64())
+    columns["tcp_flags"] = arrow_array(net.tcp_flags[rows], pa.int32())
     columns["payload"] = _binary_array(fr.data.bv.data, net.pstart[rows],
                                        net.pend[rows] - net.pstart[rows])
     return _table(schema, len(rows), columns)
@@ -2964,13 +3100,13 @@ class _Segments:
             col = table.column(name)
             if col.null_count:
                 col = col.fill_null(null)
-            return col.to_numpy().astype(np.int64)
+            return numpy_of(col).astype(np.int64)
 
         files = encode_files(table.column("file"))
         names = files.dictionary.to_pylist()
         rank = np.empty(len(names), np.int64)
         rank[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))
-        file_rank = rank[files.indices.to_numpy(zero_copy_only=False)]
+        file_rank = rank[numpy_of(files.indices)]
         columns = {k: ints(k) for k in (*FLOW_KEY, "seq", "tcp_flags", "file_offset")}
         # nulls sort last, as in Table.sort_by
         ts = ints("ts_ns", np.iinfo(np.int64).max)
@@ -2985,7 +3121,7 @@ class _Segments:
         columns["file_rank"] = file_rank
         order = np.lexsort(keys)
         raw, pstart, plen = _gather_sorted(table.column("payload"), order)
-        file_codes = files.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        file_codes = numpy_of(files.indices).astype(np.int64)
         return cls(len(order), table, order, {k: v[order] for k, v in columns.items()},
                    raw, pstart, plen, file_codes, files.dictionary)
 
@@ -2994,7 +3130,7 @@ class _Segments:
         if len(self.file_names) == 1:
             return _constant(self.file_names[0].as_py(), len(input_rows))
         return pa.DictionaryArray.from_arrays(
-            pa.array(self.file_codes[input_rows], pa.int32()), self.file_names)
+            arrow_array(self.file_codes[input_rows], pa.int32()), self.file_names)
 
     def identity(self, rows: np.ndarray) -> dict[str, pa.Array]:
         """The identity columns of sorted positions ``rows``."""
@@ -3004,16 +3140,16 @@ class _Segments:
         ts = self.table.column("ts_ns")
         return {
             "file": self.files(take),
-            "file_offset": pa.array(self.ints["file_offset"][rows], pa.int64()),
+            "file_offset": arrow_array(self.ints["file_offset"][rows], pa.int64()),
             "ts_ns": _flat(pc.take(ts.combine_chunks() if ts.num_chunks != 1 else ts,
-                                   pa.array(take))),
+                                   arrow_array(take))),
             "protocol": _constant("lbttcp", len(rows)),
             "src_ip": _ipv4_strings(src),
-            "src_port": pa.array(self.ints["src_port"][rows].astype(np.int32)),
+            "src_port": arrow_array(self.ints["src_port"][rows].astype(np.int32)),
             "dst_ip": _ipv4_strings(dst),
-            "dst_port": pa.array(self.ints["dst_port"][rows].astype(np.int32)),
-            "src_ip_int": pa.array(src, pa.int64()),
-            "dst_ip_int": pa.array(dst, pa.int64()),
+            "dst_port": arrow_array(self.ints["dst_port"][rows].astype(np.int32)),
+            "src_ip_int": arrow_array(src, pa.int64()),
+            "dst_ip_int": arrow_array(dst, pa.int64()),
         }
 
 
@@ -3081,11 +3217,11 @@ def _tcp_tables(seg: _Segments, out: _TcpOut, transport: np.ndarray, stored: boo
     rows = np.sort(np.concatenate([nothing, *out.row_parts]))
     columns = seg.identity(rows)
     columns["classified_by"] = _constant("port", len(rows))
-    columns["payload_length"] = pa.array(seg.plen[rows].astype(np.int32))
-    columns["tcp_seq"] = pa.array(seg.ints["seq"][rows], pa.int64())
-    columns["retransmission"] = pa.array(np.isin(rows, np.array(out.retx, np.int64)))
+    columns["payload_length"] = arrow_array(seg.plen[rows].astype(np.int32))
+    columns["tcp_seq"] = arrow_array(seg.ints["seq"][rows], pa.int64())
+    columns["retransmission"] = arrow_array(np.isin(rows, np.array(out.retx, np.int64)))
     ok = msgs.err == 0
-    columns["messages"] = pa.array(np.bincount(owner[ok], minlength=n)[rows], pa.int32())
+    columns["messages"] = arrow_array(np.bincount(owner[ok], minlength=n)[rows], pa.int32())
     if out.reason:
         at = np.searchsorted(rows, np.fromiter(out.reason.keys(), np.int64, len(out.reason)))
         columns["malformed_reason"] = _sparse_strings(
@@ -3098,9 +3234,9 @@ def _tcp_tables(seg: _Segments, out: _TcpOut, transport: np.ndarray, stored: boo
     for reason, skipped_rows in sorted(out.skips.items()):
         skips.add(seg.order[np.array(skipped_rows, np.int64)], reason)
     skipped = skips.table(seg.files(np.arange(n)),
-                          seg.table.column("file_offset").to_numpy().astype(np.int64))
-    return DecodedTables(packets, messages, _ADVERTISEMENTS_D.empty_table(), skipped,
-                         _TCP_SEGMENTS_D.empty_table(), headers)
+                          numpy_of(seg.table.column("file_offset")).astype(np.int64))
+    return DecodedTables(packets, messages, empty_table(_ADVERTISEMENTS_D), skipped,
+                         empty_table(_TCP_SEGMENTS_D), headers)
 
 
 # =============================================================================================
@@ -3118,7 +3254,7 @@ def decode_batches(batches: Iterable[pa.RecordBatch | pa.Table],
     second = reassemble_tcp(first.tcp_segments, options)
     return concat_tables([
         DecodedTables(first.packets, first.messages, first.advertisements, first.skipped,
-                      TCP_SEGMENTS_SCHEMA.empty_table()),
+                      empty_table(TCP_SEGMENTS_SCHEMA)),
         second,
     ])
 
@@ -3140,15 +3276,15 @@ def frames_batch(records: Iterable[pcap.CaptureRecord], file: str,
             offsets.append(pos)
             pos += 16 + len(rec.data)
     return pa.RecordBatch.from_arrays([
-        pa.array([file] * len(recs), pa.string()),
-        pa.array(list(offsets), pa.int64()),
-        pa.array([int(Decimal(repr(rec.ts)).scaleb(9).to_integral_value()) for rec in recs],
+        arrow_array([file] * len(recs), pa.string()),
+        arrow_array(list(offsets), pa.int64()),
+        arrow_array([int(Decimal(repr(rec.ts)).scaleb(9).to_integral_value()) for rec in recs],
                  pa.int64()),
-        pa.array([len(rec.data) for rec in recs], pa.int32()),
-        pa.array([rec.orig_len for rec in recs], pa.int32()),
-        pa.array([rec.linktype for rec in recs], pa.int32()),
-        pa.array([0] * len(recs), pa.int32()),
-        pa.array([rec.data for rec in recs], pa.binary()),
+        arrow_array([len(rec.data) for rec in recs], pa.int32()),
+        arrow_array([rec.orig_len for rec in recs], pa.int32()),
+        arrow_array([rec.linktype for rec in recs], pa.int32()),
+        arrow_array([0] * len(recs), pa.int32()),
+        arrow_array([rec.data for rec in recs], pa.binary()),
     ], schema=FRAME_SCHEMA)
 
 

@@ -449,10 +449,10 @@ def flow_buckets(segments: pa.Table, buckets: int, separate_files: bool = False)
         files = columnar.encode_files(segments.column("file"))
         crcs = np.array([zlib.crc32(name.encode()) for name in files.dictionary.to_pylist()],
                         np.uint64)
-        mixed = crcs[files.indices.to_numpy(zero_copy_only=False)] * np.uint64(0x9FB21C651E98DF25)
+        mixed = crcs[columnar.numpy_of(files.indices)] * np.uint64(0x9FB21C651E98DF25)
     for name, factor in zip(FLOW_KEY, (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F,
                                        0x165667B19E3779F9, 0x27D4EB2F165667C5), strict=True):
-        values = segments.column(name).to_numpy().astype(np.uint64)
+        values = columnar.numpy_of(segments.column(name)).astype(np.uint64)
         mixed = (mixed ^ values) * np.uint64(factor)
     mixed ^= mixed >> np.uint64(29)
     return (mixed % np.uint64(buckets)).astype(np.int64)
@@ -480,8 +480,8 @@ class _BucketSink:
         cuts = np.flatnonzero(np.diff(sorted_buckets)) + 1
         bounds = [0, *cuts.tolist(), len(order)]
         if len(bounds) > 2 and (np.diff(order) != 1).any():  # one take, then zero-copy slices
-            segments = segments.take(pa.array(order))
-        lengths = pc.binary_length(segments.column("payload")).to_numpy(zero_copy_only=False)
+            segments = segments.take(columnar.arrow_array(order))
+        lengths = columnar.numpy_of(pc.binary_length(segments.column("payload")))
         for lo, hi in itertools.pairwise(bounds):
             number = int(sorted_buckets[lo])
             self._writer(number).write_table(segments.slice(lo, hi - lo))

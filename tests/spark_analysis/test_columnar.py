@@ -25,6 +25,9 @@ from unittest import mock
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from spark_analysis import columnar
 from spark_analysis.columnar import (
@@ -970,3 +973,61 @@ def test_throughput_of_the_columnar_decode() -> None:
           f"{packets} packets, {messages} messages")
     assert packets == count - sum(first.skipped.column("frames").to_pylist()) \
         - sum(second.skipped.column("frames").to_pylist())
+
+
+# --- Arrow arrays built without pyarrow's pandas import --------------------------------------
+
+_NUMERIC = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+            "float32", "float64"]
+
+
+@given(hnp.arrays(st.sampled_from(_NUMERIC), st.integers(0, 40),
+                  elements={"allow_nan": False}),
+       st.integers(0, 3), st.booleans(), st.data())
+def test_arrow_array_equals_pa_array(values: Any, step: int, masked: bool, data: Any) -> None:
+    values = values[::step + 1]  # strided views too
+    mask = data.draw(hnp.arrays(bool, len(values))) if masked else None
+    expected = pa.array(values, mask=mask)
+    got = columnar.arrow_array(values, mask=mask)
+    assert got.type == expected.type
+    assert got.to_pylist() == expected.to_pylist()
+    assert got.null_count == expected.null_count
+    if expected.null_count == 0:
+        assert np.array_equal(columnar.numpy_of(got), values)
+
+
+def test_arrow_array_casts_to_the_type_asked_for() -> None:
+    values = np.array([1, 0, 7], np.int64)
+    for kind in (pa.int32(), pa.uint16(), pa.float32(), pa.float64(), pa.bool_()):
+        expected = pa.array(values.astype(bool) if kind == pa.bool_() else values, kind)
+        assert columnar.arrow_array(values, kind).equals(expected)
+    assert columnar.arrow_array([3, 4], pa.int64()).equals(pa.array([3, 4], pa.int64()))
+    assert columnar.arrow_array([], pa.int32()).equals(pa.array([], pa.int32()))
+    text = ["a", None, "é", ""]
+    assert columnar.arrow_array(text, pa.string()).equals(pa.array(text, pa.string()))
+    # numpy_of of a sliced boolean array reads its bits from the right offset
+    bools = pa.array([True, False, True, True, False])[1:]
+    assert columnar.numpy_of(bools).tolist() == [False, True, True, False]
+    assert columnar.numpy_of(pa.chunked_array([[1, 2], [3]])).tolist() == [1, 2, 3]
+
+
+def test_python_table_equals_from_pylist() -> None:
+    schema = columnar.ADVERTISEMENTS_SCHEMA
+    nested = [f for f in schema if pa.types.is_struct(f.type) or pa.types.is_list(f.type)]
+    assert nested  # the option columns: structs and lists of structs
+    struct_field = next(f for f in nested if pa.types.is_struct(f.type))
+    list_field = next(f for f in nested if pa.types.is_list(f.type))
+    first = {f.name: 0 for f in struct_field.type}
+    first.update({f.name: "10.0.0.1" for f in struct_field.type if pa.types.is_string(f.type)})
+    first.update({f.name: True for f in struct_field.type if pa.types.is_boolean(f.type)})
+    item = {f.name: (True if pa.types.is_boolean(f.type) else
+                     "h" if pa.types.is_string(f.type) else 5) for f in list_field.type.value_type}
+    rows = [
+        {"record": "tir", "topic": "a", "record_index": 0, "session_id": 2 ** 40,
+         struct_field.name: first, list_field.name: [item, {**item, "grp_idx": None}]},
+        {"record": "tqr", "topic": None, "record_index": 1, list_field.name: []},
+        {"record": "tir", "topic": "ü", "source_port": 14371, struct_field.name: None},
+    ]
+    got = columnar.python_table(rows, schema)
+    assert got.equals(pa.Table.from_pylist(rows, schema=schema))
+    assert columnar.empty_table(schema).equals(schema.empty_table())

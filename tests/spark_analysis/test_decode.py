@@ -292,3 +292,47 @@ def test_tasks_freeze_the_heap_only_in_a_spark_worker(monkeypatch: pytest.Monkey
     finally:
         gc.unfreeze()
     assert gc.get_freeze_count() == 0
+
+
+_NO_PANDAS_SCRIPT = """
+import builtins, os, sys, traceback
+real_import = builtins.__import__
+def guard(name, *args, **kwargs):
+    if name == "pandas" or name.startswith("pandas."):
+        raise AssertionError("pandas imported:\\n" + "".join(traceback.format_stack(limit=12)))
+    return real_import(name, *args, **kwargs)
+builtins.__import__ = guard
+import pyarrow.fs as pafs
+from spark_analysis import decode
+from spark_analysis.columnar import DecodeOptions
+from spark_analysis.splits import plan
+from wire.tshark import PortMap
+tmp = sys.argv[1]
+job = decode._Job(pafs.LocalFileSystem(), tmp, DecodeOptions(PortMap(store_ports=[14567])),
+                  4, "snappy", 1 << 16)
+for sub in [*decode.PARQUET_TABLES, *(f"tcp/b{b:04d}" for b in range(4))]:
+    os.makedirs(f"{tmp}/{sub}", exist_ok=True)
+first = list(decode._decode_splits(job, enumerate(plan(sys.argv[2:], 1 << 16))))
+assert first and not [m for m in first if "error" in m], first
+tcp = [entry for m in first for entry in m["tcp"]]
+second = list(decode._reassemble_buckets(job, enumerate(decode._plan_stage2(tcp, 2))))
+assert tcp and second
+print(sum(m["frames"] for m in first), "frames", "pandas" in sys.modules)
+"""
+
+
+def test_decode_tasks_never_import_pandas(tmp_path: Path) -> None:
+    """pyarrow imports pandas on its first ``pa.array``/``to_numpy``/``group_by``; the decode
+    tasks build their arrays without those, so a Spark worker never pays the import (0.28
+    CPU-s each).  Every corpus capture, both stages, in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).parents[2]
+    corpus = sorted(str(p) for p in (root / "captures" / "corpus").glob("*.pcap"))
+    done = subprocess.run([sys.executable, "-c", _NO_PANDAS_SCRIPT, str(tmp_path), *corpus],
+                          capture_output=True, text=True, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr[-4000:]
+    frames, _, imported = done.stdout.split()[-3:]
+    assert int(frames) > 1000
+    assert imported == "False"
