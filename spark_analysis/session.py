@@ -8,9 +8,10 @@ each default below applies only when the configuration does not already name tha
 way the ``pcap`` data source is registered.
 
 On a local master the Python workers are started by :mod:`spark_analysis.worker_daemon`, which
-spares each of them compiling PySpark from Spark's zip anew (about 1 CPU-s less per Spark job
-start on the 2-core machine).  Not on a cluster master: there the executors may get this package
-only through ``--py-files``, which reaches a worker after its daemon started.
+spares each of them compiling PySpark from Spark's zip anew (about 1.5 CPU-s less each time a
+SparkContext starts its workers on the 2-core machine).  Not on a cluster master: there the
+executors may get this package only through ``--py-files``, which reaches a worker after its
+daemon started.
 """
 
 from __future__ import annotations
