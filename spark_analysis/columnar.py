@@ -860,7 +860,7 @@ def _latin1_array(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
                                      [None, pa.py_buffer(offsets), pa.py_buffer(values)])
     raw = values.tobytes()
     return arrow_array([raw[offsets[i]:offsets[i + 1]].decode("latin-1") for i in range(n)],
-                    pa.string())
+                       pa.string())
 
 
 def encode_files(column: pa.ChunkedArray | pa.Array) -> pa.DictionaryArray:
@@ -936,7 +936,7 @@ def arrow_array(values: Any, type: pa.DataType | None = None,
     data = np.ascontiguousarray(values.astype(_numpy_dtype(arrow_type), copy=False))
     if pa.types.is_boolean(arrow_type):
         data = np.packbits(data, bitorder="little")
-    validity, nulls = _validity(mask, len(values))
+    validity, nulls = _validity(None if mask is None else ~np.asarray(mask, bool), len(values))
     return pa.Array.from_buffers(arrow_type, len(values), [validity, pa.py_buffer(data)],
                                  null_count=nulls)
 
@@ -944,8 +944,8 @@ def arrow_array(values: Any, type: pa.DataType | None = None,
 def numpy_of(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """``values.to_numpy()`` read straight from the buffer for numbers and booleans without
     nulls (numbers read only, like ``to_numpy``'s zero-copy result); anything else goes to
-    ``to_numpy``.  Why not
-    ``to_numpy`` itself: it imports pandas too (see :func:`arrow_array`)."""
+    ``to_numpy``.  Why not ``to_numpy`` itself: it imports pandas too (see
+    :func:`arrow_array`)."""
     if isinstance(values, pa.ChunkedArray):
         values = values.chunk(0) if values.num_chunks == 1 else values.combine_chunks()
     kind, rows = values.type, len(values)
@@ -1000,17 +1000,18 @@ def _python_array(values: Sequence[Any], kind: pa.DataType) -> pa.Array:
     return pa.array(values, kind)
 
 
-def _validity(mask: np.ndarray | None, rows: int) -> tuple[pa.Buffer | None, int]:
-    """The validity bitmap for nulls where ``mask`` is true, and the null count."""
-    if mask is None:
+def _validity(valid: np.ndarray | None, rows: int) -> tuple[pa.Buffer | None, int]:
+    """The validity bitmap of ``rows`` values, null where ``valid`` is false, packed with
+    numpy (``pa.array(..., mask=...)`` is an order of magnitude slower), and the null count;
+    no bitmap when nothing is null."""
+    if valid is None:
         return None, 0
-    mask = np.asarray(mask, bool)
-    if len(mask) != rows:
+    if len(valid) != rows:
         raise ValueError("the mask and the values differ in length")
-    nulls = int(np.count_nonzero(mask))
+    nulls = rows - int(np.count_nonzero(valid))
     if not nulls:
         return None, 0
-    return pa.py_buffer(np.packbits(~mask, bitorder="little")), nulls
+    return pa.py_buffer(np.packbits(valid, bitorder="little")), nulls
 
 
 def _string_array(values: list[str | None], mask: np.ndarray | None = None) -> pa.Array:
@@ -1021,7 +1022,7 @@ def _string_array(values: list[str | None], mask: np.ndarray | None = None) -> p
     missing = np.fromiter((v is None for v in values), bool, len(values))
     if mask is not None:
         missing |= np.asarray(mask, bool)
-    validity, nulls = _validity(missing, len(values))
+    validity, nulls = _validity(~missing, len(values))
     return pa.Array.from_buffers(pa.string(), len(values),
                                  [validity, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))],
                                  null_count=nulls)
@@ -1038,24 +1039,18 @@ def _numpy_dtype(dtype: pa.DataType) -> np.dtype:
 
 
 def _masked(values: np.ndarray, valid: np.ndarray | None, dtype: pa.DataType) -> pa.Array:
-    """``values`` as ``dtype`` with nulls where ``valid`` is false.  The validity bitmap is
-    packed with numpy (``pa.array(..., mask=...)`` is an order of magnitude slower)."""
-    if pa.types.is_integer(dtype) or pa.types.is_boolean(dtype):
-        values = values.astype(_numpy_dtype(dtype), copy=False)  # numpy casts fastest
+    """``values`` as ``dtype`` with nulls where ``valid`` is false."""
     arr = arrow_array(values, dtype)
-    if valid is None or valid.all():
-        return arr
-    bits = pa.py_buffer(np.packbits(valid, bitorder="little"))
-    return pa.Array.from_buffers(dtype, len(arr), [bits, *arr.buffers()[1:]],
-                                 offset=arr.offset)
+    return arr if valid is None else _with_nulls(arr, valid)
 
 
 def _with_nulls(arr: pa.Array, valid: np.ndarray) -> pa.Array:
     """``arr`` (no nulls, offset 0) with nulls where ``valid`` is false."""
-    if valid.all():
+    validity, nulls = _validity(valid, len(arr))
+    if validity is None:
         return arr
-    bits = pa.py_buffer(np.packbits(valid, bitorder="little"))
-    return pa.Array.from_buffers(arr.type, len(arr), [bits, *arr.buffers()[1:]])
+    return pa.Array.from_buffers(arr.type, len(arr), [validity, *arr.buffers()[1:]],
+                                 null_count=nulls)
 
 
 _NULLS: dict[pa.DataType, pa.Array] = {}
@@ -3279,7 +3274,7 @@ def frames_batch(records: Iterable[pcap.CaptureRecord], file: str,
         arrow_array([file] * len(recs), pa.string()),
         arrow_array(list(offsets), pa.int64()),
         arrow_array([int(Decimal(repr(rec.ts)).scaleb(9).to_integral_value()) for rec in recs],
-                 pa.int64()),
+                    pa.int64()),
         arrow_array([len(rec.data) for rec in recs], pa.int32()),
         arrow_array([rec.orig_len for rec in recs], pa.int32()),
         arrow_array([rec.linktype for rec in recs], pa.int32()),
