@@ -67,18 +67,19 @@ def get_spark(app_name: str = "ump-analysis", master: str | None = None,
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
+    existing: SparkConf | None = None
     if _under_spark_submit():
         # the JVM exists already: read what spark-submit was told and only fill the gaps
         SparkContext._ensure_initialized()
         existing = SparkConf()
         chosen = existing.get("spark.master", master or "local[*]")
-        settings = {**default_config(_is_local(chosen)), **(config or {})}
-        settings = {k: v for k, v in settings.items() if not existing.contains(k)}
     else:
+        # getOrCreate launches the JVM itself (with these settings, so launch-time ones such
+        # as spark.driver.memory apply) and spark-submit's own default master is local[*]
         chosen = master or _launch_master()
-        settings = {**default_config(_is_local(chosen)), **(config or {})}
-    # else getOrCreate launches the JVM itself (with these settings, so launch-time ones such
-    # as spark.driver.memory apply) and spark-submit's own default master is local[*]
+    settings = {**default_config(_is_local(chosen)), **(config or {})}
+    if existing is not None:
+        settings = {k: v for k, v in settings.items() if not existing.contains(k)}
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
