@@ -613,6 +613,23 @@ STORED_SCHEMAS: dict[str, pa.Schema] = {
 """Every table's schema in the stored form (:class:`DecodedTables`): ``messages`` holds its
 core columns and each typed header has a table of its own (:data:`HEADER_TABLE_SCHEMAS`)."""
 
+IDENTITY_COLUMNS = tuple(f.name for f in _IDENTITY)
+"""The frame columns every UM table starts with: the frame (file and record offset), its time
+and its addresses."""
+
+ALWAYS_SET: dict[str, frozenset[str]] = {
+    "packets": frozenset({*IDENTITY_COLUMNS, "src_ip_int", "dst_ip_int", "classified_by",
+                          "payload_length", "messages"}),
+    "messages": frozenset({*IDENTITY_COLUMNS, "msg_index", "type", "msglen", "header_codes"}),
+    "advertisements": frozenset(IDENTITY_COLUMNS),
+    **{name: frozenset(schema.names) for name, schema in HEADER_TABLE_SCHEMAS.items()},
+}
+"""Per table, the columns the decoder fills on every row: never null, even for a malformed
+message (whose ``label``, ``payload_length`` and ``message_type`` may be null).  The schemas
+above still call them nullable, so that every table of the module has one schema whatever its
+source; :func:`spark_analysis.decode.decode_to_parquet` stores them as required Parquet
+columns, which spares the writer a definition level per value (see there)."""
+
 _PACKETS_D = STORED_SCHEMAS["packets"]
 _MESSAGE_CORE_D = STORED_SCHEMAS["messages"]
 _ADVERTISEMENTS_D = STORED_SCHEMAS["advertisements"]

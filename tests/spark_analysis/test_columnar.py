@@ -259,7 +259,18 @@ def assert_matches_dissector(records: Sequence[CaptureRecord], tables: DecodedTa
     assert set(packets) <= set(offsets)
     skipped = sum(tables.skipped.column("frames").to_pylist())
     assert skipped + tables.packets.num_rows == len(records), "every frame is accounted for"
+    assert_always_set(tables)
     return dict(counts)
+
+
+def assert_always_set(tables: DecodedTables) -> None:
+    """The columns :data:`columnar.ALWAYS_SET` names (stored as required Parquet columns) hold
+    a value on every row, malformed packets and messages included."""
+    core, headers = columnar.split_messages(tables.messages)
+    for name, table in {"packets": tables.packets, "messages": core,
+                        "advertisements": tables.advertisements, **headers}.items():
+        for column in columnar.ALWAYS_SET[name]:
+            assert table.column(column).null_count == 0, (name, column)
 
 
 def decode(records: Sequence[CaptureRecord], options: DecodeOptions,

@@ -145,6 +145,11 @@ def test_decode_to_parquet_matches_the_columnar_decode(spark: Any, captures: lis
               for i in range(meta.num_columns)}
     assert chunks["ts_ns"].is_stats_set and chunks["dst_port"].is_stats_set
     assert not chunks["src_ip"].is_stats_set and chunks["src_ip"].has_dictionary_page
+    # columns the decoder always fills are required (no definition levels), the rest optional
+    levels = {meta.schema.column(i).name: meta.schema.column(i).max_definition_level
+              for i in range(meta.num_columns)}
+    assert levels["file_offset"] == levels["src_ip"] == levels["messages"] == 0
+    assert levels["malformed_reason"] == levels["sqn"] == 1
     # growing integers are delta-encoded (the other integers stay plain)
     assert "DELTA_BINARY_PACKED" in chunks["file_offset"].encodings
     assert "DELTA_BINARY_PACKED" in chunks["ts_ns"].encodings
@@ -177,6 +182,18 @@ def test_decode_to_parquet_matches_the_columnar_decode(spark: Any, captures: lis
     assert narrow.columns == [*columnar.MESSAGE_CORE_SCHEMA.names, "ume_ack"]
     with pytest.raises(ValueError, match="no header column 'ume_akc'"):
         result.messages(spark, ["ume_akc"])
+
+
+def test_a_null_in_an_always_set_column_is_refused_not_written() -> None:
+    """The writer would store a null of a required column as some value: a decoder bug is
+    reported instead."""
+    schema = decode.PARQUET_TABLES["lbmc_ume_sid"]
+    good = schema.empty_table()
+    assert decode._as_stored("lbmc_ume_sid", good).schema == schema
+    nulls = pa.Table.from_arrays([pa.nulls(1, f.type) for f in schema],
+                                 schema=columnar.STORED_SCHEMAS["lbmc_ume_sid"])
+    with pytest.raises(RuntimeError, match=r"decoder bug: lbmc_ume_sid\.file has nulls"):
+        decode._as_stored("lbmc_ume_sid", nulls)
 
 
 def test_decode_to_parquet_separate_files(spark: Any, tmp_path: Path) -> None:
