@@ -5,7 +5,7 @@ ways that give the same rows:
 
 * :func:`decode_to_parquet` (the fast path, for whole captures): Python tasks read, decode
   and write Parquet with pyarrow, and only file lists cross into the JVM.  Measured with
-  ``python -m benchmarks.spark`` on the 2-core machine (10,000,000 frames): about 470,000
+  ``python -m benchmarks.spark`` on the 2-core machine (10,000,000 frames): about 500,000
   frames per CPU-second of the whole Spark process tree (JVM and Python workers), against
   about 17,000 for the DataFrame path below and about 35,000 for tshark.  See its docstring
   for the stages and the commit rule;
@@ -325,8 +325,8 @@ there why): Spark reads them as strings, pyarrow as dictionary arrays (pandas: c
 their Parquet column is a string column either way.  The columns the decoder always fills
 (:data:`~spark_analysis.columnar.ALWAYS_SET`: the frame's identity, the message key, counts
 and lengths) are *required* Parquet columns: a required column has no definition levels, which
-made writing ``packets`` and ``messages`` about a fifth cheaper (measured on the benchmark
-capture's LBT-TCP tables).  Spark reads every file column as nullable anyway; pyarrow shows
+made writing the LBT-TCP ``packets`` and ``messages`` of the benchmark capture 13-17%
+cheaper.  Spark reads every file column as nullable anyway; pyarrow shows
 these fields as not nullable."""
 
 DEFAULT_BUCKETS = 64
