@@ -1008,11 +1008,10 @@ def _python_array(values: Sequence[Any], kind: pa.DataType) -> pa.Array:
         return pa.StructArray.from_arrays(
             children, fields=list(kind), mask=None if nulls is None else arrow_array(nulls))
     if pa.types.is_list(kind):
-        offsets = np.zeros(len(values) + 1, np.int32)
-        np.cumsum([0 if v is None else len(v) for v in values], out=offsets[1:])
+        counts = np.array([0 if v is None else len(v) for v in values], np.int64)
         flat = [item for v in values if v is not None for item in v]
         return pa.ListArray.from_arrays(
-            arrow_array(offsets), _python_array(flat, kind.value_type), type=kind,
+            _list_offsets(counts), _python_array(flat, kind.value_type), type=kind,
             mask=None if nulls is None else arrow_array(nulls))
     return pa.array(values, kind)
 
@@ -1853,6 +1852,7 @@ def _typed_headers(bv: ByteView, msgs: _Lbmc,
 
 
 def _list_offsets(counts: np.ndarray) -> pa.Array:
+    """The int32 offsets array of a list column whose rows hold ``counts`` values each."""
     offsets = np.zeros(len(counts) + 1, np.int32)
     np.cumsum(counts, out=offsets[1:])
     return arrow_array(offsets)
@@ -2209,9 +2209,7 @@ class _Transport:
         values = np.concatenate([p[2] for p in parts])[order]
         selected = np.zeros(self.n, bool)
         selected[rows] = True
-        offsets = np.zeros(len(rows) + 1, np.int32)
-        np.cumsum(counts[rows], out=offsets[1:])
-        return pa.ListArray.from_arrays(arrow_array(offsets),
+        return pa.ListArray.from_arrays(_list_offsets(counts[rows]),
                                         arrow_array(values[selected[owner]], pa.int64()),
                                         mask=arrow_array(~present[rows]))
 
