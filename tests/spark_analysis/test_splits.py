@@ -175,6 +175,18 @@ def assert_same_as_read_capture(rows: list[Row], path: Path, built: Built,
 
 SPLIT_COUNTS = (1, 2, 7, 64)
 
+
+@pytest.fixture(params=["compiled", "python"])
+def walk(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The pcap tests run with each record walk: the compiled one the decode uses, and the
+    pure Python one it falls back to without a C compiler (in native and foreign byte
+    order)."""
+    if request.param == "python":
+        monkeypatch.setattr(splits, "_compiled_walk", None)
+    else:
+        assert splits._compiled_walk is not None, "the compiled record walk is not built"
+    return str(request.param)
+
 # --- classic pcap --------------------------------------------------------------------------------
 
 
@@ -191,6 +203,7 @@ def random_records(rng: random.Random, count: int, *, nanosecond: bool, order: s
     return records
 
 
+@pytest.mark.usefixtures("walk")
 @pytest.mark.parametrize("order", ["<", ">"], ids=["le", "be"])
 @pytest.mark.parametrize("nanosecond", [False, True], ids=["us", "ns"])
 def test_pcap_same_records_for_any_split_count(tmp_path: Path, order: str,
@@ -205,6 +218,7 @@ def test_pcap_same_records_for_any_split_count(tmp_path: Path, order: str,
         assert read_rows(path, count) == reference, count
 
 
+@pytest.mark.usefixtures("walk")
 @HYPOTHESIS
 @given(seed=st.integers(0, 2**32), count=st.integers(1, 80), splits_n=st.integers(1, 300),
        order=st.sampled_from("<>"), nanosecond=st.booleans(), max_size=st.integers(0, 600),
@@ -255,6 +269,7 @@ def test_pcap_nanosecond_timestamps_are_exact(tmp_path: Path) -> None:
     assert {r[6] for r in rows} == {0}
 
 
+@pytest.mark.usefixtures("walk")
 @pytest.mark.parametrize("cut", [1, 8, 15, 16, 17, 40])
 def test_truncated_last_record_is_dropped_and_reported(
         tmp_path: Path, cut: int, caplog: pytest.LogCaptureFixture) -> None:
@@ -290,6 +305,7 @@ def test_truncated_last_record_is_dropped_and_reported(
         splits.read_table(str(path), split_size=97, on_truncated="error")
 
 
+@pytest.mark.usefixtures("walk")
 def test_timestamp_jump_only_slows_the_split_down(tmp_path: Path) -> None:
     """Records beyond TS_AFTER_FIRST of the first one are never sync candidates: the split
     boundaries behind the jump find nothing and the split before reads on to the end."""
@@ -305,6 +321,7 @@ def test_timestamp_jump_only_slows_the_split_down(tmp_path: Path) -> None:
         assert_same_as_read_capture(read_rows(path, count, exact=False), path, built)
 
 
+@pytest.mark.usefixtures("walk")
 def test_caplen_above_snaplen_is_read_but_not_trusted_for_sync(tmp_path: Path) -> None:
     """Records that break the plausibility rules are still read (like read_capture does); the
     boundaries next to them are just not found, so the previous split reads further."""
@@ -317,6 +334,7 @@ def test_caplen_above_snaplen_is_read_but_not_trusted_for_sync(tmp_path: Path) -
         assert_same_as_read_capture(read_rows(path, count, exact=False), path, built)
 
 
+@pytest.mark.usefixtures("walk")
 def test_fake_headers_that_outvote_the_truth_fail_loudly(tmp_path: Path) -> None:
     """The vote can be beaten on purpose: many fakes inside one payload that all point at
     one more fake behind the split boundary.  The split before the boundary then sees its
@@ -341,6 +359,7 @@ def test_fake_headers_that_outvote_the_truth_fail_loudly(tmp_path: Path) -> None
     assert list(SplitReader(second))  # the later split alone cannot tell
 
 
+@pytest.mark.usefixtures("walk")
 @pytest.mark.parametrize("fakes", [SYNC_CHAIN, SYNC_CHAIN + 1])
 def test_a_fake_chain_needs_sync_chain_successors(tmp_path: Path, fakes: int) -> None:
     """With nothing plausible behind x (no vote), the first candidate after x must be followed
@@ -364,6 +383,7 @@ def test_a_fake_chain_needs_sync_chain_successors(tmp_path: Path, fakes: int) ->
             list(SplitReader(splits.Split(capture, 0, x)))
 
 
+@pytest.mark.usefixtures("walk")
 def test_records_larger_than_a_chunk(tmp_path: Path) -> None:
     records = [(BASE_SEC, i, bytes([i]) * (5000 * (i % 3))) for i in range(12)]
     built = pcap_file(records)
