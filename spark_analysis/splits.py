@@ -690,19 +690,21 @@ class _PcapSync:
     def candidates(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Offsets in ``[lo, hi)`` holding a plausible header, with their caplen and seconds.
 
-        Vectorised: the four u32 members are read at *every* byte offset at once."""
+        Vectorised: the four u32 members are read at *every* byte offset at once, and compared
+        as they are (u32 against Python ints, exact for any bound): widening all of them to
+        int64 first cost six times as much (about 3.4 against 0.5 ms a search)."""
         raw = self.bytes.get(lo, hi - lo + self.layout.size - 1)
         count = len(raw) - self.layout.size + 1
         if count <= 0:
             empty = np.zeros(0, np.int64)
             return empty, empty, empty
         u32 = _at_every_byte(raw, np.dtype(self.info.order + "u4"))
-        sec, frac, incl, orig = (u32[_field_offset(self.layout, name) :][:count].astype(np.int64)
+        sec, frac, incl, orig = (u32[_field_offset(self.layout, name) :][:count]
                                  for name in self.layout.names)
         ok = ((incl <= self.bound) & (incl <= orig) & (orig <= self.orig_bound)
               & (frac < self.info.frac_limit) & (sec >= self.sec_lo) & (sec <= self.sec_hi))
         where = np.flatnonzero(ok)
-        return where + lo, incl[where], sec[where]
+        return where + lo, incl[where].astype(np.int64), sec[where].astype(np.int64)
 
     def find(self, x: int) -> int:
         first = _PCAP_HEADER_SIZE
@@ -717,21 +719,25 @@ class _PcapSync:
                     return self.size
                 pos += rec + self.header(pos)[2]
             return min(pos, self.size)
-        offsets, incls, secs = self.candidates(lo, x + self.window)
-        by_offset = {int(o): i for i, o in enumerate(offsets)}
+        found, incls, secs = self.candidates(lo, x + self.window)
+        before_x = int(np.searchsorted(found, x))
+        # Python ints from here: the loop below runs once per record in the look-back window
+        offsets, lengths, seconds = found.tolist(), incls.tolist(), secs.tolist()
+        by_offset = dict(zip(offsets, seconds, strict=True))
+        last_header = self.size - rec  # a record starting after this is terminal()
         answers: dict[int, int | None] = {}
         votes: Counter[int] = Counter()
-        for i in range(int(np.searchsorted(offsets, x)) - 1, -1, -1):
-            p = int(offsets[i])
-            nxt = p + rec + int(incls[i])
+        for i in range(before_x - 1, -1, -1):
+            p = offsets[i]
+            nxt = p + rec + lengths[i]
             answer: int | None
-            if self.terminal(nxt):
+            if nxt > last_header:
                 # p is the last record: a partial header at or after x is the answer, else
                 # the file ends before x (or inside p's data) and nothing follows x
                 answer = nxt if x <= nxt < self.size else self.size
             else:
-                j = by_offset.get(nxt)
-                if j is None or abs(int(secs[j]) - int(secs[i])) > TS_NEIGHBOUR:
+                nxt_sec = by_offset.get(nxt)
+                if nxt_sec is None or abs(nxt_sec - seconds[i]) > TS_NEIGHBOUR:
                     answer = None
                 else:
                     answer = nxt if nxt >= x else answers.get(nxt)

@@ -30,6 +30,7 @@ from spark_analysis.splits import (  # noqa: E402
     CAPTURE_SCHEMA,
     SYNC_CHAIN,
     TS_AFTER_FIRST,
+    TS_NEIGHBOUR,
     CaptureError,
     SplitReader,
     expand_paths,
@@ -334,29 +335,51 @@ def test_caplen_above_snaplen_is_read_but_not_trusted_for_sync(tmp_path: Path) -
         assert_same_as_read_capture(read_rows(path, count, exact=False), path, built)
 
 
-@pytest.mark.usefixtures("walk")
-def test_fake_headers_that_outvote_the_truth_fail_loudly(tmp_path: Path) -> None:
-    """The vote can be beaten on purpose: many fakes inside one payload that all point at
-    one more fake behind the split boundary.  The split before the boundary then sees its
-    last record straddle the boundary and refuses, rather than two splits disagreeing."""
+def voting_fakes(tmp_path: Path, voter_sec: int) -> tuple[Path, Built, int, int]:
+    """A capture whose second record's payload holds many fakes (stamped ``voter_sec``) that
+    all point at one more fake behind a split boundary: (path, built, boundary, where the
+    pointed-at fake starts)."""
     order = "<"
     big = bytearray(b"\x00" * 400)
     fake_at = 300  # the fake every other fake points at; it points at the payload's end
     big[fake_at : fake_at + 16] = record_header(order, BASE_SEC, 0, 400 - fake_at - 16, 84)
     for at in range(40, 200, 20):
-        big[at : at + 16] = record_header(order, BASE_SEC, 0, fake_at - at - 16, 400)
+        big[at : at + 16] = record_header(order, voter_sec, 0, fake_at - at - 16, 400)
     records = [(BASE_SEC, 0, b"a" * 380), (BASE_SEC, 0, bytes(big)),
                *[(BASE_SEC, 0, b"c" * 30) for _ in range(10)]]
     built = pcap_file(records, snaplen=400)
     path = built.write(tmp_path / "adversarial.pcap")
-    capture = open_capture(str(path))
     boundary = built.offsets[1] + 16 + 250  # inside the big payload, after the voting fakes
-    assert capture.sync(boundary) == built.offsets[1] + 16 + fake_at  # fooled ...
+    return path, built, boundary, built.offsets[1] + 16 + fake_at
+
+
+@pytest.mark.usefixtures("walk")
+def test_fake_headers_that_outvote_the_truth_fail_loudly(tmp_path: Path) -> None:
+    """The vote can be beaten on purpose: many fakes inside one payload that all point at
+    one more fake behind the split boundary.  The split before the boundary then sees its
+    last record straddle the boundary and refuses, rather than two splits disagreeing."""
+    path, _built, boundary, fake = voting_fakes(tmp_path, BASE_SEC)
+    capture = open_capture(str(path))
+    assert capture.sync(boundary) == fake  # fooled ...
     first, second = (splits.Split(capture, 0, boundary),
                      splits.Split(capture, boundary, capture.size))
     with pytest.raises(CaptureError, match="runs over the split boundary"):
         list(SplitReader(first))  # ... but not silently
     assert list(SplitReader(second))  # the later split alone cannot tell
+
+
+def test_votes_through_a_timestamp_jump_do_not_count(tmp_path: Path) -> None:
+    """The same fakes, but stamped more than TS_NEIGHBOUR after the one they point at
+    (which is stamped like the true records around it, so its own chain is fine): adjacent
+    records are never that far apart, so their votes are void and the search finds the true
+    record after the payload."""
+    path, built, boundary, _fake = voting_fakes(tmp_path, BASE_SEC + TS_NEIGHBOUR + 1)
+    capture = open_capture(str(path))
+    assert capture.sync(boundary) == built.offsets[2]
+    rows = [tuple(r.values()) for split in (splits.Split(capture, 0, boundary),
+                                            splits.Split(capture, boundary, capture.size))
+            for batch in SplitReader(split) for r in batch.to_pylist()]
+    assert_same_as_read_capture(rows, path, built)
 
 
 @pytest.mark.usefixtures("walk")
