@@ -771,6 +771,15 @@ class _Binary:
         return cls(ByteView(data), starts, lengths)
 
 
+def _running_offsets(counts: np.ndarray, dtype: type[np.integer] = np.int64) -> np.ndarray:
+    """``[0, c0, c0 + c1, ...]``: where each of ``len(counts)`` runs of ``counts`` items
+    starts, and the total at the end (the offsets of an Arrow list or string column, of a
+    gathered byte buffer)."""
+    offsets = np.zeros(len(counts) + 1, dtype)
+    np.cumsum(counts, out=offsets[1:])
+    return offsets
+
+
 def _gather_ranges(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
                    ) -> tuple[np.ndarray, np.ndarray]:
     """Concatenate ``data[s:s+l]`` for every range: (bytes, int32 offsets), vectorised.
@@ -784,8 +793,7 @@ def _gather_ranges(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
     total = int(lengths.sum())
     if 0 < data.size < _VIEW_LIMIT and total < _VIEW_LIMIT and total > 8 * len(lengths):
         return _gather_by_views(data, starts.astype(np.int64), lengths)
-    offsets = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    offsets = _running_offsets(lengths)
     total = int(offsets[-1])
     if total == 0:
         return np.zeros(0, np.uint8), offsets.astype(np.int32)
@@ -1033,8 +1041,8 @@ def _validity(valid: np.ndarray | None, rows: int) -> tuple[pa.Buffer | None, in
 def _string_array(values: list[str | None], mask: np.ndarray | None = None) -> pa.Array:
     """A string array of Python strings (None: null), from buffers."""
     encoded = [v.encode() if v is not None else b"" for v in values]
-    offsets = np.zeros(len(encoded) + 1, np.int32)
-    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    offsets = _running_offsets(np.fromiter(map(len, encoded), np.int64, len(encoded)),
+                               np.int32)
     missing = np.fromiter((v is None for v in values), bool, len(values))
     if mask is not None:
         missing |= np.asarray(mask, bool)
@@ -1325,11 +1333,8 @@ class _Network:
         (hashed) and formatted once per batch."""
         cached = self.text.get(which)
         if cached is None:
-            encoded = pc.dictionary_encode(arrow_array(getattr(self, which)))
-            distinct = [str(ipaddress.IPv4Address(int(v)))
-                        for v in numpy_of(encoded.dictionary)]
-            cached = self.text[which] = (numpy_of(encoded.indices),
-                                         arrow_array(distinct, pa.string()))
+            encoded = _ipv4_strings(getattr(self, which))
+            cached = self.text[which] = (numpy_of(encoded.indices), encoded.dictionary)
         indices, dictionary = cached
         return pa.DictionaryArray.from_arrays(arrow_array(indices[rows]), dictionary)
 
@@ -1853,9 +1858,7 @@ def _typed_headers(bv: ByteView, msgs: _Lbmc,
 
 def _list_offsets(counts: np.ndarray) -> pa.Array:
     """The int32 offsets array of a list column whose rows hold ``counts`` values each."""
-    offsets = np.zeros(len(counts) + 1, np.int32)
-    np.cumsum(counts, out=offsets[1:])
-    return arrow_array(offsets)
+    return arrow_array(_running_offsets(counts, np.int32))
 
 
 def _header_columns(bv: ByteView, msgs: _Lbmc) -> dict[str, pa.Array]:
@@ -2222,8 +2225,7 @@ class _Transport:
 
 
 def _gather_index(starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    offsets = np.zeros(len(counts) + 1, np.int64)
-    np.cumsum(counts, out=offsets[1:])
+    offsets = _running_offsets(counts)
     total = int(offsets[-1])
     idx = np.arange(total, dtype=np.int64) + np.repeat(starts - offsets[:-1], counts)
     return idx, offsets
@@ -3184,8 +3186,7 @@ def _gather_sorted(column: pa.ChunkedArray | pa.Array, order: np.ndarray,
     new_run = np.ones(n, bool)
     new_run[1:] = (starts[1:] != ends[:-1]) | (chunk_of[1:] != chunk_of[:-1])
     first = np.flatnonzero(new_run)
-    offsets = np.zeros(n + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    offsets = _running_offsets(lengths)
     if len(first) * 8 > n and len(parts) == 1:
         values, _ = _gather_ranges(parts[0].bv.data, starts, lengths)
         return values.tobytes(), offsets[:-1], lengths.astype(np.int64)
