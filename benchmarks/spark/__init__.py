@@ -282,7 +282,7 @@ class TreeSampler:
 
 
 def run_spark(capture: Path, out: Path, master: str, pipeline: str) -> dict[str, Any]:
-    from spark_analysis.columnar import DecodeOptions
+    from spark_analysis.columnar import NETWORK_DECODE, DecodeOptions
     from spark_analysis.session import get_spark
     from spark_analysis.splits import RECORD_WALK
     from wire.tshark import PortMap
@@ -310,7 +310,8 @@ def run_spark(capture: Path, out: Path, master: str, pipeline: str) -> dict[str,
     return {"pipeline": pipeline, "master": master, "frames": frames, "seconds": seconds,
             "session_seconds": session_seconds, "cpu_seconds": sampler.cpu, "rows": rows,
             "stages": stages, "peak_rss": roles, "peak_rss_total": sampler.peak_total,
-            "cpu_by_role": sampler.cpu_by_role(), "record_walk": RECORD_WALK}
+            "cpu_by_role": sampler.cpu_by_role(), "record_walk": RECORD_WALK,
+            "header_decode": NETWORK_DECODE}
 
 
 def _dataframe_pipeline(spark: Any, capture: Path, out: Path, options: Any,
@@ -385,7 +386,7 @@ def report(result: dict[str, Any]) -> str:
         f"in {spark['seconds']:.1f} s = {s_pps:,.0f} packets/s wall "
         f"({spark['cpu_seconds']:.1f} CPU-s, {s_cpu:,.0f} packets per CPU-second); "
         f"session start {spark['session_seconds']:.1f} s not included; pcap record walk "
-        f"{spark.get('record_walk', '?')}",
+        f"{spark.get('record_walk', '?')}, header decode {spark.get('header_decode', '?')}",
         *([f"  the median of {len(runs)} runs: " + ", ".join(
             f"{r['seconds']:.1f} s ({r['cpu_seconds']:.1f} CPU-s)" for r in runs)]
           if len(runs := result.get("spark_runs", [])) > 1 else []),

@@ -1,0 +1,236 @@
+"""The compiled header decode (spark_analysis/_netheaders.c) against the numpy version.
+
+``columnar._decode_network_numpy`` is the reference: the compiled decode must give the same
+L4 view of every frame (protocol, addresses, ports, payload range, TCP sequence and flags,
+first-fragment flag) and skip the same frames for the same reasons.  Frames are generated
+header by header with the values the rules test (every supported link type, VLAN stacks,
+IHL and TCP data offsets in and out of range, fragments, other protocols) and then cut
+anywhere; arbitrary bytes under any link type come on top.  The argument checks stop a bad
+call before it reads or writes out of bounds.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from spark_analysis import columnar
+from wire import pcap
+
+netheaders = pytest.importorskip("spark_analysis._netheaders")
+
+NETWORK_FIELDS = ("proto", "src", "dst", "sport", "dport", "pstart", "pend", "seq",
+                  "tcp_flags", "first_fragment")
+LINKTYPES = (pcap.LINKTYPE_ETHERNET, pcap.LINKTYPE_LINUX_SLL, pcap.LINKTYPE_LINUX_SLL2,
+             pcap.LINKTYPE_NULL, pcap.LINKTYPE_RAW, pcap.LINKTYPE_IPV4, 12)
+
+
+def test_the_compiled_decode_is_built_and_used() -> None:
+    """The decode's speed figures assume the compiled header decode: a missing build must
+    fail here, not go unnoticed (``pip install -e .`` builds it; it needs a C compiler)."""
+    assert columnar.NETWORK_DECODE == "compiled"
+    assert columnar._compiled_network is netheaders.decode
+
+
+def test_every_parameter_comes_from_python_by_name() -> None:
+    """The C side names its parameters; Python provides exactly those (no drift either
+    way), in the C order."""
+    params = columnar._network_params()
+    assert set(params) == set(netheaders.PARAMS)
+    assert columnar._NETWORK_PARAM_ARRAY.tolist() == [params[n] for n in netheaders.PARAMS]
+
+
+def test_every_skip_reason_has_a_text() -> None:
+    assert netheaders.REASONS[0] == "decoded"
+    assert set(netheaders.REASONS[1:]) == set(columnar._NETWORK_SKIPS)
+    assert set(netheaders.OUTPUTS) == {*NETWORK_FIELDS, "status", "value"}
+
+
+def test_a_layout_read_with_another_width_is_refused() -> None:
+    with pytest.raises(TypeError, match="big-endian 4-byte"):
+        columnar._be_member(pcap.TCP, "sport", 4)
+    assert columnar._be_member(pcap.TCP, "seq", 4) == 4
+
+
+# --- frames ---------------------------------------------------------------------------------
+
+
+@st.composite
+def link_headers(draw: st.DrawFn, linktype: int, ethertype: int) -> bytes:
+    if linktype == pcap.LINKTYPE_ETHERNET:
+        tags = draw(st.lists(st.sampled_from([0x8100, 0x88A8]), max_size=3))
+        types = [*tags, ethertype]
+        out = draw(st.binary(min_size=12, max_size=12)) + struct.pack(">H", types[0])
+        for following in types[1:]:
+            out += draw(st.binary(min_size=2, max_size=2)) + struct.pack(">H", following)
+        return out
+    if linktype == pcap.LINKTYPE_LINUX_SLL:
+        return draw(st.binary(min_size=14, max_size=14)) + struct.pack(">H", ethertype)
+    if linktype == pcap.LINKTYPE_LINUX_SLL2:
+        return struct.pack(">H", ethertype) + draw(st.binary(min_size=18, max_size=18))
+    if linktype == pcap.LINKTYPE_NULL:
+        family = draw(st.sampled_from([2, 2, 24, 0x20000, draw(st.integers(0, 2**32 - 1))]))
+        return struct.pack(draw(st.sampled_from(["<I", ">I"])), family)
+    return b""  # raw IP: the IP header's version nibble decides
+
+
+@st.composite
+def frames(draw: st.DrawFn) -> tuple[int, bytes]:
+    """A frame whose headers take the values the decode tests, cut anywhere (or not)."""
+    linktype = draw(st.sampled_from([*LINKTYPES, *LINKTYPES, draw(st.integers(0, 300))]))
+    ethertype = draw(st.sampled_from([0x0800, 0x0800, 0x0800, 0x86DD, 0]))
+    out = draw(link_headers(linktype, ethertype))
+    ihl = draw(st.sampled_from([5, 5, 5, 6, 4, 15, 0]))
+    version = draw(st.sampled_from([4, 4, 4, 6]))
+    protocol = draw(st.sampled_from([17, 6, 17, 6, 1, draw(st.integers(0, 255))]))
+    flags_frag = draw(st.sampled_from([0, 0, 0x4000, 0x2000, 0x0001, 0x2001,
+                                       draw(st.integers(0, 0xFFFF))]))
+    if protocol == 6:
+        words = draw(st.sampled_from([5, 5, 6, 4, 15, 0]))
+        l4 = (draw(st.binary(min_size=12, max_size=12))
+              + struct.pack(">H", words << 12 | draw(st.integers(0, 0xFFF)))
+              + draw(st.binary(min_size=6, max_size=6)) + b"\0" * max(0, 4 * words - 20))
+    else:
+        l4 = draw(st.binary(min_size=8, max_size=8))
+    l4 += draw(st.one_of(st.just(b""), st.binary(max_size=40)))  # often none: a pure ACK
+    total = 4 * ihl + len(l4) + draw(st.sampled_from([0, 0, -3, 7, -4 * ihl - 1]))
+    if draw(st.integers(0, 9)) == 0:
+        total = draw(st.integers(0, 0xFFFF))
+    ip = struct.pack(">BBHHHBBH4s4s", version << 4 | ihl, 0, max(0, min(total, 0xFFFF)), 1,
+                     flags_frag, 64, protocol, 0, draw(st.binary(min_size=4, max_size=4)),
+                     draw(st.binary(min_size=4, max_size=4)))
+    out += ip + b"\0" * max(0, 4 * ihl - 20) + l4
+    if draw(st.booleans()):
+        out = out[:draw(st.integers(0, len(out)))]
+    return linktype, out
+
+
+@st.composite
+def junk_frames(draw: st.DrawFn) -> tuple[int, bytes]:
+    return draw(st.sampled_from(LINKTYPES)), draw(st.binary(max_size=70))
+
+
+def batch(items: list[tuple[int, bytes]], gaps: list[int]) -> columnar._Frames:
+    """The frames in one buffer with ``gaps`` bytes of filler between them (so the decode
+    must keep to each frame's range)."""
+    data, starts = bytearray(), []
+    for (_, frame), gap in zip(items, gaps, strict=True):
+        data += b"\xAA" * gap
+        starts.append(len(data))
+        data += frame
+    n = len(items)
+    binary = columnar._Binary(columnar.ByteView(np.frombuffer(bytes(data), np.uint8)),
+                              np.array(starts, np.int64),
+                              np.array([len(f) for _, f in items], np.int64))
+    return columnar._Frames(n, columnar._constant("f.pcap", n), np.arange(n, dtype=np.int64),
+                            pa.array(range(n), pa.int64()),
+                            np.array([lt for lt, _ in items], np.int64), binary, "f.pcap")
+
+
+def assert_same_decode(fr: columnar._Frames) -> None:
+    compiled_skips, numpy_skips = columnar._Skips(), columnar._Skips()
+    compiled = columnar._decode_network(fr, compiled_skips)
+    reference = columnar._decode_network_numpy(fr, numpy_skips)
+    for name in NETWORK_FIELDS:
+        assert getattr(compiled, name).tolist() == getattr(reference, name).tolist(), name
+    assert compiled.first_fragment.dtype == reference.first_fragment.dtype
+    assert (compiled_skips.table(fr.files, fr.file_offset).to_pylist()
+            == numpy_skips.table(fr.files, fr.file_offset).to_pylist())
+
+
+@st.composite
+def batches(draw: st.DrawFn, frame: st.SearchStrategy[tuple[int, bytes]],
+            ) -> columnar._Frames:
+    items = draw(st.lists(frame, max_size=25))
+    gaps = draw(st.lists(st.integers(0, 3), min_size=len(items), max_size=len(items)))
+    return batch(items, gaps)
+
+
+UDP_FRAME = (pcap.LINKTYPE_ETHERNET, bytes(12) + b"\x08\x00"
+             + struct.pack(">BBHHHBBH4s4s", 0x45, 0, 28, 1, 0, 64, 17, 0, b"\x0a\0\0\x01",
+                           b"\xef\0\0\x01") + struct.pack(">HHHH", 14400, 14401, 8, 0))
+TCP_FRAME = (pcap.LINKTYPE_LINUX_SLL2, b"\x08\x00" + bytes(18)
+             + struct.pack(">BBHHHBBH4s4s", 0x45, 0, 40, 1, 0x4000, 64, 6, 0, b"\x0a\0\0\x01",
+                           b"\x0a\0\0\x02")
+             + struct.pack(">HHIIHHHH", 14371, 5000, 2**32 - 1, 0, 5 << 12 | 0x18, 0, 0, 0)
+             + b"abc")
+
+
+@settings(max_examples=300)
+@given(batches(frames()))
+@example(batch([UDP_FRAME, TCP_FRAME], [0, 1]))
+@example(batch([(pcap.LINKTYPE_ETHERNET, UDP_FRAME[1][:13]), (pcap.LINKTYPE_NULL, b"\2\0\0")],
+               [0, 0]))  # a link header one byte short
+@example(batch([(pcap.LINKTYPE_ETHERNET, bytes(12) + b"\x81\x00\0\0\x08\x00")], [0]))
+@example(batch([(TCP_FRAME[0], TCP_FRAME[1][:-3])], [0]))  # no payload: data offset = end
+def test_same_as_numpy_on_header_by_header_frames(fr: columnar._Frames) -> None:
+    assert_same_decode(fr)
+
+
+@settings(max_examples=200)
+@given(batches(junk_frames()))
+def test_same_as_numpy_on_arbitrary_bytes(fr: columnar._Frames) -> None:
+    assert_same_decode(fr)
+
+
+def test_known_frames() -> None:
+    """Two frames decoded by hand: what both versions must give."""
+    fr = batch([UDP_FRAME, TCP_FRAME], [0, 1])
+    net = columnar._decode_network(fr, columnar._Skips())
+    tcp_start = len(UDP_FRAME[1]) + 1
+    assert net.proto.tolist() == [17, 6]
+    assert net.src.tolist() == [0x0A000001, 0x0A000001]
+    assert net.dst.tolist() == [0xEF000001, 0x0A000002]
+    assert net.sport.tolist() == [14400, 14371] and net.dport.tolist() == [14401, 5000]
+    # after 14 + 20 + 8 header bytes; after SLL2 (20), IPv4 (20) and TCP (20): "abc" lies
+    # past the IPv4 total length (40), so the payload is empty
+    assert net.pstart.tolist() == [42, tcp_start + 60]
+    assert net.pend.tolist() == [42, tcp_start + 60]
+    assert net.seq.tolist() == [0, 2**32 - 1] and net.tcp_flags.tolist() == [0, 0x18]
+    assert net.first_fragment.tolist() == [False, False]
+
+
+# --- arguments ------------------------------------------------------------------------------
+
+PARAMS = columnar._NETWORK_PARAM_ARRAY
+
+
+def call(data: bytes, starts: list[int], lengths: list[int], linktypes: list[int],
+         out_rows: int | None = None, params: np.ndarray = PARAMS) -> np.ndarray:
+    n = len(starts)
+    out = np.full((out_rows or len(netheaders.OUTPUTS), n), -7, np.int64)
+    netheaders.decode(data, np.array(starts, np.int64), np.array(lengths, np.int64),
+                      np.array(linktypes, np.int64), params, out)
+    return out
+
+
+def test_every_output_item_is_written() -> None:
+    out = call(UDP_FRAME[1] * 2, [0, 42], [42, 42], [1, 999])
+    assert (out != -7).all()
+    status = dict(zip(netheaders.OUTPUTS, out, strict=True))["status"]
+    assert [netheaders.REASONS[s] for s in status] == ["decoded", "link"]
+
+
+@pytest.mark.parametrize(("start", "length"), [(-1, 4), (0, -1), (40, 3), (43, 0), (0, 43)])
+def test_refuses_a_frame_outside_the_data(start: int, length: int) -> None:
+    with pytest.raises(ValueError, match="lies outside the 42 bytes"):
+        call(UDP_FRAME[1], [0, start], [42, length], [1, 1])
+
+
+def test_refuses_buffers_of_the_wrong_size() -> None:
+    data = UDP_FRAME[1]
+    with pytest.raises(ValueError, match="one length"):
+        netheaders.decode(data, np.zeros(2, np.int64), np.zeros(1, np.int64),
+                          np.zeros(2, np.int64), PARAMS, np.zeros((12, 2), np.int64))
+    with pytest.raises(ValueError, match="params must hold"):
+        call(data, [0], [42], [1], params=PARAMS[:-1])
+    with pytest.raises(ValueError, match="out must hold"):
+        call(data, [0], [42], [1], out_rows=len(netheaders.OUTPUTS) - 1)
+    with pytest.raises((TypeError, BufferError)):
+        netheaders.decode(data, np.zeros(1, np.int64), np.full(1, 42, np.int64),
+                          np.ones(1, np.int64), PARAMS, bytes(96))
