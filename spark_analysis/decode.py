@@ -5,8 +5,8 @@ ways that give the same rows:
 
 * :func:`decode_to_parquet` (the fast path, for whole captures): Python tasks read, decode
   and write Parquet with pyarrow, and only file lists cross into the JVM.  Measured with
-  ``python -m benchmarks.spark`` on the 2-core machine (10,000,000 frames): about 530,000
-  frames per CPU-second of the whole Spark process tree (JVM and Python workers), against
+  ``python -m benchmarks.spark`` on the 2-core machine (10,000,000 frames): about 600,000-
+  700,000 frames per CPU-second of the whole Spark process tree (JVM and Python workers), against
   about 17,000 for the DataFrame path below and about 35,000 for tshark.  See its docstring
   for the stages and the commit rule;
 * :func:`decode_frames` (the DataFrame path, for any frames DataFrame, e.g. a filtered
