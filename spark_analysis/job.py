@@ -265,12 +265,18 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
     return RunResult(args.out, files, summary, tables_read, counts, seconds)
 
 
-SMALL_CAPTURE_FRAMES = 250_000
+SMALL_CAPTURE_FRAMES = 60_000
 """Up to this many captured frames a run is *small*: what it pays is Spark's fixed cost per
 job, stage and plan, not the data.  The analyses then run with :data:`SMALL_CAPTURE_SQL` and
 every output (a few rows per frame at most) is sorted and written on the driver, which saves
 the sampling and commit jobs of a distributed sort and write.  On planted.pcap (43 frames) the
-run went from 143 Spark jobs and about 75 CPU-seconds of JVM to 42 jobs and about 28."""
+run went from 143 Spark jobs and about 75 CPU-seconds of JVM to 42 jobs and about 28.
+
+The interpreted evaluators of :data:`SMALL_CAPTURE_SQL` cost per row, though, so the bound is
+where the two settings cost the same.  ``ump analyze`` on the first frames of the benchmark
+capture (2-core machine, both with :data:`SMALL_CAPTURE_JVM`): 50,000 frames 38 s small
+against 42 s not; 100,000 frames 49 against 42 s; 200,000 frames 64 against 46 s (the bound
+was 250,000 before these measurements)."""
 
 SMALL_CAPTURE_SQL = {
     # adaptive execution runs every shuffle stage as a job of its own and re-plans after it:
@@ -303,7 +309,11 @@ SMALL_CAPTURE_JVM = {
     "spark.ui.enabled": "false",
 }
 """Launch settings when Spark is started for small captures (ignored when a session exists
-already, e.g. under spark-submit, which has launched its JVM)."""
+already, e.g. under spark-submit, which has launched its JVM).  The quick tier alone also pays
+beyond :data:`SMALL_CAPTURE_FRAMES`: ``ump analyze`` on 100,000 and 200,000 frames of the
+benchmark capture took 42 and 46 s with it, 51 and 57 s without.  Not on large captures: at
+1,000,000 frames both took 91-98 s, and a join over the decoded 10,000,000-frame tables took
+22 s with the quick tier alone against 9 s, hence the bound on the capture's bytes."""
 
 
 def _capture_bytes(captures: Sequence[str]) -> int:
