@@ -1194,6 +1194,13 @@ _MESSAGE_COLUMNS = ["capture", "pos", "msg_index", "file", "file_offset", "ts_ns
                     "malformed_reason", *HEADER_COLUMNS]
 """The messages columns the analyses read (the table is wide: select early)."""
 
+_PACKET_COLUMNS = ["capture", "pos", "file", "file_offset", "ts_ns", "protocol", "src_ip",
+                   "src_port", "dst_ip", "dst_port", "payload_length", "packet_type", "sqn",
+                   "session_id", "retransmission", "nak_sqns", "ncf_sqns", "ncf_reason",
+                   "messages", "malformed_reason"]
+"""The packets columns the analyses read: about half of the table, and the checkpoint of
+``packets`` copies every column it keeps."""
+
 
 @dataclass
 class AnalysisRun:
@@ -1242,7 +1249,7 @@ def analyze(tables: CaptureTables, options: AnalysisOptions | None = None, *,
         cached.append(df)
         return df
 
-    packets = keep("packets", tables.packets)
+    packets = keep("packets", tables.packets.select(*_PACKET_COLUMNS))
     adverts = keep("advertisements", tables.advertisements)
     messages = keep("messages", tables.messages.where(
         F.col("sqn").isNotNull() | F.col("ume_preg").isNotNull()
