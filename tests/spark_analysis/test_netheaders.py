@@ -12,6 +12,7 @@ call before it reads or writes out of bounds.
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +21,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from spark_analysis import columnar
+from spark_analysis.splits import SplitReader, plan
 from wire import pcap
+from wire.tshark import PortMap
+
+CORPUS = Path(__file__).resolve().parents[2] / "captures" / "corpus"
 
 netheaders = pytest.importorskip("spark_analysis._netheaders")
 
@@ -193,6 +198,28 @@ def test_known_frames() -> None:
     assert net.pend.tolist() == [42, tcp_start + 60]
     assert net.seq.tolist() == [0, 2**32 - 1] and net.tcp_flags.tolist() == [0, 0x18]
     assert net.first_fragment.tolist() == [False, False]
+
+
+@pytest.mark.parametrize("name", ["qc3.pcap", "lossy-lbtrm.pcap", "restarts.pcap",
+                                  "planted.pcap", "not-um.pcap"])
+def test_the_whole_decode_is_the_same_with_the_numpy_version(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build without the C module (``_compiled_network`` is None) decodes every table of a
+    real capture to the same rows."""
+    options = columnar.DecodeOptions(PortMap(store_ports=[14567]))
+    chunks = [(s.capture.name, chunk) for s in plan([str(CORPUS / name)], 64 << 10)
+              for chunk in SplitReader(s).chunks()]
+    assert chunks
+
+    def decode_all() -> list[columnar.DecodedTables]:
+        return [columnar.decode_chunk(file, chunk, options) for file, chunk in chunks]
+
+    compiled = decode_all()
+    monkeypatch.setattr(columnar, "_compiled_network", None)
+    reference = decode_all()
+    for ours, theirs in zip(compiled, reference, strict=True):
+        for table in ("packets", "messages", "advertisements", "skipped", "tcp_segments"):
+            assert getattr(ours, table).equals(getattr(theirs, table)), table
 
 
 # --- arguments ------------------------------------------------------------------------------
