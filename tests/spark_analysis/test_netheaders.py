@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 from spark_analysis import columnar
 from spark_analysis.splits import SplitReader, plan
 from wire import pcap
+from wire.fastpath import FastLayout
 from wire.tshark import PortMap
 
 CORPUS = Path(__file__).resolve().parents[2] / "captures" / "corpus"
@@ -63,6 +65,27 @@ def test_a_layout_read_with_another_width_is_refused() -> None:
 
 
 # --- frames ---------------------------------------------------------------------------------
+# Every header is packed through its wire/ layout (wire.pcap): random members, with the ones a
+# rule tests fixed.  Only the null/loopback header, a bare host-order u32 that wire/ gives no
+# layout, is packed here.
+
+
+def packed(layout: FastLayout, **values: Any) -> bytes:
+    """``layout`` with ``values``, its other members zero."""
+    zeros = {name: 0 if size is None else bytes(size)
+             for name, size in zip(layout.names, layout.sizes, strict=True)}
+    return layout.pack({**zeros, **values})
+
+
+@st.composite
+def random_header(draw: st.DrawFn, layout: FastLayout, **fixed: Any) -> bytes:
+    """``layout`` with arbitrary members except ``fixed``."""
+    fields = layout.dtype().fields
+    assert fields is not None
+    values = {name: draw(st.binary(min_size=size, max_size=size)) if size is not None
+              else draw(st.integers(0, 2 ** (8 * fields[name][0].itemsize) - 1))
+              for name, size in zip(layout.names, layout.sizes, strict=True)}
+    return layout.pack({**values, **fixed})
 
 
 @st.composite
@@ -70,14 +93,14 @@ def link_headers(draw: st.DrawFn, linktype: int, ethertype: int) -> bytes:
     if linktype == pcap.LINKTYPE_ETHERNET:
         tags = draw(st.lists(st.sampled_from([0x8100, 0x88A8]), max_size=3))
         types = [*tags, ethertype]
-        out = draw(st.binary(min_size=12, max_size=12)) + struct.pack(">H", types[0])
+        out = draw(random_header(pcap.ETH, ethertype=types[0]))
         for following in types[1:]:
-            out += draw(st.binary(min_size=2, max_size=2)) + struct.pack(">H", following)
+            out += draw(random_header(pcap.VLAN, ethertype=following))
         return out
     if linktype == pcap.LINKTYPE_LINUX_SLL:
-        return draw(st.binary(min_size=14, max_size=14)) + struct.pack(">H", ethertype)
+        return draw(random_header(pcap.SLL, protocol=ethertype))
     if linktype == pcap.LINKTYPE_LINUX_SLL2:
-        return struct.pack(">H", ethertype) + draw(st.binary(min_size=18, max_size=18))
+        return draw(random_header(pcap.SLL2, protocol=ethertype))
     if linktype == pcap.LINKTYPE_NULL:
         family = draw(st.sampled_from([2, 2, 24, 0x20000, draw(st.integers(0, 2**32 - 1))]))
         return struct.pack(draw(st.sampled_from(["<I", ">I"])), family)
@@ -97,19 +120,19 @@ def frames(draw: st.DrawFn) -> tuple[int, bytes]:
                                        draw(st.integers(0, 0xFFFF))]))
     if protocol == 6:
         words = draw(st.sampled_from([5, 5, 6, 4, 15, 0]))
-        l4 = (draw(st.binary(min_size=12, max_size=12))
-              + struct.pack(">H", words << 12 | draw(st.integers(0, 0xFFF)))
-              + draw(st.binary(min_size=6, max_size=6)) + b"\0" * max(0, 4 * words - 20))
+        l4 = (draw(random_header(pcap.TCP,
+                                 offset_flags=words << 12 | draw(st.integers(0, 0xFFF))))
+              + bytes(max(0, 4 * words - pcap.TCP.size)))
     else:
-        l4 = draw(st.binary(min_size=8, max_size=8))
+        l4 = draw(random_header(pcap.UDP))
     l4 += draw(st.one_of(st.just(b""), st.binary(max_size=40)))  # often none: a pure ACK
     total = 4 * ihl + len(l4) + draw(st.sampled_from([0, 0, -3, 7, -4 * ihl - 1]))
     if draw(st.integers(0, 9)) == 0:
         total = draw(st.integers(0, 0xFFFF))
-    ip = struct.pack(">BBHHHBBH4s4s", version << 4 | ihl, 0, max(0, min(total, 0xFFFF)), 1,
-                     flags_frag, 64, protocol, 0, draw(st.binary(min_size=4, max_size=4)),
-                     draw(st.binary(min_size=4, max_size=4)))
-    out += ip + b"\0" * max(0, 4 * ihl - 20) + l4
+    ip = draw(random_header(pcap.IP4, ver_ihl=version << 4 | ihl,
+                            total_length=max(0, min(total, 0xFFFF)), flags_frag=flags_frag,
+                            protocol=protocol))
+    out += ip + bytes(max(0, 4 * ihl - pcap.IP4.size)) + l4
     if draw(st.booleans()):
         out = out[:draw(st.integers(0, len(out)))]
     return linktype, out
@@ -156,14 +179,18 @@ def batches(draw: st.DrawFn, frame: st.SearchStrategy[tuple[int, bytes]],
     return batch(items, gaps)
 
 
-UDP_FRAME = (pcap.LINKTYPE_ETHERNET, bytes(12) + b"\x08\x00"
-             + struct.pack(">BBHHHBBH4s4s", 0x45, 0, 28, 1, 0, 64, 17, 0, b"\x0a\0\0\x01",
-                           b"\xef\0\0\x01") + struct.pack(">HHHH", 14400, 14401, 8, 0))
-TCP_FRAME = (pcap.LINKTYPE_LINUX_SLL2, b"\x08\x00" + bytes(18)
-             + struct.pack(">BBHHHBBH4s4s", 0x45, 0, 40, 1, 0x4000, 64, 6, 0, b"\x0a\0\0\x01",
-                           b"\x0a\0\0\x02")
-             + struct.pack(">HHIIHHHH", 14371, 5000, 2**32 - 1, 0, 5 << 12 | 0x18, 0, 0, 0)
-             + b"abc")
+UDP_FRAME = (pcap.LINKTYPE_ETHERNET, packed(pcap.ETH, ethertype=0x0800)
+             + packed(pcap.IP4, ver_ihl=0x45, total_length=pcap.IP4.size + pcap.UDP.size,
+                      ident=1, ttl=64, protocol=17, src="10.0.0.1", dst="239.0.0.1")
+             + packed(pcap.UDP, sport=14400, dport=14401, length=pcap.UDP.size))
+TCP_FRAME = (pcap.LINKTYPE_LINUX_SLL2, packed(pcap.SLL2, protocol=0x0800)
+             + packed(pcap.IP4, ver_ihl=0x45, total_length=pcap.IP4.size + pcap.TCP.size,
+                      ident=1, flags_frag=0x4000, ttl=64, protocol=6, src="10.0.0.1",
+                      dst="10.0.0.2")
+             + packed(pcap.TCP, sport=14371, dport=5000, seq=2**32 - 1,
+                      offset_flags=5 << 12 | 0x18)
+             + b"abc")  # past the IPv4 total length: not payload
+UDP_LENGTH = len(UDP_FRAME[1])
 
 
 @settings(max_examples=300)
@@ -171,7 +198,9 @@ TCP_FRAME = (pcap.LINKTYPE_LINUX_SLL2, b"\x08\x00" + bytes(18)
 @example(batch([UDP_FRAME, TCP_FRAME], [0, 1]))
 @example(batch([(pcap.LINKTYPE_ETHERNET, UDP_FRAME[1][:13]), (pcap.LINKTYPE_NULL, b"\2\0\0")],
                [0, 0]))  # a link header one byte short
-@example(batch([(pcap.LINKTYPE_ETHERNET, bytes(12) + b"\x81\x00\0\0\x08\x00")], [0]))
+@example(batch([(pcap.LINKTYPE_ETHERNET,
+                 packed(pcap.ETH, ethertype=0x8100) + packed(pcap.VLAN, ethertype=0x0800))],
+               [0]))  # a VLAN tag, then nothing
 @example(batch([(TCP_FRAME[0], TCP_FRAME[1][:-3])], [0]))  # no payload: data offset = end
 def test_same_as_numpy_on_header_by_header_frames(fr: columnar._Frames) -> None:
     assert_same_decode(fr)
@@ -187,15 +216,16 @@ def test_known_frames() -> None:
     """Two frames decoded by hand: what both versions must give."""
     fr = batch([UDP_FRAME, TCP_FRAME], [0, 1])
     net = columnar._decode_network(fr, columnar._Skips())
-    tcp_start = len(UDP_FRAME[1]) + 1
+    tcp_start = UDP_LENGTH + 1
     assert net.proto.tolist() == [17, 6]
     assert net.src.tolist() == [0x0A000001, 0x0A000001]
     assert net.dst.tolist() == [0xEF000001, 0x0A000002]
     assert net.sport.tolist() == [14400, 14371] and net.dport.tolist() == [14401, 5000]
-    # after 14 + 20 + 8 header bytes; after SLL2 (20), IPv4 (20) and TCP (20): "abc" lies
-    # past the IPv4 total length (40), so the payload is empty
-    assert net.pstart.tolist() == [42, tcp_start + 60]
-    assert net.pend.tolist() == [42, tcp_start + 60]
+    # both payloads are empty: "abc" lies past the IPv4 total length
+    udp_end = pcap.ETH.size + pcap.IP4.size + pcap.UDP.size
+    tcp_end = tcp_start + pcap.SLL2.size + pcap.IP4.size + pcap.TCP.size
+    assert net.pstart.tolist() == [udp_end, tcp_end]
+    assert net.pend.tolist() == [udp_end, tcp_end]
     assert net.seq.tolist() == [0, 2**32 - 1] and net.tcp_flags.tolist() == [0, 0x18]
     assert net.first_fragment.tolist() == [False, False]
 
@@ -237,27 +267,30 @@ def call(data: bytes, starts: list[int], lengths: list[int], linktypes: list[int
 
 
 def test_every_output_item_is_written() -> None:
-    out = call(UDP_FRAME[1] * 2, [0, 42], [42, 42], [1, 999])
+    n = UDP_LENGTH
+    out = call(UDP_FRAME[1] * 2, [0, n], [n, n], [pcap.LINKTYPE_ETHERNET, 999])
     assert (out != -7).all()
     status = dict(zip(netheaders.OUTPUTS, out, strict=True))["status"]
     assert [netheaders.REASONS[s] for s in status] == ["decoded", "link"]
 
 
-@pytest.mark.parametrize(("start", "length"), [(-1, 4), (0, -1), (40, 3), (43, 0), (0, 43)])
+@pytest.mark.parametrize(("start", "length"), [(-1, 4), (0, -1), (UDP_LENGTH - 2, 3),
+                                               (UDP_LENGTH + 1, 0), (0, UDP_LENGTH + 1)])
 def test_refuses_a_frame_outside_the_data(start: int, length: int) -> None:
-    with pytest.raises(ValueError, match="lies outside the 42 bytes"):
-        call(UDP_FRAME[1], [0, start], [42, length], [1, 1])
+    with pytest.raises(ValueError, match=f"lies outside the {UDP_LENGTH} bytes"):
+        call(UDP_FRAME[1], [0, start], [UDP_LENGTH, length], [1, 1])
 
 
 def test_refuses_buffers_of_the_wrong_size() -> None:
     data = UDP_FRAME[1]
+    rows = len(netheaders.OUTPUTS)
     with pytest.raises(ValueError, match="one length"):
         netheaders.decode(data, np.zeros(2, np.int64), np.zeros(1, np.int64),
-                          np.zeros(2, np.int64), PARAMS, np.zeros((12, 2), np.int64))
+                          np.zeros(2, np.int64), PARAMS, np.zeros((rows, 2), np.int64))
     with pytest.raises(ValueError, match="params must hold"):
-        call(data, [0], [42], [1], params=PARAMS[:-1])
+        call(data, [0], [UDP_LENGTH], [1], params=PARAMS[:-1])
     with pytest.raises(ValueError, match="out must hold"):
-        call(data, [0], [42], [1], out_rows=len(netheaders.OUTPUTS) - 1)
+        call(data, [0], [UDP_LENGTH], [1], out_rows=rows - 1)
     with pytest.raises((TypeError, BufferError)):
-        netheaders.decode(data, np.zeros(1, np.int64), np.full(1, 42, np.int64),
-                          np.ones(1, np.int64), PARAMS, bytes(96))
+        netheaders.decode(data, np.zeros(1, np.int64), np.full(1, UDP_LENGTH, np.int64),
+                          np.ones(1, np.int64), PARAMS, bytes(rows * 8))

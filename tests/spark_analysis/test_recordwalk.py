@@ -70,14 +70,23 @@ def record_streams(draw: st.DrawFn) -> tuple[bytes, int, int, int, int, bool]:
     return data, pos, limit, header, at, big
 
 
-EMPTY_LAST = struct.pack("<4I", 0, 0, 2, 2) + b"ab" + struct.pack("<4I", 0, 0, 0, 0)
+PCAP_RECORD = splits._PCAP_RECORD["<"]  # the wire/ layout of a little-endian record header
+HEADER, AT = PCAP_RECORD.size, splits._INCL_AT
+
+
+def pcap_record(body: bytes) -> bytes:
+    return PCAP_RECORD.pack({"ts_sec": 0, "ts_frac": 0, "incl_len": len(body),
+                             "orig_len": len(body)}) + body
+
+
+EMPTY_LAST = pcap_record(b"ab") + pcap_record(b"")
 
 
 @settings(max_examples=400)
 @given(record_streams())
-@example((EMPTY_LAST, 0, 99, 16, 8, False))  # an empty record that ends the buffer exactly
-@example((EMPTY_LAST[:-1], 0, 99, 16, 8, False))  # ... and one byte short of it
-@example((EMPTY_LAST, 18, 19, 16, 8, False))  # the limit lets one record start, no more
+@example((EMPTY_LAST, 0, 99, HEADER, AT, False))  # an empty record that ends the buffer exactly
+@example((EMPTY_LAST[:-1], 0, 99, HEADER, AT, False))  # ... and one byte short of it
+@example((EMPTY_LAST, HEADER + 2, HEADER + 3, HEADER, AT, False))  # one record may start
 def test_same_as_the_definition(case: tuple[bytes, int, int, int, int, bool]) -> None:
     assert run(*case) == reference(*case)
 
@@ -85,15 +94,15 @@ def test_same_as_the_definition(case: tuple[bytes, int, int, int, int, bool]) ->
 @given(st.binary(max_size=300), st.integers(0, 310), st.booleans())
 def test_arbitrary_bytes_with_the_pcap_record_layout(data: bytes, pos: int, big: bool) -> None:
     """The layout the decode uses (16-byte header, incl_len at 8), on bytes of any content."""
-    header, at = splits._PCAP_RECORD["<"].size, splits._INCL_AT
-    assert run(data, pos, len(data), header, at, big) == reference(
-        data, pos, len(data), header, at, big)
+    assert run(data, pos, len(data), HEADER, AT, big) == reference(
+        data, pos, len(data), HEADER, AT, big)
 
 
 def test_accepts_any_buffer() -> None:
-    record = struct.pack("<4I", 0, 0, 3, 3) + b"abc"
+    record = pcap_record(b"abc")
     for buf in (record * 2, bytearray(record * 2), memoryview(record * 2)):
-        assert run(buf, 0, 99, 16, 8, False) == ([0, 19], 38)  # type: ignore[arg-type]
+        assert run(buf, 0, 99, HEADER, AT, False) == (  # type: ignore[arg-type]
+            [0, len(record)], 2 * len(record))
 
 
 @pytest.mark.parametrize(("header", "at"), [(0, 0), (3, 0), (8, 5), (16, -1)])

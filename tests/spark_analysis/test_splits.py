@@ -340,17 +340,18 @@ def voting_fakes(tmp_path: Path, voter_sec: int) -> tuple[Path, Built, int, int]
     all point at one more fake behind a split boundary: (path, built, boundary, where the
     pointed-at fake starts)."""
     order = "<"
+    rec = len(record_header(order, 0, 0, 0, 0))
     big = bytearray(b"\x00" * 400)
     fake_at = 300  # the fake every other fake points at; it points at the payload's end
-    big[fake_at : fake_at + 16] = record_header(order, BASE_SEC, 0, 400 - fake_at - 16, 84)
+    big[fake_at : fake_at + rec] = record_header(order, BASE_SEC, 0, 400 - fake_at - rec, 84)
     for at in range(40, 200, 20):
-        big[at : at + 16] = record_header(order, voter_sec, 0, fake_at - at - 16, 400)
+        big[at : at + rec] = record_header(order, voter_sec, 0, fake_at - at - rec, 400)
     records = [(BASE_SEC, 0, b"a" * 380), (BASE_SEC, 0, bytes(big)),
                *[(BASE_SEC, 0, b"c" * 30) for _ in range(10)]]
     built = pcap_file(records, snaplen=400)
     path = built.write(tmp_path / "adversarial.pcap")
-    boundary = built.offsets[1] + 16 + 250  # inside the big payload, after the voting fakes
-    return path, built, boundary, built.offsets[1] + 16 + fake_at
+    boundary = built.offsets[1] + rec + 250  # inside the big payload, after the voting fakes
+    return path, built, boundary, built.offsets[1] + rec + fake_at
 
 
 @pytest.mark.usefixtures("walk")
