@@ -85,7 +85,6 @@ import logging
 import math
 import posixpath
 import struct
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -186,12 +185,6 @@ def _u32_format(order: str) -> struct.Struct:
 
 _U32 = {order: _u32_format(order) for order in "<>"}
 _INCL_AT = _field_offset(_PCAP_RECORD["<"], "incl_len")
-_NATIVE = "<" if sys.byteorder == "little" else ">"
-# the native-order walk reads incl_len as element (record start >> 2) + _INCL_WORD of the u32
-# view that starts at the record's own alignment: so the member must sit on a 4-byte boundary
-_INCL_WORD = _INCL_AT // 4
-assert _INCL_AT % 4 == 0 and _U32[_NATIVE].size == memoryview(b"\0" * 4).cast("I").itemsize
-
 
 _compiled_walk: Callable[..., tuple[int, int]] | None
 try:  # the walk in C (built by ``pip install``, optional: see setup.py)
@@ -203,13 +196,6 @@ RECORD_WALK = "compiled" if _compiled_walk is not None else "python"
 """Which pcap record walk this process uses: ``"compiled"`` (``_recordwalk.c``) or
 ``"python"`` (the same loop in Python, about 20% of a stage-1 task's CPU on the benchmark
 capture)."""
-
-
-def _u32_views(buf: bytes) -> tuple[memoryview, ...]:
-    """``buf`` as native u32 arrays starting at byte 0, 1, 2 and 3: the u32 at any byte offset
-    ``q`` is element ``q >> 2`` of view ``q & 3``, and one past the end is an IndexError."""
-    whole = memoryview(buf)
-    return tuple(whole[k:k + (len(buf) - k) // 4 * 4].cast("I") for k in range(4))
 
 
 class CaptureError(ValueError):
@@ -1041,29 +1027,15 @@ def _walk_pcap(source: _Source, info: PcapInfo, start: int, stop: int,
         chunk.refill(pos, rec)
         buf, base = chunk.buf, chunk.base
         n, p, limit = len(buf), pos - base, stop - base
-        walked: list[int] = []
-        append = walked.append
-        found: list[int] | np.ndarray = walked
+        found: list[int] | np.ndarray
         # the hot loop: one read of incl_len per record, stopping at a record the chunk cuts
         if _compiled_walk is not None:
             slots = np.empty((n - p) // rec + 1, np.int64)
             count, p = _compiled_walk(buf, p, limit, rec, _INCL_AT, order == ">", slots)
             found = slots[:count]
-        elif order == _NATIVE:
-            # indexing a memoryview costs less than a struct unpack (about 190 against 225 ns
-            # per record, measured on the 2-core machine)
-            views, word = _u32_views(buf), _INCL_WORD
-            try:
-                while p < limit:
-                    end = p + rec + views[p & 3][(p >> 2) + word]
-                    if end > n:
-                        break
-                    append(p)
-                    p = end
-            except IndexError:
-                pass
-            del views
-        else:
+        else:  # the fallback without a C compiler; a header cut by the chunk end raises
+            found = []
+            append = found.append
             try:
                 while p < limit:
                     end = p + rec + incl_of(buf, p + _INCL_AT)[0]
