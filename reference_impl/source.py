@@ -707,7 +707,11 @@ class SourceCore(ContextCore):
             return
         if resp.e_flag:
             code = resp.error_code
-            link.failed = True
+            # "RegID in use" passes once the holder's activity timeout at the store ran out
+            # (strong RegIDs: a restarted source that cannot prove it is the holder must
+            # wait for that), so that one is retried every ume_registration_interval; every
+            # other refusal is final
+            link.failed = code != PregError.EACTIVE
             text = _PREG_ERRORS.get(code, f"error code {code}")
             self.emit(SourceRegistrationError(link.info, code, text,
                                               rpp=bool(self.config.ume_receiver_paced_persistence)))
@@ -788,6 +792,12 @@ class SourceCore(ContextCore):
         self.log(Level.INFO, f"registration complete, next sequence number {self.next_sqn}")
         self._advertise()
         self._start_sri()
+        # quorum regained: what is still in flight goes to the stores that came back now
+        # (semantics.md §1.12), not after ume_message_stability_timeout
+        if self.retained:
+            for link in self.links:
+                if link.registered:
+                    self._resend_unstable(link)
 
     # --- SRI ----------------------------------------------------------------------------------
 
@@ -919,6 +929,25 @@ class SourceCore(ContextCore):
     def on_connection_lost(self, conn: Connection, *, refused: bool) -> None:
         if conn in self._transport_conns:
             self._transport_conns.remove(conn)
+            return
+        if not conn.outgoing:
+            return
+        if self.deregistering or self.deregistered:
+            return  # leaving anyway
+        for link in self.links:
+            if link.registered and link.resolved and link.info.addr == conn.remote:
+                self._store_disconnected(link)
+
+    def _store_disconnected(self, link: StoreLink) -> None:
+        """The connection to a store we are registered with went away (the store process
+        died or restarted, or the network cut it): the store is unresponsive now, not after
+        ``ume_store_activity_timeout`` (the guide's Store Unresponsive event is "delivered
+        once a store is seen to be unresponsive due to failure or network disconnect"), and
+        the source registers again at once, on a new connection.  A store that is back
+        already answers; one that is not refuses the connection, and the source tries again
+        every ``ume_registration_interval`` as for any unanswered registration."""
+        self._unresponsive(link, "")
+        self._register(link)
 
     def on_lbtru_event(self, binding: LbtruBinding, event: LbtruEvent) -> None:
         if isinstance(event, ClientConnected):

@@ -34,7 +34,42 @@ What it does follows the guide's "Operational View" and semantics.md §1:
   (the shorter of client and store value) runs out - at once when no lifetime is set.
 * **Disk state**: with ``repository-type`` disk the messages go to cache files and
   registrations and acknowledgements to a state journal, so a restarted store knows its
-  sources, receivers and messages.
+  sources, receivers and messages.  A restarted store asks for the advertisements of the
+  sources it restored and joins their transports at once, so their live data is kept while
+  they re-register ("Source Recovery": the store then answers with the highest sequence
+  number it holds, including what arrived meanwhile).
+
+**Source RegID ownership** (the guide's "Registration Identifier": no two active sources may
+use one RegID at the same time; "Activity Timeout and State Lifetime Options": the activity
+timeout "prevents a second source or receiver from stealing a RegID from an existing source";
+semantics.md §1.10-1.11, "strong RegIDs"):
+
+* A source's RegID stays its own until its activity timeout (the client's
+  ``ume_activity_timeout`` or the topic's ``source-activity-timeout``) has run out since the
+  last thing the store heard from it: a registration, a keepalive, or data on its transport.
+  A closed registration connection does not end the ownership (a SIGKILLed source's socket
+  closes at once), and neither does a restart of the store: restored state counts as heard
+  at the moment the store started.  Until then a registration for that RegID is refused with
+  code 5 (EACTIVE, "RegID is in use by a different source") unless it provably comes from
+  the owner.  With an activity timeout of 0 ("weak RegIDs") the RegID is held only while the
+  owner's registration connection is open.
+* **Who is the owner** (:meth:`StoreCore._same_source`): a registration on the owner's own
+  connection (a retried PREG whose answer was lost), or one that names the owner's request
+  address (IP and port of ``resp_ip``/``resp_port``), transport index, topic index and
+  Session ID (none counts as a value: both must have none), arriving on a TCP connection
+  from that very IP.  A source that restarts on the same ports, or that re-registers after a
+  store restart, is therefore granted at once; a source that moved (another port or host)
+  waits until its old incarnation's activity timeout ran out, as the guide asks.
+* **Limits**: the proof is only as strong as the network's addresses.  The store cannot see
+  the port a PREG names (the registration arrives from an ephemeral port), so any process on
+  the owner's host (same IP) that knows the owner's request port, indexes and Session ID -
+  all visible in its topic advertisement and on the wire - can still register as the owner;
+  so can anyone who can spoof TCP from the owner's address.  Session IDs are not secrets.
+  What it stops is an impostor on another host, and one on the same host that does not
+  forge the owner's identity (the common mistake: a second instance started with the same
+  static RegID or Session ID).  Receivers keep the earlier rule (their RegID is refused to
+  another registration only while the owner's connection is open): ``ump receiver`` listens
+  on an ephemeral request port, so a restarted receiver could not prove it is the owner.
 
 Choices where the fact sheets are silent (each tested in tests/reference_impl/test_store.py):
 
@@ -232,6 +267,14 @@ class Client:
 
     def expired(self, now: float) -> bool:
         return self.activity_timeout > 0 and now - self.last_activity > self.activity_timeout
+
+    def holds_regid(self, now: float) -> bool:
+        """The RegID is still this client's (see "Source RegID ownership" in the module
+        docstring): its activity timeout has not run out since it was last heard, whether
+        or not its connection is open; with weak RegIDs (timeout 0), while it is connected."""
+        if self.activity_timeout > 0:
+            return now - self.last_activity <= self.activity_timeout
+        return self.active and self.conn is not None and self.conn.open
 
     def lifetime_over(self, now: float) -> bool:
         end = max(self.activity_timeout, self.state_lifetime)
@@ -639,11 +682,13 @@ class StoreCore(ContextCore):
             self._reject(conn, preg, PregError.EREGID, f"RegID {reg_id} is in use by a receiver")
             return
         if existing is not None:
-            same_client = existing.request_addr == request_addr and existing.conn is conn
-            if existing.active and not existing.expired(self.now) and not same_client \
-                    and existing.conn is not None and existing.conn.open:
+            if existing.holds_regid(self.now) and \
+                    not self._same_source(existing, conn, preg, request_addr, session_id):
+                left = existing.activity_timeout - (self.now - existing.last_activity)
                 self._reject(conn, preg, PregError.EACTIVE,
-                             f"RegID {reg_id} is in use by a different source")
+                             f"RegID {reg_id} is in use by a different source"
+                             + (f" (free in {left:.1f} s unless it is heard from)"
+                                if existing.activity_timeout > 0 else ""))
                 return
             if existing.topic != topic:
                 self._reject(conn, preg, PregError.ETOPICNAME,
@@ -709,6 +754,16 @@ class StoreCore(ContextCore):
         else:  # answer once on the source's transport (or after JOIN_WAIT, see module doc)
             self.set_timer(f"answer {reg_id}", self.now + JOIN_WAIT)
         self.set_timer_if_later("check", self.now + self._check_interval())
+
+    def _same_source(self, owner: SourceState, conn: Connection, preg: Header,
+                     request_addr: Addr, session_id: int) -> bool:
+        """Whether a registration for ``owner``'s RegID provably comes from ``owner`` (the
+        rule and its limits are in the module docstring, "Source RegID ownership")."""
+        if owner.conn is conn:
+            return True  # a retried PREG on the owner's own connection
+        return owner.request_addr == request_addr and conn.remote[0] == request_addr[0] \
+            and (owner.transport_idx, owner.topic_idx) == (preg.transport_idx, preg.topic_idx) \
+            and owner.session_id == session_id
 
     def _answer(self, src: SourceState) -> None:
         respond, src.pending_response = src.pending_response, None
@@ -1053,7 +1108,11 @@ class StoreCore(ContextCore):
             # say hello to the resolver so it relays advertisements to us; ask for unknown TIRs,
             # _TQRS_PER_QUERY at a time, taking turns so that many sources gone quiet cannot
             # keep a new one from ever being asked for
-            missing = [s.topic for s in self.sources.values() if s.active and not s.tir_seen]
+            # (restored sources too, while their RegID is theirs: a restarted store rejoins
+            # them before they re-register)
+            now = self.now
+            missing = [s.topic for s in self.sources.values()
+                       if not s.tir_seen and (s.active or s.holds_regid(now))]
             start = self._resolve_turn % len(missing) if missing else 0
             turn = (missing[start:] + missing[:start])[:_TQRS_PER_QUERY]
             self._resolve_turn = start + len(turn)
