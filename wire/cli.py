@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import WireError
-from .tshark import PortMap, TsharkMissing
+from .tshark import PortMap, TsharkMissing, TsharkRefused
 
 
 def _ports(text: str) -> list[int]:
@@ -90,7 +90,8 @@ def register(sub: Any) -> None:
     p.add_argument("--um-only", action="store_true", help="omit frames that are not UM")
     p.add_argument("--check-tshark", action="store_true",
                    help="also dissect with tshark and report every field where the two "
-                        "disagree (exit status 1 if any)")
+                        "disagree (exit status 1 if any; 2 if tshark cannot read the "
+                        "file)")
     add_port_options(p)
     p.set_defaults(handler=run_dissect)
 
@@ -155,6 +156,10 @@ def run_dissect(args: argparse.Namespace) -> int:
             problems = check_against_tshark(path, reports, ports)
         except TsharkMissing as exc:
             print(f"ump dissect: {exc}", file=sys.stderr)
+            return 2
+        except TsharkRefused as exc:  # our report above stands; the comparison cannot be made
+            print(f"ump dissect: {path}: tshark refused the file: {exc.first_error}",
+                  file=sys.stderr)
             return 2
         for problem in problems:
             print(f"DISAGREE {problem}", file=sys.stderr)

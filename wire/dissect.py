@@ -286,7 +286,10 @@ def dissect_file(path: str | Path, ports: PortMap | None = None) -> Iterator[Fra
 
 def check_against_tshark(path: str | Path, reports: list[FrameReport],
                          ports: PortMap | None = None) -> list[Disagreement]:
-    """Every field where our reports and tshark's dissection of ``path`` differ."""
+    """Every field where our reports and tshark's dissection of ``path`` differ.
+
+    Raises :class:`~wire.tshark.TsharkRefused` when tshark cannot read ``path`` at all (``ump
+    dissect`` then keeps its own report and says so in one line, exit status 2)."""
     theirs = {f.number: f for f in read_frames(path, ports)}
     problems: list[Disagreement] = []
     for report in reports:

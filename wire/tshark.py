@@ -109,12 +109,43 @@ class PortMap:
         return args
 
 
+class TsharkRefused(RuntimeError):
+    """tshark exited with an error status, typically because it cannot read the capture
+    (cut short, a record larger than it accepts, a damaged pcapng block or option).
+
+    ``str()`` keeps the whole command and stderr for logs; :attr:`first_error` is tshark's own
+    first error line, fit for a one-line message to a user.
+    """
+
+    def __init__(self, args: Sequence[str], stderr: str, status: int) -> None:
+        super().__init__(f"tshark {' '.join(args)} failed (status {status}): {stderr.strip()}")
+        self.stderr, self.status = stderr, status
+
+    @property
+    def first_error(self) -> str:
+        """tshark's first error line, with the detail line it puts in parentheses under it.
+
+        tshark (as root) first warns ``Running as user "root" ...``; that is not an error and
+        is skipped.  A file problem reads ``tshark: The file "x" appears to be damaged or
+        corrupt.`` followed by ``(pcap: File has 3000000000-byte packet, ...)``: both are kept,
+        on one line, without the ``tshark:`` prefix.
+        """
+        lines = [line.strip() for line in self.stderr.splitlines()
+                 if line.strip() and not line.startswith("Running as user")]
+        if not lines:
+            return f"tshark exited with status {self.status} and no message"
+        first = lines[0].removeprefix("tshark: ")
+        if len(lines) > 1 and lines[1].startswith("("):
+            first = f"{first} {lines[1]}"
+        return first
+
+
 def run(args: Sequence[str], timeout: float = 600) -> str:
-    """Run tshark with ``args``; returns stdout.  Raises RuntimeError with stderr on failure."""
+    """Run tshark with ``args``; returns stdout.  Raises :class:`TsharkRefused` on failure."""
     proc = subprocess.run([tshark_path(), *args], capture_output=True, text=True,
                           timeout=timeout, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"tshark {' '.join(args)} failed: {proc.stderr.strip()}")
+        raise TsharkRefused(args, proc.stderr, proc.returncode)
     return proc.stdout
 
 
