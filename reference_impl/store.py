@@ -1294,6 +1294,11 @@ class StoreCore(ContextCore):
                 "drops": repo.intentional_drops if repo else 0,
                 "offsets": [0, repo.file_offset if repo else 0,
                             src.policy.repository_disk_file_size_limit],
+                # the transport it is received on: (lbmr.TransportType, "ip:port", session ID)
+                "transport": None if src.transport is None else (
+                    lbmr.TransportType.LBTRU if src.transport in self._lbtru_sids
+                    else lbmr.TransportType.TCP, f"{src.transport[0]}:{src.transport[1]}",
+                    self._lbtru_sids.get(src.transport, 0)),
                 "receivers": [{"reg_id": r.reg_id, "session_id": r.session_id,
                                "ack": r.last_ack, "active": r.active,
                                "last_activity": r.last_activity, "rpp": r.rpp,

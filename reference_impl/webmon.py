@@ -29,8 +29,10 @@ a 400: a typo must not silently give HTML.
 core's public ``sources`` give.  Values this reference store has no counterpart for are left
 out rather than printed as invented zeros: the source page has no "In Progress", "Active ULBs"
 or "Loss" line (writes are synchronous and the store never sees unrecoverable loss on LBT-TCP),
-and "LBM Stats" carries only the transport's source string (``TCP:ip:port``), because the core
-counts no per-transport messages, bytes, duplicates or NAKs.  "Sync" is derived: disk writes
+and "LBM Stats" carries only the source string of the transport the store receives the source
+on (:func:`source_string`: ``TCP:ip:port`` or ``LBT-RU:ip:port:<session ID %08x>``; the store
+keeps no LBT-TCP session ID, so TCP strings have none), because the core counts no
+per-transport messages, bytes, duplicates or NAKs.  "Sync" is derived: disk writes
 reach the OS before the store acknowledges, so the completed and submitted sync SQNs are both
 the newest SQN held (for a memory repository "held" is all the persistence there is), and
 ``contig_sqn`` is the end of the gap-free run starting at the trail.  "Drops" shows
@@ -87,6 +89,7 @@ from urllib.parse import parse_qsl, unquote_to_bytes, urlsplit
 
 from reference_impl.repository import Repository
 from reference_impl.store import StoreCore
+from wire.lbmr import TransportType
 
 __all__ = [
     "PRODUCT",
@@ -95,6 +98,7 @@ __all__ = [
     "WebMonitor",
     "clock_time",
     "parse_address",
+    "source_string",
 ]
 
 log = logging.getLogger(__name__)
@@ -177,6 +181,19 @@ def _dotted(addr: str) -> str:
     """``ip:port`` as the product writes it in page titles: ``ip.port``."""
     ip, _, port = addr.rpartition(":")
     return f"{ip}.{port}"
+
+
+SOURCE_STRING_LABELS = {TransportType.TCP: "TCP", TransportType.LBTRU: "LBT-RU"}
+"""How a UM source string names each transport the store can receive (wire-transports: taps
+and statistics write ``TCP:ip:port[:sid]`` and ``LBT-RU:ip:port[:sid]``)."""
+
+
+def source_string(kind: TransportType, addr: str, session_id: int) -> str:
+    """A transport as UM source strings write it: ``LABEL:ip:port``, plus ``:<session ID as
+    %08x>`` when the session ID is not 0.  A transport without a label (the store joins only
+    LBT-TCP and LBT-RU) is named by its TIR type name."""
+    label = SOURCE_STRING_LABELS.get(kind, TransportType(kind).name)
+    return f"{label}:{addr}" + (f":{session_id:08x}" if session_id else "")
 
 
 def _sqn_list(values: dict[str, int | None]) -> str:
@@ -413,7 +430,7 @@ class WebMonitor:
         if src["repository"] == "disk":
             window["mem_trail_sqn"] = mem_trail
         window["lead_sqn"] = lead
-        transport = state.transport if state is not None else None
+        transport = src["transport"]
         used, threshold, limit = src["memory"]
         start, offset, max_offset = src["offsets"]
         data = {
@@ -430,7 +447,7 @@ class WebMonitor:
             "sync": _sync(repo, lead),
             "offsets": {"start": start, "offset": offset, "max": max_offset},
             "drops": {"active": 0, "total": src["drops"]},
-            "source_string": None if transport is None else f"TCP:{transport[0]}:{transport[1]}",
+            "source_string": None if transport is None else source_string(*transport),
             "receivers": [{"reg_id": r["reg_id"], "session_id": r["session_id"],
                            "href": f"/stores/{index}/{reg_id}/{r['reg_id']}"}
                           for r in src["receivers"]],

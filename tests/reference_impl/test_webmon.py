@@ -60,12 +60,14 @@ class World:
 
     def __init__(self, topic: str = "topic.a", *, messages: int = 5,
                  store_options: dict[str, Any] | None = None,
-                 policy: TopicPolicy | None = None, pattern: str = ".*") -> None:
+                 policy: TopicPolicy | None = None, pattern: str = ".*",
+                 transport: str = "tcp") -> None:
         self.d = SimDeployment(seed=1)
         policy = policy or TopicPolicy(repository_size_threshold=10_000_000)
         self.store: StoreCore = self.d.add_store(
             "store1", topics=(TopicRule(pattern, policy, kind="PCRE"),), **(store_options or {}))
-        self.src: SourceCore = self.d.add_source("src", topic, ume_session_id=77)
+        self.src: SourceCore = self.d.add_source("src", topic, ume_session_id=77,
+                                                 transport=transport)
         self.rcv: ReceiverCore = self.d.add_receiver("rcv", topic, ume_session_id=88)
         assert self.d.run_until(lambda: self.src.complete and self.rcv.complete, 10)
         self.sent = [self.src.send(f"m{i}".encode()) for i in range(messages)]
@@ -671,3 +673,29 @@ async def test_serves_cores_driven_by_the_asyncio_host() -> None:
             reset = await fetch(base, "/stores/0/reset")
             assert reset.status == 200
             assert (await fetch(base, "/stores/0?format=json")).json()["seconds"] == 0
+
+
+# --- issue 22 item 7: transport label, receiver request port, reset by POST -----------------
+
+
+@async_test()
+async def test_lbtru_source_is_shown_with_its_lbtru_source_string() -> None:
+    """The LBM Stats source string names the transport the source really uses: an LBT-RU
+    source is ``LBT-RU:ip:port:<session id %08x>``, not ``TCP:…``."""
+    w = World(transport="lbt-ru")
+    assert w.src.lbtru_session is not None
+    sid = w.src.lbtru_session.session_id
+    assert sid != 0
+    transport = w.store.sources[w.src_id].transport
+    assert transport is not None
+    expected = f"LBT-RU:{transport[0]}:{transport[1]}:{sid:08x}"
+    async with w.monitor() as mon:
+        base = f"http://127.0.0.1:{mon.port}"
+        page = (await fetch(base, f"/stores/0/{w.src_id}")).text
+        assert f"<DD>LBM Stats: [{expected}]" in page
+        assert "TCP:" not in page
+        data = (await fetch(base, f"/stores/0/{w.src_id}?format=json")).json()
+        assert data["source_string"] == expected
+        assert scrape_source(page, "memory") | {"last_activity": None} == \
+            data | {"last_activity": None}
+
