@@ -40,7 +40,10 @@ the newest SQN held (for a memory repository "held" is all the persistence there
 repositories show a two-value Window ``[trail, lead]`` as the product does; disk repositories
 show ``[trail, mem_trail, lead]``.  "Last Activity" converts the core's clock to wall-clock time
 of day (``HH:MM:SS.ffffff``, local time).  Source and receiver pages add a ``State:
-active|inactive`` line (an expired client whose state is still kept).
+active|inactive`` line (an expired client whose state is still kept).  A title's ``IP.port`` is
+the request address the client's registration announced; a client that announced port 0 (it
+has no request port: ``ump receiver`` listens on none) is shown at the address its registration
+connection comes from, where the store really reaches it.
 
 **Threading.**  There is none.  The HTTP server runs on the asyncio loop that drives the cores
 (:class:`reference_impl.aio.AioHost` calls into a core only from loop callbacks), and a page is
@@ -88,7 +91,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes, urlsplit
 
 from reference_impl.repository import Repository
-from reference_impl.store import StoreCore
+from reference_impl.store import Client, StoreCore
 from wire.lbmr import TransportType
 
 __all__ = [
@@ -194,6 +197,17 @@ def source_string(kind: TransportType, addr: str, session_id: int) -> str:
     LBT-TCP and LBT-RU) is named by its TIR type name."""
     label = SOURCE_STRING_LABELS.get(kind, TransportType(kind).name)
     return f"{label}:{addr}" + (f":{session_id:08x}" if session_id else "")
+
+
+def _request_addr(announced: str, client: Client | None) -> str:
+    """The ``ip:port`` a page title shows for a client: the request address its registration
+    announced or, when that names port 0 (a client with no request port, as ``ump receiver``),
+    the address its registration connection comes from, which is where the store really
+    reaches it.  Port 0 is only shown when the store no longer has that connection."""
+    if not announced.endswith(":0") or client is None or client.conn is None:
+        return announced
+    ip, port = client.conn.remote
+    return f"{ip}:{port}"
 
 
 def _sqn_list(values: dict[str, int | None]) -> str:
@@ -492,7 +506,8 @@ class WebMonitor:
                                  f"{src['reg_id']} in store {index}")
         data = {
             "page": "receiver", "store": index, "reg_id": rcv_id, "domain": DOMAIN_ID,
-            "request_addr": rcv["request_addr"], "transport_idx": rcv["transport_idx"],
+            "request_addr": _request_addr(rcv["request_addr"], core.receivers.get(rcv_id)),
+            "transport_idx": rcv["transport_idx"],
             "topic_idx": rcv["topic_idx"], "topic": src["topic"],
             "last_activity": self._wall(rcv["last_activity"]),
             "state": "active" if rcv["active"] else "inactive",

@@ -699,3 +699,56 @@ async def test_lbtru_source_is_shown_with_its_lbtru_source_string() -> None:
         assert scrape_source(page, "memory") | {"last_activity": None} == \
             data | {"last_activity": None}
 
+
+def _free_port(kind: socket.SocketKind) -> int:
+    with socket.socket(socket.AF_INET, kind) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@async_test(60)
+async def test_receiver_title_shows_a_real_port_for_a_runtime_receiver(tmp_path: Path) -> None:
+    """``ump receiver`` announces request port 0 in its registration (it listens on none);
+    the receiver page title shows where the store really reaches it (the address its
+    registration connection comes from), never port 0."""
+    from reference_impl import runtime
+    from reference_impl.config import ClientConfig
+    from reference_impl.config.store_xml import parse_store_config
+    from reference_impl.config.store_xml_writer import disk_store_xml
+
+    resolver = ("127.0.0.1", _free_port(socket.SOCK_DGRAM))
+    store_port = _free_port(socket.SOCK_STREAM)
+
+    def client(**sections: dict[str, object]) -> ClientConfig:
+        mapping: dict[str, dict[str, object]] = {
+            "context": {"resolver_unicast_daemon": f"{resolver[0]}:{resolver[1]}"}}
+        for scope, values in sections.items():
+            mapping.setdefault(scope, {}).update(values)
+        return ClientConfig.from_mapping(mapping)
+
+    config = parse_store_config(disk_store_xml("s", store_port, r"t\..*", repository="memory"))
+    async with AioHost() as host:
+        await runtime.run_resolver(host, resolver)
+        (store,) = await runtime.start_stores(host, config, resolver=resolver, base=tmp_path)
+        receiver = await runtime.start_receiver(host, "t.x", client())
+        source = await runtime.start_source(host, "t.x", client(
+            source={"ume_store": [f"127.0.0.1:{store_port}"]}))
+        await host.wait_until(lambda: source.complete, timeout=15)
+        await host.wait_until(lambda: bool(receiver.registered_stores), timeout=15)
+        assert receiver.request_addr[1] == 0  # what the registration announces
+        conn = receiver.connection_to(store.addr)
+        assert conn is not None
+        local_ip, local_port = conn.key[0]
+        assert local_port != 0
+        src_id, rcv_id = next(iter(store.sources)), next(iter(store.receivers))
+        async with WebMonitor([store], version=VERSION) as mon:
+            base = f"http://127.0.0.1:{mon.port}"
+            page = (await fetch(base, f"/stores/0/{src_id}/{rcv_id}")).text
+            assert f"<H3>{rcv_id}: Receiver [0 {local_ip}.{local_port} " in page
+            assert ".0 " not in field(page, r"<H3>(.*)</H3>")
+            data = (await fetch(base, f"/stores/0/{src_id}/{rcv_id}?format=json")).json()
+            assert data["request_addr"] == f"{local_ip}:{local_port}"
+            # the source announced its real request port: shown as announced
+            source_page = (await fetch(base, f"/stores/0/{src_id}")).text
+            assert f"[0 {source.request_addr[0]}.{source.request_addr[1]} " in source_page
+
