@@ -12,7 +12,8 @@ URL layout (a number is decimal ASCII; repeated or trailing ``/`` are ignored, b
 ``/``                                  index: banner and version, build line, time, "Stores"
 ``/stores``                            ``Store N:<A HREF="/stores/N">name</A>`` per store
 ``/stores/<n>``                        store page (``<H3>Store N: name</H3>``, rates, topics)
-``/stores/<n>/reset``                  "Reset Rate Stats": zeroes the rate-calculation seconds
+``/stores/<n>/reset``                  "Reset Rate Stats": POST zeroes the rate-calculation
+                                       seconds; GET shows the form that POSTs it
 ``/stores/<n>/<src-regid>``            source page (``<H3>REGID: Source [...]</H3>``, Window...)
 ``/stores/<n>/<src-regid>/<rcv-regid>``  receiver page (``ACK: <hex>``)
 =====================================  ========================================================
@@ -51,13 +52,30 @@ built from the cores in one synchronous stretch with no ``await`` in between, so
 a consistent state and needs no lock (the product's monitor thread takes a lock and slows
 message processing; here a page costs the loop one snapshot).  Do not hand this monitor cores
 that another thread drives.  "Reset Rate Stats" calls :meth:`StoreCore.reset_rate_stats` the
-same way.  ``HEAD /stores/<n>/reset`` answers as GET would but resets nothing (HEAD is safe).
+same way.
 
-**HTTP.**  A deliberately small HTTP/1.1 server on :func:`asyncio.start_server`: GET and HEAD
-only (405 with ``Allow`` otherwise), 404 for unknown paths, 400 for malformed requests (bad
-request line, bad header syntax, obsolete line folding, missing or repeated ``Host`` on
-HTTP/1.1, bad percent-escape, a request body, unknown query parameters), 414/431 over the size
-limits (:class:`HttpLimits`), 505 for other HTTP versions, 503 over the connection limit.
+**Reset Rate Stats is a POST.**  The product's store page links to ``/stores/<n>/reset`` and a
+plain GET resets, so a prefetching browser, a crawler or any page on the web (an ``<IMG>``
+pointing at the monitor) could reset the statistics.  Here GET and HEAD never change state:
+the store page (and a GET of the reset URL, for old bookmarks) carries a form that POSTs
+``token=<form token>`` (``application/x-www-form-urlencoded``) to the reset URL, and only that
+POST resets.  Cross-site request forgery is refused in two ways: the form token is a random
+value drawn when the monitor starts, which a page of another origin cannot read (the
+same-origin policy; no CORS header is ever sent), and a request whose ``Origin`` is not this
+monitor (``http://`` + its ``Host``) or whose ``Sec-Fetch-Site`` says ``cross-site`` or
+``same-site`` is refused whatever its token.  Refusals are 403; a POST to any other page is
+405.  Tools read the token from the store page's JSON (``reset.token``).  Not covered: DNS
+rebinding (a hostile name resolved to the monitor's address makes the attacker's page same
+origin); the monitor has no authentication at all, so bind it to loopback or a management
+network, and the worst a forged reset does is restart the rate averages.
+
+**HTTP.**  A deliberately small HTTP/1.1 server on :func:`asyncio.start_server`: GET and HEAD,
+POST only to the reset URL (405 with ``Allow`` otherwise), 404 for unknown paths, 400 for
+malformed requests (bad request line, bad header syntax, obsolete line folding, missing or
+repeated ``Host`` on HTTP/1.1, bad percent-escape, a body on anything but POST, chunked
+bodies, unknown query parameters), 411/413/415 for a POST body without a length, over
+:attr:`HttpLimits.body_bytes` or not a form, 414/431 over the size limits
+(:class:`HttpLimits`), 505 for other HTTP versions.
 Keep-alive is supported on HTTP/1.1; any error response closes the connection.  Paths are only
 ever matched against the routes above: nothing is read from the filesystem, so there is no path
 to traverse (the product's monitor had such a hole, semantics.md §4).  Responses carry
@@ -76,11 +94,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import html
 import ipaddress
 import json
 import logging
 import re
+import secrets
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -109,15 +129,19 @@ log = logging.getLogger(__name__)
 PRODUCT = "UltraMessaging Persistent Store"
 RESET_MESSAGE = "Rate Statistics have been reset"
 DOMAIN_ID = 0  # the reference implementation has no UM domain IDs
-ALLOWED_METHODS = ("GET", "HEAD")
+READ_METHODS = ("GET", "HEAD")
+ACTION_METHODS = (*READ_METHODS, "POST")  # the methods of an action URL (reset)
+FORM_TYPE = "application/x-www-form-urlencoded"
 LINGER_SECONDS = 1.0  # after a response that closes the connection, see WebMonitor._linger
 LINGER_BYTES = 1 << 20
 
 StoreList = Sequence[StoreCore] | Callable[[], Sequence[StoreCore]]
 
 _REASONS = {
-    200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-    414: "URI Too Long", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
+    200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
+    405: "Method Not Allowed", 411: "Length Required", 413: "Content Too Large",
+    414: "URI Too Long", 415: "Unsupported Media Type", 431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
     503: "Service Unavailable", 505: "HTTP Version Not Supported",
 }
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -261,6 +285,7 @@ class HttpLimits:
         write_timeout: seconds a response may take to drain to a slow reader.
         max_connections: concurrent connections; beyond it 503.
         max_requests: requests served on one keep-alive connection.
+        body_bytes: longest POST body (the reset form is about 40 bytes); beyond it 413.
     """
 
     request_line: int = 8192
@@ -271,6 +296,7 @@ class HttpLimits:
     write_timeout: float = 10.0
     max_connections: int = 64
     max_requests: int = 1000
+    body_bytes: int = 1024
 
 
 @dataclass
@@ -321,6 +347,7 @@ class WebMonitor:
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self.stats: dict[str, int] = {"requests": 0, "errors": 0, "connections": 0}
+        self._form_token = secrets.token_urlsafe(24)  # see "Reset Rate Stats is a POST"
 
     # --- data ------------------------------------------------------------------------------
 
@@ -384,7 +411,7 @@ class WebMonitor:
             "total_dropped": snap["rx_total_dropped"],
             "patterns": [{"pattern": p, "type": k} for p, k in snap["patterns"]],
             "topics": [{"topic": t, "sources": s} for t, s in by_topic.items()],
-            "reset_href": f"/stores/{index}/reset",
+            "reset": self._reset_form(index),
         }
         body = [
             f"<H3>Store {index}: {esc(data['name'])}</H3>",
@@ -411,13 +438,31 @@ class WebMonitor:
                 f'<A HREF="{esc(s["href"])}">{s["reg_id"]}({s["session_id"]})</A> '
                 for s in topic["sources"])
             body.append(f'<UL><LI>"{esc(topic["topic"])}" -  {links}</UL>')
-        body += ["</DL>", f'<P><A HREF="{esc(data["reset_href"])}">Reset Rate Stats</A></P>']
+        body += ["</DL>", _form_html(data["reset"])]
         return Page(f"Store {index}: {data['name']}", data, body)
 
-    def reset_page(self, number: str, *, perform: bool) -> Page:
+    def _reset_form(self, index: int) -> dict[str, Any]:
+        return {"href": f"/stores/{index}/reset", "method": "POST",
+                "token": self._form_token, "label": "Reset Rate Stats"}
+
+    def reset_form_page(self, number: str) -> Page:
+        """GET of the reset URL: the form, no reset (GET is safe; see the module docstring)."""
         index, core = self._store(number)
-        if perform:
-            core.reset_rate_stats()
+        name = core.settings.name
+        data: dict[str, Any] = {"page": "reset_form", "store": index, "name": name,
+                                "reset": self._reset_form(index),
+                                "back_href": f"/stores/{index}"}
+        body = [f"<H3>Store {index}: {esc(name)}</H3>", _form_html(data["reset"]),
+                f'<P><A HREF="/stores/{index}">Back</A></P>']
+        return Page(f"Store {index}: {name}", data, body)
+
+    def reset_page(self, number: str, form: dict[str, str]) -> Page:
+        """POST of the reset form: reset, if the form carries this monitor's token."""
+        index, core = self._store(number)
+        token = form.get("token", "")
+        if not hmac.compare_digest(token.encode(), self._form_token.encode()):
+            raise HttpError(403, "missing or wrong form token (reload the store page)")
+        core.reset_rate_stats()
         name = core.settings.name
         data = {"page": "reset", "store": index, "name": name, "message": RESET_MESSAGE,
                 "back_href": f"/stores/{index}"}
@@ -531,35 +576,47 @@ class WebMonitor:
 
     # --- routing ---------------------------------------------------------------------------
 
-    def route(self, path: str, *, perform_actions: bool = True) -> Page:
-        """The page at ``path`` (already percent-decoded); raises HttpError(404)."""
+    def route(self, path: str, *, method: str = "GET",
+              form: dict[str, str] | None = None) -> Page:
+        """The page at ``path`` (already percent-decoded) for ``method``; a POST's ``form`` is
+        its decoded body.  Raises HttpError (404 unknown path, 405 method, 403 bad token)."""
         parts = [p for p in path.split("/") if p]
+        if parts and (parts[0] != "stores" or len(parts) > 4
+                      or not all(_NUMBER.fullmatch(p) for p in parts[1:2] + parts[3:])
+                      or (len(parts) > 2 and parts[2] != "reset"
+                          and not _NUMBER.fullmatch(parts[2]))
+                      or (len(parts) > 3 and parts[2] == "reset")):
+            raise HttpError(404, "no such page")
+        action = len(parts) == 3 and parts[2] == "reset"
+        allowed = ACTION_METHODS if action else READ_METHODS
+        if method not in allowed:
+            raise HttpError(405, f"method {method} is not allowed here "
+                                 f"({', '.join(allowed)})", (("Allow", ", ".join(allowed)),))
+        if action:
+            if method == "POST":
+                return self.reset_page(parts[1], form or {})
+            return self.reset_form_page(parts[1])
         if not parts:
             return self.index_page()
-        if parts[0] != "stores" or len(parts) > 4 \
-                or not all(_NUMBER.fullmatch(p) for p in parts[1:2] + parts[3:]):
-            raise HttpError(404, "no such page")
         if len(parts) == 1:
             return self.stores_page()
         if len(parts) == 2:
             return self.store_page(parts[1])
-        if parts[2] == "reset" and len(parts) == 3:
-            return self.reset_page(parts[1], perform=perform_actions)
-        if not _NUMBER.fullmatch(parts[2]):
-            raise HttpError(404, "no such page")
         if len(parts) == 3:
             return self.source_page(parts[1], parts[2])
         return self.receiver_page(parts[1], parts[2], parts[3])
 
-    def render(self, target: str, *, method: str = "GET") -> Response:
+    def render(self, target: str, *, method: str = "GET",
+               form: dict[str, str] | None = None) -> Response:
         """Answer a request target (``/path?query``) without a socket; errors as responses.
 
-        HEAD is answered like GET (same headers) but performs no action (no rate reset).
+        HEAD is answered like GET (same headers); only a POST (with ``form``, its decoded
+        body) performs an action.
         """
         want_json = False
         try:
             path, want_json = _parse_target(target)
-            page = self.route(path, perform_actions=method != "HEAD")
+            page = self.route(path, method=method, form=form)
         except HttpError as err:
             return self._error(err, want_json)
         except Exception:
@@ -670,13 +727,18 @@ class WebMonitor:
         if request is None:
             return False
         self.stats["requests"] += 1
+        form = None
         try:
             _check_request(request)
+            if request.method == "POST":
+                _check_same_origin(request)
+                async with asyncio.timeout(self.limits.header_timeout):
+                    form = await self._read_form(reader, request)
         except HttpError as err:
             await self._send(writer, self._error(err, False),
                              head_only=request.method == "HEAD", close=True)
             return False
-        response = self.render(request.target, method=request.method)
+        response = self.render(request.target, method=request.method, form=form)
         keep = request.keep_alive and response.status == 200 and not last
         await self._send(writer, response, head_only=request.method == "HEAD", close=not keep)
         return keep
@@ -703,6 +765,31 @@ class WebMonitor:
                 raise HttpError(431, "request headers too large")
             request.headers.append(_parse_header(header))
 
+    async def _read_form(self, reader: asyncio.StreamReader,
+                         request: _Request) -> dict[str, str]:
+        """A POST's body: a small ``application/x-www-form-urlencoded`` form."""
+        lengths = request.header_values("content-length")
+        if not lengths:
+            raise HttpError(411, "a POST needs a Content-Length")
+        if len(lengths) > 1 or not lengths[0].isascii() or not lengths[0].isdigit():
+            raise HttpError(400, "malformed Content-Length")
+        length = int(lengths[0])
+        if length > self.limits.body_bytes:
+            raise HttpError(413, f"a form is at most {self.limits.body_bytes} bytes")
+        types = request.header_values("content-type")
+        if length and (not types or types[0].split(";")[0].strip().lower() != FORM_TYPE):
+            raise HttpError(415, f"a POST body must be {FORM_TYPE}")
+        body = await reader.readexactly(length)
+        try:
+            pairs = parse_qsl(body.decode("ascii"), keep_blank_values=True,
+                              strict_parsing=bool(body))
+        except (UnicodeDecodeError, ValueError):
+            raise HttpError(400, "malformed form body") from None
+        form = dict(pairs)
+        if len(form) != len(pairs):
+            raise HttpError(400, "a form field is repeated")
+        return form
+
     async def _send(self, writer: asyncio.StreamWriter, response: Response, *,
                     head_only: bool, close: bool) -> None:
         lines = [f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Error')}",
@@ -712,7 +799,7 @@ class WebMonitor:
                  f"Content-Length: {len(response.body)}",
                  "Cache-Control: no-store",
                  "X-Content-Type-Options: nosniff",
-                 "Content-Security-Policy: default-src 'none'",
+                 "Content-Security-Policy: default-src 'none'; form-action 'self'",
                  f"Connection: {'close' if close else 'keep-alive'}"]
         lines += [f"{name}: {value}" for name, value in response.headers]
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace")
@@ -774,18 +861,29 @@ def _parse_header(line: str) -> tuple[str, str]:
 
 
 def _check_request(request: _Request) -> None:
-    """What a syntactically valid request must also satisfy before it is routed."""
-    if request.method not in ALLOWED_METHODS:
-        raise HttpError(405, f"method {request.method} is not allowed (GET or HEAD only)",
-                        (("Allow", ", ".join(ALLOWED_METHODS)),))
+    """What a syntactically valid request must also satisfy before it is routed (the
+    method is checked by :meth:`WebMonitor.route`, which knows the page)."""
     hosts = request.header_values("host")
     if request.version >= (1, 1) and len(hosts) != 1:
         raise HttpError(400, "an HTTP/1.1 request needs exactly one Host header")
     if request.header_values("transfer-encoding"):
         raise HttpError(400, "request bodies are not accepted")
     lengths = request.header_values("content-length")
-    if any(v != "0" for v in lengths):
+    if request.method != "POST" and any(v != "0" for v in lengths):
         raise HttpError(400, "request bodies are not accepted")
+
+
+def _check_same_origin(request: _Request) -> None:
+    """Refuse a POST a browser says comes from another site (see the module docstring)."""
+    sites = request.header_values("sec-fetch-site")
+    if sites and sites[-1].lower() not in ("same-origin", "none"):
+        raise HttpError(403, f"cross-site request refused (Sec-Fetch-Site: {sites[-1]})")
+    origins = request.header_values("origin")
+    if origins:
+        hosts = request.header_values("host")
+        if len(origins) > 1 or len(hosts) != 1 \
+                or origins[0].lower() != f"http://{hosts[0].lower()}":
+            raise HttpError(403, "cross-origin request refused (Origin is not this monitor)")
 
 
 def _parse_target(target: str) -> tuple[str, bool]:
@@ -838,6 +936,13 @@ def _contiguous(repo: Repository) -> int | None:
     while sqn + 1 in repo:
         sqn += 1
     return sqn
+
+
+def _form_html(form: dict[str, Any]) -> str:
+    """An action form (one hidden token, one button) on one line."""
+    return (f'<FORM METHOD="{esc(form["method"])}" ACTION="{esc(form["href"])}">'
+            f'<INPUT TYPE="hidden" NAME="token" VALUE="{esc(form["token"])}">'
+            f'<INPUT TYPE="submit" VALUE="{esc(form["label"])}"></FORM>')
 
 
 def _json_bytes(data: dict[str, Any]) -> bytes:

@@ -182,8 +182,18 @@ def scrape_store(text: str) -> dict[str, Any]:
         "patterns": [{"pattern": html.unescape(p), "type": k}
                      for p, k in re.findall(r'<UL><LI>"([^"]*)", (\w+)</UL>', text)],
         "topics": topics,
-        "reset_href": field(text, r'<A HREF="([^"]+)">Reset Rate Stats</A>'),
+        "reset": reset_form(text),
     }
+
+
+def reset_form(text: str) -> dict[str, str]:
+    """The store page's Reset Rate Stats form as its JSON shows it."""
+    found = re.search(r'<FORM METHOD="(POST)" ACTION="([^"]+)"><INPUT TYPE="hidden" '
+                      r'NAME="token" VALUE="([^"]+)"><INPUT TYPE="submit" VALUE="([^"]+)">'
+                      r'</FORM>', text)
+    assert found is not None, text
+    return {"href": found[2], "method": found[1], "token": html.unescape(found[3]),
+            "label": found[4]}
 
 
 def triple(text: str, label: str, keys: tuple[str, ...]) -> dict[str, int]:
@@ -410,11 +420,11 @@ async def test_reset_rate_stats_zeroes_the_seconds_counter() -> None:
         assert (await fetch(base, "/stores/0?format=json")).json()["seconds"] == \
             before["seconds"], "HEAD must not reset"
 
-        reset = await fetch(base, "/stores/0/reset")
-        assert reset.status == 200
-        assert "Rate Statistics have been reset" in reset.text
-        assert '<A HREF="/stores/0">Back</A>' in reset.text
-        assert int(head.headers["content-length"]) == len(reset.body)
+        status, _, body = await post(mon.port, before["reset"]["href"],
+                                     f"token={before['reset']['token']}".encode())
+        assert status == 200
+        assert b"Rate Statistics have been reset" in body
+        assert b'<A HREF="/stores/0">Back</A>' in body
         after = (await fetch(base, "/stores/0")).text
         assert "<DD>Total seconds used for rate calculations: 0" in after
         assert "<DD>Retransmission Request Received Rate: 0.000000" in after
@@ -466,10 +476,14 @@ async def test_http_errors() -> None:
         assert missing.status == 404
         assert missing.json()["detail"] == "no store 7 (this daemon has 1)"
 
-        for method in ("POST", "PUT", "DELETE", "OPTIONS"):
+        for method in ("PUT", "DELETE", "OPTIONS"):
             got = await fetch(base, "/stores/0/reset", method=method)
             assert got.status == 405, method
+            assert got.headers["allow"] == "GET, HEAD, POST"
+            got = await fetch(base, "/stores/0", method=method)
+            assert got.status == 405, method
             assert got.headers["allow"] == "GET, HEAD"
+        assert (await fetch(base, "/stores/0/reset", method="POST")).status == 403  # no token
         assert w.store.rx.since == 0.0, "a refused method must not reset"
 
         bad_requests = [
@@ -518,7 +532,8 @@ async def test_http_errors() -> None:
             status, headers, body = await raw(port, request)
             assert status == 200, request
             assert b'<LI>Store 0:<A HREF="/stores/0">store1</A>' in body
-            assert headers["content-security-policy"] == "default-src 'none'"
+            assert headers["content-security-policy"] == \
+                "default-src 'none'; form-action 'self'"
             assert headers["x-content-type-options"] == "nosniff"
 
         head = await fetch(base, "/stores/0", method="HEAD")
@@ -670,8 +685,9 @@ async def test_serves_cores_driven_by_the_asyncio_host() -> None:
             data = (await fetch(base, "/stores/0?format=json")).json()
             assert data["interface"] == f"127.0.0.1:{store_port}"
             assert data["seconds"] >= 1
-            reset = await fetch(base, "/stores/0/reset")
-            assert reset.status == 200
+            status, _, _ = await post(mon.port, data["reset"]["href"],
+                                      f"token={data['reset']['token']}".encode())
+            assert status == 200
             assert (await fetch(base, "/stores/0?format=json")).json()["seconds"] == 0
 
 
@@ -752,3 +768,73 @@ async def test_receiver_title_shows_a_real_port_for_a_runtime_receiver(tmp_path:
             source_page = (await fetch(base, f"/stores/0/{src_id}")).text
             assert f"[0 {source.request_addr[0]}.{source.request_addr[1]} " in source_page
 
+
+def _reset_form(page: str) -> tuple[str, dict[str, str]]:
+    """(action, fields) of the page's Reset Rate Stats form."""
+    form = re.search(r'<FORM METHOD="POST" ACTION="([^"]+)">(.*?)</FORM>', page, re.S)
+    assert form is not None, page
+    fields = dict(re.findall(r'<INPUT TYPE="hidden" NAME="([^"]+)" VALUE="([^"]*)">', form[2]))
+    assert 'VALUE="Reset Rate Stats"' in form[2]
+    return html.unescape(form[1]), fields
+
+
+async def post(port: int, path: str, body: bytes, *, headers: tuple[str, ...] = (),
+               content_type: str = "application/x-www-form-urlencoded"
+               ) -> tuple[int, dict[str, str], bytes]:
+    head = [f"POST {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", "Connection: close",
+            f"Content-Type: {content_type}", f"Content-Length: {len(body)}", *headers]
+    return await raw(port, ("\r\n".join(head) + "\r\n\r\n").encode() + body)
+
+
+@async_test()
+async def test_reset_is_a_post_from_the_store_page_form_and_get_changes_nothing() -> None:
+    w = World()
+    w.d.run(3)
+    async with w.monitor() as mon:
+        base, port = f"http://127.0.0.1:{mon.port}", mon.port
+        seconds = (await fetch(base, "/stores/0?format=json")).json()["seconds"]
+        assert seconds >= 4
+        for method in ("GET", "HEAD"):
+            got = await fetch(base, "/stores/0/reset", method=method)
+            assert got.status == 200, method
+            assert (await fetch(base, "/stores/0?format=json")).json()["seconds"] == seconds, \
+                f"{method} must not reset"
+        # GET shows the form (for a bookmarked link), as the store page does
+        action, fields = _reset_form((await fetch(base, "/stores/0/reset")).text)
+        store_action, store_fields = _reset_form((await fetch(base, "/stores/0")).text)
+        assert (action, fields) == (store_action, store_fields) == \
+            ("/stores/0/reset", {"token": fields["token"]})
+        assert len(fields["token"]) >= 16
+        token = fields["token"]
+
+        # refused: no token, a wrong token, a cross-site Origin, a body that is too big
+        for body, extra in ((b"", ()), (b"token=wrong", ()), (b"x=1", ()),
+                            (f"token={token}".encode(), ("Origin: http://evil.example",)),
+                            (f"token={token}".encode(),
+                             ("Sec-Fetch-Site: cross-site",))):
+            status, headers, _ = await post(port, action, body, headers=extra)
+            assert status == 403, (body, extra)
+            assert headers["connection"] == "close"
+        status, _, _ = await post(port, action, b"token=" + b"a" * 5000)
+        assert status == 413
+        status, _, _ = await post(port, action, f"token={token}".encode(),
+                                  content_type="text/plain")
+        assert status == 415
+        status, headers, _ = await post(port, "/stores/0", f"token={token}".encode())
+        assert status == 405 and headers["allow"] == "GET, HEAD"
+        assert (await fetch(base, "/stores/0?format=json")).json()["seconds"] == seconds
+        for method in ("PUT", "DELETE"):
+            got = await fetch(base, "/stores/0/reset", method=method)
+            assert got.status == 405 and got.headers["allow"] == "GET, HEAD, POST"
+
+        # the form's POST (same origin) resets
+        status, _, body = await post(port, action, f"token={token}".encode(),
+                                     headers=(f"Origin: http://127.0.0.1:{port}",))
+        assert status == 200
+        assert b"Rate Statistics have been reset" in body
+        assert b'<A HREF="/stores/0">Back</A>' in body
+        assert (await fetch(base, "/stores/0?format=json")).json()["seconds"] == 0
+        w.d.run(2)
+        status, _, body = await post(port, action + "?format=json", f"token={token}".encode())
+        assert status == 200 and json.loads(body)["message"] == "Rate Statistics have been reset"
+        assert (await fetch(base, "/stores/0?format=json")).json()["seconds"] == 0
