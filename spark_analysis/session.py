@@ -9,8 +9,9 @@ way the ``pcap`` data source is registered.
 
 On a local master the Python workers are started by :mod:`spark_analysis.worker_daemon`, which
 spares each of them compiling PySpark from Spark's zip anew (about 1.5 CPU-s less each time a
-SparkContext starts its workers on the 2-core machine).  Not on a cluster master: there the
-executors may get this package only through ``--py-files``, which reaches a worker after its
+SparkContext starts its workers on the 2-core machine).  Not on a cluster master, nor when this
+package was itself imported from a zip (``--py-files ump.zip`` without an install): there the
+workers may get this package only through ``--py-files``, which reaches a worker after its
 daemon started.
 """
 
@@ -33,9 +34,10 @@ def default_config(local: bool = True) -> dict[str, str]:
     """Settings that suit analysis of captures; each applies only when not already set.
 
     ``local``: the master is ``local[...]``, so the workers run where this package is
-    installed and may use :data:`DAEMON_MODULE`."""
+    installed and may use :data:`DAEMON_MODULE` (unless it came from a zip)."""
     cores = os.cpu_count() or 2
-    daemon = {"spark.python.daemon.module": DAEMON_MODULE} if local else {}
+    on_disk = os.path.isdir(os.path.dirname(os.path.abspath(__file__)))
+    daemon = {"spark.python.daemon.module": DAEMON_MODULE} if local and on_disk else {}
     return {
         **daemon,
         # the default 200 shuffle partitions cost more than the work on one machine

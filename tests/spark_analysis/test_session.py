@@ -80,6 +80,16 @@ def test_the_daemon_is_only_chosen_for_local_masters(monkeypatch: pytest.MonkeyP
     assert session._launch_master() == "local[3]"
 
 
+def test_no_daemon_when_the_package_comes_from_a_zip(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``spark-submit --master 'local[2]' --py-files ump.zip`` without the package installed:
+    a worker starts its daemon before ``--py-files`` reach it, so it could not import
+    :data:`session.DAEMON_MODULE`; PySpark's own daemon must stay."""
+    key = "spark.python.daemon.module"
+    monkeypatch.setattr(session, "__file__", "/jobs/ump.zip/spark_analysis/session.py")
+    assert key not in session.default_config(local=True)
+    assert session.default_config(local=True)["spark.sql.session.timeZone"] == "UTC"
+
+
 def _worker_imports(_: Any) -> tuple[str, list[str]]:
     import sys
 
