@@ -93,5 +93,7 @@ def main(args: argparse.Namespace) -> int:
     paths = write_all(result)
     counts = ", ".join(f"{n} {k}" for k, n in result.counts().items() if n)
     print(f"ump conform: {counts} in {result.seconds:.1f} s; exit code {result.exit_code}")
-    print(f"ump conform: reports {paths['html']}, {paths['junit']}, {paths['json']}")
+    # named as the user named the directory (the run itself works with its absolute path)
+    shown = {k: args.out / p.relative_to(result.out) for k, p in paths.items()}
+    print(f"ump conform: reports {shown['html']}, {shown['junit']}, {shown['json']}")
     return result.exit_code

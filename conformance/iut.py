@@ -77,11 +77,13 @@ class IutProcess:
     def __init__(self, profile: IutProfile, workdir: Path, resolver: Addr, *,
                  time_scale: float = 1.0) -> None:
         self.profile = profile
-        self.workdir = workdir
+        # the IUT runs in this directory and gets paths inside it: they must not depend on
+        # the harness's own working directory (the Runner already passes an absolute one)
+        self.workdir = workdir.absolute()
         self.resolver = resolver
         self.time_scale = time_scale
         self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = workdir / "iut.log"
+        self.log_path = self.workdir / "iut.log"
         self.starts = 0
 
     def placeholders(self) -> dict[str, str]:
@@ -290,7 +292,7 @@ class ClientUnderTest(IutProcess):
         super().__init__(profile, workdir, resolver, time_scale=time_scale)
         self.topic = ""
         self.stores: tuple[StoreEntry, ...] = ()
-        self.deliveries_path = workdir / "deliveries.jsonl"
+        self.deliveries_path = self.workdir / "deliveries.jsonl"
 
     @property
     def reports_deliveries(self) -> bool:

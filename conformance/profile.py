@@ -27,6 +27,12 @@ harness's resolver daemon), ``{topic}``, ``{version}`` (the profile's UM version
 ``"sqn"`` and ``"rx"``; without it the delivery-order checks are unsupported).  ``launch`` is
 split like a shell command line (``shlex``) or may be given as a list.
 
+Relative paths in ``launch`` are relative to the profile file's directory, wherever ``ump
+conform`` is run from: the program (the first word) when it contains a ``/``, and every other
+word that starts with ``./`` or ``../``, are made absolute when the file is read.  A program
+named without a ``/`` is looked up on ``PATH``; other words are passed as written.  The IUT
+runs in its work directory (``<out>/iut/<n>/``), where the files the harness writes for it are.
+
 ``deregister_signal = "SIGUSR1"`` (source or receiver) names the signal that makes the IUT
 deregister from its stores (``lbm_src_ume_deregister``); the deregistration cases are
 unsupported without it.
@@ -42,7 +48,9 @@ Every mistake is a :class:`ProfileError` naming the file and the key.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import os
 import shlex
 import signal
 import tomllib
@@ -252,7 +260,22 @@ def load_profile(path: str | Path) -> IutProfile:
         data = tomllib.loads(text.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ProfileError(f"{name}: not valid TOML: {exc}") from None
-    return parse_profile(data, name)
+    profile = parse_profile(data, name)
+    if profile.launch is None:
+        return profile
+    base = Path(path).resolve().parent
+    return dataclasses.replace(profile, launch=anchor_launch(profile.launch, base))
+
+
+def anchor_launch(launch: tuple[str, ...], base: Path) -> tuple[str, ...]:
+    """``launch`` with its relative paths made absolute from ``base`` (the rule is in the
+    module docstring).  Why: the IUT runs in its own work directory, so a path the user wrote
+    relative to the profile would otherwise name a file there."""
+    def anchored(index: int, word: str) -> str:
+        relative = word.startswith(("./", "../")) or (index == 0 and "/" in word
+                                                       and not word.startswith(("/", "{")))
+        return os.path.normpath(base / word) if relative else word
+    return tuple(anchored(i, word) for i, word in enumerate(launch))
 
 
 def resolve_profile(text: str | None) -> IutProfile:

@@ -37,8 +37,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 class ConformanceSession:
     def __init__(self, config: pytest.Config, profile: IutProfile) -> None:
-        self.out = Path(config.getoption("--conform-out"))
-        self.runner = Runner(profile, self.out, time_scale=config.getoption("--time-scale"))
+        self.runner = Runner(profile, Path(config.getoption("--conform-out")),
+                             time_scale=config.getoption("--time-scale"))
+        self.out = self.runner.out  # absolute: the directory pytest was started in
         self.results: list[CaseResult] = []
         self.entered = False
 

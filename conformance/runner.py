@@ -121,7 +121,10 @@ class Runner:
     def __init__(self, profile: IutProfile, out: Path, *, time_scale: float = 1.0,
                  progress: Callable[[CaseResult], None] | None = None) -> None:
         self.profile = profile
-        self.out = out
+        # absolute once, here where the run directory is chosen: every path derived from it
+        # (IUT work directories, configuration files, evidence) is handed to processes that
+        # run in other directories, so a relative ``--out conform-out`` must not reach them
+        self.out = out.resolve()
         self.time_scale = time_scale
         self.progress = progress
         self.iut: IutProcess | None = None
@@ -302,4 +305,4 @@ def run(profile: IutProfile, out: Path, *, suites: Iterable[str] = (),
     started = time.monotonic()
     with Runner(profile, out, time_scale=time_scale, progress=progress) as runner:
         results = [runner.run_case(spec) for spec in chosen]
-    return RunResult(profile, results, time.monotonic() - started, out, time_scale)
+    return RunResult(profile, results, time.monotonic() - started, runner.out, time_scale)
