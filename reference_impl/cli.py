@@ -33,6 +33,8 @@ log = logging.getLogger("ump")
 
 
 def _addr(text: str) -> Addr:
+INTERRUPTED = 130
+"""Exit status of ``ump source`` cut short by Ctrl-C (SIGINT), the shell's convention."""
     host, _, port = text.rpartition(":")
     try:
         return (host or "127.0.0.1", int(port))
@@ -106,10 +108,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=cmd_demo)
 
 
-def _run(setup: Any, verbose: bool) -> int:
+def _run(setup: Any, verbose: bool, sigint_status: int = 0) -> int:
     _setup_logging(verbose)
     try:
-        return run_forever(setup)
+        return run_forever(setup, sigint_status=sigint_status)
     except (ConfigError, runtime.RuntimeError_) as exc:
         print(f"ump: {exc}", file=sys.stderr)
         return 2
@@ -221,8 +223,12 @@ def cmd_source(args: argparse.Namespace) -> int:
                           "10 s", file=sys.stderr)
                     status["code"] = 1
             host.close()
-        asyncio.get_running_loop().create_task(work())
-    code = _run(setup, args.verbose)
+        # owned by the host: a Ctrl-C cancels it and its end is always consumed
+        host.spawn(work(), name="ump source")
+    code = _run(setup, args.verbose, sigint_status=INTERRUPTED)
+    if code == INTERRUPTED:
+        print("ump source: interrupted", file=sys.stderr)
+        return code
     return code or status["code"]
 
 

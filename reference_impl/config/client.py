@@ -33,7 +33,9 @@ Which options are checked, and how:
   options (``ume_primary_store_address`` ...) and ``ume_registration_id`` are errors, because
   ignoring them would silently drop a store or an identity.
 * Scope and option names are case-insensitive (folded to lower case); enumeration values too.
-  A ``#`` starts a comment anywhere on a line.  Integers are decimal, except Session IDs (hex
+  A ``#`` starts a comment anywhere on a line and only a line feed ends it (see
+  :func:`parse_client_config`: no other character ends a line or separates fields, as
+  ``str.splitlines()`` and ``str.split()`` would).  Integers are decimal, except Session IDs (hex
   ``0x..``, octal with a leading 0, or decimal, as the product reads them since 5.2.2).
 
 Field names are the option names; units are the product's (milliseconds for intervals and
@@ -59,6 +61,14 @@ from reference_impl.config.profiles import (
     ConfigWarning,
     Profile,
     get_profile,
+)
+from reference_impl.config.values import (
+    character_name,
+    config_lines,
+    decimal_in_range,
+    read_config_bytes,
+    shown,
+    stray_character,
 )
 from wire.fields import members
 from wire.lbmc import UmeStoreExt, UmeStoreGroup
@@ -164,10 +174,10 @@ class _BadValue(Exception):
 
 
 def _decimal(text: str, low: int, high: int, what: str) -> int:
-    value = text.strip()
-    if not (value.isascii() and value.isdigit()) or not low <= int(value) <= high:
+    number = decimal_in_range(text, low, high)
+    if number is None:
         raise _BadValue(f"{what}: a decimal integer {low}..{high}")
-    return int(value)
+    return number
 
 
 def _ipv4(text: str, what: str) -> str:
@@ -196,11 +206,13 @@ def _session_id(text: str) -> int:
         digits, base = value[1:], 8
         valid = all(c in "01234567" for c in digits)
     else:
-        digits, base = value, 10
-        valid = value.isascii() and value.isdigit()
+        decimal = decimal_in_range(value, 0, _MAX_SESSION_ID)
+        if decimal is None:
+            raise _BadValue(expected)
+        return decimal
     if not valid:
         raise _BadValue(expected)
-    number = int(digits, base)
+    number = int(digits, base)  # base 16 or 8: no digit limit applies to powers of two
     if number > _MAX_SESSION_ID:
         raise _BadValue(expected)
     return number
@@ -344,11 +356,11 @@ def _store_behavior(text: str, ctx: _ValueContext) -> str:
 
 def _rpp_mode(text: str, ctx: _ValueContext) -> int:
     modes = (0, 1) if ctx.scope == "source" else ctx.profile.receiver_rpp_modes
-    value = text.strip()
-    if not value.isdigit() or int(value) not in modes:
+    value = decimal_in_range(text, 0, max(modes))
+    if value not in modes:
         what = "source" if ctx.scope == "source" else f"receiver (profile {ctx.profile.name!r})"
         raise _BadValue(f"one of {', '.join(map(str, modes))} for a {what}")
-    return int(value)
+    return value
 
 
 def _proactive_keepalive(text: str, ctx: _ValueContext) -> int:
@@ -781,7 +793,7 @@ class _Reader:
         if scope not in SCOPES:
             close = difflib.get_close_matches(scope, SCOPES, n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"scopes: {', '.join(SCOPES)}"
-            raise self.error(line, f"unknown scope {scope_text!r}; {hint}")
+            raise self.error(line, f"unknown scope {shown(scope_text)}; {hint}")
         if scope in ("wildcard_receiver", "event_queue"):
             self.other[scope][name] = value
             return
@@ -823,7 +835,7 @@ class _Reader:
         else:
             scopes = _OPTIONS[close[0]][0] if close[0] in _OPTIONS else (_APPENDING[close[0]],)
             hint = f"the nearest known option is {close[0]!r}, a {' / '.join(scopes)} option"
-        return self.error(line, f"unknown {scope} option {name!r}; {hint}")
+        return self.error(line, f"unknown {scope} option {shown(name)}; {hint}")
 
     def typed(self, scope: str, name: str, value: str, parser: _Parser, line: int | None) -> object:
         context = _ValueContext(self.profile, scope, lambda m: self.warn(line, m))
@@ -831,7 +843,7 @@ class _Reader:
             return parser(value, context)
         except _BadValue as exc:
             raise self.error(
-                line, f"{scope} option {name!r} has invalid value {value!r}: expected {exc}"
+                line, f"{scope} option {name!r} has invalid value {shown(value)}: expected {exc}"
             ) from None
 
     def set(self, scope: str, name: str, value: object, line: int | None) -> None:
@@ -872,7 +884,7 @@ class _Reader:
                 self.daemons.append(_parse_unicast_daemon(value))
         except _BadValue as exc:
             raise self.error(
-                line, f"option {name!r} has invalid value {value!r}: expected {exc}"
+                line, f"option {name!r} has invalid value {shown(value)}: expected {exc}"
             ) from None
 
     # -- building ------------------------------------------------------------------------------
@@ -982,19 +994,35 @@ class _Reader:
                     self.warn(line_of.get((_SRC, name)), f"{name} only matters for an RPP source")
 
 
-_COMMENT = re.compile(r"#.*")
-
-
 def parse_client_config(
     text: str,
     filename: str = "<string>",
     *,
     profile: str | Profile = DEFAULT_PROFILE,
 ) -> ClientConfig:
-    """Parse flat UM configuration text; raise :class:`ConfigError` on any problem."""
+    """Parse flat UM configuration text; raise :class:`ConfigError` on any problem.
+
+    Only ``\\n`` (or ``\\r\\n``) ends a line and a ``#`` comment runs to that end, whatever
+    it holds: a vertical tab, form feed, U+2028 or the like inside a comment does not start a
+    live line (``str.splitlines()`` would split there, letting a comment hide an option).  Outside
+    comments, only spaces and tabs separate fields; any other control, format or separator
+    character is an error at its line and column, since an editor shows such a line as
+    something other than what it says.  A byte-order mark at the very start is skipped.
+    """
     reader = _Reader(filename, get_profile(profile))
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = _COMMENT.sub("", raw).strip()
+    for number, raw in config_lines(text.removeprefix("\ufeff")):
+        live = raw.partition("#")[0]
+        stray = stray_character(live)
+        if stray is not None:
+            index, char = stray
+            raise ConfigError(
+                filename,
+                number,
+                f"{character_name(char)} outside a comment; only spaces and tabs may separate "
+                "the fields of a line",
+                index + 1,
+            )
+        line = live.strip(" \t")
         if not line:
             continue
         parts = line.split(None, 2)
@@ -1002,9 +1030,9 @@ def parse_client_config(
             raise ConfigError(
                 filename,
                 number,
-                f"expected 'scope option value', got {line!r}",
+                f"expected 'scope option value', got {shown(line)}",
             )
-        reader.apply(parts[0], parts[1], parts[2].strip(), number)
+        reader.apply(parts[0], parts[1], parts[2].strip(" \t"), number)
     return reader.finish()
 
 
@@ -1014,9 +1042,13 @@ def load_client_config(
     """Read and parse a flat UM configuration file (see :func:`parse_client_config`)."""
     name = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_config_bytes(path).decode("utf-8")
     except OSError as exc:
         raise ConfigError(name, None, f"cannot read the file: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(name, None, f"not UTF-8 text: {exc}") from None
+        raise ConfigError(
+            name, None, f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}"
+        ) from None
+    except ValueError as exc:
+        raise ConfigError(name, None, str(exc)) from None
     return parse_client_config(text, name, profile=profile)

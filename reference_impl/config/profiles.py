@@ -47,7 +47,8 @@ class ConfigError(ValueError):
         file: the file name as the caller gave it (``"<mapping>"`` for :func:`from_mapping`
             style constructors, ``"<string>"`` for text without a name), or ``None``.
         line: 1-based line number, or ``None`` when the problem is not tied to one line.
-        column: 1-based column (XML only; ``None`` for flat client files).
+        column: 1-based column, or ``None`` (a flat client file gives one only for a stray
+            character).
         message: what is wrong and, where possible, what would be right.
     """
 

@@ -73,6 +73,7 @@ from reference_impl.config.profiles import (
     Profile,
     get_profile,
 )
+from reference_impl.config.values import decimal_in_range, read_config_bytes, shown
 
 __all__ = [
     "DTD_VERSIONS",
@@ -581,7 +582,30 @@ def _read_tree(data: bytes, filename: str) -> _Node:
             f"malformed XML: {expat.ErrorString(exc.code)}",
             exc.offset + 1,
         ) from None
+    except ConfigError:
+        raise
+    except (LookupError, ValueError) as exc:  # UnicodeError is a ValueError
+        # expat hands an encoding it does not know itself to Python's codecs, which fail with
+        # LookupError (no such codec, or not a text codec), ValueError (multi-byte codecs) or
+        # UnicodeError (a codec that cannot decode); the XML declaration is where it was named
+        raise ConfigError(
+            filename,
+            parser.CurrentLineNumber or 1,
+            f"the XML declaration names encoding {_declared_encoding(data)}, which cannot be "
+            f"read ({exc}); use UTF-8, UTF-16, ISO-8859-1 or US-ASCII",
+        ) from None
     return roots[0]
+
+
+_ENCODING_DECL = re.compile(
+    rb"""\A(?:\xef\xbb\xbf)?\s*<\?xml\s[^>]*?encoding\s*=\s*["']([^"']{0,80})"""
+)
+
+
+def _declared_encoding(data: bytes) -> str:
+    """The encoding name of an ASCII-compatible XML declaration, for an error message."""
+    found = _ENCODING_DECL.match(data)
+    return shown(found.group(1).decode("ascii", "replace")) if found else "(unreadable)"
 
 
 # =================================================================================================
@@ -749,11 +773,8 @@ _Parser = Callable[[str, _OptionContext], object]
 
 def _uint(low: int, high: int, unit: str) -> _Parser:
     def parse(text: str, _ctx: _OptionContext) -> int:
-        value = text.strip()
-        if not value.isdigit() or not value.isascii():
-            raise _BadValue(f"a decimal integer {low}..{high} ({unit})")
-        number = int(value)
-        if not low <= number <= high:
+        number = decimal_in_range(text, low, high)
+        if number is None:
             raise _BadValue(f"a decimal integer {low}..{high} ({unit})")
         return number
 
@@ -924,13 +945,15 @@ class DaemonMonitorConfig:
 @dataclass(frozen=True)
 class DaemonConfig:
     """``<daemon>``: process-wide settings.  Every field is optional; the web monitor is off
-    unless configured."""
+    unless configured.  ``lbm_config_line`` is the line of ``<lbm-config>``, so an error in
+    reading the file it names can point at it."""
 
     log: LogConfig | None = None
     pidfile: str | None = None
     uid: str | None = None
     gid: str | None = None
     lbm_config: str | None = None
+    lbm_config_line: int | None = None
     xml_config: str | None = None
     xml_config_application_name: str = "umestored"
     lbm_license_files: tuple[str, ...] = ()
@@ -1170,10 +1193,10 @@ class _Builder:
         return _TEXT_COLLAPSE.sub(" ", raw).strip()
 
     def number(self, node: _Node, what: str, text: str, low: int, high: int) -> int:
-        value = text.strip()
-        if not (value.isascii() and value.isdigit()) or not low <= int(value) <= high:
-            raise self.error(node, f"{what} {text!r} must be a decimal integer {low}..{high}")
-        return int(value)
+        number = decimal_in_range(text, low, high)
+        if number is None:
+            raise self.error(node, f"{what} {shown(text)} must be a decimal integer {low}..{high}")
+        return number
 
     # -- daemon --------------------------------------------------------------------------------
 
@@ -1202,6 +1225,9 @@ class _Builder:
                 )
             elif child.name == "lbm-password-file":
                 singles["lbm_password_file"] = self.text(child)
+            elif child.name == "lbm-config":
+                singles["lbm_config"] = self.text(child)
+                singles["lbm_config_line"] = child.line
             else:  # pidfile, uid, gid, lbm-config
                 singles[child.name.replace("-", "_")] = self.text(child)
         return DaemonConfig(
@@ -1212,7 +1238,7 @@ class _Builder:
     def log(self, node: _Node) -> LogConfig:
         log_type = node.attrs.get("type")
         if log_type is not None and log_type not in ("file", "console"):
-            raise self.error(node, f"<log type={log_type!r}> must be file or console")
+            raise self.error(node, f"<log type={shown(log_type)}> must be file or console")
         size = node.attrs.get("size")
         return LogConfig(
             path=self.text(node) or None,
@@ -1227,7 +1253,7 @@ class _Builder:
         host, port_text = host.strip(), port_text.strip()
         if not sep or not host:
             raise self.error(
-                node, f"<web-monitor> {text!r} must be Address:Port or *:Port (e.g. *:15304)"
+                node, f"<web-monitor> {shown(text)} must be Address:Port or *:Port (e.g. *:15304)"
             )
         port = self.number(node, "<web-monitor> port", port_text, 1, 65535)
         if host != "*":
@@ -1235,7 +1261,7 @@ class _Builder:
                 ipaddress.IPv4Address(host)
             except ValueError:
                 raise self.error(
-                    node, f"<web-monitor> address {host!r} must be an IPv4 address or *"
+                    node, f"<web-monitor> address {shown(host)} must be an IPv4 address or *"
                 ) from None
         permission = node.attrs.get("permission")
         if permission is not None and permission not in ("read-only", "read-write"):
@@ -1299,7 +1325,7 @@ class _Builder:
             name, value = option.attrs["name"], option.attrs["value"]
             if option_type == "queue":
                 self.warn(
-                    option, f"queue option {name!r} ignored: the reference store has no queues"
+                    option, f"queue option {shown(name)} ignored: the reference store has no queues"
                 )
                 continue
             if option_type not in allowed:
@@ -1316,14 +1342,14 @@ class _Builder:
             return parser(value, context)
         except _BadValue as exc:
             raise self.error(
-                node, f"option {name!r} has invalid value {value!r}: expected {exc}"
+                node, f"option {name!r} has invalid value {shown(value)}: expected {exc}"
             ) from None
 
     def unknown_option(self, node: _Node, name: str) -> ConfigError:
         known = [*_STORE_OPTIONS, *_TOPIC_OPTIONS]
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
         hint = f"did you mean {close[0]!r}?" if close else "known options: " + ", ".join(known)
-        return self.error(node, f"unknown store option {name!r}; {hint}")
+        return self.error(node, f"unknown store option {shown(name)}; {hint}")
 
     @staticmethod
     def put(target: dict[str, _V], key: str, value: _V, duplicate: Callable[[], None]) -> None:
@@ -1342,13 +1368,11 @@ class _Builder:
             "" if low_port == 0 else f" (port 0 needs UM 6.8+, not profile {self.profile.name!r})"
         )
         port_text = node.attrs["port"]
-        if (
-            not (port_text.isascii() and port_text.isdigit())
-            or not low_port <= int(port_text) <= 65535
-        ):
+        port = decimal_in_range(port_text, low_port, 65535)
+        if port is None:
             raise self.error(
                 node,
-                f"<store port> {port_text!r} must be a decimal integer "
+                f"<store port> {shown(port_text)} must be a decimal integer "
                 f"{low_port}..65535{port_note}",
             )
         interface = node.attrs.get("interface", "0.0.0.0")
@@ -1356,7 +1380,7 @@ class _Builder:
             network = ipaddress.IPv4Network(interface, strict=False)
         except ValueError:
             raise self.error(
-                node, f"<store interface> {interface!r} must be an IPv4 address or CIDR range"
+                node, f"<store interface> {shown(interface)} must be an IPv4 address or CIDR range"
             ) from None
 
         store_values: dict[str, object] = {}
@@ -1396,7 +1420,7 @@ class _Builder:
         )
         return StoreConfig(
             name=name,
-            port=int(port_text),
+            port=port,
             interface=interface,
             interface_network=network,
             disk_cache_directory=str(resolved_store["disk-cache-directory"]),
@@ -1439,8 +1463,8 @@ class _Builder:
             except re.error as exc:
                 raise self.error(
                     node,
-                    f"topic pattern {pattern!r} is not a regular expression Python's re accepts "
-                    f"(the reference store's {pattern_type} matcher): {exc}",
+                    f"topic pattern {shown(pattern)} is not a regular expression Python's re "
+                    f"accepts (the reference store's {pattern_type} matcher): {exc}",
                 ) from None
 
         explicit: dict[str, object] = {}
@@ -1478,8 +1502,9 @@ class _Builder:
         if values["repository-type"] == "no-cache":
             raise self.error(
                 node,
-                f"topic pattern {pattern!r} of store {store_name!r} sets no repository-type and "
-                f"profile {self.profile.name!r} defaults it to no-cache, which the reference "
+                f"topic pattern {shown(pattern)} of store {shown(store_name)} sets no "
+                f"repository-type and profile {self.profile.name!r} defaults it to no-cache, "
+                "which the reference "
                 "store does not implement; set repository-type to memory or disk",
             )
         self.sanity_checks(node, values)
@@ -1547,7 +1572,7 @@ class _Builder:
             if store.name in by_name:
                 raise self.error(
                     child,
-                    f"store name {store.name!r} is already used by the store on line "
+                    f"store name {shown(store.name)} is already used by the store on line "
                     f"{by_name[store.name].line}",
                 )
             by_name[store.name] = store
@@ -1555,8 +1580,9 @@ class _Builder:
                 if store.context_name in by_context:
                     raise self.error(
                         child,
-                        f"context-name {store.context_name!r} is already used by store "
-                        f"{by_context[store.context_name].name!r}; context names must be unique",
+                        f"context-name {shown(store.context_name)} is already used by store "
+                        f"{shown(by_context[store.context_name].name)}; context names must be "
+                        "unique",
                     )
                 by_context[store.context_name] = store
             if store.port:
@@ -1564,8 +1590,8 @@ class _Builder:
                 if key in by_port:
                     raise self.error(
                         child,
-                        f"store {store.name!r} listens on {store.interface}:{store.port} like "
-                        f"store {by_port[key].name!r}",
+                        f"store {shown(store.name)} listens on {store.interface}:{store.port} like "
+                        f"store {shown(by_port[key].name)}",
                     )
                 by_port[key] = store
         return stores
@@ -1597,7 +1623,7 @@ def _checked_root(raw: bytes, filename: str) -> tuple[_Node, str]:
         raise ConfigError(
             filename,
             root.line,
-            f"<ume-store version={version!r}> is not a known DTD version "
+            f"<ume-store version={shown(version)}> is not a known DTD version "
             f"(known: {', '.join(DTD_VERSIONS)})",
             root.column,
         )
@@ -1658,7 +1684,9 @@ def load_store_config(
     """Read and parse a umestored XML file (see :func:`parse_store_config`)."""
     name = str(path)
     try:
-        data = Path(path).read_bytes()
+        data = read_config_bytes(path)
     except OSError as exc:
         raise ConfigError(name, None, f"cannot read the file: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise ConfigError(name, None, str(exc)) from None
     return parse_store_config(data, name, profile=profile)

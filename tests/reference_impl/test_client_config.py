@@ -538,3 +538,62 @@ def test_integer_options_round_trip(case: tuple[tuple[str, str, int, int], int])
         if outside >= 0:
             with pytest.raises(ConfigError, match=f"{low}\\.\\.{high}"):
                 parse_client_config(f"{scope} {name} {outside}")
+
+
+# --- hostile input (issue 22 items 3 and 5) -----------------------------------------------------
+
+HUGE = "9" * 5000  # past CPython's 4,300-digit int() limit
+
+
+@pytest.mark.parametrize("line", [
+    f"source ume_flight_size {HUGE}",
+    f"receiver ume_session_id {HUGE}",
+    f"context ume_session_id {HUGE}",
+    f"source ume_store 10.0.0.1:{HUGE}",
+    f"source ume_store {HUGE}:10.0.0.1:14567",
+    f"source ume_store 10.0.0.1:14567:{HUGE}",
+    f"source ume_store_name s1:{HUGE}",
+    f"source ume_store_group 0:{HUGE}",
+    f"context request_tcp_port_low {HUGE}",
+    f"receiver ume_receiver_paced_persistence {HUGE}",
+    "receiver ume_receiver_paced_persistence \u00b2",
+    f"context resolver_unicast_daemon 127.0.0.1:{HUGE}",
+], ids=lambda line: line.replace(HUGE, "<5000 digits>"))
+def test_integers_past_the_digit_limit_and_non_ascii_digits_are_config_errors(line: str) -> None:
+    error = error_of(f"# first\n{line}\n")
+    assert error.line == 2
+    assert HUGE not in error.message
+
+
+def test_a_hex_session_id_of_any_length_is_range_checked() -> None:
+    assert "session ID" in error_of(f"source ume_session_id 0x{'f' * 5000}\n").message
+
+
+@pytest.mark.parametrize("breaker", ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028",
+                                     "\u2029", "\r"])
+def test_a_comment_cannot_hide_a_live_line(breaker: str) -> None:
+    """``str.splitlines()`` ended a line at each of these, so the rest of the comment became an
+    option line (a hidden ``ume_store``); only ``\\n`` ends a line."""
+    text = (f"# maintenance note{breaker}source ume_store 10.6.6.6:14567\n"
+            "source ume_store 10.0.0.1:14567\n")
+    config = parse_client_config(text, "client.cfg")
+    assert [str(s) for s in config.source.stores] == ["0:10.0.0.1:14567:0:0"]
+
+
+def test_line_numbers_count_only_line_feeds() -> None:
+    text = "# a\x0bb\x0cc\u2028d\r\nsource ume_flight_size 0\n"
+    assert error_of(text).line == 2
+
+
+@pytest.mark.parametrize("char", ["\x0b", "\x0c", "\x1c", "\x85", "\u2028", "\u00a0", "\u200b",
+                                  "\u202e", "\x00", "\r", "\x7f"])
+def test_a_stray_character_outside_a_comment_is_an_error_at_its_column(char: str) -> None:
+    error = error_of(f"source ume_store{char}10.0.0.1:14567\n")
+    assert (error.line, error.column) == (1, 17)
+    assert f"U+{ord(char):04X}" in error.message
+    assert "\n" not in str(error) and char not in str(error)
+
+
+def test_crlf_line_ends_and_a_leading_byte_order_mark_are_accepted() -> None:
+    config = parse_client_config("\ufeffsource ume_flight_size 7\r\nsource ume_flight_size 8\r\n")
+    assert config.source.ume_flight_size == 8

@@ -878,3 +878,51 @@ def test_structure_verdicts_agree_with_xmllint(case: int, tmp_path: Path) -> Non
     except ConfigError:
         ours = False
     assert ours == (result.returncode == 0), result.stderr
+
+
+# --- hostile input (issue 22 item 3): one ConfigError with file and line, never a traceback -----
+
+HUGE = "9" * 5000  # past CPython's 4,300-digit int() limit
+
+
+@pytest.mark.parametrize("encoding", ["x-nonesuch", "rot13", "shift_jis", "utf-7", "undefined",
+                                      "idna"])
+def test_a_declared_encoding_python_cannot_read_is_a_config_error(encoding: str) -> None:
+    text = f'<?xml version="1.0" encoding="{encoding}"?>\n' + simple(topic("t"))
+    error = error_of(text)
+    assert error.line == 1
+    assert repr(encoding) in error.message and "encoding" in error.message
+
+
+@pytest.mark.parametrize("where", ["port", "option", "store-option", "restore-last", "log-size",
+                                   "web-monitor", "group-ivl"])
+def test_integers_past_the_digit_limit_are_config_errors(where: str) -> None:
+    docs = {
+        "port": simple(topic("t"), store_attrs=f'name="s" port="{HUGE}"'),
+        "option": simple(topic("t", ("keepalive-interval", HUGE))),
+        "store-option": simple(topic("t"), store_options=attrs(
+            ("retransmission-request-processing-rate", HUGE))),
+        "restore-last": store_doc(f'<restore-last behavior="hours" value="{HUGE}"/>'
+                                  + attrs(MEMORY) + "<topics>" + topic("t") + "</topics>"),
+        "log-size": simple(topic("t"), daemon=f'<log type="file" size="{HUGE}">x.log</log>'),
+        "web-monitor": simple(topic("t"), daemon=f"<web-monitor>*:{HUGE}</web-monitor>"),
+        "group-ivl": store_doc('<publishing-interval><group name="store" ivl="' + HUGE
+                               + '"/></publishing-interval>' + attrs(MEMORY) + "<topics>"
+                               + topic("t") + "</topics>"),
+    }
+    text = docs[where]
+    error = error_of(text)
+    assert error.line == line_of(text, HUGE)
+    assert "(5000 characters)" in error.message and HUGE not in error.message
+
+
+def test_leading_zeros_do_not_count_against_the_digit_limit() -> None:
+    padded = "0" * 5000 + "14567"
+    config = parse_store_config(simple(topic("t"), store_attrs=f'name="s" port="{padded}"'))
+    assert config.stores[0].port == 14567
+
+
+@pytest.mark.parametrize("digits", ["\u0661\u0664\u0665\u0666\u0667", "\u00b2", "1\u00a0"])
+def test_only_ascii_digits_are_numbers(digits: str) -> None:
+    error = error_of(simple(topic("t"), store_attrs=f'name="s" port="{digits}"'))
+    assert "<store port>" in error.message
