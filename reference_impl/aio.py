@@ -78,7 +78,7 @@ import signal
 import socket
 import sys
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, Literal, TypeVar, cast
 
 from .sim import (
@@ -99,6 +99,7 @@ __all__ = [
     "Backpressure",
     "CoreError",
     "HostError",
+    "TaskError",
     "run_forever",
     "serve",
 ]
@@ -133,6 +134,17 @@ class CoreError(HostError):
     def __init__(self, endpoint: str, where: str, detail: str) -> None:
         super().__init__(f"endpoint {endpoint!r} failed in {where}: {detail}")
         self.endpoint, self.where = endpoint, where
+
+
+class TaskError(CoreError):
+    """An application task started with :meth:`AioHost.spawn` raised; the host has stopped.
+
+    ``endpoint`` is the task's name and ``where`` is ``"task"``; the exception is ``__cause__``.
+    """
+
+    def __init__(self, task: str, detail: str) -> None:
+        HostError.__init__(self, f"task {task!r} failed: {detail}")
+        self.endpoint, self.where = task, "task"
 
 
 def _speaks_streams(ep: object) -> bool:
@@ -421,7 +433,8 @@ class AioHost:
         self._states: dict[int, _EndpointState] = {}
         self._servers: list[asyncio.Server] = []
         self._transports: set[asyncio.Transport] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._hurry = False  # aclose: stop waiting for streams to flush (a second Ctrl-C)
         self._closed = False
         self._closed_future: asyncio.Future[None] = self._loop.create_future()
 
@@ -608,6 +621,42 @@ class AioHost:
         drain = getattr(endpoint, "events", None)
         state.drain_events = drain if callable(drain) else None
         self._schedule_flush(state)
+
+    def spawn(self, coro: Coroutine[Any, Any, T], name: str | None = None) -> asyncio.Task[T]:
+        """Run an application coroutine (a scenario, the ``ump source`` send loop) as a task the
+        host owns, so that shutdown stays orderly whatever the moment.
+
+        :meth:`close` cancels it and :meth:`aclose` waits for it, so no task outlives the
+        host.  Its outcome is always consumed, never left to asyncio's "Task exception was
+        never retrieved": a :class:`HostError` raised because the host closed under it (a
+        signal stopped the process between two of its steps) is the shutdown, not a failure;
+        any other exception stops the host like a core failure (:class:`TaskError`, raised by
+        :meth:`wait_closed` and :func:`serve`).
+        """
+        self._check_open()
+        task = self._loop.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()  # retrieved here, whatever happens next
+        if exc is None or isinstance(exc, CoreError):
+            return  # a CoreError is the host's own failure, already reported by it
+        if isinstance(exc, HostError) and self._closed:
+            log.debug("task %r ended by the shutdown: %s", task.get_name(), exc)
+            return
+        if self.failure is not None:
+            return
+        log.error("task %r raised; stopping the host", task.get_name(),
+                  exc_info=(type(exc), exc, exc.__traceback__))
+        failure = TaskError(task.get_name(), f"{type(exc).__name__}: {exc}")
+        failure.__cause__ = exc
+        self.failure = failure
+        self.close()
 
     def write_buffer_size(self, endpoint: Endpoint, conn: ConnKey) -> int:
         """Bytes written to ``conn`` and not yet taken by the kernel (0 for an unknown stream)."""
@@ -928,20 +977,30 @@ class AioHost:
                 self._closed_future.set_result(None)
 
     async def aclose(self, timeout: float = 5.0) -> None:
-        """Close, then give streams up to ``timeout`` s to flush; abort what is left."""
+        """Close, then give streams up to ``timeout`` s to flush; abort what is left.
+
+        Waits for every task of the host (:meth:`spawn`, connects) to end first, except the
+        one calling, which cannot wait for itself.  :meth:`hurry` cuts the wait short."""
         self.close()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        tasks = self._tasks - {asyncio.current_task()}
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
         deadline = self._loop.time() + timeout
-        while self._transports and self._loop.time() < deadline:
+        while self._transports and self._loop.time() < deadline and not self._hurry:
             await asyncio.sleep(0.005)
         for tr in list(self._transports):
             tr.abort()
         for server in self._servers:
+            left = 0.0 if self._hurry else max(0.0, deadline - self._loop.time())
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(server.wait_closed(), max(0.0, deadline
-                                                                   - self._loop.time()))
+                await asyncio.wait_for(server.wait_closed(), left)
         await asyncio.sleep(0)  # let abort()'s connection_lost callbacks run
+
+    def hurry(self) -> None:
+        """Close, and make :meth:`aclose` abort the streams now instead of letting them flush
+        (what a second Ctrl-C asks for)."""
+        self._hurry = True
+        self.close()
 
     @property
     def closed(self) -> bool:
@@ -996,24 +1055,40 @@ class AioHost:
 
 async def serve(setup: Callable[[AioHost], Awaitable[object]], *,
                 shutdown_timeout: float = 5.0, handle_signals: bool = True,
-                **host_options: Any) -> None:
+                **host_options: Any) -> signal.Signals | None:
     """Run a daemon: ``await setup(host)`` binds the cores, then serve until told to stop.
 
     The first SIGINT or SIGTERM shuts down cleanly (streams get ``shutdown_timeout`` s to
-    flush); after it SIGINT is back to its default, so a second Ctrl-C interrupts at once.
-    Returns after a clean shutdown; raises :class:`CoreError` if a core failed.
+    flush, tasks of :meth:`AioHost.spawn` are cancelled and awaited); a second one aborts the
+    streams at once.  After that second one the signals are back to their defaults, so a
+    third Ctrl-C raises ``KeyboardInterrupt`` wherever the process is stuck.
+
+    The handlers stay installed until the loop closes, not just until this returns: a Ctrl-C
+    during asyncio's own teardown must not become a ``KeyboardInterrupt`` inside a task,
+    which asyncio would print as a traceback.  A signal that arrives while ``setup`` is still
+    binding makes the next bind fail with "the host is closed"; that is the shutdown too.
+
+    Returns the signal that stopped the daemon (``None``: it stopped by itself, e.g. a
+    ``host.close()``); raises :class:`CoreError` if a core failed.
     """
     loop = asyncio.get_running_loop()
+    stopped_by: list[signal.Signals] = []
     async with AioHost(**host_options) as host:
         installed: list[signal.Signals] = []
 
         def on_signal(signum: signal.Signals) -> None:
-            log.warning("%s received: shutting down (Ctrl-C again to exit at once)",
-                        signum.name)
-            for sig in installed:
+            stopped_by.append(signum)
+            if len(stopped_by) == 1:
+                log.warning("%s received: shutting down (Ctrl-C again to exit at once)",
+                            signum.name)
+                host.close()
+                return
+            if len(stopped_by) == 2:
+                log.warning("%s received again: exiting at once", signum.name)
+            for sig in installed:  # defaults from now on: the next Ctrl-C is the hard way
                 loop.remove_signal_handler(sig)
             installed.clear()
-            host.close()
+            host.hurry()
 
         if handle_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -1025,19 +1100,27 @@ async def serve(setup: Callable[[AioHost], Awaitable[object]], *,
         try:
             await setup(host)
             await host.wait_closed()
+        except HostError:
+            if not (stopped_by and host.failure is None):
+                raise
+            # setup was still binding when the signal closed the host: an orderly stop
         finally:
-            for signum in installed:
-                loop.remove_signal_handler(signum)
             await host.aclose(shutdown_timeout)
+    return stopped_by[0] if stopped_by else None
 
 
-def run_forever(setup: Callable[[AioHost], Awaitable[object]], **options: Any) -> int:
+def run_forever(setup: Callable[[AioHost], Awaitable[object]], *, sigint_status: int = 0,
+                **options: Any) -> int:
     """:func:`serve` for a CLI command; returns the exit status (0, 1 core failure, 130 ^C).
 
-    Errors are reported on stderr in one line (the log has the traceback of a core failure).
+    A daemon stopped by SIGINT or SIGTERM exits 0 after its orderly shutdown; a command for
+    which a Ctrl-C means "cut short" (``ump source``) passes ``sigint_status=130``, the shell's
+    convention for a process ended by SIGINT.  A ``KeyboardInterrupt`` (the third Ctrl-C, or
+    one before the handlers are in place) is 130 too.  Errors are reported on stderr in one
+    line (the log has the traceback of a core failure).
     """
     try:
-        asyncio.run(serve(setup, **options))
+        stopped_by = asyncio.run(serve(setup, **options))
     except CoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -1046,4 +1129,4 @@ def run_forever(setup: Callable[[AioHost], Awaitable[object]], **options: Any) -
         return 2
     except KeyboardInterrupt:
         return 130
-    return 0
+    return sigint_status if stopped_by is signal.SIGINT else 0

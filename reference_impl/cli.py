@@ -30,11 +30,11 @@ from reference_impl.events import (
 )
 
 log = logging.getLogger("ump")
+INTERRUPTED = 130
+"""Exit status of ``ump source`` cut short by Ctrl-C (SIGINT), the shell's convention."""
 
 
 def _addr(text: str) -> Addr:
-INTERRUPTED = 130
-"""Exit status of ``ump source`` cut short by Ctrl-C (SIGINT), the shell's convention."""
     host, _, port = text.rpartition(":")
     try:
         return (host or "127.0.0.1", int(port))
