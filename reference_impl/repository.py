@@ -27,20 +27,136 @@ product overwrites a ring; compaction gives the same retention with a simpler fi
 
 Files are the only I/O a core performs, through this class; the store core stays free of
 sockets and clocks (semantics of "sans-IO" in this project: no network, no time source).
+
+The store's files are named after its ``<store name>``, which comes from a configuration file
+and may hold anything XML allows (``../../x``, ``/etc``, 300 characters, U+2028).
+:func:`store_file_stem` turns a name into one safe file name component, and
+:func:`state_file` / :func:`cache_file` are the only places that name the store's files.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import string
+import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
+from urllib.parse import unquote_to_bytes
 
 from wire.lbmc import DATA_BASE, MessageType
 from wire.lbttcp import LbttcpStream
 
 PER_MESSAGE_OVERHEAD = 72
+
+
+# --- the store's file names ----------------------------------------------------------------------
+
+_KEPT = frozenset(string.ascii_letters + string.digits + "._-")
+STEM_MAX = 200
+"""Longest file name stem :func:`store_file_stem` returns (ASCII, so also bytes).  NAME_MAX is
+255 bytes on Linux and macOS file systems; the longest suffix added is a cache file's
+``-<RegID>-cache`` (17 characters), so every file name stays well under it."""
+_HASH_CHARS = 32
+
+
+def store_file_stem(name: str) -> str:
+    """A store name as one file name component that stays inside its directory.
+
+    The rule: ASCII letters, digits, ``.``, ``_`` and ``-`` are kept, except a leading ``.``
+    (so no ``.``, ``..`` or hidden file); every other character, ``%`` included, becomes the
+    ``%XX`` escapes of its UTF-8 bytes, so ``/`` and NUL can never reach the file system and
+    the stem decodes back to the name (:func:`store_name_of_stem`).  Names of ordinary
+    characters (``store-1``, ``ny4.primary``) keep the file names they always had.  A stem
+    longer than :data:`STEM_MAX` is cut and ends in ``~`` and 32 hex digits of the name's
+    SHA-256 (``~`` is never kept, so such a stem cannot be another name's escape): a name of
+    300 characters still gets a file, distinct from every other name's, only not reversibly.
+    """
+    parts: list[str] = []
+    for index, char in enumerate(name):
+        if char in _KEPT and not (index == 0 and char == "."):
+            parts.append(char)
+        else:
+            parts.extend(f"%{byte:02X}" for byte in char.encode("utf-8", "surrogatepass"))
+    stem = "".join(parts)
+    if len(stem) <= STEM_MAX:
+        return stem
+    head = stem[: STEM_MAX - _HASH_CHARS - 1]
+    cut = head.find("%", len(head) - 2)  # never end inside a %XX escape
+    if cut != -1:
+        head = head[:cut]
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_CHARS]
+    return f"{head}~{digest}"
+
+
+def store_name_of_stem(stem: str) -> str | None:
+    """The store name :func:`store_file_stem` made ``stem`` from; ``None`` for a cut (hashed)
+    stem, whose name cannot be recovered."""
+    if "~" in stem:
+        return None
+    return unquote_to_bytes(stem).decode("utf-8", "surrogatepass")
+
+
+def state_file(directory: Path, store_name: str) -> Path:
+    """Where a store keeps its state journal: ``<stem>.state`` in ``directory``.
+
+    A journal written before names were encoded (``<name>.state``, for a name with characters
+    now escaped, such as a space) is renamed to the new name when it is a plain file directly
+    in ``directory`` and nothing is at the new name yet, so an existing deployment restarts with
+    its state.
+    """
+    path = directory / f"{store_file_stem(store_name)}.state"
+    _adopt_legacy(directory, f"{store_name}.state", path)
+    return path
+
+
+def cache_file(directory: Path, store_name: str, reg_id: int) -> Path:
+    """Where a disk repository keeps a source's messages: ``<stem>-<RegID>-cache`` in
+    ``directory`` (a file of the old naming is adopted as :func:`state_file` does)."""
+    path = directory / f"{store_file_stem(store_name)}-{reg_id}-cache"
+    _adopt_legacy(directory, f"{store_name}-{reg_id}-cache", path)
+    return path
+
+
+def directory_problem(path: Path) -> str | None:
+    """Why a store could not keep its files in ``path``, else ``None``; nothing is created.
+
+    Checked before a store starts, so a cache or state directory that is a file, cannot be
+    created or is not writable is a one-line configuration error instead of an exception at
+    the first registration.  A missing directory is fine when its nearest existing ancestor
+    is a writable directory (the store creates the rest).
+    """
+    existing = path
+    while not os.path.lexists(existing) and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        if existing == path:
+            return "is not a directory"
+        return f"cannot be created: {existing} is not a directory"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        if existing == path:
+            return f"is not writable: {exc.strerror or exc}"
+        return f"cannot be created: {existing} is not writable: {exc.strerror or exc}"
+    return None
+
+
+def _adopt_legacy(directory: Path, legacy_name: str, path: Path) -> None:
+    """Rename ``directory/legacy_name`` to ``path`` if it is an old-style file of this store."""
+    if legacy_name == path.name or "/" in legacy_name or "\x00" in legacy_name:
+        return
+    if os.sep != "/" and os.sep in legacy_name:
+        return
+    legacy = directory / legacy_name
+    try:
+        if legacy.is_file() and not legacy.is_symlink() and not os.path.lexists(path):
+            os.rename(legacy, path)
+    except (OSError, ValueError):
+        return  # a name too long for the file system was never a file; nothing to adopt
 
 
 @dataclass(frozen=True)

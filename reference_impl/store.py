@@ -114,7 +114,13 @@ from reference_impl.events import (
 )
 from reference_impl.lbtru_session import Connected, ConnectFailed, Lost, SourceTimedOut
 from reference_impl.lbtru_session import Event as LbtruEvent
-from reference_impl.repository import Repository, RetentionLimits, as_retransmission
+from reference_impl.repository import (
+    Repository,
+    RetentionLimits,
+    as_retransmission,
+    cache_file,
+    state_file,
+)
 from wire import lbmr
 from wire.lbmc import (
     DATA_BASE,
@@ -353,7 +359,7 @@ class StoreCore(ContextCore):
         # (transport index, topic index) -> the values of a stability ACK (seqnum varies)
         self._ack_templates: dict[tuple[int, int], list[int]] = {}
         if settings.disk_state_directory is not None:
-            self._journal_path = Path(settings.disk_state_directory) / f"{settings.name}.state"
+            self._journal_path = state_file(Path(settings.disk_state_directory), settings.name)
             self._restore()
         self.set_timer("check", now + self._check_interval())
         self.set_timer("resolve", now)
@@ -826,7 +832,7 @@ class StoreCore(ContextCore):
         cache = None
         if p.repository_type == "disk":
             base = self.settings.disk_cache_directory or Path("umestored-cache")
-            cache = Path(base) / f"{self.settings.name}-{src.reg_id}-cache"
+            cache = cache_file(Path(base), self.settings.name, src.reg_id)
         return Repository(limits, cache_file=cache, write_behind=True)
 
     def _register_receiver(self, conn: Connection, preg: Header, topic: str | None,
