@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -21,13 +22,15 @@ from typing import Any
 from reference_impl import runtime
 from reference_impl.aio import AioHost, run_forever
 from reference_impl.config import ConfigError, profile_names
-from reference_impl.config.store_xml import load_store_config
+from reference_impl.config.store_xml import StoreDaemonConfig, load_store_config
+from reference_impl.config.values import one_line, shown
 from reference_impl.events import (
     Addr,
     FlightSizeNotification,
     MessageStable,
     SourceDeregistered,
 )
+from reference_impl.repository import directory_problem, state_file
 
 log = logging.getLogger("ump")
 INTERRUPTED = 130
@@ -113,7 +116,7 @@ def _run(setup: Any, verbose: bool, sigint_status: int = 0) -> int:
     try:
         return run_forever(setup, sigint_status=sigint_status)
     except (ConfigError, runtime.RuntimeError_) as exc:
-        print(f"ump: {exc}", file=sys.stderr)
+        print(f"ump: {one_line(str(exc))}", file=sys.stderr)
         return 2
 
 
@@ -123,21 +126,66 @@ def cmd_resolver(args: argparse.Namespace) -> int:
     return _run(setup, args.verbose)
 
 
+def _store_lbm_config(config_file: str, config: StoreDaemonConfig, profile: str) -> Addr | None:
+    """The resolver daemon named by the ``<lbm-config>`` file, read like ``ump source -c``.
+
+    An error in that file names the file and its line, plus the store file's ``<lbm-config>``
+    line; a file that cannot be read at all (missing, a directory, not UTF-8) is reported at
+    that ``<lbm-config>`` line.
+    """
+    daemon = config.daemon
+    if not daemon.lbm_config:
+        return None
+    path = Path(config_file).parent / daemon.lbm_config
+    try:
+        client = runtime.load_client(str(path), profile)
+    except ConfigError as exc:
+        if exc.line is None:
+            raise ConfigError(config_file, daemon.lbm_config_line,
+                              f"<lbm-config> {shown(str(path), 300)}: {exc.message}") from None
+        raise ConfigError(exc.file, exc.line,
+                          f"{exc.message} (read as the <lbm-config> of "
+                          f"{config_file}:{daemon.lbm_config_line})", exc.column) from None
+    return runtime.resolver_of(client)
+
+
+def _check_store_directories(config_file: str, config: StoreDaemonConfig, base: Path) -> None:
+    """Refuse, before anything starts, a cache or state directory the store cannot write in,
+    and a state file that is not a file: each would otherwise fail at the first registration
+    or restore, deep inside the running process."""
+    for store in config.stores:
+        for option, directory in (("disk-cache-directory", store.disk_cache_directory),
+                                  ("disk-state-directory", store.disk_state_directory)):
+            path = base / directory
+            problem = directory_problem(path)
+            if problem is not None:
+                raise ConfigError(config_file, store.line,
+                                  f"store {shown(store.name)}: {option} {shown(str(path), 300)} "
+                                  f"{problem}")
+        journal = state_file(base / store.disk_state_directory, store.name)
+        if os.path.lexists(journal) and not journal.is_file():
+            raise ConfigError(config_file, store.line,
+                              f"store {shown(store.name)}: its state file "
+                              f"{shown(str(journal), 300)} exists and is not a regular file")
+
+
+def _config_error(command: str, exc: ConfigError) -> int:
+    """Print a configuration error as one line (whatever the file held) and give status 2."""
+    print(f"ump {command}: {one_line(str(exc))}", file=sys.stderr)
+    return 2
+
+
 def cmd_store(args: argparse.Namespace) -> int:
     try:
         config = load_store_config(args.config, profile=args.profile)
-    except (ConfigError, OSError) as exc:
-        print(f"ump store: {exc}", file=sys.stderr)
-        return 2
+        resolver = args.resolver or _store_lbm_config(args.config, config, args.profile)
+        base = Path(args.config).resolve().parent
+        _check_store_directories(args.config, config, base)
+    except ConfigError as exc:
+        return _config_error("store", exc)
     for warning in config.warnings:
-        print(f"ump store: warning: {warning}", file=sys.stderr)
-    resolver = args.resolver
-    if resolver is None and config.daemon.lbm_config:
-        base = Path(args.config).parent
-        client = runtime.load_client(str(base / config.daemon.lbm_config), args.profile)
-        resolver = runtime.resolver_of(client)
+        print(f"ump store: warning: {one_line(str(warning))}", file=sys.stderr)
     resolver = resolver or runtime.DEFAULT_RESOLVER
-    base = Path(args.config).resolve().parent
 
     async def setup(host: AioHost) -> None:
         cores = await runtime.start_stores(host, config, resolver=resolver, base=base)
@@ -158,9 +206,8 @@ def cmd_store(args: argparse.Namespace) -> int:
 def cmd_source(args: argparse.Namespace) -> int:
     try:
         client = runtime.load_client(args.config, args.profile)
-    except (ConfigError, OSError) as exc:
-        print(f"ump source: {exc}", file=sys.stderr)
-        return 2
+    except ConfigError as exc:
+        return _config_error("source", exc)
     status = {"code": 0}
 
     async def setup(host: AioHost) -> None:
@@ -235,9 +282,8 @@ def cmd_source(args: argparse.Namespace) -> int:
 def cmd_receiver(args: argparse.Namespace) -> int:
     try:
         client = runtime.load_client(args.config, args.profile)
-    except (ConfigError, OSError) as exc:
-        print(f"ump receiver: {exc}", file=sys.stderr)
-        return 2
+    except ConfigError as exc:
+        return _config_error("receiver", exc)
     floor = -1
     if args.dedupe and args.out and Path(args.out).exists():
         for line in Path(args.out).read_text().splitlines():
