@@ -319,14 +319,19 @@ class MessageDelivered:
     """A message handed to the application, in sequence order and never twice.
 
     Attributes:
-        sequence_number: the topic sequence number.
+        sequence_number: the topic sequence number (of its source: each source of a topic
+            numbers its own messages).
         payload: the application bytes.
         retransmission: it came from recovery (the product's UME_RETRANSMIT flag).
+        source: the source it came from, as the product's source string
+            (``TCP:10.0.0.5:14371``, ``LBT-RU:10.0.0.5:14380``); a receiver joins every
+            source of its topic, each with its own order.  Empty when not known.
     """
 
     sequence_number: int
     payload: bytes = field(repr=False)
     retransmission: bool = False
+    source: str = ""
 
 
 @dataclass(frozen=True)

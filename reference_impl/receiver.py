@@ -1,4 +1,4 @@
-"""The reference persistent receiver: a sans-IO state machine for one topic from one source.
+"""The reference persistent receiver: a sans-IO state machine for one topic, from every source.
 
 Flow (guide "Receiver Registration", "Persistent Receiver Recovery"; semantics.md §1.4, §1.9):
 
@@ -42,6 +42,41 @@ redirect the receiver's registrations.  Recovery costs O(1) per message whatever
 done once per chunk; a run of data messages (a store's retransmissions, the source's live
 data) is read straight out of the chunk (:meth:`ReceiverCore.on_message_run`), each as the
 message-by-message path reads it.
+
+Every source of the topic (issue 22 item 8; guide "Receiver Registration": receivers register
+after receiving the SRI of *the source sending on the receiver's topic*, and a receiver RegID
+belongs to one source at one store, "Registration Identifier"): each TIR names a source by its
+transport address and topic index, and each source gets a :class:`SourceSession` of its own:
+its SRI, its registrations (a RegID per store of *its* SRI), its delivery order, its recovery
+and its consumption ACKs.  Deliveries say which source they came from
+(:attr:`~reference_impl.events.MessageDelivered.source`, the product's source string such as
+``TCP:10.0.0.5:14371``).  The per-source flow above runs unchanged on the session being
+handled (:attr:`ReceiverCore._cur`); the attributes of that flow (``next_sqn``, ``stores``,
+``complete``, ...) read and write the current session, which outside a call into the core is
+the first source joined, so code written for one source keeps working.  The receiver keeps
+querying (every ``resolver_query_interval``, the product's sustaining query phase) so that a
+source that starts later is found too, and so that the resolver daemon keeps relaying to it.
+
+Choices where the fact sheets are silent:
+
+* A PREG names its session in its ``marker`` (1-127), which the store echoes in the PREG_RESP:
+  with several sources on one store the receiver shares one connection to it, and the
+  response carries no source RegID.  A response whose marker names no session goes to the
+  only session registering with that store, or else to the first not yet registered.
+* Retransmissions carry only the source's topic index, which two sources may share: on a
+  connection shared by several sessions, a retransmission goes to the session that asked that
+  store for that sequence number first (a store answers in order), and no two sessions that
+  share a store have a request for the same sequence number outstanding at once (the later
+  one waits).  Requests a store never answers stop counting after
+  ``retransmit_request_message_timeout``.
+* A source that comes back on a known transport (after its connection was lost or its LBT-RU
+  session reset) is not trusted until its SRI arrives: live data until then is dropped (the
+  gap it leaves is recovered from the stores).  An SRI that names none of the (store, source
+  RegID) pairs the receiver registered for is a *new* source on that transport (guide "How
+  Stores Associate Session IDs and RegIDs": a source without a Session ID or saved RegIDs
+  registers anew): the session starts afresh, asking every store for a new RegID (0, or the
+  configured one), with its own sequence numbers (issue 22 item 11).  A receiver RegID is
+  only asked for again at a store whose source RegID is unchanged.
 """
 
 from __future__ import annotations
@@ -50,6 +85,7 @@ import sys
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from reference_impl.context import Connection, ContextCore, FixedControl, LbtruBinding, control
 from reference_impl.events import (
@@ -232,8 +268,89 @@ class Gaps:
         return bool(self.ranges)
 
 
+@dataclass(eq=False)
+class SourceSession:
+    """What the receiver knows and does for one source of its topic (see the module
+    docstring): the per-source state that :class:`ReceiverCore` works on.
+
+    Attributes:
+        sid: small number naming the session in its timers and in the PREG ``marker``.
+        key: (transport address, topic index): the source as topic resolution names it.
+        name: the product's source string (``TCP:IP:PORT``, ``LBT-RU:IP:PORT``), put into
+            every delivery.
+        source: what the source's TIR said.
+        transport_up: we hold a connection (or an LBT-RU session) to its transport.
+        confirmed: its SRI vouched for it since the transport came back (live data counts).
+        unconfirmed: live data that came before that SRI (up to :data:`UNCONFIRMED_MAXIMUM`
+            messages): delivered in order once the SRI says which source sent it.
+        The other attributes are the per-source flow of the module docstring.
+    """
+
+    sid: int
+    key: tuple[Addr, int]
+    name: str
+    source: Source | None = None
+    transport_up: bool = False
+    confirmed: bool = True
+    unconfirmed: list[tuple[int, bytes]] = field(default_factory=list)  # live data meanwhile
+    sri_version: int = 0
+    acktosrc: bool = False
+    stores: dict[int, StoreReg] = field(default_factory=dict)
+    group_sizes: dict[int, int] = field(default_factory=dict)
+    complete: bool = False
+    failed: bool = False
+    next_sqn: int | None = None  # next sequence number to deliver
+    high_seen: int | None = None
+    held: dict[int, _Held] = field(default_factory=dict)
+    missing: Gaps = field(default_factory=Gaps)  # to request, lowest first
+    requests: dict[int, Request] = field(default_factory=dict)
+    abandoned: set[int] = field(default_factory=set)  # given up, not yet stepped over
+    consumed: int | None = None  # highest sequence number consumed in order
+    acked: int | None = None  # highest acknowledged to the stores
+    _sri_requests: int = 0
+    _rr: int = 0
+    _chunk_work: bool = False  # messages of the current chunk await on_chunk_done
+
+    def store_at(self, addr: Addr) -> StoreReg | None:
+        """Our registration with the store at ``addr``, if its SRI names it."""
+        for reg in self.stores.values():
+            if reg.info.addr == addr:
+                return reg
+        return None
+
+
+UNCONFIRMED_MAXIMUM = 10_000
+"""Most live messages a session keeps while its source is not vouched for; more are dropped
+(and recovered from the stores once the gap they leave is seen)."""
+
+_T = TypeVar("_T")
+
+
+class _PerSource(Generic[_T]):
+    """An attribute of :class:`ReceiverCore` that is the current session's (``core._cur``):
+    the single-source flow reads and writes it as before, on whichever source is handled."""
+
+    name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: ReceiverCore, owner: type | None = None) -> _T:
+        value: _T = getattr(obj._cur, self.name)
+        return value
+
+    def __set__(self, obj: ReceiverCore, value: _T) -> None:
+        setattr(obj._cur, self.name, value)
+
+
+def source_name(source: Source) -> str:
+    """The product's source string of a transport (``TCP:IP:PORT`` or ``LBT-RU:IP:PORT``)."""
+    kind = "TCP" if source.lbtru_session_id is None else "LBT-RU"
+    return f"{kind}:{source.transport[0]}:{source.transport[1]}"
+
+
 class ReceiverCore(ContextCore):
-    """A persistent receiver (see the module docstring).
+    """A persistent receiver of every source of one topic (see the module docstring).
 
     Args:
         topic: the topic to receive.
@@ -248,6 +365,27 @@ class ReceiverCore(ContextCore):
 
     component = "receiver"
 
+    # the per-source flow's state: the current session's (see _PerSource)
+    source: _PerSource[Source | None] = _PerSource()
+    transport_up: _PerSource[bool] = _PerSource()
+    sri_version: _PerSource[int] = _PerSource()
+    acktosrc: _PerSource[bool] = _PerSource()
+    stores: _PerSource[dict[int, StoreReg]] = _PerSource()
+    group_sizes: _PerSource[dict[int, int]] = _PerSource()
+    complete: _PerSource[bool] = _PerSource()
+    failed: _PerSource[bool] = _PerSource()
+    next_sqn: _PerSource[int | None] = _PerSource()
+    high_seen: _PerSource[int | None] = _PerSource()
+    held: _PerSource[dict[int, _Held]] = _PerSource()
+    missing: _PerSource[Gaps] = _PerSource()
+    requests: _PerSource[dict[int, Request]] = _PerSource()
+    abandoned: _PerSource[set[int]] = _PerSource()
+    consumed: _PerSource[int | None] = _PerSource()
+    acked: _PerSource[int | None] = _PerSource()
+    _sri_requests: _PerSource[int] = _PerSource()
+    _rr: _PerSource[int] = _PerSource()
+    _chunk_work: _PerSource[bool] = _PerSource()
+
     def __init__(self, topic: str, config: ReceiverConfig, *, ip: str, request_port: int = 0,
                  lbmr_port: int = 0, resolver: Addr | None = None,
                  recovery_callback: RecoveryCallback | None = None, now: float = 0.0,
@@ -261,46 +399,108 @@ class ReceiverCore(ContextCore):
         self.request_addr: Addr = (ip, request_port)
         self.recovery_callback = recovery_callback
         self.now = now
-        self.source: Source | None = None
-        self.transport_up = False
-        self.sri_version = 0
-        self.acktosrc = False
-        self.stores: dict[int, StoreReg] = {}
-        self.group_sizes: dict[int, int] = {}
-        self.complete = False
-        self.failed = False
-        self.next_sqn: int | None = None  # next sequence number to deliver
-        self.high_seen: int | None = None
-        self.held: dict[int, _Held] = {}
-        self.missing = Gaps()  # to request, lowest first
-        self.requests: dict[int, Request] = {}
-        self.abandoned: set[int] = set()  # given up (UnrecoverableLoss), not yet stepped over
-        self.consumed: int | None = None  # highest sequence number consumed in order
-        self.acked: int | None = None  # highest acknowledged to the stores
-        self._sri_requests = 0
+        self.sessions: dict[tuple[Addr, int], SourceSession] = {}
+        """Every source joined, by (transport address, topic index), the first joined first."""
+        self._by_sid: dict[int, SourceSession] = {}
+        self._by_addr: dict[Addr, list[SourceSession]] = {}  # transport/request address
+        self._next_sid = 0
+        # (store address, sequence number) -> the sessions that asked that store for it, in
+        # order, with when (kept only while several sessions share a store: see _route_rx)
+        self._owed: dict[tuple[Addr, int], deque[tuple[SourceSession, float]]] = {}
+        self._idle = SourceSession(0, (("0.0.0.0", 0), 0), "")  # before any source is joined
+        self._cur = self._idle
         self._request_idx = 0
-        self._chunk_work = False  # messages of the current chunk await on_chunk_done
-        self._rr = 0
-        self.stats.update(delivered=0, retransmissions=0, duplicates=0, requests=0, lost=0)
+        self.stats.update(delivered=0, retransmissions=0, duplicates=0, requests=0, lost=0,
+                          unconfirmed=0)
         self.set_timer("resolve", now)
+
+    # --- sessions -----------------------------------------------------------------------------
+
+    @property
+    def primary(self) -> SourceSession:
+        """The first source joined (what the single-source attributes show between calls)."""
+        return next(iter(self.sessions.values()), self._idle)
+
+    def session(self, name: str) -> SourceSession | None:
+        """The session of the source called ``name`` (its source string), if joined."""
+        return next((s for s in self.sessions.values() if s.name == name), None)
+
+    def _use(self, st: SourceSession) -> None:
+        self._cur = st
+
+    def _rest(self) -> None:
+        """Back to the primary session once a call into the core is done."""
+        self._cur = self.primary
+
+    def _new_sid(self) -> int:
+        for _ in range(127):
+            self._next_sid = self._next_sid % 127 + 1
+            if self._next_sid not in self._by_sid:
+                return self._next_sid
+        raise RuntimeError("more than 127 sources on one topic")  # pragma: no cover
+
+    def _index(self) -> None:
+        """Rebuild the address index of the sessions (their addresses changed)."""
+        by_addr: dict[Addr, list[SourceSession]] = {}
+        for st in self.sessions.values():
+            src = st.source
+            if src is None:
+                continue
+            by_addr.setdefault(src.transport, []).append(st)
+            if src.request_addr is not None and src.request_addr != src.transport:
+                by_addr.setdefault(src.request_addr, []).append(st)
+        self._by_addr = by_addr
+
+    def _add_session(self, key: tuple[Addr, int], source: Source) -> SourceSession:
+        st = SourceSession(self._new_sid(), key, source_name(source), source)
+        old = self.sessions.get(key)
+        if old is not None:
+            self._drop_session(old)
+        self.sessions[key] = st  # a replaced session keeps its place in the order
+        self._by_sid[st.sid] = st
+        self._index()
+        return st
+
+    def _drop_session(self, st: SourceSession) -> None:
+        for name in ("sri-request", "register", "rx", "ack", "keepalive"):
+            self.cancel_timer(f"{name} {st.sid}")
+        self._by_sid.pop(st.sid, None)
+
+    def _t(self, name: str) -> str:
+        """The current session's timer called ``name``."""
+        return f"{name} {self._cur.sid}"
+
+    def _sessions_at(self, conn: Connection) -> list[SourceSession]:
+        """The sessions whose source ``conn`` is our connection to (its transport or its
+        request port): the only place their data and SRI may come from."""
+        if not conn.outgoing:
+            return []
+        return self._by_addr.get(conn.remote, [])
 
     # --- application API ---------------------------------------------------------------------
 
-    def ack(self, sqn: int) -> None:
-        """Explicitly acknowledge consumption of everything up to ``sqn`` (in order)."""
-        if self.consumed is None or sqn > self.consumed:
-            self.consumed = sqn
-        self._send_acks()
+    def ack(self, sqn: int, source: str | None = None) -> None:
+        """Explicitly acknowledge consumption of everything up to ``sqn`` (in order) of the
+        source called ``source`` (its source string; None: the first source joined)."""
+        st = self.primary if source is None else self.session(source)
+        if st is None:
+            raise ValueError(f"no source {source!r} on topic {self.topic!r}")
+        self._use(st)
+        try:
+            if self.consumed is None or sqn > self.consumed:
+                self.consumed = sqn
+            self._send_acks()
+        finally:
+            self._rest()
 
     @property
     def registered_stores(self) -> list[StoreReg]:
+        """The current session's registered stores (the first source's between calls)."""
         return [s for s in self.stores.values() if s.registered]
 
     # --- resolution ---------------------------------------------------------------------------
 
     def on_lbmr(self, packet: lbmr.LbmrPacket, addr: Addr) -> None:
-        if self.source is not None and self.transport_up:
-            return
         for tir in packet.tirs:
             if not isinstance(tir, lbmr.Tir):
                 continue  # queue records (QIR, type 6 packets) say nothing about sources
@@ -313,135 +513,294 @@ class ReceiverCore(ContextCore):
                 sid = None
             else:
                 continue
-            ume = next((o for o in (tir.options or []) if isinstance(o, lbmr.ToptUme)), None)
-            persistent = ume is not None and bool(ume.store) and bool(self.config.ume_use_store)
-            request = (ume.src_tcp_addr, ume.src_tcp_port) if ume is not None else None
-            again = self.source is not None
-            self.source = Source((info.ip, info.port), request, tir.index,
-                                 ume.transport_idx if ume is not None else 0, persistent, sid)
-            self.transport_up = True
-            self.cancel_timer("resolve")
-            if sid is None:
-                self.send_to(self.source.transport, b"", tag="transport")
-            else:
-                old = self.lbtru_receiving(self.source.transport)
-                if old is not None:
-                    self.close_lbtru(old)
-                self.open_lbtru_receiver(self.lbtru_port, self.source.transport, sid,
-                                         tag="transport")
-            if again:
-                # a restarted source numbers its SRI versions afresh; our registrations stand
-                self.sri_version = 0
-                self.log(Level.INFO, f"source back: transport {info.ip}:{info.port}")
-                return
-            if persistent:
-                self.set_timer("sri-request",
-                               self.now + self.config.ume_sri_request_interval / 1000)
-            else:
-                self.complete = True  # streaming: deliver from the first message seen
-            kind = "LBT-TCP" if sid is None else f"LBT-RU session {sid:#x}"
-            self.log(Level.INFO, f"topic resolved: {kind} transport {info.ip}:{info.port}")
+            key = ((info.ip, info.port), tir.index)
+            known = self.sessions.get(key)
+            if known is not None and known.transport_up:
+                continue
+            try:
+                self._join(key, tir, info, sid, known)
+            finally:
+                self._rest()
+
+    def _join(self, key: tuple[Addr, int], tir: lbmr.Tir, info: lbmr.Record, sid: int | None,
+              known: SourceSession | None) -> None:
+        """Connect to a source's transport: a new source, or a known one coming back."""
+        ume = next((o for o in (tir.options or []) if isinstance(o, lbmr.ToptUme)), None)
+        persistent = ume is not None and bool(ume.store) and bool(self.config.ume_use_store)
+        request = (ume.src_tcp_addr, ume.src_tcp_port) if ume is not None else None
+        source = Source(key[0], request, tir.index,
+                        ume.transport_idx if ume is not None else 0, persistent, sid)
+        if known is None:
+            st = self._add_session(key, source)
+        else:
+            st = known
+            st.source = source
+            self._index()
+        self._use(st)
+        self.transport_up = True
+        if sid is None:
+            self.send_to(source.transport, b"", tag="transport")
+        else:
+            old = self.lbtru_receiving(source.transport)
+            if old is not None:
+                self.close_lbtru(old)
+            self.open_lbtru_receiver(self.lbtru_port, source.transport, sid, tag="transport")
+        if known is not None:
+            # a restarted source numbers its SRI versions afresh; our registrations stand
+            # until its SRI says whether it is the same source (see _on_sri)
+            self._source_back()
+            self.log(Level.INFO, f"{st.name}: source back: transport "
+                                 f"{source.transport[0]}:{source.transport[1]}")
             return
+        if persistent:
+            self.set_timer(self._t("sri-request"),
+                           self.now + self.config.ume_sri_request_interval / 1000)
+        else:
+            self.complete = True  # streaming: deliver from the first message seen
+        kind = "LBT-TCP" if sid is None else f"LBT-RU session {sid:#x}"
+        self.log(Level.INFO, f"topic resolved: {kind} transport "
+                             f"{source.transport[0]}:{source.transport[1]} ({st.name})")
+
+    def _source_back(self) -> None:
+        """The current session's source is back (reconnected, or its LBT-RU session reset):
+        its SRI versions count afresh, and until an SRI vouches for it its live data waits
+        (see the module docstring)."""
+        self.sri_version = 0
+        src = self.source
+        if self.stores and src is not None and src.persistent:
+            self._cur.confirmed = False
+            self._sri_requests = 0
+            self.set_timer(self._t("sri-request"),
+                           self.now + self.config.ume_sri_request_interval / 1000)
 
     # --- messages -----------------------------------------------------------------------------
 
-    def _from_source(self, conn: Connection) -> bool:
-        """``conn`` is our connection to the source we resolved (its transport or its request
-        port): the only place its data and SRI may come from."""
-        src = self.source
-        return conn.outgoing and src is not None and \
-            (conn.remote == src.transport or conn.remote == src.request_addr)
+    def _transport_session(self, conn: Connection, tidx: int) -> SourceSession | None:
+        """The session whose source sends topic index ``tidx`` on ``conn``."""
+        for st in self._sessions_at(conn):
+            if st.source is not None and st.source.topic_idx == tidx:
+                return st
+        return None
 
-    def _data_allowed(self, conn: Connection, mtype: int) -> bool:
-        """Data comes from the source's transport; a store sends retransmissions only."""
-        if isinstance(conn.tag, StoreReg):
-            return mtype == MessageType.RETRANS
-        return self._from_source(conn)
+    def _route_rx(self, store: Addr, sqn: int) -> SourceSession | None:
+        """The session a retransmission of ``sqn`` from the store at ``store`` is for (see
+        the module docstring); None: nobody asked for it (a late duplicate)."""
+        sessions = self.sessions
+        if len(sessions) == 1:
+            return next(iter(sessions.values()))
+        owed = self._owed.get((store, sqn))
+        if owed:
+            self._expire(owed)
+            if owed:
+                st = owed.popleft()[0]
+                if not owed:
+                    del self._owed[(store, sqn)]
+                if st.sid in self._by_sid:
+                    return st
+        here = [st for st in sessions.values() if st.store_at(store) is not None]
+        if len(here) == 1:
+            return here[0]
+        asked = [st for st in here if sqn in st.requests]
+        return asked[0] if len(asked) == 1 else None
+
+    def _expire(self, owed: deque[tuple[SourceSession, float]]) -> None:
+        """Forget requests no store answered within ``retransmit_request_message_timeout``."""
+        horizon = self.now - self.config.retransmit_request_message_timeout / 1000
+        while owed and owed[0][1] < horizon:
+            owed.popleft()
+
+    def _shared(self, store: Addr, sqn: int) -> bool:
+        """Another session asked the store at ``store`` for ``sqn`` and may still get it."""
+        owed = self._owed.get((store, sqn))
+        if not owed:
+            return False
+        self._expire(owed)
+        cur = self._cur
+        return any(st is not cur for st, _ in owed)
 
     def on_message_run(self, conn: Connection, data: bytes) -> int:
         # the recovery hot path: a store's retransmissions (or the source's data) back to back
         # in a chunk, read in place; exactly what on_raw_message does with each of them that
         # it takes (data of our topic from a peer allowed to send that type), and the first
         # message that is anything else ends the run
-        src = self.source
-        if src is None:
-            return 0
         if isinstance(conn.tag, StoreReg):
             allowed: tuple[int, ...] = (_RETRANS,)
-        elif self._from_source(conn):
-            allowed = (_MESSAGE, _RETRANS)
+            if len(self.sessions) != 1:
+                return self._store_run(conn, data)
+            st = self.primary
         else:
+            sessions = self._sessions_at(conn)
+            if len(sessions) != 1 or not sessions[0].confirmed:
+                return 0  # message by message (a shared transport, or not vouched for yet)
+            st = sessions[0]
+            allowed = (_MESSAGE, _RETRANS)
+        src = st.source
+        if src is None:
             return 0
-        tidx = src.topic_idx
+        self._use(st)
+        try:
+            tidx = src.topic_idx
+            unpack, size = _DATA_UNPACK, _DATA_SIZE
+            on_data = self._on_data
+            pos, end = 0, len(data)
+            while end - pos >= size:
+                ver_type, next_hdr, msglen, topic_idx, sqn = unpack(data, pos)
+                mtype = ver_type & _TYPE_MASK
+                if next_hdr or mtype not in allowed or msglen < size or msglen > end - pos:
+                    break
+                if topic_idx == tidx:
+                    on_data(sqn, data[pos + size:pos + msglen],
+                            retransmission=mtype == _RETRANS)
+                pos += msglen
+            return pos
+        finally:
+            self._rest()
+
+    def _store_run(self, conn: Connection, data: bytes) -> int:
+        """:meth:`on_message_run` for a store several sessions share: each retransmission
+        to the session it is for."""
         unpack, size = _DATA_UNPACK, _DATA_SIZE
-        on_data = self._on_data
+        store = conn.remote
         pos, end = 0, len(data)
-        while end - pos >= size:
-            ver_type, next_hdr, msglen, topic_idx, sqn = unpack(data, pos)
-            mtype = ver_type & _TYPE_MASK
-            if next_hdr or mtype not in allowed or msglen < size or msglen > end - pos:
-                break
-            if topic_idx == tidx:
-                on_data(sqn, data[pos + size:pos + msglen], retransmission=mtype == _RETRANS)
-            pos += msglen
-        return pos
+        try:
+            while end - pos >= size:
+                ver_type, next_hdr, msglen, topic_idx, sqn = unpack(data, pos)
+                if next_hdr or ver_type & _TYPE_MASK != _RETRANS or msglen < size or \
+                        msglen > end - pos:
+                    break
+                self._retransmission(store, topic_idx, sqn, data[pos + size:pos + msglen])
+                pos += msglen
+            return pos
+        finally:
+            self._rest()
+
+    def _retransmission(self, store: Addr, tidx: int, sqn: int, payload: bytes) -> None:
+        st = self._route_rx(store, sqn)
+        if st is None:
+            self.stats["duplicates"] += 1  # nobody is waiting for it
+            return
+        if st.source is None or st.source.topic_idx != tidx:
+            return  # another topic's
+        self._use(st)
+        self._on_data(sqn, payload, retransmission=True)
 
     def on_raw_message(self, conn: Connection, raw: bytes) -> None:
         if len(raw) >= _DATA_SIZE:
             mtype, next_hdr, tidx, sqn = data_fields(raw)
             if mtype in (MessageType.MESSAGE, MessageType.RETRANS) and next_hdr == 0:
-                if not self._data_allowed(conn, mtype):
-                    self.drop(conn.remote, f"data message (sqn {sqn}) from a peer that is "
-                                           f"neither the source nor a store", len(raw))
-                elif self.source is not None and tidx == self.source.topic_idx:
-                    self._on_data(sqn, raw[_DATA_SIZE:],
-                                  retransmission=mtype == MessageType.RETRANS)
+                self._data(conn, int(mtype), tidx, sqn, raw[_DATA_SIZE:], len(raw))
                 return
         super().on_raw_message(conn, raw)
 
+    def _data(self, conn: Connection, mtype: int, tidx: int, sqn: int, payload: bytes,
+              size: int) -> None:
+        """One data message, to the session it is for."""
+        if isinstance(conn.tag, StoreReg):
+            if mtype != MessageType.RETRANS:
+                self.drop(conn.remote, f"data message (sqn {sqn}) from a peer that is "
+                                       f"neither the source nor a store", size)
+                return
+            try:
+                self._retransmission(conn.remote, tidx, sqn, payload)
+            finally:
+                self._rest()
+            return
+        sessions = self._sessions_at(conn)
+        if not sessions:
+            self.drop(conn.remote, f"data message (sqn {sqn}) from a peer that is "
+                                   f"neither the source nor a store", size)
+            return
+        st = self._transport_session(conn, tidx)
+        if st is None:
+            return  # another topic of the source's transport session
+        self._use(st)
+        try:
+            self._on_data(sqn, payload, retransmission=mtype == MessageType.RETRANS)
+        finally:
+            self._rest()
+
     def on_message(self, conn: Connection, message: LbmcMessage, raw: bytes) -> None:
         if message.is_data_type:
-            if not self._data_allowed(conn, message.type):
-                self.drop(conn.remote, f"data message (sqn {message.sqn}) from a peer that is "
-                                       f"neither the source nor a store", len(raw))
-            elif self.source is not None and message.tidx == self.source.topic_idx:
-                self._on_data(message.sqn, message.payload,
-                              retransmission=message.type == MessageType.RETRANS)
+            self._data(conn, int(message.type), message.tidx, message.sqn, message.payload,
+                       len(raw))
             return
         sri = message.header(Sri)
         if sri is not None:
-            if not self._from_source(conn):
+            sessions = self._sessions_at(conn)
+            if not sessions:
                 self.drop(conn.remote, "SRI from a peer that is not the source", len(raw))
                 return
             tidx = message.header(TopicIdx)
-            if self.source is not None and (tidx is None or tidx.tidx == self.source.topic_idx):
-                self._on_sri(sri, message)
+            st = next((s for s in sessions if s.source is not None and
+                       (tidx is None or tidx.tidx == s.source.topic_idx)), None)
+            if st is not None:
+                self._use(st)
+                try:
+                    self._on_sri(sri, message)
+                finally:
+                    self._rest()
             return
-        store = conn.tag if isinstance(conn.tag, StoreReg) else None
-        if store is None:
+        if not isinstance(conn.tag, StoreReg):
             if not conn.outgoing:
                 # nobody has a reason to connect to a receiver and talk first
                 self.drop(conn.remote, f"unexpected message from a stranger "
                                        f"({message.label()})", len(raw))
             return
-        store.last_heard = self.now
-        for header in message.headers:
-            if isinstance(header, UmePregResp):
-                self._on_preg_resp(store, header)
-            elif isinstance(header, UmeKeepalive) and header.r_flag:
-                self._keepalive(store)
+        regs = [(st, reg) for st in self.sessions.values()
+                if (reg := st.store_at(conn.remote)) is not None]
+        for _, reg in regs:
+            reg.last_heard = self.now
+        try:
+            for header in message.headers:
+                if isinstance(header, UmePregResp):
+                    found = self._response_for(header, regs)
+                    if found is not None:
+                        self._use(found[0])
+                        self._on_preg_resp(found[1], header)
+                elif isinstance(header, UmeKeepalive) and header.r_flag:
+                    asked = [x for x in regs if x[1].reg_id == header.reg_id] or regs
+                    for st, reg in asked:
+                        self._use(st)
+                        self._keepalive(reg)
+        finally:
+            self._rest()
+
+    @staticmethod
+    def _response_for(resp: Header, regs: list[tuple[SourceSession, StoreReg]]
+                      ) -> tuple[SourceSession, StoreReg] | None:
+        """The registration a PREG_RESP answers: the session its marker names, else the only
+        one registering there, else the first not registered yet (module docstring)."""
+        for st, reg in regs:
+            if st.sid == resp.marker:
+                return st, reg
+        if len(regs) == 1:
+            return regs[0]
+        return next(((st, reg) for st, reg in regs if not reg.registered), None)
 
     def on_connection_lost(self, conn: Connection, *, refused: bool) -> None:
-        store = conn.tag if isinstance(conn.tag, StoreReg) else None
-        if store is not None and store.registered:
-            store.registered = False
-            store.next_attempt = self.now + self.config.ume_registration_interval / 1000
-            self.set_timer_if_later("register", store.next_attempt)
-            self.log(Level.WARNING, f"lost store {store.info.index} {store.info.addr}")
-        elif conn.tag == "transport" and self.source is not None:
-            self.log(Level.WARNING, "source transport connection lost; resolving again")
-            self.transport_up = False
-            self.set_timer("resolve", self.now + self.config.resolver_query_interval / 1000)
+        try:
+            if isinstance(conn.tag, StoreReg):
+                for st in list(self.sessions.values()):
+                    store = st.store_at(conn.remote)
+                    if store is not None and store.registered:
+                        self._use(st)
+                        store.registered = False
+                        store.next_attempt = self.now + \
+                            self.config.ume_registration_interval / 1000
+                        self.set_timer_if_later(self._t("register"), store.next_attempt)
+                        self.log(Level.WARNING, f"{st.name}: lost store {store.info.index} "
+                                                f"{store.info.addr}")
+            elif conn.tag == "transport":
+                for st in self._sessions_at(conn):
+                    if st.source is not None and st.source.transport == conn.remote:
+                        self._use(st)
+                        self.log(Level.WARNING, f"{st.name}: source transport connection "
+                                                f"lost; resolving again")
+                        self.transport_up = False
+                self.set_timer_if_later(
+                    "resolve", self.now + self.config.resolver_query_interval / 1000)
+        finally:
+            self._rest()
 
     def on_lbtru_event(self, binding: LbtruBinding, event: LbtruEvent) -> None:
         # Lost needs nothing here: the session then delivers what follows the loss, whose
@@ -454,7 +813,10 @@ class ReceiverCore(ContextCore):
             self.log(Level.INFO, f"LBT-RU session connected (client ID {event.client_id})")
         elif isinstance(event, SessionReset):
             # the source restarted: a restarted source numbers its SRI versions afresh
-            self.sri_version = 0
+            for st in self._sessions_at(conn) if conn is not None else []:
+                self._use(st)
+                self._source_back()
+            self._rest()
             self.log(Level.INFO, "LBT-RU session reset by the source; reconnecting")
         elif isinstance(event, SourceTimedOut | ConnectFailed) and conn is not None:
             self.close_lbtru(binding)  # like a transport connection that went away
@@ -462,10 +824,33 @@ class ReceiverCore(ContextCore):
 
     # --- SRI and registration ----------------------------------------------------------------
 
+    def _same_source(self, message: LbmcMessage) -> bool:
+        """The SRI names one of the (store, source RegID) pairs we registered for (or we
+        registered for none): it is the source we know, not a new one on its transport."""
+        if not self.stores:
+            return True
+        named = {((h.store_ip_addr, h.store_tcp_port), h.src_reg_id) for h in message.headers
+                 if isinstance(h, UmeStoreExt | UmeStore)}
+        known = {(r.info.addr, r.source_reg_id) for r in self.stores.values()}
+        return not named or bool(named & known)
+
     def _on_sri(self, sri: Header, message: LbmcMessage) -> None:
+        cur = self._cur
+        waiting, cur.unconfirmed = cur.unconfirmed, []
+        if not self._same_source(message):
+            assert cur.source is not None
+            self.log(Level.NOTICE, f"{cur.name}: a new source on this transport (its SRI names "
+                                   f"none of the source RegIDs we registered for): "
+                                   f"registering afresh")
+            st = self._add_session(cur.key, cur.source)
+            st.transport_up = cur.transport_up
+            self._use(st)
+        self._cur.confirmed = True
+        for sqn, payload in waiting:  # the source's live data since it came back, in order
+            self._on_data(sqn, payload, retransmission=False)
         if self.failed or (sri.version <= self.sri_version and self.stores):
             return
-        self.cancel_timer("sri-request")
+        self.cancel_timer(self._t("sri-request"))
         self.acktosrc = bool(sri.acktosrc)
         self.sri_version = sri.version
         changed = []
@@ -479,8 +864,11 @@ class ReceiverCore(ContextCore):
                 known = self.stores.get(header.store_idx)
                 if known is None or version > known.version or \
                         known.source_reg_id != header.src_reg_id:
+                    # our RegID at that store is ours for that source RegID only
+                    same = known is not None and known.source_reg_id == header.src_reg_id \
+                        and known.info.addr == info.addr
                     reg = StoreReg(info, header.src_reg_id, version,
-                                   reg_id=known.reg_id if known else 0)
+                                   reg_id=known.reg_id if known is not None and same else 0)
                     self.stores[header.store_idx] = reg
                     changed.append(reg)
         if changed and self.complete:
@@ -490,6 +878,12 @@ class ReceiverCore(ContextCore):
         for reg in changed:
             self._register(reg)
 
+    def _to_store(self, reg: StoreReg, data: bytes) -> None:
+        """Write to a store on our connection to it: one per store, shared by every session
+        registered there, tagged with the first registration it was opened for (the tag
+        says "a store"; which session a message from it is for is decided per message)."""
+        self.send_to(reg.info.addr, data, tag=reg)
+
     def _register(self, reg: StoreReg) -> None:
         cfg = self.config
         src = self.source
@@ -497,6 +891,7 @@ class ReceiverCore(ContextCore):
         reg_id = reg.reg_id or cfg.reg_id
         headers: list[object] = [
             UmePreg(s_flag=0, w_flag=int(bool(cfg.ume_receiver_paced_persistence)),
+                    marker=self._cur.sid,
                     reg_id=0 if cfg.ume_session_id and not reg.reg_id else reg_id,
                     transport_idx=src.transport_idx, topic_idx=src.topic_idx,
                     src_reg_id=reg.source_reg_id, resp_port=self.request_addr[1],
@@ -508,13 +903,14 @@ class ReceiverCore(ContextCore):
             headers.append(UmeClientLifetime(activity_tmo=cfg.ume_activity_timeout,
                                              lifetime=cfg.ume_state_lifetime))
         reg.next_attempt = self.now + cfg.ume_registration_interval / 1000
-        self.set_timer_if_later("register", reg.next_attempt)
-        self.send_to(reg.info.addr, control(*headers), tag=reg)
+        self.set_timer_if_later(self._t("register"), reg.next_attempt)
+        self._to_store(reg, control(*headers))
 
     def _on_preg_resp(self, reg: StoreReg, resp: Header) -> None:
         if resp.e_flag:
             reg.failed = True
-            text = f"store {reg.info.index} refused registration (code {resp.error_code})"
+            text = f"{self._cur.name}: store {reg.info.index} refused registration " \
+                   f"(code {resp.error_code})"
             self.emit(ReceiverRegistrationError(reg.info, resp.error_code, text))
             self.log(Level.ERROR, text)
             return
@@ -554,7 +950,8 @@ class ReceiverCore(ContextCore):
             self.consumed = low - 1 if low > 0 else None
         self.acked = self.consumed
         self.emit(ReceiverRegistrationComplete(low, high))
-        self.log(Level.INFO, f"registration complete: low {low}, high {high}")
+        self.log(Level.INFO, f"{self._cur.name}: registration complete: low {low}, "
+                             f"high {high}")
         self.missing = Gaps()
         self.missing.add(low, high + 1)
         self._forget_below(low)
@@ -565,49 +962,68 @@ class ReceiverCore(ContextCore):
     def _arm_ack_timers(self) -> None:
         cfg = self.config
         if cfg.ume_use_ack_batching and not cfg.ume_explicit_ack_only:
-            self.set_timer("ack", self.now + cfg.ume_ack_batching_interval / 1000)
+            self.set_timer(self._t("ack"), self.now + cfg.ume_ack_batching_interval / 1000)
         if cfg.ume_proactive_keepalive_interval:
-            self.set_timer("keepalive", self.now + cfg.ume_proactive_keepalive_interval / 1000)
+            self.set_timer(self._t("keepalive"),
+                           self.now + cfg.ume_proactive_keepalive_interval / 1000)
 
     # --- data and recovery ------------------------------------------------------------------
 
     def _on_data(self, sqn: int, payload: bytes, *, retransmission: bool) -> None:
+        st = self._cur  # the hot path: the session's attributes, not the forwarding ones
         if retransmission:
             self.stats["retransmissions"] += 1
-        self.requests.pop(sqn, None)  # live or retransmitted, it is here: stop asking for it
-        if self.high_seen is None or sqn > self.high_seen:
-            if self.complete and self.high_seen is not None and \
-                    self.next_sqn is not None and sqn > self.high_seen + 1:
-                self.missing.add(max(self.high_seen + 1, self.next_sqn), sqn)
-            self.high_seen = sqn
-        if self.next_sqn is None:
-            if not self.complete:
-                self.held[sqn] = _Held(payload, retransmission)
+        elif not st.confirmed:
+            # a source back, not vouched for by its SRI yet: kept until it is
+            self.stats["unconfirmed"] += 1
+            if len(st.unconfirmed) < UNCONFIRMED_MAXIMUM:
+                st.unconfirmed.append((sqn, payload))
+            return
+        st.requests.pop(sqn, None)  # live or retransmitted, it is here: stop asking for it
+        high = st.high_seen
+        if high is None or sqn > high:
+            if st.complete and high is not None and \
+                    st.next_sqn is not None and sqn > high + 1:
+                st.missing.add(max(high + 1, st.next_sqn), sqn)
+            st.high_seen = sqn
+        if st.next_sqn is None:
+            if not st.complete:
+                st.held[sqn] = _Held(payload, retransmission)
                 return
-            self.next_sqn = sqn  # streaming source: start at the first message seen
-        nxt = self.next_sqn
-        if sqn < nxt or sqn in self.held:
+            st.next_sqn = sqn  # streaming source: start at the first message seen
+        nxt = st.next_sqn
+        if sqn < nxt or sqn in st.held:
             self.stats["duplicates"] += 1
             return
-        if self.complete:
-            self._chunk_work = True  # drain, acknowledge and ask for more once per chunk
+        if st.complete:
+            st._chunk_work = True  # drain, acknowledge and ask for more once per chunk
             if sqn == nxt:  # the common case: in order, deliver at once
-                self.emit(MessageDelivered(sqn, payload, retransmission))
+                self.emit(MessageDelivered(sqn, payload, retransmission, st.name))
                 self.stats["delivered"] += 1
-                self.next_sqn = sqn + 1
+                st.next_sqn = sqn + 1
                 if not self.config.ume_explicit_ack_only:
-                    self.consumed = sqn
+                    st.consumed = sqn
                 return
-        self.held[sqn] = _Held(payload, retransmission)
+        st.held[sqn] = _Held(payload, retransmission)
 
     def on_chunk_done(self, conn: Connection) -> None:
-        if self._chunk_work:
-            self._chunk_work = False
-            self._drain()
-            cfg = self.config
-            if not cfg.ume_use_ack_batching and not cfg.ume_explicit_ack_only:
-                self._send_acks()
-            self._request_more()
+        shared = isinstance(conn.tag, StoreReg) and len(self.sessions) > 1
+        try:
+            for st in self.sessions.values():
+                if st._chunk_work:
+                    st._chunk_work = False
+                    self._use(st)
+                    self._drain()
+                    cfg = self.config
+                    if not cfg.ume_use_ack_batching and not cfg.ume_explicit_ack_only:
+                        self._send_acks()
+                    self._request_more()
+                elif shared and st.missing.ranges:
+                    # a shared store answered: requests another session waited for may go now
+                    self._use(st)
+                    self._request_more()
+        finally:
+            self._rest()
 
     def _drain(self) -> None:
         """Deliver what is held from ``next_sqn`` on, stepping over abandoned numbers."""
@@ -617,11 +1033,12 @@ class ReceiverCore(ContextCore):
             return
         requests = self.requests
         emit = self.emit
+        name = self._cur.name
         delivered, last = 0, None
         while True:
             item = held.pop(nxt, None)
             if item is not None:
-                emit(MessageDelivered(nxt, item.payload, item.retransmission))
+                emit(MessageDelivered(nxt, item.payload, item.retransmission, name))
                 requests.pop(nxt, None)
                 delivered += 1
                 last = nxt
@@ -657,6 +1074,8 @@ class ReceiverCore(ContextCore):
         held, now = self.held, self.now
         floor = self.next_sqn
         batches: dict[int, list[int]] = {}
+        shared = len(self.sessions) > 1
+        waiting = False
         while len(requests) < limit:
             sqn = missing.take(floor)
             if sqn is None:
@@ -666,15 +1085,22 @@ class ReceiverCore(ContextCore):
                 continue  # arrived meanwhile, or asked for already
             store = stores[self._rr % len(stores)]
             self._rr += 1
+            if shared and self._shared(store.info.addr, sqn):
+                free = [s for s in stores if not self._shared(s.info.addr, sqn)]
+                if not free:
+                    missing.add(sqn, sqn + 1)  # another session's request first
+                    waiting = True
+                    break
+                store = free[0]
             requests[sqn] = Request(now, now, store.info.index)
             batches.setdefault(store.info.index, []).append(sqn)
         for store in stores:
             sqns = batches.get(store.info.index)
             if sqns:
                 self._send_rxreqs(store, sqns)
-        if requests:
+        if requests or waiting:
             self.set_timer_if_later(
-                "rx", now + self.config.retransmit_request_interval / 1000)
+                self._t("rx"), now + self.config.retransmit_request_interval / 1000)
 
     def _send_rxreqs(self, store: StoreReg, sqns: list[int]) -> None:
         """One RXREQ per sequence number, written to the store in one go."""
@@ -692,7 +1118,11 @@ class ReceiverCore(ContextCore):
             out.append(pack(*values))
         self._request_idx = idx
         self.stats["requests"] += len(sqns)
-        self.send_to(store.info.addr, b"".join(out))
+        if len(self.sessions) > 1:  # who asked, for _route_rx
+            owed, cur, now = self._owed, self._cur, self.now
+            for sqn in sqns:
+                owed.setdefault((store.info.addr, sqn), deque()).append((cur, now))
+        self._to_store(store, b"".join(out))
 
     def _retry_requests(self) -> None:
         cfg = self.config
@@ -708,6 +1138,10 @@ class ReceiverCore(ContextCore):
                 lost.append(sqn)
             elif self.now >= req.last + interval and stores:
                 others = [s for s in stores if s.info.index != req.store] or stores
+                if len(self.sessions) > 1:
+                    others = [s for s in others if not self._shared(s.info.addr, sqn)]
+                    if not others:
+                        continue  # another session's request for it first
                 store = others[req.tries % len(others)]
                 req.last, req.store, req.tries = self.now, store.info.index, req.tries + 1
                 self._send_rxreqs(store, [sqn])
@@ -715,7 +1149,7 @@ class ReceiverCore(ContextCore):
             self._give_up(sorted(lost))
         self._request_more()
         if self.requests:
-            self.set_timer("rx", self.now + interval)
+            self.set_timer(self._t("rx"), self.now + interval)
 
     def _give_up(self, lost: list[int]) -> None:
         start = prev = lost[0]
@@ -758,7 +1192,7 @@ class ReceiverCore(ContextCore):
     def _send_ack_to(self, store: StoreReg, sqn: int) -> None:
         src = self.source
         assert src is not None
-        self.send_to(store.info.addr, _ACK.pack(
+        self._to_store(store, _ACK.pack(
             type=AckType.CDELV, transport_idx=src.transport_idx, id_2=store.reg_id,
             rcv_reg_id=store.reg_id, seqnum=sqn))
 
@@ -769,7 +1203,7 @@ class ReceiverCore(ContextCore):
         if self.acked is not None:
             self._send_ack_to(store, self.acked)
         else:
-            self.send_to(store.info.addr, control(UmeKeepalive(
+            self._to_store(store, control(UmeKeepalive(
                 type=KeepaliveType.RECEIVER, transport_idx=src.transport_idx,
                 topic_idx=src.topic_idx, reg_id=store.reg_id)))
 
@@ -778,12 +1212,27 @@ class ReceiverCore(ContextCore):
     def on_timer(self, name: str) -> None:
         cfg = self.config
         if name == "resolve":
-            if self.source is None or not self.transport_up:
-                self.send_lbmr(lbmr.LbmrPacket(tqrs=[lbmr.Tqr(name=self.topic)]))
-                self.set_timer("resolve", self.now + cfg.resolver_query_interval / 1000)
-        elif name == "sri-request":
+            # the sustaining query phase: a source that starts later is found too, and the
+            # resolver daemon keeps relaying to a context it hears from
+            self.send_lbmr(lbmr.LbmrPacket(tqrs=[lbmr.Tqr(name=self.topic)]))
+            self.set_timer("resolve", self.now + cfg.resolver_query_interval / 1000)
+            return
+        kind, _, sid = name.partition(" ")
+        st = self._by_sid.get(int(sid)) if sid.isdigit() else None
+        if st is None:
+            return
+        self._use(st)
+        try:
+            self._session_timer(kind)
+        finally:
+            self._rest()
+
+    def _session_timer(self, kind: str) -> None:
+        """The current session's timer called ``kind`` passed."""
+        cfg = self.config
+        if kind == "sri-request":
             self._sri_request()
-        elif name == "register":
+        elif kind == "register":
             waiting = [reg for reg in self.stores.values()
                        if not reg.registered and not reg.failed]
             for reg in waiting:
@@ -791,33 +1240,32 @@ class ReceiverCore(ContextCore):
                     self._register(reg)
             if waiting:
                 # a store lost before its retry time is due still needs a timer of its own
-                self.set_timer_if_later("register", min(r.next_attempt for r in waiting))
-        elif name == "rx":
+                self.set_timer_if_later(self._t("register"),
+                                        min(r.next_attempt for r in waiting))
+        elif kind == "rx":
             self._retry_requests()
-        elif name == "ack":
+        elif kind == "ack":
             self._send_acks()
-            self.set_timer("ack", self.now + cfg.ume_ack_batching_interval / 1000)
-        elif name == "keepalive":
+            self.set_timer(self._t("ack"), self.now + cfg.ume_ack_batching_interval / 1000)
+        elif kind == "keepalive":
             for store in self.registered_stores:
                 self._keepalive(store)
-            self.set_timer("keepalive", self.now + cfg.ume_proactive_keepalive_interval / 1000)
+            self.set_timer(self._t("keepalive"),
+                           self.now + cfg.ume_proactive_keepalive_interval / 1000)
 
     def _sri_request(self) -> None:
         cfg = self.config
         src = self.source
-        if src is None or self.stores or src.request_addr is None:
+        if src is None or (self.stores and self._cur.confirmed) or src.request_addr is None:
             return
         if self._sri_requests >= cfg.ume_sri_request_maximum:
             self.failed = True
-            text = f"no SRI after {self._sri_requests} SRI requests: registration failed"
+            text = f"{self._cur.name}: no SRI after {self._sri_requests} SRI requests: " \
+                   f"registration failed"
             self.emit(ReceiverRegistrationError(None, -1, text))
             self.log(Level.ERROR, text)
             return
         self._sri_requests += 1
         self.send_to(src.request_addr, control(SriReq(transport_idx=src.transport_idx,
                                                       topic_idx=src.topic_idx)))
-        self.set_timer("sri-request", self.now + cfg.ume_sri_request_interval / 1000)
-
-
-
-
+        self.set_timer(self._t("sri-request"), self.now + cfg.ume_sri_request_interval / 1000)

@@ -1,0 +1,185 @@
+"""A receiver and several sources of its topic, in the simulator (issue 22 items 8 and 11).
+
+Guide "Receiver Registration": a receiver registers after receiving the SRI of the source
+sending on its topic; "Registration Identifier": a receiver RegID identifies it to one store
+for one source.  So a receiver joins every source of its topic, each with its own
+registrations, delivery order, recovery and consumption ACKs (item 8); and a source that
+starts while the receiver runs, after the previous one on the same transport address is gone
+(a new source: no Session ID, so a new source RegID), gets registered with afresh (item 11).
+"""
+
+from __future__ import annotations
+
+from reference_impl import events as ev
+from reference_impl.deployment import SimDeployment
+from reference_impl.receiver import ReceiverCore
+from reference_impl.source import SourceCore
+from reference_impl.store import TopicPolicy, TopicRule
+
+TOPIC = "multi.orders"
+RULES = (TopicRule(".*", TopicPolicy(repository_size_threshold=50_000_000), kind="PCRE"),)
+
+
+def deployment(stores: int = 1, seed: int = 1) -> SimDeployment:
+    d = SimDeployment(seed=seed)
+    for i in range(stores):
+        d.add_store(f"store{i}", topics=RULES, seed=100 + i)
+    return d
+
+
+def send(d: SimDeployment, names: list[str], n: int) -> None:
+    """``n`` messages from each source, interleaved; payload ``<source>:<sqn>``."""
+    for _ in range(n):
+        for name in names:
+            src = d.sources[name]
+            src.send(b"%s:%d" % (name.encode(), src.next_sqn))
+        d.run(0.001)
+
+
+def by_source(d: SimDeployment, name: str = "rcv") -> dict[str, list[tuple[int, bytes]]]:
+    """What the receiver delivered, per source string, in delivery order."""
+    out: dict[str, list[tuple[int, bytes]]] = {}
+    for e in d.events(name, ev.MessageDelivered):
+        assert isinstance(e, ev.MessageDelivered)
+        # (read with getattr so that a receiver without the field fails on what it delivers)
+        out.setdefault(getattr(e, "source", "?"), []).append((e.sequence_number, e.payload))
+    return out
+
+
+def source_string(d: SimDeployment, name: str) -> str:
+    src = d.sources[name]
+    return f"TCP:{src.transport_addr[0]}:{src.transport_addr[1]}"
+
+
+def expected(d: SimDeployment, name: str, n: int) -> list[tuple[int, bytes]]:
+    return [(i, b"%s:%d" % (name.encode(), i)) for i in range(n)]
+
+
+def registered(d: SimDeployment, names: list[str]) -> bool:
+    return all(d.sources[n].complete for n in names)
+
+
+def completions(d: SimDeployment, name: str = "rcv") -> int:
+    """The receiver's Registration Complete events (one per source it registered for)."""
+    return len(d.events(name, ev.ReceiverRegistrationComplete))
+
+
+# --- item 8: every source of the topic ---------------------------------------------------------
+
+
+def test_a_receiver_joins_both_sources_of_its_topic_and_delivers_each_in_order() -> None:
+    d = deployment()
+    d.add_source("a", TOPIC)
+    d.add_source("b", TOPIC)
+    d.add_receiver("rcv", TOPIC)
+    assert d.run_until(lambda: registered(d, ["a", "b"]) and completions(d) == 2, 15)
+    send(d, ["a", "b"], 50)
+    d.run(2)
+    got = by_source(d)
+    assert got == {source_string(d, "a"): expected(d, "a", 50),
+                   source_string(d, "b"): expected(d, "b", 50)}
+    # a registration per source at the store, each with a RegID of its own, each acknowledged
+    store = d.stores["store0"]
+    assert len(store.receivers) == 2
+    assert {r.source_reg_id for r in store.receivers.values()} == set(store.sources)
+    assert [r.last_ack for r in store.receivers.values()] == [49, 49]
+    successes = d.events("rcv", ev.ReceiverRegistrationSuccess)
+    assert len(successes) == 2 and len({s.reg_id for s in successes}) == 2  # type: ignore
+    assert len(d.events("rcv", ev.ReceiverRegistrationComplete)) == 2
+
+
+def test_a_late_receiver_recovers_both_sources_from_one_store() -> None:
+    # both sources use topic index 1 and the same store: the retransmissions on the one
+    # connection to the store must each reach the session that asked for them
+    d = deployment()
+    d.add_source("a", TOPIC)
+    d.add_source("b", TOPIC)
+    assert d.run_until(lambda: registered(d, ["a", "b"]), 10)
+    assert d.sources["a"].topic_idx == d.sources["b"].topic_idx
+    send(d, ["a", "b"], 120)
+    d.run(1)
+    rcv: ReceiverCore = d.add_receiver("rcv", TOPIC,
+                                       retransmit_request_outstanding_maximum=7)
+    assert d.run_until(lambda: sum(len(v) for v in by_source(d).values()) >= 240, 30)
+    send(d, ["a", "b"], 10)
+    d.run(2)
+    got = by_source(d)
+    assert got == {source_string(d, "a"): expected(d, "a", 130),
+                   source_string(d, "b"): expected(d, "b", 130)}
+    assert rcv.stats["retransmissions"] >= 240
+    assert not d.events("rcv", ev.UnrecoverableLoss)
+
+
+def test_each_source_with_its_own_store() -> None:
+    d = deployment(stores=2)
+    d.add_source("a", TOPIC, stores=["store0"])
+    d.add_source("b", TOPIC, stores=["store1"])
+    assert d.run_until(lambda: registered(d, ["a", "b"]), 10)
+    send(d, ["a", "b"], 30)
+    d.run(1)
+    d.add_receiver("rcv", TOPIC)
+    assert d.run_until(lambda: sum(len(v) for v in by_source(d).values()) >= 60, 20)
+    assert by_source(d) == {source_string(d, "a"): expected(d, "a", 30),
+                            source_string(d, "b"): expected(d, "b", 30)}
+    assert [len(d.stores[s].receivers) for s in ("store0", "store1")] == [1, 1]
+
+
+def test_explicit_acks_name_their_source() -> None:
+    d = deployment()
+    d.add_source("a", TOPIC)
+    d.add_source("b", TOPIC)
+    rcv: ReceiverCore = d.add_receiver("rcv", TOPIC, ume_explicit_ack_only=1)
+    assert d.run_until(lambda: completions(d) == 2, 15)
+    send(d, ["a", "b"], 10)
+    d.run(1)
+    rcv.ack(6, source=source_string(d, "b"))
+    d.run(1)
+    store = d.stores["store0"]
+    acks = {store.sources[r.source_reg_id].request_addr: r.last_ack
+            for r in store.receivers.values()}
+    assert acks == {d.sources["a"].request_addr: None, d.sources["b"].request_addr: 6}
+
+
+# --- item 11: a source that starts while the receiver runs -----------------------------------
+
+
+def test_a_running_receiver_gets_a_new_source_on_the_transport_of_a_finished_one() -> None:
+    d = deployment()
+    d.add_source("src", TOPIC)
+    rcv: ReceiverCore = d.add_receiver("rcv", TOPIC)
+    assert d.run_until(lambda: rcv.complete and d.sources["src"].complete, 10)
+    send(d, ["src"], 20)
+    d.run(1)
+    first_reg = {r.reg_id for r in d.stores["store0"].receivers.values()}
+    d.kill("src")
+    d.run(2)
+    # a new source on the same address and port, without Session ID or saved RegID
+    new: SourceCore = d.restart("src")  # type: ignore[assignment]
+    assert d.run_until(lambda: new.complete, 10)
+    assert new.next_sqn == 0
+    assert d.run_until(lambda: completions(d) == 2, 10)
+    send(d, ["src"], 15)
+    d.run(2)
+    name = source_string(d, "src")
+    assert by_source(d)[name] == expected(d, "src", 20) + expected(d, "src", 15)
+    assert not d.events("rcv", ev.ReceiverRegistrationError)
+    assert not d.events("store0", ev.ClientRejected)
+    store = d.stores["store0"]
+    (new_reg,) = [r for r in store.receivers.values() if r.reg_id not in first_reg]
+    assert new_reg.last_ack == 14
+
+
+def test_a_running_receiver_joins_a_second_source_that_starts_later() -> None:
+    d = deployment()
+    d.add_source("a", TOPIC)
+    rcv: ReceiverCore = d.add_receiver("rcv", TOPIC)
+    assert d.run_until(lambda: rcv.complete and d.sources["a"].complete, 10)
+    send(d, ["a"], 10)
+    d.run(15)  # long after the receiver resolved its topic
+    d.add_source("b", TOPIC)
+    assert d.run_until(lambda: registered(d, ["a", "b"]) and completions(d) == 2, 15)
+    send(d, ["a", "b"], 10)
+    d.run(2)
+    got = by_source(d)
+    assert got[source_string(d, "a")] == expected(d, "a", 20)
+    assert got[source_string(d, "b")] == expected(d, "b", 10)
