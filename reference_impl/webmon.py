@@ -84,6 +84,28 @@ to traverse (the product's monitor had such a hole, semantics.md §4).  Response
 HTML-escaped, control characters included, so a topic cannot break the page or the
 one-field-per-line layout scrapers depend on.
 
+**Load.**  A monitor that serves a fixed number of connections and waits long for each
+request head is easy to lock out: the old limits (64 connections, 10 s per head) let 64
+slowloris clients, or a flood of ordinary ones, answer every operator with 503.  Now:
+
+* a request head must be complete within :attr:`HttpLimits.header_timeout` (2 s) of when the
+  monitor starts waiting for it, however the client spreads its bytes;
+* a new connection is never refused for a connection that is merely waiting: over the
+  per-address cap (:attr:`HttpLimits.max_per_client`) the address's own least valuable
+  connection is reset, over the total cap (:attr:`HttpLimits.max_connections`) that of the
+  address holding the most connections.  Least valuable is a connection lingering after its
+  last response, then an idle keep-alive one, then one still waiting for its first request
+  head, oldest first; an operator's fresh connection from another address is never the one
+  to go.  Only when every connection is writing a response is the new one answered 503;
+* pages are built in one synchronous stretch of the loop, so however many clients ask, each
+  request costs one page build and the loop interleaves them fairly.
+
+Measured on loopback (``tests/reference_impl/test_webmon_load.py``): with 200 slowloris
+clients and 200 clients fetching ``/`` back to back, an operator's page fetches took at most
+0.3 s with the default limits (all clients on 127.0.0.1), and about 0.07 s with caps of 64
+connections and 16 per address and the attackers on other addresses.  Clients that share an
+address with an attacker (NAT, or everyone on loopback) share its per-address cap.
+
 **Address.**  ``address`` is the XML ``web-monitor`` value, ``Address:Port`` or ``*:Port``
 (``str()`` of :class:`reference_impl.config.store_xml.WebMonitorAddress` fits); ``*`` binds all
 interfaces (0.0.0.0) and must be asked for explicitly: the default is ``127.0.0.1:0`` because
@@ -280,10 +302,19 @@ class HttpLimits:
         header_line: longest header line; beyond it 431.
         header_bytes: all header lines together; beyond it 431.
         header_count: number of header lines; beyond it 431.
-        header_timeout: seconds a client may take to send a whole request head (also the
-            keep-alive idle time); then the connection is closed.
+        header_timeout: seconds from when the monitor starts waiting for a request (the
+            connection's accept, or the end of the previous response on a keep-alive
+            connection) until the whole head is in: a total, not a per-read, deadline, so a
+            client trickling a byte at a time gets no longer than a silent one.  Then the
+            connection is closed.
         write_timeout: seconds a response may take to drain to a slow reader.
-        max_connections: concurrent connections; beyond it 503.
+        max_connections: concurrent connections.  A new connection beyond it does not get
+            refused: the least valuable connection goes instead (see "Load" in the module
+            docstring); only when every connection is busy writing a response is the new one
+            answered 503.  The effective cap is also at most a quarter of the process's file
+            descriptor limit, so the monitor cannot starve the store of sockets.
+        max_per_client: concurrent connections from one client IP address; a new one beyond
+            it replaces that address's own least valuable connection.
         max_requests: requests served on one keep-alive connection.
         body_bytes: longest POST body (the reset form is about 40 bytes); beyond it 413.
     """
@@ -292,11 +323,41 @@ class HttpLimits:
     header_line: int = 8192
     header_bytes: int = 32768
     header_count: int = 100
-    header_timeout: float = 10.0
+    header_timeout: float = 2.0
     write_timeout: float = 10.0
-    max_connections: int = 64
+    max_connections: int = 1024
+    max_per_client: int = 512
     max_requests: int = 1000
     body_bytes: int = 1024
+
+
+@dataclass(eq=False)
+class _Conn:
+    """One open client connection as the admission logic sees it.
+
+    ``state`` is what the connection waits for: ``head`` (a request head; ``served`` tells a
+    new connection from an idle keep-alive one), ``write`` (a response to drain) or
+    ``linger`` (the client to close after the last response); ``since`` is when it entered
+    that state (``time.monotonic``).
+    """
+
+    task: asyncio.Task[None]
+    writer: asyncio.StreamWriter
+    client: str
+    since: float
+    state: str = "head"
+    served: int = 0
+
+    def enter(self, state: str) -> None:
+        self.state, self.since = state, time.monotonic()
+
+    @property
+    def rank(self) -> int:
+        """Eviction order: lingering after a final response, idle keep-alive, waiting for
+        its first request head (writing a response is never evicted)."""
+        if self.state == "linger":
+            return 0
+        return 1 if self.served else 2
 
 
 @dataclass
@@ -345,8 +406,10 @@ class WebMonitor:
         self.wall_clock = wall_clock
         self.limits = limits or HttpLimits()
         self._server: asyncio.Server | None = None
-        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
-        self.stats: dict[str, int] = {"requests": 0, "errors": 0, "connections": 0}
+        self._connections: dict[asyncio.Task[None], _Conn] = {}
+        self._max_connections = self.limits.max_connections
+        self.stats: dict[str, int] = {"requests": 0, "errors": 0, "connections": 0,
+                                      "evicted": 0, "refused": 0}
         self._form_token = secrets.token_urlsafe(24)  # see "Reset Rate Stats is a POST"
 
     # --- data ------------------------------------------------------------------------------
@@ -647,7 +710,9 @@ class WebMonitor:
                                                   limit=line_limit)
         sockname = self._server.sockets[0].getsockname()
         self.port = int(sockname[1])
-        log.info("web monitor listening on %s:%d", sockname[0], self.port)
+        self._max_connections = _connection_cap(self.limits.max_connections)
+        log.info("web monitor listening on %s:%d (at most %d connections)", sockname[0],
+                 self.port, self._max_connections)
         return str(sockname[0]), self.port
 
     async def stop(self) -> None:
@@ -656,8 +721,8 @@ class WebMonitor:
         if server is None:
             return
         server.close()
-        for writer in list(self._connections.values()):
-            writer.close()
+        for conn in list(self._connections.values()):
+            conn.writer.close()
         tasks = list(self._connections)
         if tasks:
             await asyncio.wait(tasks, timeout=self.limits.write_timeout)
@@ -676,25 +741,64 @@ class WebMonitor:
         task = asyncio.current_task()
         assert task is not None
         self.stats["connections"] += 1
-        self._connections[task] = writer
+        peer = writer.get_extra_info("peername")
+        conn = _Conn(task, writer, str(peer[0]) if peer else "?", time.monotonic())
+        self._connections[task] = conn
         try:
-            if len(self._connections) > self.limits.max_connections:
+            if not self._admit(conn):
+                self.stats["refused"] += 1
+                conn.enter("write")
                 await self._send(writer, self._error(HttpError(503, "too many connections"),
                                                      False), head_only=False, close=True)
                 return
-            for served in range(1, self.limits.max_requests + 1):
-                last = served == self.limits.max_requests
-                if not await self._one_request(reader, writer, last=last):
+            for served in range(self.limits.max_requests):
+                conn.served = served
+                conn.enter("head")
+                last = served + 1 == self.limits.max_requests
+                if not await self._one_request(reader, conn, last=last):
                     break
         except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
-            pass  # the client went away or stalled: nothing to answer
+            pass  # the client went away or stalled (or was evicted): nothing to answer
         finally:
+            conn.enter("linger")
             with contextlib.suppress(Exception):
                 await self._linger(reader, writer)
-            del self._connections[task]
+            self._connections.pop(task, None)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    def _admit(self, new: _Conn) -> bool:
+        """Make room for ``new`` (already counted) within the caps; False if none can be made.
+
+        Over the per-client cap the client's own least valuable connection goes; over the
+        total cap, that of the client address holding the most connections (so flooding
+        from one address costs that address, not the others).  Least valuable: lingering,
+        then idle keep-alive, then waiting for a first request head, oldest first within
+        each; a connection writing a response is never evicted.
+        """
+        same = [c for c in self._connections.values() if c.client == new.client]
+        if len(same) > self.limits.max_per_client:
+            candidates = same
+        elif len(self._connections) > self._max_connections:
+            candidates = list(self._connections.values())
+        else:
+            return True
+        held: dict[str, int] = {}
+        for c in candidates:
+            held[c.client] = held.get(c.client, 0) + 1
+        victims = [c for c in candidates if c is not new and c.state != "write"]
+        if not victims:
+            return False
+        victim = min(victims, key=lambda c: (-held[c.client], c.rank, c.since))
+        self._evict(victim)
+        return True
+
+    def _evict(self, conn: _Conn) -> None:
+        """Drop a connection at once (reset: no response, nothing to linger for)."""
+        self.stats["evicted"] += 1
+        self._connections.pop(conn.task, None)
+        conn.writer.transport.abort()
 
     async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Half-close, then discard what the client still sends, briefly.
@@ -714,14 +818,16 @@ class WebMonitor:
                     break
                 discarded += len(chunk)
 
-    async def _one_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+    async def _one_request(self, reader: asyncio.StreamReader, conn: _Conn,
                            *, last: bool) -> bool:
         """Serve one request (``last``: the connection's quota is used up); False when the
         connection must close."""
+        writer = conn.writer
         try:
             async with asyncio.timeout(self.limits.header_timeout):
                 request = await self._read_request(reader)
         except HttpError as err:
+            conn.enter("write")
             await self._send(writer, self._error(err, False), head_only=False, close=True)
             return False
         if request is None:
@@ -735,9 +841,11 @@ class WebMonitor:
                 async with asyncio.timeout(self.limits.header_timeout):
                     form = await self._read_form(reader, request)
         except HttpError as err:
+            conn.enter("write")
             await self._send(writer, self._error(err, False),
                              head_only=request.method == "HEAD", close=True)
             return False
+        conn.enter("write")
         response = self.render(request.target, method=request.method, form=form)
         keep = request.keep_alive and response.status == 200 and not last
         await self._send(writer, response, head_only=request.method == "HEAD", close=not keep)
@@ -858,6 +966,18 @@ def _parse_header(line: str) -> tuple[str, str]:
     if not _FIELD_VALUE.fullmatch(value):
         raise HttpError(400, f"control character in header {name!r}")
     return name.lower(), value
+
+
+def _connection_cap(wanted: int) -> int:
+    """``wanted``, but at most a quarter of the soft file descriptor limit (at least 16)."""
+    try:
+        import resource
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):  # no such limit here (Windows)
+        return wanted
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return wanted
+    return max(1, min(wanted, max(16, soft // 4)))
 
 
 def _check_request(request: _Request) -> None:

@@ -592,17 +592,6 @@ async def test_idle_client_is_dropped_after_the_header_timeout() -> None:
 
 
 @async_test()
-async def test_connection_limit() -> None:
-    mon = WebMonitor([], version="1", limits=HttpLimits(max_connections=1))
-    async with mon:
-        _, first = await asyncio.open_connection("127.0.0.1", mon.port)
-        await asyncio.sleep(0.05)
-        status, _, _ = await raw(mon.port, b"GET / HTTP/1.0\r\n\r\n")
-        assert status == 503
-        first.close()
-
-
-@async_test()
 async def test_store_list_from_a_callable_follows_restarts() -> None:
     d = SimDeployment(seed=2)
     d.add_store("alpha")
