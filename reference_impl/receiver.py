@@ -824,17 +824,52 @@ class ReceiverCore(ContextCore):
 
     # --- SRI and registration ----------------------------------------------------------------
 
+    @staticmethod
+    def _pairs(message: LbmcMessage) -> set[tuple[Addr, int]]:
+        """The (store address, source RegID) pairs an SRI names."""
+        return {((h.store_ip_addr, h.store_tcp_port), h.src_reg_id) for h in message.headers
+                if isinstance(h, UmeStoreExt | UmeStore)}
+
+    @staticmethod
+    def _known(st: SourceSession) -> set[tuple[Addr, int]]:
+        """The (store address, source RegID) pairs a session registered for."""
+        return {(r.info.addr, r.source_reg_id) for r in st.stores.values()}
+
     def _same_source(self, message: LbmcMessage) -> bool:
         """The SRI names one of the (store, source RegID) pairs we registered for (or we
         registered for none): it is the source we know, not a new one on its transport."""
         if not self.stores:
             return True
-        named = {((h.store_ip_addr, h.store_tcp_port), h.src_reg_id) for h in message.headers
-                 if isinstance(h, UmeStoreExt | UmeStore)}
-        known = {(r.info.addr, r.source_reg_id) for r in self.stores.values()}
-        return not named or bool(named & known)
+        named = self._pairs(message)
+        return not named or bool(named & self._known(self._cur))
+
+    def _adopt_moved(self, message: LbmcMessage) -> None:
+        """A new transport's first SRI names the source RegIDs of a session whose transport
+        went away: the same source, restarted on another port.  That session goes on here
+        (its registrations, order and ACKs), as it would have on the old port."""
+        cur = self._cur
+        if cur.stores:
+            return
+        named = self._pairs(message)
+        old = next((st for st in self.sessions.values() if st is not cur and
+                    not st.transport_up and named & self._known(st)), None)
+        if old is None or cur.source is None:
+            return
+        self.log(Level.NOTICE, f"{cur.name}: the source of {old.name} is back on this "
+                               f"transport; its registrations and delivery order go on")
+        del self.sessions[old.key]
+        self._drop_session(cur)
+        old.key, old.source, old.name = cur.key, cur.source, cur.name
+        old.transport_up, old.sri_version, old.confirmed = True, 0, True
+        self.sessions[cur.key] = old
+        self._index()
+        self._use(old)
+        for sqn in sorted(cur.held):  # its live data so far, held by the new session
+            item = cur.held[sqn]
+            self._on_data(sqn, item.payload, retransmission=item.retransmission)
 
     def _on_sri(self, sri: Header, message: LbmcMessage) -> None:
+        self._adopt_moved(message)
         cur = self._cur
         waiting, cur.unconfirmed = cur.unconfirmed, []
         if not self._same_source(message):

@@ -183,3 +183,29 @@ def test_a_running_receiver_joins_a_second_source_that_starts_later() -> None:
     got = by_source(d)
     assert got[source_string(d, "a")] == expected(d, "a", 20)
     assert got[source_string(d, "b")] == expected(d, "b", 10)
+
+
+def test_a_source_restarted_on_another_transport_goes_on_in_the_same_order() -> None:
+    # the same source (its Session ID gets it its RegID back) comes back on another address:
+    # the receiver's registrations and delivery order go on, nothing twice, nothing missing
+    d = deployment()
+    # the store frees the RegID 2 s after the source fell silent and keeps its state
+    keep = {"ume_session_id": 0x77, "ume_activity_timeout": 2000, "ume_state_lifetime": 600_000}
+    d.add_source("a", TOPIC, **keep)  # type: ignore[arg-type]
+    d.add_receiver("rcv", TOPIC)
+    assert d.run_until(lambda: completions(d) == 1 and d.sources["a"].complete, 10)
+    send(d, ["a"], 20)
+    d.run(1)
+    d.kill("a")
+    d.run(1)
+    moved = d.add_source("a2", TOPIC, **keep)  # type: ignore[arg-type]
+    assert d.run_until(lambda: moved.complete, 20)
+    assert moved.next_sqn == 20
+    for _ in range(15):
+        moved.send(b"a2:%d" % moved.next_sqn)
+        d.run(0.001)
+    d.run(2)
+    got = by_source(d)
+    assert got[source_string(d, "a")] == expected(d, "a", 20)
+    assert got[source_string(d, "a2")] == [(i, b"a2:%d" % i) for i in range(20, 35)]
+    assert len(d.stores["store0"].receivers) == 1  # the same receiver registration
