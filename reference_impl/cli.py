@@ -195,7 +195,12 @@ def cmd_store(args: argparse.Namespace) -> int:
             monitor = WebMonitor(cores, version="ump-harness reference store",
                                  address=str(config.daemon.web_monitor),
                                  clock=host.now)
-            where = await monitor.start()
+            try:
+                where = await monitor.start()
+            except OSError as exc:  # the address is the file's: report it like a bad value
+                raise ConfigError(args.config, config.daemon.web_monitor_line,
+                                  f"<web-monitor> {config.daemon.web_monitor}: cannot listen "
+                                  f"there: {exc.strerror or exc}") from None
             print(f"web monitor on http://{where[0]}:{where[1]}/", file=sys.stderr)
         for core in cores:
             print(f'Store "{core.name}" ready to accept registrations on '

@@ -945,8 +945,9 @@ class DaemonMonitorConfig:
 @dataclass(frozen=True)
 class DaemonConfig:
     """``<daemon>``: process-wide settings.  Every field is optional; the web monitor is off
-    unless configured.  ``lbm_config_line`` is the line of ``<lbm-config>``, so an error in
-    reading the file it names can point at it."""
+    unless configured.  ``lbm_config_line`` and ``web_monitor_line`` are the lines of
+    ``<lbm-config>`` and ``<web-monitor>``, so an error in reading the file the one names, or
+    in listening where the other says, can point at them."""
 
     log: LogConfig | None = None
     pidfile: str | None = None
@@ -959,6 +960,7 @@ class DaemonConfig:
     lbm_license_files: tuple[str, ...] = ()
     lbm_password_file: str | None = None
     web_monitor: WebMonitorAddress | None = None
+    web_monitor_line: int | None = None
     daemon_monitor: DaemonMonitorConfig | None = None
 
 
@@ -1215,6 +1217,7 @@ class _Builder:
                 singles["log"] = self.log(child)
             elif child.name == "web-monitor":
                 singles["web_monitor"] = self.web_monitor(child)
+                singles["web_monitor_line"] = child.line
             elif child.name == "daemon-monitor":
                 self.warn(child, "<daemon-monitor> (binary daemon statistics) is deprecated")
                 singles["daemon_monitor"] = self.daemon_monitor(child)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -281,3 +282,25 @@ def test_real_commands_refuse_the_corpus() -> None:
         _, err = run.communicate(timeout=60)
         path = Path(argv[2])
         assert_one_line_error(run.returncode, err, path, (XML_CASES | CFG_CASES)[path.name])
+
+
+def test_a_web_monitor_address_that_cannot_be_bound_is_one_line(tmp_path: Path) -> None:
+    """The bind happens once the store runs, but the address is the file's: it is reported
+    like a bad value, with the <web-monitor> line (before, a traceback from asyncio)."""
+    with socket.socket() as taken, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as resolver:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        resolver.bind(("127.0.0.1", 0))
+        xml = tmp_path / "store.xml"
+        xml.write_text(
+            '<ume-store version="1.3"><daemon>\n'
+            f"<web-monitor>127.0.0.1:{taken.getsockname()[1]}</web-monitor></daemon><stores>"
+            '<store name="s" port="0"><ume-attributes>'
+            '<option name="disk-state-directory" value="state"/></ume-attributes>'
+            '<topics><topic pattern="t"/></topics></store></stores></ume-store>\n')
+        done = subprocess.run(
+            [sys.executable, "-m", "ump", "store", "-c", str(xml), "--resolver",
+             f"127.0.0.1:{resolver.getsockname()[1]}"],
+            capture_output=True, text=True, timeout=60, check=False)
+    assert_one_line_error(done.returncode, done.stderr, xml, 2)
+    assert "<web-monitor>" in done.stderr and "cannot listen" in done.stderr
