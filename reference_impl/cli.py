@@ -27,6 +27,7 @@ from reference_impl.config.values import one_line, shown
 from reference_impl.events import (
     Addr,
     FlightSizeNotification,
+    MessageDelivered,
     MessageStable,
     SourceDeregistered,
 )
@@ -289,13 +290,17 @@ def cmd_receiver(args: argparse.Namespace) -> int:
         client = runtime.load_client(args.config, args.profile)
     except ConfigError as exc:
         return _config_error("receiver", exc)
-    floor = -1
+    # --dedupe: the highest sequence number already in --out, per source (each source of
+    # the topic numbers its own messages; lines without a source count for every source)
+    floors: dict[str, int] = {}
     if args.dedupe and args.out and Path(args.out).exists():
         for line in Path(args.out).read_text().splitlines():
             try:
-                floor = max(floor, json.loads(line)["sqn"])
-            except (ValueError, KeyError):
+                row = json.loads(line)
+                name, sqn = str(row.get("source", "")), int(row["sqn"])
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue
+            floors[name] = max(floors.get(name, -1), sqn)
     out = open(args.out, "a", buffering=1) if args.out else sys.stdout  # noqa: SIM115
 
     async def setup(host: AioHost) -> None:
@@ -304,8 +309,8 @@ def cmd_receiver(args: argparse.Namespace) -> int:
         skipped = {"n": 0}
 
         def handle(core: Any, event: Any) -> None:
-            sqn = getattr(event, "sequence_number", None)
-            if type(event).__name__ == "MessageDelivered" and sqn is not None and sqn <= floor:
+            if isinstance(event, MessageDelivered) and floors and event.sequence_number <= \
+                    floors.get(event.source, floors.get("", -1)):
                 skipped["n"] += 1
                 return
             writer(core, event)

@@ -54,22 +54,27 @@ semantics.md §1.10-1.11, "strong RegIDs"):
   the owner.  With an activity timeout of 0 ("weak RegIDs") the RegID is held only while the
   owner's registration connection is open.
 * **Who is the owner** (:meth:`StoreCore._same_source`): a registration on the owner's own
-  connection (a retried PREG whose answer was lost), or one that names the owner's request
-  address (IP and port of ``resp_ip``/``resp_port``), transport index, topic index and
-  Session ID (none counts as a value: both must have none), arriving on a TCP connection
-  from that very IP.  A source that restarts on the same ports, or that re-registers after a
-  store restart, is therefore granted at once; a source that moved (another port or host)
-  waits until its old incarnation's activity timeout ran out, as the guide asks.
-* **Limits**: the proof is only as strong as the network's addresses.  The store cannot see
-  the port a PREG names (the registration arrives from an ephemeral port), so any process on
-  the owner's host (same IP) that knows the owner's request port, indexes and Session ID -
-  all visible in its topic advertisement and on the wire - can still register as the owner;
-  so can anyone who can spoof TCP from the owner's address.  Session IDs are not secrets.
-  What it stops is an impostor on another host, and one on the same host that does not
-  forge the owner's identity (the common mistake: a second instance started with the same
-  static RegID or Session ID).  Receivers keep the earlier rule (their RegID is refused to
-  another registration only while the owner's connection is open): ``ump receiver`` listens
-  on an ephemeral request port, so a restarted receiver could not prove it is the owner.
+  connection (a retried PREG whose answer was lost), or one that arrives on a TCP connection
+  from the owner's IP, names that IP as its request address (``resp_ip``) and either
+  - carries the owner's Session ID, when the owner registered with one (the guide's
+    "Managing RegIDs with Session IDs": the Session ID is how a restarted application finds
+    its RegID again, so a restart on other ports is still the owner), or
+  - when neither has a Session ID, names the owner's request port and its transport and
+    topic indexes (a source restarted on the same ports, or one re-registering after a
+    store restart).
+  Anything else - another host, another request port without a Session ID, another Session
+  ID - waits until the old incarnation's activity timeout ran out, as the guide asks.
+* **Limits**: the proof is only as strong as the network's addresses and the secrecy of the
+  Session ID.  The store cannot see the port a PREG names (registrations come from
+  ephemeral ports), so a process on the owner's host (same IP) that names the owner's
+  request port and indexes - all in its topic advertisement, which every context sees - is
+  taken for a source without Session ID; for a source with one it must also know the
+  Session ID (in the PREG, which only the store sees, and in the application's
+  configuration).  Anyone who can spoof TCP from the owner's address passes too.  What the
+  rule stops is an impostor on another host, and one on the same host that does not forge
+  the owner's identity (the common mistake: a second instance started with the same static
+  RegID).  Receivers keep the earlier rule (their RegID is refused to another registration
+  only while the owner's connection is open).
 
 Choices where the fact sheets are silent (each tested in tests/reference_impl/test_store.py):
 
@@ -691,10 +696,14 @@ class StoreCore(ContextCore):
             if existing.holds_regid(self.now) and \
                     not self._same_source(existing, conn, preg, request_addr, session_id):
                 left = existing.activity_timeout - (self.now - existing.last_activity)
+                owner, claim = existing.request_addr, request_addr
                 self._reject(conn, preg, PregError.EACTIVE,
-                             f"RegID {reg_id} is in use by a different source"
-                             + (f" (free in {left:.1f} s unless it is heard from)"
-                                if existing.activity_timeout > 0 else ""))
+                             f"RegID {reg_id} is in use by a different source (held by "
+                             f"{owner[0]}:{owner[1]} indexes {existing.transport_idx}/"
+                             f"{existing.topic_idx}; asked by {claim[0]}:{claim[1]} from "
+                             f"{conn.remote[0]} indexes {preg.transport_idx}/{preg.topic_idx}"
+                             + (f"; free in {left:.1f} s unless it is heard from)"
+                                if existing.activity_timeout > 0 else ")"))
                 return
             if existing.topic != topic:
                 self._reject(conn, preg, PregError.ETOPICNAME,
@@ -767,9 +776,12 @@ class StoreCore(ContextCore):
         rule and its limits are in the module docstring, "Source RegID ownership")."""
         if owner.conn is conn:
             return True  # a retried PREG on the owner's own connection
-        return owner.request_addr == request_addr and conn.remote[0] == request_addr[0] \
-            and (owner.transport_idx, owner.topic_idx) == (preg.transport_idx, preg.topic_idx) \
-            and owner.session_id == session_id
+        if conn.remote[0] != owner.request_addr[0] or request_addr[0] != owner.request_addr[0]:
+            return False  # from another host
+        if owner.session_id or session_id:
+            return owner.session_id == session_id  # the application's own name for itself
+        return owner.request_addr == request_addr and \
+            (owner.transport_idx, owner.topic_idx) == (preg.transport_idx, preg.topic_idx)
 
     def _answer(self, src: SourceState) -> None:
         respond, src.pending_response = src.pending_response, None

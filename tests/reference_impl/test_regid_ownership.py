@@ -4,8 +4,9 @@ through the sans-IO cores with real PREG, TIR and data bytes:
 * a RegID stays its source's until the source's activity timeout ran out since it was last
   heard, whatever happened to its connection (a SIGKILLed source) or to the store (restored
   state counts from the restart) - the guide's "Activity Timeout and State Lifetime Options";
-* except for a registration that provably comes from the owner: its own connection, or the
-  owner's request address, indexes and Session ID arriving from the owner's IP;
+* except for a registration that provably comes from the owner: its own connection, or one
+  from the owner's IP with the owner's Session ID (without one: its request address and
+  indexes);
 * a restarted store rejoins the sources it restored and keeps their live data;
 * a source treats a closed store connection as the store being unresponsive and registers
   again at once, and it retries "RegID in use" refusals.
@@ -175,14 +176,33 @@ def test_a_retried_preg_on_the_owners_connection_is_granted() -> None:
     assert granted(bench.register(owner, 1.2))  # its answer was lost: the source retries
 
 
-def test_the_owners_address_with_another_session_id_or_topic_index_is_not_the_owner() -> None:
+def test_with_a_session_id_the_owner_is_its_session_id_from_its_host() -> None:
+    """A restarted application finds its RegID again by its Session ID ("Managing RegIDs with
+    Session IDs"), on whatever request port it got; another Session ID, or the same one from
+    another host, is not the owner."""
     bench = Bench()
     owner = bench.connect(OWNER[0], 1.0)
     assert granted(bench.register(owner, 1.0, session_id=5))
     bench.close(owner, 2.0)
     assert refused(bench.register(bench.connect(OWNER[0], 2.1), 2.1, session_id=6))
-    assert refused(bench.register(bench.connect(OWNER[0], 2.2), 2.2, session_id=5,
-                                  topic_idx=2))
+    assert refused(bench.register(bench.connect(OWNER[0], 2.1), 2.1))  # no Session ID
+    assert refused(bench.register(bench.connect(THIEF[0], 2.2), 2.2, request=THIEF,
+                                  session_id=5))
+    assert refused(bench.register(bench.connect(THIEF[0], 2.2), 2.2, request=OWNER,
+                                  session_id=5))
+    restarted = bench.register(bench.connect(THIEF_LOCAL[0], 2.3), 2.3, request=THIEF_LOCAL,
+                               session_id=5, reg_id=0)
+    assert granted(restarted) and restarted.o_flag == 1
+
+
+def test_without_a_session_id_the_owner_is_its_request_address_and_indexes() -> None:
+    bench = Bench()
+    owner = bench.connect(OWNER[0], 1.0)
+    assert granted(bench.register(owner, 1.0))
+    bench.close(owner, 2.0)
+    assert refused(bench.register(bench.connect(OWNER[0], 2.1), 2.1, topic_idx=2))
+    assert refused(bench.register(bench.connect(OWNER[0], 2.2), 2.2, session_id=5))
+    assert granted(bench.register(bench.connect(OWNER[0], 2.3), 2.3))
 
 
 def test_weak_regids_are_held_only_while_the_owner_is_connected() -> None:
