@@ -41,7 +41,13 @@ Decisions where neither the spec nor the guide says:
   only the *default* (the guide-5.3 profile's default), so such topics must name a type.
 * UMQ remnants of DTD 1.1/1.2 (``<queues>``, ``<application-sets>``, option type ``queue``) are
   accepted structurally, ignored, and reported as warnings: the reference store has no queues.
-* Numbers are decimal (no ``0x``); flags are ``0`` or ``1``.
+* Numbers are decimal (no ``0x``), ASCII digits only, leading zeros allowed (as ``strtoul``
+  reads them) and of any length: 5,000 digits is an out-of-range error, not Python's
+  ``int()`` digit-limit exception; flags are ``0`` or ``1``.
+* The declared encoding must be one expat reads (UTF-8, UTF-16, ISO-8859-1, US-ASCII) or a
+  single-byte codec Python knows; any other (unknown, multi-byte, not a text codec) is an
+  error at line 1 naming it.  Error messages cut long values (``'999...'... (5000
+  characters)``) so each stays one readable line.
 * Deprecated but harmless settings are accepted with a warning: ``<daemon-monitor>``,
   ``<publishing-interval>``, topic type ``regexp``, and ``repository-disk-max-write-async-cbs``
   other than 1 under the current profile (replaced by 1, the only value current stores use).
