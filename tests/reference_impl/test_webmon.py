@@ -82,6 +82,9 @@ class World:
         return next(iter(self.store.receivers))
 
     def monitor(self, **options: Any) -> WebMonitor:
+        """The monitor of this world; unless asked, pages follow the state at once (no
+        snapshot reuse: ``max_age`` has its own test in test_webmon_load.py)."""
+        options.setdefault("max_age", 0.0)
         return WebMonitor([self.store], version=VERSION, clock=lambda: self.d.now,
                           wall_clock=lambda: WALL, **options)
 
@@ -597,7 +600,8 @@ async def test_store_list_from_a_callable_follows_restarts() -> None:
     d.add_store("alpha")
     d.add_store("beta", port=14568)
     d.run(0.5)
-    mon = WebMonitor(lambda: list(d.stores.values()), version="1", clock=lambda: d.now)
+    mon = WebMonitor(lambda: list(d.stores.values()), version="1", clock=lambda: d.now,
+                     max_age=0.0)
     async with mon:
         base = f"http://127.0.0.1:{mon.port}"
         listing = (await fetch(base, "/stores?format=json")).json()
