@@ -61,6 +61,7 @@ from types import FrameType
 from typing import Any
 
 from reference_impl.context import ContextCore, control
+from reference_impl.events import MessageDelivered, UnrecoverableLoss
 from reference_impl.fastmsg import data_message
 from reference_impl.sim import ConnKey, StreamEvent, StreamEventKind
 from tests.reference_impl.strategies import with_prefix
@@ -550,8 +551,10 @@ class CoreBench:
         conns: channel name -> connection key (the bench's own peers).
         seeds: channel name -> valid messages for that channel (``lbmr``: datagrams).
         stranger_ip: where stranger connections come from.
-        live: the bench source's n-th next data message (valid, in sequence): a fifth of the
-            transport frames, so the core keeps storing or delivering between the garbage.
+        live: the bench source's data message with a given sequence number (valid): a fifth
+            of the transport frames are the next one, so the core keeps storing or delivering
+            between the garbage.
+        first_live: the first of them (the one after what the bench holds).
     """
 
     core: ContextCore
@@ -559,6 +562,7 @@ class CoreBench:
     seeds: dict[str, list[bytes]]
     stranger_ip: str
     live: Callable[[int], bytes]
+    first_live: int
 
     def intact(self) -> bool:
         return all(key in self.core.connections for key in self.conns.values())
@@ -594,7 +598,7 @@ def store_bench() -> CoreBench:
          "stranger": registrations + requests + messages,
          "lbmr": [p.build() for p in bad.VALID_LBMR] + udp},
         bad.STRANGER_IP,
-        lambda n: data_message(tidx, bad.HELD + n, bad.payload(bad.HELD + n)))
+        lambda sqn: data_message(tidx, sqn, bad.payload(sqn)), bad.HELD)
 
 
 RECEIVER_SEED = 5
@@ -658,7 +662,7 @@ def receiver_bench() -> CoreBench:
          "stranger": templates + traffic["store"] + messages,
          "lbmr": [tir, *udp]},
         bad.STRANGER_IP,
-        lambda n: data_message(src.topic_idx, n, bad.payload(n)))
+        lambda sqn: data_message(src.topic_idx, sqn, bad.payload(sqn)), 0)
 
 
 BENCHES: dict[str, Callable[[], CoreBench]] = {"store": store_bench,
@@ -683,13 +687,13 @@ class CoreFeeder:
         self.mutator = Mutator(rng, pool)
         self.now = 2.0
         self.fed = 0
-        self.live = 0
+        self.live = self.bench.first_live
         self.stranger: ConnKey | None = None
         self.stranger_port = 40000
 
     def rebuild(self) -> None:
         self.bench = BENCHES[self.target]()
-        self.stranger, self.fed, self.live = None, 0, 0
+        self.stranger, self.fed, self.live = None, 0, self.bench.first_live
         self.now = 2.0
         self.run.counts["bench rebuilds"] += 1
 
@@ -699,7 +703,7 @@ class CoreFeeder:
         mutator = self.mutator
         channel = self.rng.choices(self.channels, self.weights)[0]
         if channel == "transport" and mutator.random() < 0.2:
-            self.live += 1
+            self.live = (self.live + 1) & 0xFFFFFFFF
             return channel, self.bench.live(self.live - 1)
         seed = mutator.pick(self.bench.seeds[channel])
         if channel in self.bench.conns and mutator.random() < 0.9:
@@ -738,6 +742,12 @@ class CoreFeeder:
             core.handle_timer(now)
         for event in core.events():
             self.run.counts[type(event).__name__] += 1
+            # the receiver skipped ahead (a mutated sequence number, a loss given up): the
+            # live stream follows, or it would only ever be old news
+            if isinstance(event, MessageDelivered):
+                self.live = max(self.live, (event.sequence_number + 1) & 0xFFFFFFFF)
+            elif isinstance(event, UnrecoverableLoss):
+                self.live = max(self.live, (event.last + 1) & 0xFFFFFFFF)
         core.stream_commands(now)
         core.datagrams_to_send(now)
         core.datagrams_from(now)

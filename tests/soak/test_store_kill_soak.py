@@ -6,10 +6,13 @@ machinery it reuses), with every party a process of its own:
 1. a resolver (``ump resolver``), a disk-repository store (``ump store -c store.xml``), a live
    receiver (``ump receiver --out live.jsonl``) and a source (:mod:`tests.soak.soak_source`)
    that sends continuously and appends every sequence number it is told is stable to a file;
-2. ``UMP_SOAK_CYCLES`` times (default 100): wait a random moment (the source keeps sending),
-   SIGKILL the store, restart it on the same XML (same cache and state directories), and wait
-   (bounded) until the source sees stability again; the time from the restarted store's ready
-   line to the first new stable message is that cycle's recovery time;
+2. ``UMP_SOAK_CYCLES`` times (default 100): wait (bounded) until the source sees stability
+   again after the previous restart, then a random moment (the source keeps sending), SIGKILL
+   the store and restart it on the same XML (same cache and state directories); the time from
+   the restarted store's ready line to the first new stable message is that restart's
+   recovery time.  One kill in five (:data:`EARLY_KILLS`) does not wait for stability: it
+   comes at a random moment of the second after the restart, while the source re-registers
+   and the store catches up;
 3. the source stops sending (SIGUSR1) but stays up (receivers find the topic through its
    advertisement), and a fresh receiver registers with the store, which recovers everything
    it holds: every sequence number the source saw as stable must be delivered to it, with
@@ -51,6 +54,8 @@ pytestmark = [pytest.mark.soak, pytest.mark.slow]
 TOPIC = "soak.store.kill"
 STORE_READY = "ready to accept registrations"
 SOURCE_SCRIPT = Path(__file__).with_name("soak_source.py")
+EARLY_KILLS = 0.2
+"""The share of kills that do not wait for stability to resume after the previous restart."""
 
 
 def _env_int(name: str, default: int) -> int:
@@ -185,12 +190,16 @@ class Cycle:
     Attributes:
         stable_at_kill: stable messages the source had seen when the store was killed.
         restart_s: SIGKILL to the restarted store's ready line.
-        recovery_s: ready line to the first new stable message (None: it did not resume).
+        recovery_s: ready line to the first new stable message (None: the store was killed
+            again first, or stability did not resume within the bound).
+        early: the kill came at a random moment after the previous restart, without waiting
+            for stability to resume (during re-registration and catch-up).
     """
 
     stable_at_kill: int
     restart_s: float
     recovery_s: float | None
+    early: bool = False
 
 
 @dataclass
@@ -204,6 +213,8 @@ class SoakResult:
     live: dict[str, int] = field(default_factory=dict)
     wall_s: float = 0.0
     stalled: bool = False
+    final_recovery_s: float | None = None
+    error: str | None = None
 
     def summary(self) -> dict[str, object]:
         recovered = [c.recovery_s for c in self.cycles if c.recovery_s is not None]
@@ -219,9 +230,11 @@ class SoakResult:
 
         return {"seed": self.seed, "cycles": len(self.cycles), "sent": self.sent,
                 "stable": self.stable, "lost": len(self.lost), "first_lost": self.lost[:10],
-                "final_receiver": self.final, "live_receiver": self.live,
+                "final_receiver": self.final, "final_recovery_s": self.final_recovery_s,
+                "live_receiver": self.live,
+                "early_kills": sum(c.early for c in self.cycles),
                 "restart_s": spread(restarts), "recovery_s": spread(recovered),
-                "stalled": self.stalled, "wall_s": round(self.wall_s, 1),
+                "stalled": self.stalled, "error": self.error, "wall_s": round(self.wall_s, 1),
                 "per_cycle": [asdict(c) for c in self.cycles]}
 
 
@@ -242,6 +255,13 @@ def _wait(predicate: Callable[[], bool], timeout: float, poll: float = 0.02) -> 
             return time.monotonic() - start
         time.sleep(poll)
     return None
+
+
+def _resumed(stable: StableLog, base: int, timeout: float) -> float | None:
+    """Seconds until the source saw a message stable beyond the ``base`` it had seen when the
+    store was ready again (None: not within ``timeout``)."""
+    waited = _wait(lambda: stable.poll() > base, timeout)
+    return None if waited is None else round(waited, 3)
 
 
 def _stopped(proc: subprocess.Popen[bytes], sig: signal.Signals, timeout: float = 10) -> None:
@@ -277,9 +297,20 @@ def run_soak(workdir: Path, *, cycles: int, rate: float, seed: int,
         assert _wait(lambda: stable.poll() > 0 or source.poll() is not None, 60) and \
             source.poll() is None, \
             f"nothing became stable:\n{procs.log('source')[-3000:]}"
+        restarted: Cycle | None = None  # the last restart, its recovery not yet seen
+        base = stable.poll()
         for _ in range(cycles):
-            # the store is under load for a random moment (stability has resumed)
-            time.sleep(rng.uniform(0.0, 1.5))
+            early = rng.random() < EARLY_KILLS
+            if early:
+                # a kill while the restarted store is still being re-registered and catching up
+                time.sleep(rng.uniform(0.0, 1.0))
+            else:
+                if restarted is not None:
+                    restarted.recovery_s = _resumed(stable, base, recovery_timeout)
+                    if restarted.recovery_s is None:
+                        result.stalled = True
+                        break
+                time.sleep(rng.uniform(0.0, 1.5))  # the store under load for a random moment
             assert source.poll() is None, f"source died:\n{procs.log('source')[-3000:]}"
             store = procs.procs["store"]
             store.send_signal(signal.SIGKILL)
@@ -287,18 +318,12 @@ def run_soak(workdir: Path, *, cycles: int, rate: float, seed: int,
             store.wait()
             at_kill = stable.poll()
             procs.start_store()
-            ready = time.monotonic()
+            restarted = Cycle(at_kill, round(time.monotonic() - killed, 3), None, early)
+            result.cycles.append(restarted)
             base = stable.poll()
-
-            def resumed(base: int = base) -> bool:
-                return stable.poll() > base
-
-            waited = _wait(resumed, recovery_timeout)
-            result.cycles.append(Cycle(at_kill, round(ready - killed, 3),
-                                       None if waited is None else round(waited, 3)))
-            if waited is None:
-                result.stalled = True
-                break
+        if restarted is not None and not result.stalled:
+            restarted.recovery_s = _resumed(stable, base, recovery_timeout)
+            result.stalled = restarted.recovery_s is None
         # the end: the source stops sending but stays up; the live receiver catches up
         source.send_signal(signal.SIGUSR1)
         assert _wait(lambda: "stopped sending" in procs.log("source"), 30) is not None
@@ -311,7 +336,9 @@ def run_soak(workdir: Path, *, cycles: int, rate: float, seed: int,
                     "--out", "final.jsonl")
         wanted = set(stable.sqns)
         budget = 60 + len(wanted) / 2000
-        _wait(lambda: final.poll() >= len(wanted) and wanted <= final.distinct, budget, 0.2)
+        took = _wait(lambda: final.poll() >= len(wanted) and wanted <= final.distinct, budget,
+                     0.2)
+        result.final_recovery_s = None if took is None else round(took, 1)
         final.poll()
         _stopped(procs.procs["final"], signal.SIGINT)
         final.poll()
@@ -321,6 +348,8 @@ def run_soak(workdir: Path, *, cycles: int, rate: float, seed: int,
                 result.sent = int(line.split()[5])
         result.stable = len(wanted)
         result.lost = sorted(wanted - final.distinct)
+    except AssertionError as exc:  # a process died or never got going: report what was seen
+        result.error = str(exc)
     finally:
         procs.stop_all()
         result.wall_s = time.monotonic() - started
@@ -352,6 +381,7 @@ def test_store_sigkill_soak_loses_no_stable_message(soak_dir: Path) -> None:
                       seed=seed,
                       recovery_timeout=_env_float("UMP_SOAK_RECOVERY_TIMEOUT", 60.0))
     summary = report(result, soak_dir)
+    assert result.error is None, f"{result.error}\n(UMP_SOAK_SEED={seed}; figures: {summary})"
     assert not result.stalled, (
         f"stability did not resume within the bound after restart {len(result.cycles)} "
         f"(UMP_SOAK_SEED={seed}); figures in {soak_dir / 'soak-figures.json'}")
