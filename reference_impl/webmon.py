@@ -420,6 +420,7 @@ class WebMonitor:
         self._pages: dict[tuple[tuple[str, ...], bool], tuple[float, Response]] = {}
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[None], _Conn] = {}
+        self._by_client: dict[str, dict[asyncio.Task[None], _Conn]] = {}  # the same, by address
         self._max_connections = self.limits.max_connections
         self.stats: dict[str, int] = {"requests": 0, "errors": 0, "connections": 0,
                                       "evicted": 0, "refused": 0}
@@ -788,7 +789,7 @@ class WebMonitor:
         self.stats["connections"] += 1
         peer = writer.get_extra_info("peername")
         conn = _Conn(task, writer, str(peer[0]) if peer else "?", time.monotonic())
-        self._connections[task] = conn
+        self._add(conn)
         try:
             if not self._admit(conn):
                 self.stats["refused"] += 1
@@ -808,7 +809,7 @@ class WebMonitor:
             conn.enter("linger")
             with contextlib.suppress(Exception):
                 await self._linger(reader, writer)
-            self._connections.pop(task, None)
+            self._remove(conn)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -822,27 +823,38 @@ class WebMonitor:
         then idle keep-alive, then waiting for a first request head, oldest first within
         each; a connection writing a response is never evicted.
         """
-        same = [c for c in self._connections.values() if c.client == new.client]
-        if len(same) > self.limits.max_per_client:
-            candidates = same
+        if len(self._by_client[new.client]) > self.limits.max_per_client:
+            clients = [new.client]
         elif len(self._connections) > self._max_connections:
-            candidates = list(self._connections.values())
+            # the addresses holding the most connections, most first (a short list: the
+            # scan below usually finds a victim in the first)
+            clients = sorted(self._by_client, key=lambda c: -len(self._by_client[c]))
         else:
             return True
-        held: dict[str, int] = {}
-        for c in candidates:
-            held[c.client] = held.get(c.client, 0) + 1
-        victims = [c for c in candidates if c is not new and c.state != "write"]
-        if not victims:
-            return False
-        victim = min(victims, key=lambda c: (-held[c.client], c.rank, c.since))
-        self._evict(victim)
-        return True
+        for client in clients:
+            victims = [c for c in self._by_client[client].values()
+                       if c is not new and c.state != "write"]
+            if victims:
+                self._evict(min(victims, key=lambda c: (c.rank, c.since)))
+                return True
+        return False
+
+    def _add(self, conn: _Conn) -> None:
+        self._connections[conn.task] = conn
+        self._by_client.setdefault(conn.client, {})[conn.task] = conn
+
+    def _remove(self, conn: _Conn) -> None:
+        if self._connections.pop(conn.task, None) is None:
+            return
+        same = self._by_client[conn.client]
+        del same[conn.task]
+        if not same:
+            del self._by_client[conn.client]
 
     def _evict(self, conn: _Conn) -> None:
         """Drop a connection at once (reset: no response, nothing to linger for)."""
         self.stats["evicted"] += 1
-        self._connections.pop(conn.task, None)
+        self._remove(conn)
         conn.writer.transport.abort()
 
     async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
