@@ -706,7 +706,7 @@ class CoreFeeder:
             self.live = (self.live + 1) & 0xFFFFFFFF
             return channel, self.bench.live(self.live - 1)
         seed = mutator.pick(self.bench.seeds[channel])
-        if channel in self.bench.conns and mutator.random() < 0.9:
+        if channel in self.bench.conns and mutator.random() < 0.97:
             return channel, mutator.framed(seed)
         return channel, mutator.mutate(seed)
 
