@@ -105,11 +105,13 @@ slowloris clients, or a flood of ordinary ones, answer every operator with 503. 
   the stores is bounded whatever the request rate.  Pages are at most ``max_age`` old; the
   reset POST drops every snapshot and page, so the page after it is fresh.
 
-Measured on loopback (``tests/reference_impl/test_webmon_load.py``): with 200 slowloris
-clients and 200 clients fetching ``/`` back to back, an operator's page fetches took at most
-0.3 s with the default limits (all clients on 127.0.0.1), and about 0.07 s with caps of 64
-connections and 16 per address and the attackers on other addresses.  Clients that share an
-address with an attacker (NAT, or everyone on loopback) share its per-address cap.
+Measured on loopback (``tests/reference_impl/test_webmon_load.py``, 2-core machine with a load
+average of 6-10 from other work): with 200 slowloris clients and 200 clients fetching ``/``
+back to back, an operator's six page fetches took at most 0.37 s with the default limits (all
+clients on 127.0.0.1; the flood got about 2,000 pages meanwhile), and at most 0.15 s with caps
+of 64 connections and 16 per address and the attackers on other addresses (about 3,000
+evictions).  With the old limits every one of the operator's fetches got 503.  Clients that
+share an address with an attacker (NAT, or everyone on loopback) share its per-address cap.
 
 **Address.**  ``address`` is the XML ``web-monitor`` value, ``Address:Port`` or ``*:Port``
 (``str()`` of :class:`reference_impl.config.store_xml.WebMonitorAddress` fits); ``*`` binds all

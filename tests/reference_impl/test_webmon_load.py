@@ -202,9 +202,9 @@ async def _slow_connection(port: int, ip: str = "127.0.0.1"
 
 
 async def _dropped(reader: asyncio.StreamReader) -> bool:
-    """Whether the monitor closed or reset this connection (waits at most 0.5 s)."""
+    """Whether the monitor closed or reset this connection (waits at most 0.3 s)."""
     try:
-        return await asyncio.wait_for(reader.read(), 0.5) == b""
+        return await asyncio.wait_for(reader.read(), 0.3) == b""
     except ConnectionError:
         return True
     except TimeoutError:
@@ -292,3 +292,27 @@ async def test_pages_come_from_a_snapshot_at_most_max_age_old() -> None:
 def operator_get_body(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=10) as response:
         return bytes(response.read())
+
+
+@async_test()
+async def test_a_connection_writing_a_response_is_never_evicted() -> None:
+    """At the cap, a connection still draining a response to its reader is kept and the new
+    connection is answered 503 instead (the one refusal left)."""
+    mon = WebMonitor([], version="1", limits=HttpLimits(max_connections=1))
+    async with mon:
+        first, first_w = await _slow_connection(mon.port)
+        (conn,) = mon._connections.values()
+        conn.enter("write")  # as if its response were stuck in a full socket buffer
+        status, _, _ = await raw_request(mon.port, b"GET / HTTP/1.0\r\n\r\n")
+        assert status == 503
+        assert not await _dropped(first)
+        assert mon.stats["refused"] == 1 and mon.stats["evicted"] == 0
+        first_w.close()
+
+
+async def raw_request(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    data = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    return parse_response(data)
