@@ -32,6 +32,7 @@ Knobs (environment): ``UMP_SOAK_CYCLES`` (100), ``UMP_SOAK_RATE`` (messages/s, 1
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import signal
@@ -225,7 +226,7 @@ class SoakResult:
                 return {}
             ordered = sorted(values)
             return {"min": round(ordered[0], 3), "median": round(statistics.median(ordered), 3),
-                    "p90": round(ordered[int(0.9 * (len(ordered) - 1))], 3),
+                    "p90": round(ordered[math.ceil(0.9 * len(ordered)) - 1], 3),  # nearest rank
                     "max": round(ordered[-1], 3)}
 
         return {"seed": self.seed, "cycles": len(self.cycles), "sent": self.sent,
