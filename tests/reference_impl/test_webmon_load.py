@@ -316,3 +316,22 @@ async def raw_request(port: int, request: bytes) -> tuple[int, dict[str, str], b
     data = await asyncio.wait_for(reader.read(), 5)
     writer.close()
     return parse_response(data)
+
+
+@async_test()
+async def test_a_page_from_an_older_snapshot_stays_consistent() -> None:
+    """A source page built from a snapshot taken before new messages arrived reads the live
+    repository for its contiguous run, and cuts it at the snapshot's lead: the page never
+    shows a contig_sqn past its own window."""
+    w = World()
+    async with w.monitor(max_age=60.0) as mon:
+        base = f"http://127.0.0.1:{mon.port}"
+        await asyncio.to_thread(operator_get_body, base + "/stores/0")  # takes the snapshot
+        more = [w.src.send(b"later") for _ in range(3)]
+        w.d.run(1)
+        repo = w.store.sources[w.src_id].repo
+        assert repo is not None and repo.lead_sqn == more[-1]
+        data = json.loads(await asyncio.to_thread(
+            operator_get_body, base + f"/stores/0/{w.src_id}?format=json"))
+        assert data["window"]["lead_sqn"] == w.sent[-1]  # from the snapshot
+        assert data["sync"]["contig_sqn"] == w.sent[-1]
