@@ -335,3 +335,21 @@ async def test_a_page_from_an_older_snapshot_stays_consistent() -> None:
             operator_get_body, base + f"/stores/0/{w.src_id}?format=json"))
         assert data["window"]["lead_sqn"] == w.sent[-1]  # from the snapshot
         assert data["sync"]["contig_sqn"] == w.sent[-1]
+
+
+@async_test()
+async def test_at_the_total_cap_the_address_holding_most_gives_way() -> None:
+    """Over the total cap the victim comes from the address with the most connections, even
+    when another address holds the oldest one."""
+    mon = WebMonitor([], version="1", limits=HttpLimits(max_connections=3,
+                                                        max_per_client=100))
+    async with mon:
+        oldest, oldest_w = await _slow_connection(mon.port, "127.0.0.1")
+        first, first_w = await _slow_connection(mon.port, "127.0.0.2")
+        second, second_w = await _slow_connection(mon.port, "127.0.0.2")
+        newest, newest_w = await _slow_connection(mon.port, "127.0.0.3")
+        assert await _dropped(first)
+        assert not any([await _dropped(oldest), await _dropped(second),
+                        await _dropped(newest)])
+        for w in (oldest_w, first_w, second_w, newest_w):
+            w.close()
