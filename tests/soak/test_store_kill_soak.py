@@ -19,7 +19,8 @@ machinery it reuses), with every party a process of its own:
    the payload it was sent with (0 lost, 0 corrupt).
 
 Duplicates (a sequence number delivered again) and reorderings (a sequence number delivered
-after a higher one) are counted for both receivers, not asserted: the guide lets a receiver
+after a higher one) are counted for both receivers, with the store's dropped inputs and each
+process's warnings, but not asserted: the guide lets a receiver
 see a message again after a store failure (applications de-duplicate, "Duplicate Message
 Delivery" / "Application Level De-duplication").  The figures are printed and written to
 ``soak-figures.json`` in the test's directory (and to ``UMP_SOAK_REPORT`` when set).
@@ -216,6 +217,8 @@ class SoakResult:
     stalled: bool = False
     final_recovery_s: float | None = None
     error: str | None = None
+    warnings: dict[str, int] = field(default_factory=dict)
+    store_drops: int = 0
 
     def summary(self) -> dict[str, object]:
         recovered = [c.recovery_s for c in self.cycles if c.recovery_s is not None]
@@ -235,6 +238,7 @@ class SoakResult:
                 "live_receiver": self.live,
                 "early_kills": sum(c.early for c in self.cycles),
                 "restart_s": spread(restarts), "recovery_s": spread(recovered),
+                "store_drops": self.store_drops, "warnings": self.warnings,
                 "stalled": self.stalled, "error": self.error, "wall_s": round(self.wall_s, 1),
                 "per_cycle": [asdict(c) for c in self.cycles]}
 
@@ -355,6 +359,12 @@ def run_soak(workdir: Path, *, cycles: int, rate: float, seed: int,
         procs.stop_all()
         result.wall_s = time.monotonic() - started
         result.final, result.live = final.figures(), live.figures()
+        for name in procs.procs:
+            lines = procs.log(name).splitlines()
+            result.warnings[name] = sum(" WARNING " in line and "SIGINT received" not in line
+                                        for line in lines)
+            if name == "store":
+                result.store_drops = sum(" dropped " in line for line in lines)
     return result
 
 
