@@ -27,6 +27,12 @@ Flow (guide "Operational View", semantics.md §1.1-1.12):
    "(quorum lost)" when the rules fail, and sends fail with ``not_registered`` until the
    stores return), retransmits proactively what has not been stable for
    ``ume_message_stability_timeout`` and gives up after ``ume_message_stability_lifetime``.
+   A closed connection to a registered store makes it unresponsive at once (the guide's
+   Store Unresponsive event comes "due to failure or network disconnect") and the source
+   registers again at once, then every ``ume_registration_interval``; when the stores are
+   back, what is still in flight goes to them at once (semantics.md §1.12).  A "RegID in
+   use" refusal is retried (it clears when the holder's activity timeout at the store runs
+   out); every other refusal is final.
 
 Choices where the fact sheets are silent: the context-information port of a store's
 advertisement is its store port (where registrations go); a name not resolved within
