@@ -4,14 +4,18 @@ The reader (:mod:`reference_impl.config.store_xml`) is the authority on what is 
 writer only produces the common shape (one ``<daemon>``, stores with store-level options, topic
 patterns with topic-level options) and escapes every value, so a pattern such as ``demo\\..*``
 or a path with ``&`` in it cannot break the file.  :func:`store_daemon_xml` output always parses
-back with :func:`~reference_impl.config.store_xml.parse_store_config` (a test checks it).
+back with :func:`~reference_impl.config.store_xml.parse_store_config` (a test checks it): a
+value holding a character XML 1.0 cannot carry at all (a C0 control other than tab and line
+breaks, a lone surrogate, U+FFFE or U+FFFF) raises ``ValueError`` here instead of producing a
+file every reader refuses.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from xml.sax.saxutils import quoteattr
+from xml.sax import saxutils
 
 Options = Mapping[str, str | int]
 
@@ -36,12 +40,30 @@ class StoreXml:
     topics: Sequence[TopicXml] = ()
 
 
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+"""A character outside XML 1.0's ``Char`` production."""
+
+
+def _carried(value: str) -> str:
+    """``value`` unchanged, or ``ValueError`` when XML 1.0 cannot hold one of its characters."""
+    bad = _NOT_XML.search(value)
+    if bad is not None:
+        raise ValueError(f"{value!r} holds U+{ord(bad.group()):04X}, which XML 1.0 cannot carry")
+    return value
+
+
+def _quoteattr(value: str) -> str:
+    """An attribute value, quoted and escaped (line breaks and tabs as character references,
+    so they read back unchanged)."""
+    return saxutils.quoteattr(_carried(value))
+
+
 def _options(options: Options, indent: str) -> list[str]:
     if not options:
         return []
     lines = [f"{indent}<ume-attributes>"]
-    lines += [f'{indent}  <option type="store" name={quoteattr(name)} '
-              f"value={quoteattr(str(value))}/>" for name, value in options.items()]
+    lines += [f'{indent}  <option type="store" name={_quoteattr(name)} '
+              f"value={_quoteattr(str(value))}/>" for name, value in options.items()]
     lines.append(f"{indent}</ume-attributes>")
     return lines
 
@@ -49,7 +71,7 @@ def _options(options: Options, indent: str) -> list[str]:
 def store_daemon_xml(stores: Sequence[StoreXml], *, web_monitor: str | None = None,
                      lbm_config: str | None = None, version: str = "1.3") -> str:
     """The text of a umestored configuration file holding ``stores``."""
-    lines = ['<?xml version="1.0"?>', f"<ume-store version={quoteattr(version)}>"]
+    lines = ['<?xml version="1.0"?>', f"<ume-store version={_quoteattr(version)}>"]
     daemon = []
     if lbm_config is not None:
         daemon.append(f"    <lbm-config>{_text(lbm_config)}</lbm-config>")
@@ -58,14 +80,14 @@ def store_daemon_xml(stores: Sequence[StoreXml], *, web_monitor: str | None = No
     lines += ["  <daemon>", *daemon, "  </daemon>"] if daemon else ["  <daemon/>"]
     lines.append("  <stores>")
     for store in stores:
-        lines.append(f"    <store name={quoteattr(store.name)} port={quoteattr(str(store.port))} "
-                     f"interface={quoteattr(store.interface)}>")
+        lines.append(f"    <store name={_quoteattr(store.name)} port={_quoteattr(str(store.port))} "
+                     f"interface={_quoteattr(store.interface)}>")
         lines += _options(store.options, "      ")
         if store.topics:
             lines.append("      <topics>")
             for topic in store.topics:
-                lines.append(f"        <topic pattern={quoteattr(topic.pattern)} "
-                             f"type={quoteattr(topic.type)}>")
+                lines.append(f"        <topic pattern={_quoteattr(topic.pattern)} "
+                             f"type={_quoteattr(topic.type)}>")
                 lines += _options(topic.options, "          ")
                 lines.append("        </topic>")
             lines.append("      </topics>")
@@ -75,7 +97,7 @@ def store_daemon_xml(stores: Sequence[StoreXml], *, web_monitor: str | None = No
 
 
 def _text(value: str) -> str:
-    return value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _carried(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def disk_store_xml(name: str, port: int, pattern: str, *, repository: str = "disk",

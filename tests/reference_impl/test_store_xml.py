@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reference_impl.config import (
@@ -32,6 +32,7 @@ from reference_impl.config.store_xml import (
     store_option_names,
     topic_option_names,
 )
+from reference_impl.config.store_xml_writer import StoreXml, TopicXml, store_daemon_xml
 
 # --- documents ----------------------------------------------------------------------------------
 
@@ -926,3 +927,24 @@ def test_leading_zeros_do_not_count_against_the_digit_limit() -> None:
 def test_only_ascii_digits_are_numbers(digits: str) -> None:
     error = error_of(simple(topic("t"), store_attrs=f'name="s" port="{digits}"'))
     assert "<store port>" in error.message
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.text(min_size=1, max_size=40), pattern=st.text(min_size=1, max_size=40))
+def test_the_writer_round_trips_any_name_xml_can_carry_and_refuses_the_rest(
+        name: str, pattern: str) -> None:
+    """Store names and topic patterns are written as attributes: whatever XML 1.0 can carry
+    reads back unchanged (line breaks and tabs included); anything else (C0 controls, lone
+    surrogates, U+FFFE/U+FFFF) is refused when writing, not left for a reader to choke on."""
+    def carried(text: str) -> bool:
+        return all(c in "\t\n\r" or "\x20" <= c <= "\ud7ff" or "\ue000" <= c <= "\ufffd"
+                   or c >= "\U00010000" for c in text)
+
+    store = StoreXml(name, 14567, options={"context-name": "ctx"},
+                     topics=[TopicXml(pattern, {"repository-type": "memory"}, type="direct")])
+    if not (carried(name) and carried(pattern)):
+        with pytest.raises(ValueError, match=r"XML 1\.0"):
+            store_daemon_xml([store])
+        return
+    (parsed,) = parse_store_config(store_daemon_xml([store])).stores
+    assert (parsed.name, parsed.topics[0].pattern) == (name, pattern)
