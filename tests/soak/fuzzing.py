@@ -369,15 +369,34 @@ def save_crash(out: Path, crash: Crash, data: bytes, suffix: str, detail: dict[s
 
 
 class _Sink(io.TextIOBase):
-    """A text stream that keeps only the last summary line ``ump dissect`` writes."""
+    """A text stream that keeps only what ``ump dissect`` says about the frames in all: its
+    summary line, or (``--json``, which has none) the status of every frame object."""
+
+    STATUS = '"status": "'
+    NAMES = {"um": "UM", "not-um": "not UM", "malformed": "malformed", "pending": "partial"}
 
     def __init__(self) -> None:
         self.summary = ""
+        self.statuses: Counter[str] = Counter()
 
     def write(self, text: str) -> int:
         if text.startswith("# "):
             self.summary = text
+        elif text.startswith('{"frame"'):
+            at = text.find(self.STATUS) + len(self.STATUS)
+            self.statuses[text[at:text.index('"', at)]] += 1
         return len(text)
+
+    def counts(self) -> Counter[str]:
+        """Frames per status, named as in the summary line."""
+        out: Counter[str] = Counter()
+        for part in self.summary.split(":", 1)[-1].split(";")[0].split(","):
+            words = part.split()
+            if len(words) >= 2 and words[0].isdigit():
+                out[" ".join(words[1:])] += int(words[0])
+        for status, n in self.statuses.items():
+            out[self.NAMES.get(status, status)] += n
+        return out
 
     def writable(self) -> bool:
         return True
@@ -446,18 +465,19 @@ def damaged(rng: random.Random, data: bytes) -> bytes:
     return bytes(out)
 
 
-def run_dissect(path: Path, mode: list[str]) -> tuple[int, str]:
-    """``ump dissect PATH --store-port 14567 MODE`` in this process: (exit status, the summary
-    line).  Only :class:`WireError` may escape; anything else propagates to the caller."""
+def run_dissect(path: Path, mode: list[str]) -> tuple[int, _Sink]:
+    """``ump dissect PATH --store-port 14567 MODE`` in this process: (exit status, what it
+    wrote; -1 for a :class:`WireError`, the one exception bad input may raise).  Any other
+    exception propagates to the caller."""
     from ump.cli import main
 
     sink = _Sink()
     with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(io.StringIO()):
         try:
             code = main(["dissect", str(path), "--store-port", str(STORE_PORT), *mode])
-        except WireError as exc:  # documented: bad input may surface as WireError
-            return -1, str(exc)
-    return code, sink.summary
+        except WireError:
+            return -1, sink
+    return code, sink
 
 
 def locate_dissect_crash(path: Path) -> int:
@@ -508,7 +528,7 @@ def dissect_chunk(seed: int, chunk: int, frames: int, work: Path, out: Path,
     for path, args in inputs:
         try:
             with watchdog(CHUNK_HANG_SECONDS):
-                code, summary = run_dissect(path, args)
+                code, sink = run_dissect(path, args)
         except (Exception, Hang) as exc:
             number = locate_dissect_crash(path)
             crash = Crash("dissect", seed, chunk, frames, number, f"{type(exc).__name__}: {exc}")
@@ -516,7 +536,9 @@ def dissect_chunk(seed: int, chunk: int, frames: int, work: Path, out: Path,
                        {"mode": args, "traceback": traceback.format_exc()})
             run.crashes.append(crash)
             continue
-        run.counts[f"exit {code}"] += 1
+        # a well-formed capture must be read to the end (exit 0); a damaged one may not be
+        run.counts[f"exit {code}" if path is pcap else f"damaged: exit {code}"] += 1
+        summary = sink.summary
         if cli_every and chunk % cli_every == 0:
             run.counts["real CLI runs"] += 1
             cli_code, cli_summary, stderr = run_cli(path, args)
@@ -528,12 +550,7 @@ def dissect_chunk(seed: int, chunk: int, frames: int, work: Path, out: Path,
                 save_crash(out, crash, path.read_bytes(), ".pcap", {"mode": args})
                 run.crashes.append(crash)
         if path is pcap:
-            for part in summary.split(":", 1)[-1].split(";")[0].split(","):
-                words = part.split()
-                if len(words) >= 2 and words[0].isdigit():
-                    run.counts[" ".join(words[1:])] += int(words[0])
-        else:
-            run.counts["damaged files"] += 1
+            run.counts.update(sink.counts())
     for path, _ in inputs:
         path.unlink()
     run.frames += frames

@@ -46,6 +46,8 @@ def _check(run: FuzzRun, out: Path) -> None:
     lines = "\n".join(crash.line() for crash in run.crashes[:20])
     assert not run.crashes, (f"{len(run.crashes)} crash(es) in {run.frames} frames "
                              f"(UMP_FUZZ_SEED={run.seed}; inputs in {out}):\n{lines}")
+    if run.target == "dissect":  # every generated capture is well-formed: read to its end
+        assert set(k for k in run.counts if k.startswith("exit")) == {"exit 0"}, run.counts
 
 
 @pytest.mark.parametrize("target", fuzzing.TARGETS)
