@@ -152,8 +152,8 @@ async def theft_run(tmp: Path) -> None:
             await runtime.run_resolver(host, rig.resolver)
             await rig.start_store_process()
             # after the kill the real source's first attempt is refused (the store is down)
-            # and its next one comes 4 s later, well after the impostor's
-            real = await rig.source(host, "real", ume_registration_interval=4000)
+            # and its next one comes 5 s later, after the impostor's
+            real = await rig.source(host, "real", ume_registration_interval=5000)
             real_events = recorder(host, real)
             await wait(host, lambda: real.complete, 15, "the real source's registration")
             (granted,) = of(real_events, SourceRegistrationSuccess)
@@ -162,10 +162,12 @@ async def theft_run(tmp: Path) -> None:
 
             rig.kill_store_process()
             killed = host.now()
-            await rig.start_store_process()
+            # the impostor knocks every 0.5 s from the moment the store died, so it is first
+            # at the restarted store however long the restart takes (up to about 5 s)
             impostor = await rig.source(host, "impostor", reg_id=granted.reg_id,
                                         ume_registration_interval=500)
             impostor_events = recorder(host, impostor)
+            await rig.start_store_process()
             await wait(host, lambda: bool(of(impostor_events, SourceRegistrationError))
                        or bool(of(impostor_events, SourceRegistrationSuccess)), 10,
                        "the store's answer to the impostor")
