@@ -30,7 +30,8 @@ Targets:
   bench source's request and transport connections, the bench receiver's, a stranger's), as
   a topic-resolution datagram, or in pieces; timers fire as the virtual clock moves.  The
   cores promise that bad input never raises (``reference_impl.context``), so *any* exception
-  is a crash there.
+  is a crash there; each ``InputDropped`` must come with its WARNING line (counted as
+  ``drops without a log line``, which the tests require to be 0).
 
 A crash, or a hang (one frame held longer than :data:`HANG_SECONDS`, or a dissect chunk longer
 than :data:`CHUNK_HANG_SECONDS`), is recorded with its seed, chunk and frame index; the input
@@ -61,7 +62,13 @@ from types import FrameType
 from typing import Any
 
 from reference_impl.context import ContextCore, control
-from reference_impl.events import MessageDelivered, UnrecoverableLoss
+from reference_impl.events import (
+    InputDropped,
+    Level,
+    LogRecord,
+    MessageDelivered,
+    UnrecoverableLoss,
+)
 from reference_impl.fastmsg import data_message
 from reference_impl.sim import ConnKey, StreamEvent, StreamEventKind
 from tests.reference_impl.strategies import with_prefix
@@ -757,7 +764,8 @@ class CoreFeeder:
         due = core.get_timer()
         if due is not None and due <= now:
             core.handle_timer(now)
-        for event in core.events():
+        events = core.events()
+        for i, event in enumerate(events):
             self.run.counts[type(event).__name__] += 1
             # the receiver skipped ahead (a mutated sequence number, a loss given up): the
             # live stream follows, or it would only ever be old news
@@ -765,6 +773,12 @@ class CoreFeeder:
                 self.live = max(self.live, (event.sequence_number + 1) & 0xFFFFFFFF)
             elif isinstance(event, UnrecoverableLoss):
                 self.live = max(self.live, (event.last + 1) & 0xFFFFFFFF)
+            elif isinstance(event, InputDropped):
+                # swallowed, and said so: a WARNING naming the reason follows each drop
+                log = events[i + 1] if i + 1 < len(events) else None
+                if not (isinstance(log, LogRecord) and log.level is Level.WARNING
+                        and event.reason in log.text):
+                    self.run.counts["drops without a log line"] += 1
         core.stream_commands(now)
         core.datagrams_to_send(now)
         core.datagrams_from(now)
