@@ -20,10 +20,11 @@ machinery it reuses), with every party a process of its own:
 
 Duplicates (a sequence number delivered again) and reorderings (a sequence number delivered
 after a higher one) are counted for both receivers, with the store's dropped inputs and each
-process's warnings, but not asserted: the guide lets a receiver
-see a message again after a store failure (applications de-duplicate, "Duplicate Message
-Delivery" / "Application Level De-duplication").  The figures are printed and written to
-``soak-figures.json`` in the test's directory (and to ``UMP_SOAK_REPORT`` when set).
+process's warnings, but not asserted: the guide expects a receiver to see again, after a
+failure, messages it may already have processed (they carry the retransmit flag, and the
+application checks them; section "Recovery Management").  The figures are printed and
+written to ``soak-figures.json`` in the test's directory (and to ``UMP_SOAK_REPORT`` when
+set).
 
 Knobs (environment): ``UMP_SOAK_CYCLES`` (100), ``UMP_SOAK_RATE`` (messages/s, 1000),
 ``UMP_SOAK_SEED`` (kill moments; random when unset, printed), ``UMP_SOAK_RECOVERY_TIMEOUT``
