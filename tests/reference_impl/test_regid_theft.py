@@ -210,7 +210,7 @@ def test_an_impostor_racing_a_live_source_after_a_store_restart_is_refused(
 # --- the restart stall -------------------------------------------------------------------------
 
 
-async def restart_run(tmp: Path) -> dict[str, float]:
+async def restart_run(tmp: Path, **source_options: Any) -> dict[str, float]:
     """A source sending 4000 messages at 1000/s; the store process SIGKILLed after about a
     second and started again at once (a new ``ump store`` process on the same disk state).
     Returns the figures: seconds from the kill to the restarted store's readiness and to the
@@ -220,7 +220,7 @@ async def restart_run(tmp: Path) -> dict[str, float]:
         async with AioHost() as host:
             await runtime.run_resolver(host, rig.resolver)
             await rig.start_store_process()
-            src = await rig.source(host, "src")
+            src = await rig.source(host, "src", **source_options)
             events = recorder(host, src)
             await wait(host, lambda: src.complete, 15, "registration")
             sending = asyncio.ensure_future(runtime.send_messages(host, src, 4000, rate=1000))
