@@ -328,7 +328,12 @@ async def send_messages(host: AioHost, source: SourceCore, count: int, *, rate: 
 
 class DeliveryLog:
     """Writes every delivered message as a JSON line (sequence number, retransmission flag,
-    payload as text), so another process (the demo, a test) can check order and uniqueness."""
+    payload as text, source), so another process (the demo, a test, the conformance harness)
+    can check order and uniqueness.
+
+    ``source`` is the product's source string of the source it came from
+    (``TCP:127.0.0.1:14371``): a receiver joins every source of its topic, and each numbers
+    its own messages, so order and uniqueness hold per source."""
 
     def __init__(self, out: TextIO) -> None:
         self.out = out
@@ -338,7 +343,8 @@ class DeliveryLog:
         if isinstance(event, MessageDelivered):
             self.out.write(json.dumps({"sqn": event.sequence_number,
                                        "rx": event.retransmission,
-                                       "payload": event.payload.decode("latin-1")}) + "\n")
+                                       "payload": event.payload.decode("latin-1"),
+                                       "source": event.source}) + "\n")
             self.count += 1
         else:
             log_event(event)

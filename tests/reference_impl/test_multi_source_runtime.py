@@ -60,6 +60,7 @@ class Procs:
                 return
             time.sleep(0.05)
         logs = "\n".join(f"--- {n}\n{self.log(n)[-3000:]}" for n in self.procs)
+        logs += f"\n--- deliveries: {len(deliveries(self.dir / 'deliveries.jsonl'))}"
         raise AssertionError(f"{why} within {timeout} s\n{logs}")
 
     def store_and_resolver(self) -> None:
@@ -133,3 +134,60 @@ def test_source_deregisters_on_sigusr1_says_so_and_exits_0(procs: Procs) -> None
     assert code == 0, text[-3000:]
     assert "deregistered from 1 store" in text
     assert "unresponsive" not in text
+
+
+# --- items 8 and 11: the receiver and several sources -----------------------------------------
+
+
+def per_source(rows: list[dict[str, object]]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for row in rows:
+        out.setdefault(str(row.get("source", "?")), []).append(int(row["sqn"]))  # type: ignore
+    return out
+
+
+# (each source sends for a second or two: a receiver that joins a source learns its stores
+# from its SRI, which the source repeats every ume_sri_inter_sri_interval while it lives)
+
+
+def start_receiver(procs: Procs, out: Path) -> subprocess.Popen[bytes]:
+    cfg = procs.config("receiver.cfg")
+    proc = procs.start("receiver", "receiver", "-c", cfg, "--topic", TOPIC, "--out", str(out))
+    time.sleep(0.5)  # it logs nothing until a source appears
+    assert proc.poll() is None, procs.log("receiver")
+    return proc
+
+
+def test_a_receiver_process_gets_both_source_processes_of_its_topic(procs: Procs) -> None:
+    procs.store_and_resolver()
+    out = procs.dir / "deliveries.jsonl"
+    start_receiver(procs, out)
+    for name in ("source-a", "source-b"):
+        procs.start(name, "source", "-c", procs.source_cfg(), "--topic", TOPIC,
+                    "--count", "200", "--rate", "200", "--linger", "3")
+    procs.wait_for(lambda: len(deliveries(out)) >= 400, 30, "400 deliveries did not arrive")
+    time.sleep(0.3)
+    got = per_source(deliveries(out))
+    assert len(got) == 2 and all(name.startswith("TCP:127.0.0.1:") for name in got), got.keys()
+    assert [sqns == list(range(200)) for sqns in got.values()] == [True, True]
+    for name in ("source-a", "source-b"):
+        assert procs.procs[name].wait(timeout=15) == 0, procs.log(name)[-2000:]
+
+
+def test_a_running_receiver_process_gets_a_later_source_process(procs: Procs) -> None:
+    procs.store_and_resolver()
+    out = procs.dir / "deliveries.jsonl"
+    start_receiver(procs, out)
+    first = procs.start("source-1", "source", "-c", procs.source_cfg(), "--topic", TOPIC,
+                        "--count", "40", "--rate", "40", "--linger", "1")
+    procs.wait_for(lambda: len(deliveries(out)) >= 40, 20, "the first source's 40 messages")
+    assert first.wait(timeout=15) == 0, procs.log("source-1")[-2000:]
+    time.sleep(1.0)  # the receiver runs on; the first source is gone
+    # a new source: no Session ID, so new RegIDs; usually on the same transport port
+    procs.start("source-2", "source", "-c", procs.source_cfg(), "--topic", TOPIC,
+                "--count", "40", "--rate", "40", "--linger", "1")
+    procs.wait_for(lambda: len(deliveries(out)) >= 80, 30,
+                   "the running receiver did not get the later source's 40 messages")
+    rows = deliveries(out)
+    assert [int(r["sqn"]) for r in rows] == [*range(40), *range(40)]  # type: ignore
+    assert "refused" not in procs.log("receiver") and "refused" not in procs.log("store")
