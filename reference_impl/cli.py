@@ -209,7 +209,20 @@ def cmd_store(args: argparse.Namespace) -> int:
     return _run(setup, args.verbose)
 
 
+def _topic_refused(command: str, topic: str) -> bool:
+    """Say in one line why ``topic`` cannot be used (see :func:`runtime.check_topic`), before
+    any socket is bound: a name the wire cannot carry must not surface mid-run."""
+    try:
+        runtime.check_topic(topic)
+    except runtime.RuntimeError_ as exc:
+        print(f"ump {command}: {exc}", file=sys.stderr)
+        return True
+    return False
+
+
 def cmd_source(args: argparse.Namespace) -> int:
+    if _topic_refused("source", args.topic):
+        return 2
     try:
         client = runtime.load_client(args.config, args.profile)
     except ConfigError as exc:
@@ -286,6 +299,8 @@ def cmd_source(args: argparse.Namespace) -> int:
 
 
 def cmd_receiver(args: argparse.Namespace) -> int:
+    if _topic_refused("receiver", args.topic):
+        return 2
     try:
         client = runtime.load_client(args.config, args.profile)
     except ConfigError as exc:

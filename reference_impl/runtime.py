@@ -47,6 +47,7 @@ from reference_impl.receiver import ReceiverConfig, ReceiverCore
 from reference_impl.resolver import DEFAULT_PORT, ResolverCore
 from reference_impl.source import SendError, SendErrorCode, SourceConfig, SourceCore, StoreSpec
 from reference_impl.store import StoreCore, StoreSettings, TopicPolicy, TopicRule
+from wire.lbmc import NHDR_NONE, Topicname
 
 log = logging.getLogger("ump")
 DEFAULT_RESOLVER: Addr = ("127.0.0.1", DEFAULT_PORT)
@@ -121,6 +122,40 @@ def receiver_config(client: ClientConfig, reg_id: int = 0) -> ReceiverConfig:
         if isinstance(value, bool):
             values[key] = int(value)
     return ReceiverConfig(**values)
+
+
+def _max_topic_bytes() -> int:
+    """The longest topic name the wire carries, in bytes: the LBMC topic name header, which
+    every registration (PREG) names its topic with, counts itself in a one-byte ``hdr_len``."""
+    empty = len(Topicname(topic="").encode(NHDR_NONE))
+    return 0xFF - empty
+
+
+MAX_TOPIC_BYTES = _max_topic_bytes()
+
+
+def check_topic(topic: str) -> None:
+    """Refuse, in one line, a topic name the wire cannot carry, before anything starts.
+
+    Topic names are bytes on the wire; the reference processes write them in UTF-8
+    (``prix/€/日本`` is 14 bytes), so any Unicode name is fine.  Refused: an empty name (tshark
+    calls a topic name header without a name malformed), a NUL (a NUL ends a name in topic
+    resolution, so the name could neither be advertised nor queried), a name that is not
+    valid UTF-8 (a command-line argument in another encoding) and a name longer than
+    :data:`MAX_TOPIC_BYTES` bytes in UTF-8.
+    """
+    if not topic:
+        raise RuntimeError_("the topic name is empty")
+    if "\0" in topic:
+        raise RuntimeError_(f"topic name {topic!r} contains a NUL byte, which ends a name on "
+                            "the wire")
+    try:
+        size = len(topic.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise RuntimeError_(f"topic name {topic!r} is not valid UTF-8") from None
+    if size > MAX_TOPIC_BYTES:
+        raise RuntimeError_(f"topic name is {size} bytes in UTF-8; the wire carries at most "
+                            f"{MAX_TOPIC_BYTES} (the LBMC topic name header)")
 
 
 def resolver_of(client: ClientConfig | None) -> Addr:
@@ -227,10 +262,12 @@ def free_tcp_port(ip: str, ports: tuple[int, int], taken: frozenset[int] = froze
 async def start_source(host: AioHost, topic: str, client: ClientConfig, *,
                        ip: str = "127.0.0.1") -> SourceCore:
     """A source core listening on the first free transport and request ports."""
+    check_topic(topic)
     config = source_config(client)
+    ctx = client.context  # UM's ranges unless the configuration narrows them
     for _ in range(10):  # another process may take a port between the check and the bind
-        transport = free_tcp_port(ip, TRANSPORT_PORTS)
-        request = free_tcp_port(ip, REQUEST_PORTS)
+        transport = free_tcp_port(ip, (ctx.transport_tcp_port_low, ctx.transport_tcp_port_high))
+        request = free_tcp_port(ip, (ctx.request_tcp_port_low, ctx.request_tcp_port_high))
         lbtru = 0
         if config.transport != "tcp":  # LBT-RU: the source's UDP port for the transport
             lbtru = client.source.transport_lbtru_port or free_udp_port(
@@ -255,6 +292,7 @@ async def start_source(host: AioHost, topic: str, client: ClientConfig, *,
 
 async def start_receiver(host: AioHost, topic: str, client: ClientConfig, *,
                          ip: str = "127.0.0.1", reg_id: int = 0) -> ReceiverCore:
+    check_topic(topic)
     config = receiver_config(client, reg_id)
     lbtru = free_udp_port(ip, (client.receiver.transport_lbtru_port_low,
                                client.receiver.transport_lbtru_port_high))

@@ -28,10 +28,11 @@ from typing import Any, TextIO
 
 from . import lbmr, lbtrm, lbtru
 from .errors import WireError
+from .fields import text_bytes
 from .lbmc import LbmcMessage
 from .lbttcp import LbttcpStream, entry_test
 from .pcap import TCP_SYN, CaptureRecord, Segment, decode_frame, read_capture
-from .tshark import Disagreement, PortMap, compare, read_frames
+from .tshark import Disagreement, PortMap, compare, read_frames, tshark_text
 
 
 @dataclass
@@ -65,14 +66,22 @@ class FrameReport:
     occurrences: list[Occurrence] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
+        """Field values as tshark shows them; names with bytes outside ASCII are also given
+        as text (UTF-8) under ``utf8``, since tshark's view of them loses those bytes."""
+        messages = []
+        for o in self.occurrences:
+            message: dict[str, Any] = {"protocol": o.protocol, "label": o.label,
+                                       "fields": _fields_json(o.fields)}
+            texts = {name: value for name, value in o.fields
+                     if isinstance(value, str) and tshark_text(value) != value}
+            if texts:
+                message["utf8"] = texts
+            messages.append(message)
         return {
             "frame": self.number, "time": round(self.time, 9), "status": self.status,
             "transport": self.transport, "src": self.src, "sport": self.sport,
             "dst": self.dst, "dport": self.dport, "reason": self.reason,
-            "messages": [
-                {"protocol": o.protocol, "label": o.label, "fields": _fields_json(o.fields)}
-                for o in self.occurrences
-            ],
+            "messages": messages,
         }
 
 
@@ -81,6 +90,8 @@ def _json_value(value: Any) -> Any:
         return bytes(value).hex()
     if isinstance(value, int):
         return int(value)
+    if isinstance(value, str):
+        return tshark_text(value)
     return value
 
 
@@ -318,10 +329,20 @@ def check_against_tshark(path: str | Path, reports: list[FrameReport],
 
 
 def _fmt(value: Any) -> str:
+    """A field value for the text output.  A name is shown as tshark shows it (a byte outside
+    ASCII is U+FFFD there), followed, when that lost bytes, by its UTF-8 reading (or its bytes
+    in hex if they are not UTF-8)."""
     if isinstance(value, bytes | bytearray):
         return bytes(value).hex() or '""'
     if isinstance(value, str):
-        return repr(value)
+        shown = tshark_text(value)
+        if shown == value:
+            return repr(value)
+        raw = text_bytes(value)
+        try:
+            return f"{shown!r}(utf-8:{raw.decode('utf-8')!r})"
+        except UnicodeDecodeError:
+            return f"{shown!r}(bytes:{raw.hex()})"
     return str(int(value)) if isinstance(value, int) else str(value)
 
 

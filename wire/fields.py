@@ -213,19 +213,49 @@ def forget_computed(struct_def: cs.Struct, values: dict[str, Any],
     return values
 
 
-class Latin1Adapter(cs.Adapter):
-    """ASCII-ish names (topics, store names) as ``str``; bytes map 1:1 so any byte round-trips."""
+TEXT_ENCODING = "utf-8"
+TEXT_ERRORS = "surrogateescape"
+"""How every text member (topic, store and queue names) maps between wire bytes and ``str``.
+
+Names are bytes on the wire; UM applications write them in UTF-8 (``prix/€/日本``), so that is
+how they read as ``str``.  Bytes that are not UTF-8 still parse: ``surrogateescape`` turns each
+into a lone surrogate (``b"\\xff"`` -> ``"\\udcff"``) and back, so any byte string
+round-trips exactly.  (Until issue 22 the mapping was Latin-1, one character per byte.)
+tshark shows these fields as ASCII: see :func:`wire.tshark.tshark_text`."""
+
+
+def text_bytes(value: str | bytes) -> bytes:
+    """The wire bytes of a text member's value (bytes pass through unchanged)."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    return value.encode(TEXT_ENCODING, TEXT_ERRORS)
+
+
+def bytes_text(raw: bytes | bytearray | memoryview) -> str:
+    """A text member's value read from its wire bytes (never fails, see :data:`TEXT_ERRORS`)."""
+    return bytes(raw).decode(TEXT_ENCODING, TEXT_ERRORS)
+
+
+def text_size(value: str | bytes) -> int:
+    """Wire length of a text member's value: what a length field must count (``"€"`` is 3)."""
+    return len(text_bytes(value))
+
+
+class TextAdapter(cs.Adapter):
+    """Names (topics, store names) as ``str`` through :func:`text_bytes`/:func:`bytes_text`."""
 
     def _decode(self, obj: bytes, context: Any, path: str) -> str:
-        return obj.decode("latin-1")
+        return bytes_text(obj)
 
     def _encode(self, obj: str | bytes, context: Any, path: str) -> bytes:
-        return obj if isinstance(obj, bytes) else obj.encode("latin-1")
+        return text_bytes(obj)
 
 
 def text(length: Any) -> cs.Construct:
-    """A string of ``length`` bytes (a Construct expression), NULs kept for round trips."""
-    return Latin1Adapter(cs.Bytes(length))
+    """A string of ``length`` bytes (a Construct expression), NULs kept for round trips.
+
+    A length computed on build must count :func:`text_size`, not ``len()`` of the ``str``."""
+    return TextAdapter(cs.Bytes(length))
 
 
 # --- introspection ---------------------------------------------------------------------------
@@ -304,7 +334,7 @@ def value_kind(subcon: cs.Construct) -> str:
     while isinstance(node, cs.Subconstruct):
         if isinstance(node, IPv4Adapter):
             return "ipv4"
-        if isinstance(node, Latin1Adapter):
+        if isinstance(node, TextAdapter):
             return "text"
         node = node.subcon
     if isinstance(node, cs.FormatField):

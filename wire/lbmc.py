@@ -51,6 +51,7 @@ from .fields import (
     length_prefixed,
     members,
     text,
+    text_size,
 )
 from .records import StructRecord, plain
 
@@ -126,7 +127,7 @@ def _named(member: str, *head: cs.Construct) -> cs.Struct:
     size = 2 + fixed_size(head)
     return cs.Struct(
         field("next_hdr", U8),
-        field("hdr_len", Auto(U8, lambda ctx: size + len(ctx[member]))),
+        field("hdr_len", Auto(U8, lambda ctx: size + text_size(ctx[member]))),
         *head,
         field(member, text(this.hdr_len - size)),
     )

@@ -108,7 +108,8 @@ from .fields import (
     Auto,
     Bit,
     IPv4,
-    Latin1Adapter,
+    TextAdapter,
+    bytes_text,
     export_struct,
     field,
     fixed_size,
@@ -116,6 +117,7 @@ from .fields import (
     length_prefixed,
     members,
     text,
+    text_size,
 )
 from .records import StructRecord, default_for, plain, view_index
 
@@ -212,8 +214,9 @@ CTXINFO_NAME_FLAG = 0x0001
 # --- building blocks -------------------------------------------------------------------------
 
 
-class CStringAdapter(Latin1Adapter):
-    """A NUL-terminated ASCII name (topic, pattern, queue).  The NUL is not part of the value.
+class CStringAdapter(TextAdapter):
+    """A NUL-terminated name (topic, pattern, queue), text as :data:`wire.fields.TEXT_ENCODING`
+    says.  The NUL is not part of the value.
 
     Building refuses a value that contains a NUL, because it would end the name early on the
     wire and the packet could not round-trip.
@@ -579,7 +582,7 @@ ToptUmqRcridx = _topt(
     field("rcr_idx", U32))
 ToptUmqQinfo = _record("ToptUmqQinfo", "lbmr.topt.umq_qinfo", cs.Struct(
     field("type", U8),
-    field("len", Auto(U8, lambda ctx: 4 + len(ctx.queue))),
+    field("len", Auto(U8, lambda ctx: 4 + text_size(ctx.queue))),
     _flags16(queue_flag=Bit(0x4000, tshark="flags.queue"), rcvlisten=0x2000, control=0x1000,
              srcrcvlisten=0x0800, participants_only=0x0400),
     # tshark registers the queue name under "ume_qinfo", not "umq_qinfo".
@@ -936,11 +939,12 @@ class Qir(Record):
 # --- topic management (type 4) -----------------------------------------------------------------
 
 Tmr = _record("Tmr", "lbmr.tmb.tmr", cs.Struct(
-    field("len", Auto(U16, lambda ctx: 5 + len(ctx.name) + len(ctx.get("trailing") or b""))),
+    field("len", Auto(U16, lambda ctx: 5 + text_size(ctx.name)
+                      + len(ctx.get("trailing") or b""))),
     field("type", U8),
     field("flags", U8, bits={"response": 0x80, "wildcard_pcre": 0x40, "wildcard_regex": 0x20}),
     field("name", cstring()),
-    field("trailing", cs.Bytes(lambda ctx: ctx.len - 5 - len(ctx.name)), tshark=None),
+    field("trailing", cs.Bytes(lambda ctx: ctx.len - 5 - text_size(ctx.name)), tshark=None),
 ),
     doc="A topic management record: len (whole record), type (0 leave, 1 use), flags, topic name.")
 
@@ -1076,7 +1080,7 @@ PserOptUnknown = _record("PserOptUnknown", "lbmr.pser.opt.unknown", cs.Struct(
 
 PserStruct = cs.Struct(
     field("dep_type", U16),
-    field("len", Auto(U16, lambda ctx: 28 + len(ctx.topic))),
+    field("len", Auto(U16, lambda ctx: 28 + text_size(ctx.topic))),
     field("flags", Auto(U16, lambda ctx: PSER_OPTIONS_FLAG if ctx.get("has_options") else 0),
           bits={"option": PSER_OPTIONS_FLAG}),
     field("source_ip", IPv4),
@@ -1161,7 +1165,7 @@ class CtxInfo(Record):
 
     __slots__ = ()
     kind = _kind_for("CtxInfo", "lbmr.ctxinfo", cs.Struct(
-        field("len", Auto(U8, lambda ctx: 20 + len(ctx.name))),
+        field("len", Auto(U8, lambda ctx: 20 + text_size(ctx.name))),
         field("hop_count", U8),
         # The ip/instance/name bits say which of those members are meaningful.
         field("flags", U16, bits={"query": 0x8000,
@@ -1331,7 +1335,7 @@ def _decode_tir(buf: bytes, pos: int, limit: int) -> tuple[Record, int]:
     if cur + TIR_FIXED.size > limit:
         raise WireError("lbmr.tir", cur, "truncated: transport/tlen/ttl/index missing")
     transport, tlen, ttl, index = TIR_FIXED.unpack_from(buf, cur)
-    name = bytes(buf[pos:cur - 1]).decode("latin-1")
+    name = bytes_text(buf[pos:cur - 1])
     tir = Tir._from_values({"name": name, "transport": transport, "tlen": tlen, "ttl": ttl,
                             "index": index})
     assert isinstance(tir, Tir)
@@ -1352,8 +1356,8 @@ def _decode_qir(buf: bytes, pos: int, limit: int) -> tuple[Record, int]:
     if cur + QIR_FIXED.size > limit:
         raise WireError("lbmr.qir", cur, "truncated: ids and block counts missing")
     values = QIR_FIXED.decode(buf, cur)
-    values["qname"] = bytes(buf[pos:tname_at - 1]).decode("latin-1")
-    values["tname"] = bytes(buf[tname_at:cur - 1]).decode("latin-1")
+    values["qname"] = bytes_text(buf[pos:tname_at - 1])
+    values["tname"] = bytes_text(buf[tname_at:cur - 1])
     qir = Qir._from_values({m.name: values[m.name] for m in members(QirHead)})
     assert isinstance(qir, Qir)
     cur += QIR_FIXED.size

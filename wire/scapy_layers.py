@@ -105,7 +105,18 @@ from scapy.packet import NoPayload, Packet, Padding, Raw, RawVal, bind_bottom_up
 
 from . import lbmc
 from .fastpath import derive
-from .fields import U8, Auto, Bit, bit_views, field, members, unwrap, value_kind
+from .fields import (
+    U8,
+    Auto,
+    Bit,
+    bit_views,
+    bytes_text,
+    field,
+    members,
+    text_bytes,
+    unwrap,
+    value_kind,
+)
 from .tshark import PortMap
 
 __all__ = [
@@ -207,29 +218,30 @@ class _IPv4Field(IPField):
         return super().h2i(pkt, x)
 
 
-class _Latin1Mixin:
-    """Text members (:func:`wire.fields.text`) map bytes 1:1, so ``str`` is encoded latin-1."""
+class _TextMixin:
+    """Text members (:func:`wire.fields.text`): a ``str`` is held as its wire bytes, mapped as
+    :func:`wire.fields.text_bytes` says (the one definition of that mapping)."""
 
     def h2i(self, pkt: Packet | None, x: Any) -> Any:
-        return x.encode("latin-1") if isinstance(x, str) else x
+        return text_bytes(x) if isinstance(x, str) else x
 
     def any2i(self, pkt: Packet | None, x: Any) -> Any:
-        return x.encode("latin-1") if isinstance(x, str) else x
+        return text_bytes(x) if isinstance(x, str) else x
 
 
-class _Latin1LenField(_Latin1Mixin, StrLenField):
+class _TextLenField(_TextMixin, StrLenField):
     pass
 
 
-class _Latin1FixedLenField(_Latin1Mixin, StrFixedLenField):
+class _TextFixedLenField(_TextMixin, StrFixedLenField):
     pass
 
 
-class _Latin1Field(_Latin1Mixin, StrField):
+class _TextField(_TextMixin, StrField):
     pass
 
 
-class _Latin1NullField(_Latin1Mixin, StrNullField):
+class _TextNullField(_TextMixin, StrNullField):
     pass
 
 
@@ -301,15 +313,15 @@ def _member_field(member: cs.Renamed, owner: str, default: Any,
         return plain(name, value), "int"
     text = kind == "text"
     if _null_terminated(member):  # a NUL-terminated name: the NUL is not part of the value
-        return _Latin1NullField(name, _pick(default, b"")), "text"
+        return _TextNullField(name, _pick(default, b"")), "text"
     if isinstance(inner, cs.Bytes):
         if isinstance(inner.length, int):
-            fixed = _Latin1FixedLenField if text else XStrFixedLenField
+            fixed = _TextFixedLenField if text else XStrFixedLenField
             return fixed(name, _pick(default, bytes(inner.length)), length=inner.length), kind
-        sized = _Latin1LenField if text else XStrLenField
+        sized = _TextLenField if text else XStrLenField
         return sized(name, _pick(default, b""), length_from=_length_from(inner.length)), kind
     if isinstance(inner, type(cs.GreedyBytes)):
-        return (_Latin1Field if text else XStrField)(name, _pick(default, b"")), kind
+        return (_TextField if text else XStrField)(name, _pick(default, b"")), kind
     raise TypeError(f"{owner}.{name}: no Scapy mapping for {type(inner).__name__}")
 
 
@@ -364,7 +376,7 @@ def construct_values(layer: Packet) -> dict[str, Any]:
         if value is None:
             pass
         elif kind == "text" and isinstance(value, bytes):
-            value = value.decode("latin-1")
+            value = bytes_text(value)
         elif kind == "ipv4":
             value = str(value)
         elif kind == "structs":

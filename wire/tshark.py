@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .fields import text_bytes
+
 UM_PROTOCOLS = ("lbmc", "lbttcp", "lbtru", "lbtrm", "lbmr")
 
 
@@ -297,6 +299,21 @@ class Disagreement:
         return f"frame {self.frame}: {self.field}: ours={self.ours!r} tshark={self.theirs!r}"
 
 
+def tshark_text(value: str | bytes) -> str:
+    """A name as tshark 4.0 shows it: every byte of 0x80 and above becomes U+FFFD.
+
+    The LBM dissectors add topic, store and queue names as ASCII strings (``ENC_ASCII``), and
+    Wireshark turns each byte outside ASCII into the replacement character: the UTF-8 topic
+    ``prix/€/日本`` (3 + 3 + 3 bytes outside ASCII) is ``prix/���/������`` in tshark's JSON and
+    in ``-T fields``.  Measured with tshark 4.0.17 on ``lbmr.tir.name``, ``lbmr.tqr.name`` and
+    ``lbmc.topicname.topic``; bytes below 0x80, control characters included, are kept.
+    """
+    raw = text_bytes(value)
+    if raw.isascii():
+        return raw.decode("ascii")
+    return "".join(chr(b) if b < 0x80 else "\ufffd" for b in raw)
+
+
 def _their_text(theirs: str, ours: Any) -> str:
     """tshark's text read the way our value's type says (FT_BYTES of one byte prints ``05``)."""
     if isinstance(ours, bytes | bytearray | memoryview):
@@ -309,12 +326,13 @@ def compare(frame: int, ours: Sequence[tuple[str, Any]], theirs: Sequence[tuple[
     """Compare two flattened occurrences field by field (each name's values in order).
 
     Every field we emit must be present in tshark's view with the same values in the same order.
-    Text values are compared up to their first NUL (tshark displays strings that way).
+    Text values are compared up to their first NUL (tshark displays strings that way), in
+    tshark's ASCII view of them (:func:`tshark_text`).
     """
     mine: dict[str, list[Any]] = defaultdict(list)
     for name, value in ours:
         if isinstance(value, str):
-            value = value.split("\0", 1)[0]
+            value = tshark_text(value.split("\0", 1)[0])
         mine[name].append(value)
     seen: dict[str, list[str]] = defaultdict(list)
     for name, value in theirs:

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from ump.cli import main
-from wire import lbmc
-from wire.lbmc import LbmcMessage, MessageType
+from wire import lbmc, lbmr
+from wire.fields import text_bytes
+from wire.lbmc import LbmcMessage, MessageType, parse_message
 from wire.pcap import TcpConversation, udp_frame, write_pcap
 
 STORE = 29001
@@ -145,3 +146,71 @@ def test_console_script_runs(tmp_path: Path) -> None:
                           check=False)
     assert proc.returncode == 0, proc.stderr
     assert "PREG-RESP" in proc.stdout and "not-um" not in proc.stdout
+
+
+# --- topic names outside ASCII (issue 22, item 6) ------------------------------------------------
+
+NAMES: dict[str, str | bytes] = {
+    "utf-8": "prix/€/日本",
+    "latin-1 byte": b"ab\xe9cd",  # not UTF-8: still parses, and round-trips
+    "invalid utf-8 and controls": b"a\xffb\x7f\x01c",
+}
+
+
+def _names_capture(path: Path) -> Path:
+    """Each name as an LBMR TQR + TIR, then as the topic name header of LBT-TCP data."""
+    frames = []
+    for name in NAMES.values():
+        tir = lbmr.Tir(name=name, ttl=1, index=1, info=lbmr.TcpInfo(ip="127.0.0.1", port=14371))
+        packet = lbmr.LbmrPacket(tqrs=[lbmr.Tqr(name=name)], tirs=[tir])
+        frames.append(udp_frame("127.0.0.1", 14402, "127.0.0.1", 15380, packet.build()))
+    conv = TcpConversation(("127.0.0.1", 50000), ("127.0.0.1", 14371))
+    frames += conv.handshake()
+    for name in NAMES.values():
+        data = LbmcMessage(type=MessageType.MESSAGE, headers=[lbmc.Topicname(topic=name)],
+                           payload=b"x", tidx=1, sqn=5)
+        frames.append(conv.send(False, data.build()))
+    write_pcap(path, frames)
+    return path
+
+
+@pytest.mark.parametrize("name", sorted(NAMES))
+def test_names_are_utf8_text_and_any_bytes_round_trip(name: str) -> None:
+    raw = text_bytes(NAMES[name])
+    packet = lbmr.parse_packet(lbmr.LbmrPacket(tirs=[lbmr.Tir(
+        name=NAMES[name], info=lbmr.TcpInfo(ip="127.0.0.1", port=14371))]).build())
+    value = packet.tirs[0].values["name"]
+    assert value == raw.decode("utf-8", "surrogateescape")
+    assert text_bytes(value) == raw
+    message, _ = parse_message(LbmcMessage(headers=[lbmc.Topicname(topic=value)]).build())
+    header = message.headers[0]
+    assert isinstance(header, lbmc.Topicname)
+    assert header.topic == value and header.hdr_len == 4 + len(raw)  # bytes, not characters
+
+
+def test_names_show_as_tshark_shows_them_with_their_text(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    pcap = _names_capture(tmp_path / "names.pcap")
+    assert main(["dissect", str(pcap), "--um-only"]) == 0
+    out = capsys.readouterr().out
+    euro = "'prix/\ufffd\ufffd\ufffd/\ufffd\ufffd\ufffd\ufffd\ufffd\ufffd'(utf-8:'prix/€/日本')"
+    assert f"lbmr.tir.name={euro}" in out and f"lbmr.tqr.name={euro}" in out
+    assert f"lbmc.topicname.topic={euro}" in out
+    assert "lbmr.tir.name='ab\ufffdcd'(bytes:6162e96364)" in out
+    assert "lbmc.topicname.topic='a\ufffdb\\x7f\\x01c'(bytes:61ff627f0163)" in out
+    assert main(["dissect", str(pcap), "--um-only", "--json"]) == 0
+    frames = json.loads(capsys.readouterr().out)
+    tir = frames[0]["messages"][0]
+    assert tir["fields"]["lbmr.tir.name"] == "prix/\ufffd\ufffd\ufffd/" + "\ufffd" * 6
+    assert tir["utf8"]["lbmr.tir.name"] == "prix/€/日本"
+
+
+@pytest.mark.oracle
+def test_check_tshark_agrees_on_names_outside_ascii(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    pcap = _names_capture(tmp_path / "names.pcap")
+    status = main(["dissect", str(pcap), "--check-tshark", "--brief"])
+    err = capsys.readouterr().err
+    assert status == 0, err
+    assert "# tshark cross-check: 0 disagreement(s) over 9 frames" in err
