@@ -757,7 +757,9 @@ def lbtru_bench(which: str) -> CoreBench:
                  "receiver": next(k for k in store.connections if k[1][0] == rcv.ip)}
     return CoreBench(
         core, conns,
-        {"lbtru": traffic[which] + udp, "store": messages[:200], "source": messages[:200],
+        # the session's own traffic two times in three, the corpus's datagrams otherwise
+        {"lbtru": traffic[which] * max(1, 2 * len(udp) // max(1, len(traffic[which]))) + udp,
+         "store": messages[:200], "source": messages[:200],
          "receiver": messages[:200], "stranger": messages,
          "lbmr": [bad.lbmr.LbmrPacket(tirs=[bad.source_tir()]).build(), *udp]},
         bad.STRANGER_IP,
