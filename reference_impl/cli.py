@@ -105,7 +105,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "that every message arrived once and in order.")
     p.add_argument("--messages", type=int, default=3000)
     p.add_argument("--workdir", help="where configurations, logs and state go (default: temp)")
-    p.add_argument("--store-port", type=int, default=14567)
+    p.add_argument("--store-port", type=int, default=None, metavar="PORT",
+                   help="the store's TCP port (default: a free one; 14567 with --capture; "
+                        "0: a free one)")
+    p.add_argument("--resolver-port", type=int, default=None, metavar="PORT",
+                   help="the resolver daemon's UDP port (default: a free one; 15380 with "
+                        "--capture; 0: a free one)")
     p.add_argument("--capture", help="also capture the loopback traffic to this pcap")
     p.add_argument("--transport", choices=("tcp", "lbt-ru"), default="tcp",
                    help="the source's data transport (default tcp)")
@@ -343,4 +348,5 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from reference_impl.demo import run_demo
     _setup_logging(args.verbose)
     return run_demo(messages=args.messages, workdir=args.workdir, store_port=args.store_port,
-                    capture=args.capture, profile=args.profile, transport=args.transport)
+                    resolver_port=args.resolver_port, capture=args.capture,
+                    profile=args.profile, transport=args.transport)

@@ -15,29 +15,65 @@ then:
 The receiver de-duplicates at the application level (``--dedupe``: it skips what its own log
 already has), as the guide asks applications to do, because a receiver killed between
 consuming and acknowledging a message receives it again after its restart.
+
+Every process the demo starts is checked as started: the resolver and the store must say
+they listen, the source and the receiver that they registered, each within a start timeout,
+and a process that exits before that ends the demo at once with one line naming it (and the
+address it could not bind, when that is why).  Exit status: 0 PASS; 1 the deployment came up
+and the run failed (a message missing, duplicated or out of order, a process that died during
+the run, a restarted process that did not register again); 2 the deployment did not come up
+(a port taken, a process that could not start) or a capture could not be taken.
+
+Ports: the resolver and the store take free ports chosen at start unless ``--resolver-port``
+or ``--store-port`` name one; with ``--capture`` they default to UM's well-known 15380 and
+14567, so the capture decodes with tshark's and Wireshark's defaults.  ``0`` always means a
+free port.  The web monitor takes a free port.  The source's and receiver's own ports come
+from UM's port ranges (first free), as in the product.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
 from reference_impl.config.store_xml_writer import disk_store_xml
+from reference_impl.events import ReceiverRegistrationComplete
 
 TOPIC = "demo.persistent.topic"
+WELL_KNOWN_RESOLVER_PORT = 15380
+"""The resolver port UM and tshark assume (``resolver_unicast_daemon``'s usual port)."""
+WELL_KNOWN_STORE_PORT = 14567
+"""The store port of the product's example configuration (tshark needs it given)."""
+START_TIMEOUT = 20.0
+"""Seconds the resolver and the store get to say they listen (a loaded 2-core machine starts
+a Python process in one or two)."""
+TRAFFIC_SECONDS = 6.0
+"""How long the source's traffic lasts, whatever ``--messages`` is (the rate follows).  Why a
+duration and not a fixed rate: the receiver restarted a third of the way through finds its
+source, and through it the store, only while the source still runs; a short run at a high
+rate ended before the restarted receiver was back, which then never registered.  The last
+two thirds, four seconds, leave a loaded machine time to start a Python process (one to two
+seconds) and register (a fraction of one)."""
+REGISTER_TIMEOUT = 40.0
+"""Seconds a source or receiver gets to say it registered; more than the source's own 30 s
+registration limit, so the source's message, not ours, says why when it gives up."""
 
 SOURCE_CFG = """# the demo source: one store, a Session ID so a restart finds its RegID again
-context resolver_unicast_daemon 127.0.0.1:15380
+context resolver_unicast_daemon 127.0.0.1:{resolver}
 source ume_store 127.0.0.1:{port}
 source ume_session_id 0x5E55100
 source ume_flight_size 2000
@@ -45,39 +81,135 @@ source transport {transport}
 """
 
 RECEIVER_CFG = """# the demo receiver: a Session ID so a restart re-registers as the same receiver
-context resolver_unicast_daemon 127.0.0.1:15380
+context resolver_unicast_daemon 127.0.0.1:{resolver}
 receiver ume_session_id 0x5E55200
 """
 
 
+class DemoError(Exception):
+    """The demo cannot go on; the message is one line, ``status`` the exit status."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def free_port(kind: socket.SocketKind) -> int:
+    """A port of ``kind`` nobody has bound on 127.0.0.1 right now (the process given it binds
+    it a moment later; if another takes it meanwhile, the started-check reports it)."""
+    with socket.socket(socket.AF_INET, kind) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Started:
+    """One process the demo started, and the line of output that says it is up.
+
+    Attributes:
+        name: resolver, store, source or receiver (also its log's name).
+        proc: the process.
+        log: its log file, appended to across restarts.
+        offset: where this start's output begins in ``log``.
+        ready: the text its output shows once it serves (or registered).
+        doing: what ``ready`` means, for messages ("listen", "register").
+        addresses: what it binds, for the message when it cannot ("127.0.0.1:15380"); the
+            one its output names is the one reported.
+        timeout: seconds from its start by which ``ready`` must have appeared.
+        status: the exit status the demo ends with if it does not come up.
+        started_at: its start, on the monotonic clock.
+        is_ready: whether ``ready`` has appeared.
+        seen: the output read so far (from ``offset``), until ``ready`` appeared.
+        read_to: the log position ``seen`` ends at.
+    """
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    offset: int
+    ready: str
+    doing: str
+    addresses: tuple[str, ...]
+    timeout: float
+    status: int
+    started_at: float
+    is_ready: bool = False
+    seen: bytes = b""
+    read_to: int = 0
+
+    def poll_ready(self) -> bool:
+        """Whether it came up; :class:`DemoError` when it exited or its time ran out first."""
+        if self.is_ready:
+            return True
+        with self.log.open("rb") as fh:
+            fh.seek(max(self.offset, self.read_to))
+            self.seen += fh.read()
+            self.read_to = fh.tell()
+        if self.ready.encode() in self.seen:
+            self.is_ready = True
+            self.seen = b""
+            return True
+        code = self.proc.poll()
+        if code is not None:
+            raise DemoError(self.failure(f"exited with status {code} before it was ready"),
+                            self.status)
+        if time.monotonic() > self.started_at + self.timeout:
+            raise DemoError(self.failure(f"did not {self.doing} within {self.timeout:.0f} s"),
+                            self.status)
+        return False
+
+    def failure(self, what: str) -> str:
+        """One line: why it did not come up, from its own last words."""
+        text = self.log_since_start()
+        if os.strerror(errno.EADDRINUSE).lower() in text.lower() and self.addresses:
+            said = last_line(text)
+            named = [a for a in self.addresses
+                     if re.search(rf"\b{a.rsplit(':', 1)[1]}\b", said)]
+            where = (named or self.addresses)[0]
+            return f"{self.name} could not bind {where}: address in use; see {self.log}"
+        said = f": {last_line(text)}" if text.strip() else " (no output)"
+        return f"{self.name} {what}{said}; see {self.log}"
+
+    def log_since_start(self) -> str:
+        with self.log.open("rb") as fh:
+            fh.seek(self.offset)
+            return fh.read().decode("utf-8", "replace")
+
+
+def last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "(no output)"
+
+
 class Demo:
     def __init__(self, messages: int, workdir: Path, store_port: int, profile: str,
-                 transport: str = "tcp") -> None:
+                 transport: str = "tcp", resolver_port: int = WELL_KNOWN_RESOLVER_PORT
+                 ) -> None:
         self.messages = messages
         self.transport = transport
-        self.dir = workdir
+        # absolute: every process runs in it and gets paths inside it
+        self.dir = workdir.absolute()
         self.port = store_port
+        self.resolver_port = resolver_port
+        self.web_port = 0
+        self.prepared = False
         self.profile = profile
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.deliveries = workdir / "deliveries.jsonl"
+        self.procs: dict[str, Started] = {}
+        self.deliveries = self.dir / "deliveries.jsonl"
+        self.rate = max(1.0, messages / TRAFFIC_SECONDS)
 
-    def _ump(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        log = (self.dir / f"{name}.log").open("ab")
-        proc = subprocess.Popen([sys.executable, "-m", "ump", *args, "--profile", self.profile,
-                                 "-v"], cwd=self.dir, stdout=log, stderr=log)
-        self.procs[name] = proc
-        return proc
-
-    def _wait_log(self, name: str, text: str, timeout: float = 20.0) -> None:
+    def _ump(self, name: str, args: list[str], *, ready: str, doing: str,
+             timeout: float, status: int, addresses: tuple[str, ...] = ()) -> Started:
         path = self.dir / f"{name}.log"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if path.exists() and text in path.read_text(errors="replace"):
-                return
-            if self.procs[name].poll() is not None:
-                raise SystemExit(f"ump demo: {name} exited early; see {path}")
-            time.sleep(0.05)
-        raise SystemExit(f"ump demo: {name} did not say {text!r} within {timeout} s; see {path}")
+        with path.open("ab") as log:
+            offset = log.tell()
+            proc = subprocess.Popen([sys.executable, "-m", "ump", *args, "--profile",
+                                     self.profile, "-v"], cwd=self.dir, stdout=log,
+                                    stderr=log)
+        started = Started(name, proc, path, offset, ready, doing, addresses, timeout, status,
+                          time.monotonic())
+        self.procs[name] = started
+        return started
 
     def delivered(self) -> list[dict[str, object]]:
         if not self.deliveries.exists():
@@ -88,49 +220,97 @@ class Demo:
                 out.append(json.loads(line))
         return out
 
-    def start_receiver(self) -> None:
-        self._ump("receiver", "receiver", "-c", "receiver.cfg", "--topic", TOPIC,
-                  "--out", str(self.deliveries), "--dedupe")
+    def start_receiver(self, *, status: int) -> None:
+        self._ump("receiver", ["receiver", "-c", "receiver.cfg", "--topic", TOPIC,
+                               "--out", str(self.deliveries), "--dedupe"],
+                  ready=ReceiverRegistrationComplete.__name__, doing="register",
+                  timeout=REGISTER_TIMEOUT, status=status)
 
-    def start_source(self) -> None:
-        self._ump("source", "source", "-c", "source.cfg", "--topic", TOPIC,
-                  "--until-sqn", str(self.messages), "--rate", str(self.rate),
-                  "--linger", "5")
+    def start_source(self, *, status: int) -> None:
+        self._ump("source", ["source", "-c", "source.cfg", "--topic", TOPIC,
+                             "--until-sqn", str(self.messages), "--rate", str(self.rate),
+                             "--linger", "5"],
+                  ready="ump source: registered", doing="register",
+                  timeout=REGISTER_TIMEOUT, status=status)
 
     def kill(self, name: str) -> None:
-        proc = self.procs[name]
+        proc = self.procs[name].proc
         proc.send_signal(signal.SIGKILL)
         proc.wait()
 
     def stop_all(self) -> None:
-        for proc in self.procs.values():
+        procs = [p.proc for p in self.procs.values()]
+        for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)
-        for proc in self.procs.values():
+        for proc in procs:
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
 
-    def run(self) -> int:
+    def _choose_ports(self) -> None:
+        if not self.resolver_port:
+            self.resolver_port = free_port(socket.SOCK_DGRAM)
+        if not self.port:
+            self.port = free_port(socket.SOCK_STREAM)
+        self.web_port = free_port(socket.SOCK_STREAM)
+        while self.web_port == self.port:
+            self.web_port = free_port(socket.SOCK_STREAM)
+
+    def prepare(self) -> None:
+        """Choose the ports and write the configuration files."""
+        self.prepared = True
+        self._choose_ports()
         d = self.dir
         d.mkdir(parents=True, exist_ok=True)
         (d / "store.xml").write_text(disk_store_xml(
-            "demo-store", self.port, r"demo\..*", web_monitor=f"127.0.0.1:{self.port + 1}"))
-        (d / "source.cfg").write_text(SOURCE_CFG.format(port=self.port,
-                                                        transport=self.transport))
-        (d / "receiver.cfg").write_text(RECEIVER_CFG)
-        self.rate = max(200, self.messages // 10)  # about ten seconds of traffic
-        print(f"ump demo: work directory {d}", file=sys.stderr)
+            "demo-store", self.port, r"demo\..*", web_monitor=f"127.0.0.1:{self.web_port}"))
+        (d / "source.cfg").write_text(SOURCE_CFG.format(
+            port=self.port, transport=self.transport, resolver=self.resolver_port))
+        (d / "receiver.cfg").write_text(RECEIVER_CFG.format(resolver=self.resolver_port))
+
+    def run(self) -> int:
+        """Prepare (unless done), run and judge; the exit status (module docstring)."""
+        if not self.prepared:
+            self.prepare()
+        print(f"ump demo: work directory {self.dir}; resolver 127.0.0.1:{self.resolver_port}, "
+              f"store 127.0.0.1:{self.port}, web monitor http://127.0.0.1:{self.web_port}/",
+              file=sys.stderr)
         try:
-            self._ump("resolver", "resolver")
-            self._ump("store", "store", "-c", "store.xml")
-            self._wait_log("store", "ready to accept registrations")
-            self.start_receiver()
-            self.start_source()
+            resolver = f"127.0.0.1:{self.resolver_port}"
+            self._ump("resolver", ["resolver", "--listen", resolver],
+                      ready="resolver listening on", doing="listen", timeout=START_TIMEOUT,
+                      status=2, addresses=(resolver,))
+            self._ump("store", ["store", "-c", "store.xml", "--resolver", resolver],
+                      ready="ready to accept registrations", doing="listen",
+                      timeout=START_TIMEOUT, status=2,
+                      addresses=(f"127.0.0.1:{self.port}", f"127.0.0.1:{self.web_port}"))
+            self._wait_ready("resolver", "store")
+            self.start_receiver(status=2)
+            self.start_source(status=2)
             return self._watch()
+        except DemoError as exc:
+            print(f"ump demo: {exc}", file=sys.stderr)
+            return exc.status
         finally:
             self.stop_all()
+
+    def _wait_ready(self, *names: str) -> None:
+        while not all([self.procs[name].poll_ready() for name in names]):
+            time.sleep(0.05)
+
+    def _check(self) -> None:
+        """Every process still up (the source may have finished), every start on time."""
+        for started in self.procs.values():
+            if not started.poll_ready():
+                continue
+            code = started.proc.poll()
+            if code is None or (started.name == "source" and code == 0):
+                continue
+            raise DemoError(f"{started.name} exited with status {code} during the run: "
+                            f"{last_line(started.log_since_start())}; see {started.log}", 1)
 
     def _watch(self) -> int:
         n = self.messages
@@ -139,6 +319,7 @@ class Demo:
         bar = tqdm(total=n, desc="delivered", unit="msg", disable=not sys.stderr.isatty())
         seen = 0
         while time.monotonic() < deadline:
+            self._check()
             count = len(self.delivered())
             bar.update(count - seen)
             seen = count
@@ -147,13 +328,13 @@ class Demo:
                 self.kill("receiver")
                 receiver_killed = True
                 time.sleep(0.5)
-                self.start_receiver()
+                self.start_receiver(status=1)
             elif receiver_killed and not source_killed and count >= 2 * n // 3:
                 bar.write("ump demo: SIGKILL source, restarting it")
                 self.kill("source")
                 source_killed = True
                 time.sleep(0.5)
-                self.start_source()
+                self.start_source(status=1)
             if count >= n:
                 break
             time.sleep(0.05)
@@ -180,20 +361,32 @@ class Demo:
         return 1
 
 
-def run_demo(*, messages: int = 3000, workdir: str | None = None, store_port: int = 14567,
+def run_demo(*, messages: int = 3000, workdir: str | None = None,
+             store_port: int | None = None, resolver_port: int | None = None,
              capture: str | None = None, profile: str = "current",
              transport: str = "tcp") -> int:
+    """Run the demo; ports ``None`` = the default of the module docstring, 0 = a free one."""
+    for option, port in (("--store-port", store_port), ("--resolver-port", resolver_port)):
+        if port is not None and not 0 <= port <= 65535:
+            print(f"ump demo: {option} must be a port number 0-65535, not {port}",
+                  file=sys.stderr)
+            return 2
     if workdir is None:
         base = Path(tempfile.mkdtemp(prefix="ump-demo-"))
     else:
-        base = Path(workdir)
+        base = Path(workdir).absolute()
         if (base / "deliveries.jsonl").exists():
             os.remove(base / "deliveries.jsonl")
-    demo = Demo(messages, base, store_port, profile, transport)
+    if store_port is None:
+        store_port = WELL_KNOWN_STORE_PORT if capture else 0
+    if resolver_port is None:
+        resolver_port = WELL_KNOWN_RESOLVER_PORT if capture else 0
+    demo = Demo(messages, base, store_port, profile, transport, resolver_port)
     if capture is None:
         return demo.run()
     from reference_impl.capture import CaptureError, LoopbackCapture
-    ports = [store_port, 15380, *range(14360, 14396)]  # LBT-RU 14360-14389 too
+    demo.prepare()  # the capture filter needs the ports
+    ports = [demo.port, demo.resolver_port, *range(14360, 14396)]  # LBT-RU 14360-14389 too
     try:
         with LoopbackCapture(Path(capture).resolve(), ports=ports) as cap:
             code = demo.run()
@@ -201,20 +394,23 @@ def run_demo(*, messages: int = 3000, workdir: str | None = None, store_port: in
         print(f"ump demo: {exc}", file=sys.stderr)
         return 2
     print(f"ump demo: {cap.frames} frames captured to {capture}")
-    return code or check_capture(Path(capture), store_port)
+    return code or check_capture(Path(capture), demo.port, demo.resolver_port)
 
 
-def check_capture(path: Path, store_port: int) -> int:
-    """Decode the capture with wire/ and with tshark and compare every field."""
+def check_capture(path: Path, store_port: int,
+                  resolver_port: int = WELL_KNOWN_RESOLVER_PORT) -> int:
+    """Decode the capture with wire/ and with tshark and compare every field (a resolver off
+    its well-known port is decoded as LBMR by port, like ``ump dissect --lbmr-port``)."""
     from wire.dissect import check_against_tshark, dissect_file
     from wire.tshark import PortMap
 
-    ports = PortMap(store_ports=[store_port])
+    extra = [] if resolver_port == WELL_KNOWN_RESOLVER_PORT else [resolver_port]
+    ports = PortMap(store_ports=[store_port], lbmr_ports=extra)
     reports = list(dissect_file(path, ports))
     um = sum(1 for r in reports if r.status == "um")
     bad = [r for r in reports if r.status not in ("um", "not-um")]
     disagreements = check_against_tshark(path, reports, ports)
     print(f"ump demo: {um} UM frames; {len(bad)} malformed; {len(disagreements)} "
           f"disagreements with tshark (ump dissect {path} --store-port {store_port} "
-          f"--check-tshark shows them)")
+          + "".join(f"--lbmr-port {p} " for p in extra) + "--check-tshark shows them)")
     return 1 if bad or disagreements else 0

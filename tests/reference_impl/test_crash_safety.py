@@ -15,8 +15,9 @@ this test checks that promise end to end, with real processes and sockets:
 4. a new receiver registers (a new receiver recovers everything the store holds) and must be
    delivered every sequence number the source saw stable.
 
-Ports 14787 (store) and 15490 (resolver) are used, distinct from the product defaults and
-from ``benchmarks.store``.
+The store and the resolver take free ports chosen per test, so two test runs on one machine
+(or a product daemon on UM's well-known ports) do not collide; both are checked as started
+(their ready line) before the test goes on.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -38,12 +40,14 @@ from reference_impl.config import ClientConfig
 from reference_impl.config.store_xml_writer import disk_store_xml
 from reference_impl.events import Event, MessageDelivered, MessageStable, StableFlags
 
-STORE_PORT = 14787
-RESOLVER_PORT = 15490
 TOPIC = "crash.safety"
 STABLE_BEFORE_KILL = 2000  # the kill happens once this many are stable, with more in flight
 
-STORE_XML = disk_store_xml("crash-store", STORE_PORT, r"crash\..*")
+
+def free_port(kind: int) -> int:
+    with socket.socket(socket.AF_INET, kind) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 class Processes:
@@ -52,6 +56,8 @@ class Processes:
     def __init__(self, workdir: Path) -> None:
         self.dir = workdir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.resolver_port = free_port(socket.SOCK_DGRAM)
+        self.store_port = free_port(socket.SOCK_STREAM)
 
     def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         with (self.dir / f"{name}.log").open("ab") as log:
@@ -63,17 +69,27 @@ class Processes:
     def log(self, name: str) -> str:
         return (self.dir / f"{name}.log").read_text(errors="replace")
 
+    def start_resolver(self) -> None:
+        self.start("resolver", "resolver", "--listen", f"127.0.0.1:{self.resolver_port}")
+        self.wait_ready("resolver", "resolver listening on", 0)
+
     def start_store(self) -> None:
         """Start the store and wait until it accepts registrations (its log is appended to, so
         the ready line is counted, not just searched for)."""
         before = self.log("store").count("ready to accept registrations") \
             if (self.dir / "store.log").exists() else 0
-        proc = self.start("store", "store", "-c", "store.xml",
-                          "--resolver", f"127.0.0.1:{RESOLVER_PORT}")
+        self.start("store", "store", "-c", "store.xml",
+                   "--resolver", f"127.0.0.1:{self.resolver_port}")
+        self.wait_ready("store", "ready to accept registrations", before)
+
+    def wait_ready(self, name: str, text: str, before: int) -> None:
+        """Until ``name``'s log shows ``text`` more than ``before`` times; a process that
+        exits first, or is not ready within 15 s, fails the test with its log."""
+        proc = self.procs[name]
         deadline = time.monotonic() + 15
-        while self.log("store").count("ready to accept registrations") <= before:
-            assert proc.poll() is None, f"store exited early:\n{self.log('store')}"
-            assert time.monotonic() < deadline, f"store not ready:\n{self.log('store')}"
+        while self.log(name).count(text) <= before:
+            assert proc.poll() is None, f"{name} exited early:\n{self.log(name)}"
+            assert time.monotonic() < deadline, f"{name} not ready:\n{self.log(name)}"
             time.sleep(0.02)
 
     def stop_all(self) -> None:
@@ -90,19 +106,20 @@ class Processes:
 
 @pytest.fixture
 def processes(tmp_path: Path) -> Iterator[Processes]:
-    (tmp_path / "store.xml").write_text(STORE_XML)
     procs = Processes(tmp_path)
+    (tmp_path / "store.xml").write_text(
+        disk_store_xml("crash-store", procs.store_port, r"crash\..*"))
     try:
-        procs.start("resolver", "resolver", "--listen", f"127.0.0.1:{RESOLVER_PORT}")
+        procs.start_resolver()
         procs.start_store()
         yield procs
     finally:
         procs.stop_all()
 
 
-def _client(**sections: dict[str, object]) -> ClientConfig:
+def _client(resolver_port: int, **sections: dict[str, object]) -> ClientConfig:
     mapping: dict[str, dict[str, object]] = {
-        "context": {"resolver_unicast_daemon": f"127.0.0.1:{RESOLVER_PORT}"}}
+        "context": {"resolver_unicast_daemon": f"127.0.0.1:{resolver_port}"}}
     mapping.update(sections)
     return ClientConfig.from_mapping(mapping)
 
@@ -120,8 +137,8 @@ async def _crash_and_recover(procs: Processes) -> tuple[set[int], set[int], bool
             delivered.add(event.sequence_number)
 
     async with AioHost() as host:
-        source = await runtime.start_source(host, TOPIC, _client(source={
-            "ume_store": [f"127.0.0.1:{STORE_PORT}"], "ume_flight_size": 500}))
+        source = await runtime.start_source(host, TOPIC, _client(procs.resolver_port, source={
+            "ume_store": [f"127.0.0.1:{procs.store_port}"], "ume_flight_size": 500}))
         loop = asyncio.get_running_loop()
         runtime.handle_events(host, [source], on_event)
         await host.wait_until(lambda: source.complete, timeout=15)
@@ -135,7 +152,7 @@ async def _crash_and_recover(procs: Processes) -> tuple[set[int], set[int], bool
         stable_at_kill = set(stable)
 
         await asyncio.to_thread(procs.start_store)
-        receiver = await runtime.start_receiver(host, TOPIC, _client(receiver={
+        receiver = await runtime.start_receiver(host, TOPIC, _client(procs.resolver_port, receiver={
             "retransmit_request_outstanding_maximum": 200}))
         runtime.handle_events(host, [receiver], on_event)
         with contextlib.suppress(TimeoutError):  # the assertion below says what is missing

@@ -1,12 +1,19 @@
 """``ump demo`` end to end: real processes on loopback, SIGKILLed and restarted mid-stream,
 with the traffic captured and cross-checked with tshark (issue 3: "the key scenarios again over
-real sockets on loopback ... zero disagreements")."""
+real sockets on loopback ... zero disagreements").
+
+Every demo here runs on free ports (``--resolver-port 0 --store-port 0``, or the default
+without ``--capture``), so two test runs on one machine, or a product daemon on UM's
+well-known ports, do not collide with it.
+"""
 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,33 +21,40 @@ import pytest
 from wire.dissect import check_against_tshark, dissect_file
 from wire.tshark import PortMap
 
-STORE_PORT = 14667  # not the product default, so a store left running elsewhere cannot clash
+
+def _ump() -> list[str]:
+    """The ``ump`` command the README types (the console script next to this interpreter)."""
+    script = Path(sys.executable).with_name("ump")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "ump"]
 
 
 @pytest.mark.oracle
 def test_demo_delivers_everything_once_in_order_and_tshark_agrees(tmp_path: Path) -> None:
-    # one after the other in one test: both demos use the resolver's fixed port 15380
     for transport in ("tcp", "lbt-ru"):
         _demo(tmp_path / transport, transport)
 
 
 def _demo(tmp_path: Path, transport: str) -> None:
+    # README: ump demo --capture demo.pcap, from a fresh directory, with relative paths
     tmp_path.mkdir()
     work = tmp_path / "demo"
     pcap = tmp_path / "demo.pcap"
     result = subprocess.run(
-        [sys.executable, "-m", "ump", "demo", "--messages", "900", "--workdir", str(work),
-         "--store-port", str(STORE_PORT), "--capture", str(pcap), "--transport", transport],
-        capture_output=True, text=True, timeout=240)
+        [*_ump(), "demo", "--messages", "900", "--workdir", "demo", "--store-port", "0",
+         "--resolver-port", "0", "--capture", "demo.pcap", "--transport", transport],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PASS" in result.stdout
     rows = [json.loads(line) for line in (work / "deliveries.jsonl").read_text().splitlines()]
     assert [r["sqn"] for r in rows] == list(range(900))
     assert any(r["rx"] for r in rows)  # the restarted receiver recovered from the store
-    ports = PortMap(store_ports=[STORE_PORT])
+    store_port, resolver_port = _ports(work)
+    assert f"--store-port {store_port} --lbmr-port {resolver_port} " in result.stdout
+    ports = PortMap(store_ports=[store_port], lbmr_ports=[resolver_port])
     reports = list(dissect_file(pcap, ports))
     labels = {o.label for r in reports for o in r.occurrences}
     assert {"PREG", "PREG-RESP", "SRI", "ACK", "RXREQ", "DATA"} <= labels
+    assert any(r.transport == "lbmr" for r in reports)  # the resolver's traffic, on its port
     assert all(r.status in ("um", "not-um") for r in reports)
     assert check_against_tshark(pcap, reports, ports) == []
     lbtru_frames = [r for r in reports if r.transport == "lbtru"]
@@ -52,10 +66,65 @@ def _demo(tmp_path: Path, transport: str) -> None:
         assert lbtru_frames == []
 
 
+def _ports(work: Path) -> tuple[int, int]:
+    """The store and resolver ports the demo chose, read back from the files it wrote."""
+    cfg = (work / "source.cfg").read_text().splitlines()
+    store = next(line for line in cfg if line.startswith("source ume_store "))
+    resolver = next(line for line in cfg if line.startswith("context resolver_unicast_daemon"))
+    return int(store.rsplit(":", 1)[1]), int(resolver.rsplit(":", 1)[1])
+
+
+def test_demo_with_a_relative_workdir_from_a_fresh_directory(tmp_path: Path) -> None:
+    # README: ump demo --workdir DIR (DIR relative to where the user is)
+    cwd = tmp_path / "fresh"
+    cwd.mkdir()
+    result = subprocess.run([*_ump(), "demo", "--workdir", "demo-dir", "--messages", "150"],
+                            cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "PASS: every message 0..149 arrived once and in order" in result.stdout
+    rows = (cwd / "demo-dir" / "deliveries.jsonl").read_text().splitlines()
+    assert [json.loads(line)["sqn"] for line in rows] == list(range(150))
+    for name in ("resolver", "store", "source", "receiver"):
+        assert (cwd / "demo-dir" / f"{name}.log").exists()
+
+
+@pytest.mark.parametrize("daemon", ["resolver", "store"])
+def test_a_taken_port_ends_the_demo_at_once_naming_the_daemon(tmp_path: Path,
+                                                             daemon: str) -> None:
+    kind = socket.SOCK_DGRAM if daemon == "resolver" else socket.SOCK_STREAM
+    with socket.socket(socket.AF_INET, kind) as taken:
+        taken.bind(("127.0.0.1", 0))
+        if kind == socket.SOCK_STREAM:
+            taken.listen()
+        port = taken.getsockname()[1]
+        began = time.monotonic()
+        result = subprocess.run(
+            [*_ump(), "demo", "--workdir", str(tmp_path / "w"), "--messages", "30",
+             f"--{daemon}-port", str(port)],
+            capture_output=True, text=True, timeout=120)
+        took = time.monotonic() - began
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"ump demo: {daemon} could not bind 127.0.0.1:{port}: address in use" \
+        in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "messages delivered" not in result.stdout  # no run on a half-started deployment
+    assert took < 15, took
+
+
+@pytest.mark.parametrize("option", ["--store-port", "--resolver-port"])
+def test_a_port_out_of_range_is_a_clear_error(tmp_path: Path, option: str) -> None:
+    result = subprocess.run([*_ump(), "demo", "--workdir", str(tmp_path / "w"), option,
+                             "70000"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert f"ump demo: {option} must be a port number 0-65535, not 70000" in result.stderr
+
+
 def test_a_capture_path_in_a_missing_directory_is_a_clear_error(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "ump", "demo", "--messages", "10", "--workdir",
-         str(tmp_path / "w"), "--capture", str(tmp_path / "nowhere" / "demo.pcap")],
+         str(tmp_path / "w"), "--store-port", "0", "--resolver-port", "0",
+         "--capture", str(tmp_path / "nowhere" / "demo.pcap")],
         capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr

@@ -11,6 +11,7 @@ once (one message lost across a SIGKILL); the test below pins the order directly
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
 
 import pytest
@@ -31,9 +32,15 @@ from reference_impl.events import Event, MessageDelivered
 from reference_impl.source import SourceCore
 from reference_impl.store import StoreCore
 
-RESOLVER_PORT = 15512
-STORE_PORT = 14812
 TOPIC = "runtime.acks"
+
+
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    """A port nobody has bound now: each test takes its own, so two test runs on one machine
+    (or a product daemon on UM's well-known ports) do not collide."""
+    with socket.socket(socket.AF_INET, kind) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 # --- the store XML writer -----------------------------------------------------------------------
@@ -75,9 +82,9 @@ def test_disk_store_helper_gives_a_disk_repository_for_matching_topics() -> None
 # --- consumption ACKs leave after the application saw the message -------------------------------
 
 
-def _client(**sections: dict[str, object]) -> ClientConfig:
+def _client(resolver_port: int, **sections: dict[str, object]) -> ClientConfig:
     mapping: dict[str, dict[str, object]] = {
-        "context": {"resolver_unicast_daemon": f"127.0.0.1:{RESOLVER_PORT}"}}
+        "context": {"resolver_unicast_daemon": f"127.0.0.1:{resolver_port}"}}
     for scope, values in sections.items():
         mapping.setdefault(scope, {}).update(values)
     return ClientConfig.from_mapping(mapping)
@@ -87,17 +94,19 @@ async def _acks_seen_by_store_at_delivery(tmp_path: Path, receiver_options: dict
                                           batching_ms: int) -> tuple[list[int], list[int]]:
     """Deliver 300 messages; for each, what the store had as the receiver's last ACK when the
     application's handler ran."""
-    config = parse_store_config(disk_store_xml("acks", STORE_PORT, r"runtime\..*",
+    resolver_port, store_port = free_port(socket.SOCK_DGRAM), free_port()
+    config = parse_store_config(disk_store_xml("acks", store_port, r"runtime\..*",
                                                repository="memory"))
     async with AioHost() as host:
-        await runtime.run_resolver(host, ("127.0.0.1", RESOLVER_PORT))
-        (store,) = await runtime.start_stores(host, config, resolver=("127.0.0.1", RESOLVER_PORT),
+        await runtime.run_resolver(host, ("127.0.0.1", resolver_port))
+        (store,) = await runtime.start_stores(host, config, resolver=("127.0.0.1", resolver_port),
                                               base=tmp_path)
         source = await runtime.start_source(host, TOPIC, _client(
-            source={"ume_store": [f"127.0.0.1:{STORE_PORT}"]}))
+            resolver_port, source={"ume_store": [f"127.0.0.1:{store_port}"]}))
         await host.wait_until(lambda: source.complete, timeout=15)
         receiver = await runtime.start_receiver(host, TOPIC, _client(
-            receiver=receiver_options, context={"ume_ack_batching_interval": batching_ms}))
+            resolver_port, receiver=receiver_options,
+            context={"ume_ack_batching_interval": batching_ms}))
         await host.wait_until(lambda: bool(receiver.registered_stores), timeout=15)
         delivered: list[int] = []
         acked_then: list[int] = []
@@ -134,18 +143,20 @@ def test_store_never_holds_an_ack_for_a_message_the_application_has_not_seen(
 
 
 async def _lbtru_run(tmp_path: Path, count: int) -> tuple[list[int], SourceCore, StoreCore]:
-    config = parse_store_config(disk_store_xml("ru", STORE_PORT, r"runtime\..*",
+    resolver_port, store_port = free_port(socket.SOCK_DGRAM), free_port()
+    config = parse_store_config(disk_store_xml("ru", store_port, r"runtime\..*",
                                                repository="memory"))
     async with AioHost() as host:
-        await runtime.run_resolver(host, ("127.0.0.1", RESOLVER_PORT))
-        (store,) = await runtime.start_stores(host, config, resolver=("127.0.0.1", RESOLVER_PORT),
+        await runtime.run_resolver(host, ("127.0.0.1", resolver_port))
+        (store,) = await runtime.start_stores(host, config, resolver=("127.0.0.1", resolver_port),
                                               base=tmp_path)
-        receiver = await runtime.start_receiver(host, TOPIC, _client())
+        receiver = await runtime.start_receiver(host, TOPIC, _client(resolver_port))
         delivered: list[int] = []
         runtime.handle_events(host, [receiver], lambda core, event: delivered.append(
             event.sequence_number) if isinstance(event, MessageDelivered) else None)
         source = await runtime.start_source(host, TOPIC, _client(
-            source={"ume_store": [f"127.0.0.1:{STORE_PORT}"], "transport": "lbt-ru"}))
+            resolver_port,
+            source={"ume_store": [f"127.0.0.1:{store_port}"], "transport": "lbt-ru"}))
         await host.wait_until(lambda: source.complete, timeout=15)
         await host.wait_until(lambda: bool(receiver.registered_stores), timeout=15)
         await runtime.send_messages(host, source, count, rate=5000)
