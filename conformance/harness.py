@@ -51,6 +51,9 @@ class Harness:
         self.random = random.Random(f"{seed}:{spec.id}")
         self._topics = itertools.count(1)
         self.restarted = False
+        self.deregistered = False
+        """The harness asked the IUT to deregister (it may then exit: guide "RPP
+        Deregistration", a deregistered source is blocked until it is re-created)."""
         self.stores: list[HarnessStore] = []
         self.sources: list[HarnessSource] = []
         self.iut_topic = self.topic() if isinstance(iut, ClientUnderTest) else ""
@@ -115,6 +118,7 @@ class Harness:
             raise Unsupported("the profile names no deregister_signal, so the harness cannot "
                               "ask the IUT to deregister")
         self.note(f"asking the IUT to deregister ({sig.name})")
+        self.deregistered = True
         self.client_iut.signal(sig)
 
     def deliveries(self) -> list[dict[str, object]]:

@@ -249,7 +249,9 @@ class Runner:
                 result.message = "harness error: " + "; ".join(errors[:3])
         result.store_ports = [s.addr[1] for s in harness.stores] or \
             ([iut.addr[1]] if isinstance(iut, StoreUnderTest) else [])
-        if not timed_out and iut.proc is not None and not iut.running:
+        if not timed_out and iut.proc is not None and not iut.running and \
+                not (harness.deregistered and iut.proc.returncode == 0):
+            # (a client that deregistered on request may end there, with status 0)
             code = iut.proc.returncode
             result.verdict = Verdict.FAIL
             result.message = (f"the IUT exited (code {code}) during the case"
