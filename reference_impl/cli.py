@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -310,17 +309,8 @@ def cmd_receiver(args: argparse.Namespace) -> int:
         client = runtime.load_client(args.config, args.profile)
     except ConfigError as exc:
         return _config_error("receiver", exc)
-    # --dedupe: the highest sequence number already in --out, per source (each source of
-    # the topic numbers its own messages; lines without a source count for every source)
-    floors: dict[str, int] = {}
-    if args.dedupe and args.out and Path(args.out).exists():
-        for line in Path(args.out).read_text().splitlines():
-            try:
-                row = json.loads(line)
-                name, sqn = str(row.get("source", "")), int(row["sqn"])
-            except (ValueError, KeyError, TypeError, AttributeError):
-                continue
-            floors[name] = max(floors.get(name, -1), sqn)
+    floors = runtime.DeliveryFloors.read(Path(args.out)) if args.dedupe and args.out else \
+        runtime.DeliveryFloors()
     out = open(args.out, "a", buffering=1) if args.out else sys.stdout  # noqa: SIM115
 
     async def setup(host: AioHost) -> None:
@@ -329,8 +319,7 @@ def cmd_receiver(args: argparse.Namespace) -> int:
         skipped = {"n": 0}
 
         def handle(core: Any, event: Any) -> None:
-            if isinstance(event, MessageDelivered) and floors and event.sequence_number <= \
-                    floors.get(event.source, floors.get("", -1)):
+            if isinstance(event, MessageDelivered) and floors.seen(event):
                 skipped["n"] += 1
                 return
             writer(core, event)

@@ -386,3 +386,37 @@ class DeliveryLog:
             self.count += 1
         else:
             log_event(event)
+
+
+@dataclasses.dataclass
+class DeliveryFloors:
+    """What a delivery log (:class:`DeliveryLog`) already holds: the highest sequence number
+    per source, for ``ump receiver --dedupe`` (the application-level de-duplication the guide
+    asks for after a receiver restart).  Each source of a topic numbers its own messages, so
+    the floor is per source; lines without a source (older logs) count for every source."""
+
+    highest: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def read(cls, path: Path) -> DeliveryFloors:
+        """The floors of the log at ``path`` (none when it does not exist); lines that are
+        not deliveries (a line cut by a crash) are skipped."""
+        floors = cls()
+        if not path.exists():
+            return floors
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+                name, sqn = str(row.get("source", "")), int(row["sqn"])
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+            floors.highest[name] = max(floors.highest.get(name, -1), sqn)
+        return floors
+
+    def seen(self, event: MessageDelivered) -> bool:
+        """The log already has this delivery (its sequence number is at or below the floor
+        of its source)."""
+        if not self.highest:
+            return False
+        floor = self.highest.get(event.source, self.highest.get("", -1))
+        return event.sequence_number <= floor

@@ -10,9 +10,13 @@ starts while the receiver runs, after the previous one on the same transport add
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from reference_impl import events as ev
 from reference_impl.deployment import SimDeployment
 from reference_impl.receiver import ReceiverCore
+from reference_impl.runtime import DeliveryFloors, DeliveryLog
 from reference_impl.source import SourceCore
 from reference_impl.store import TopicPolicy, TopicRule
 
@@ -209,3 +213,29 @@ def test_a_source_restarted_on_another_transport_goes_on_in_the_same_order() -> 
     assert got[source_string(d, "a")] == expected(d, "a", 20)
     assert got[source_string(d, "a2")] == [(i, b"a2:%d" % i) for i in range(20, 35)]
     assert len(d.stores["store0"].receivers) == 1  # the same receiver registration
+
+
+# --- the delivery log of ump receiver --out ----------------------------------------------------
+
+
+def test_the_delivery_log_names_the_source_and_dedupe_floors_are_per_source(
+        tmp_path: Path) -> None:
+    path = tmp_path / "deliveries.jsonl"
+    with path.open("w") as out:
+        log = DeliveryLog(out)
+        for sqn, source in [(0, "TCP:10.0.0.5:14371"), (1, "TCP:10.0.0.5:14371"),
+                            (0, "TCP:10.0.0.6:14371")]:
+            log(None, ev.MessageDelivered(sqn, b"p%d" % sqn, False, source))  # type: ignore
+        out.write('{"sqn": 7, "rx"')  # a line cut by a crash
+    rows = [json.loads(line) for line in path.read_text().splitlines()[:3]]
+    assert rows[0] == {"sqn": 0, "rx": False, "payload": "p0", "source": "TCP:10.0.0.5:14371"}
+    floors = DeliveryFloors.read(path)
+    assert floors.highest == {"TCP:10.0.0.5:14371": 1, "TCP:10.0.0.6:14371": 0}
+    assert floors.seen(ev.MessageDelivered(1, b"", False, "TCP:10.0.0.5:14371"))
+    # the second source's 1 is new, though the first source's log is past it
+    assert not floors.seen(ev.MessageDelivered(1, b"", False, "TCP:10.0.0.6:14371"))
+    assert not floors.seen(ev.MessageDelivered(0, b"", False, "TCP:10.0.0.7:14371"))
+    # an older log without sources: its floor holds for every source
+    path.write_text('{"sqn": 5, "rx": false}\n')
+    assert DeliveryFloors.read(path).seen(ev.MessageDelivered(5, b"", False, "TCP:1.2.3.4:1"))
+    assert not DeliveryFloors.read(tmp_path / "none.jsonl").seen(ev.MessageDelivered(0, b""))
