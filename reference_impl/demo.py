@@ -121,6 +121,8 @@ class Started:
         is_ready: whether ``ready`` has appeared.
         seen: the output read so far (from ``offset``), until ``ready`` appeared.
         read_to: the log position ``seen`` ends at.
+        ports: the ports it had bound once ready (its sockets, read from ``/proc``), which
+            tell its traffic from other processes' in a capture.
     """
 
     name: str
@@ -136,6 +138,7 @@ class Started:
     is_ready: bool = False
     seen: bytes = b""
     read_to: int = 0
+    ports: frozenset[int] = frozenset()
 
     def poll_ready(self) -> bool:
         """Whether it came up; :class:`DemoError` when it exited or its time ran out first."""
@@ -148,6 +151,7 @@ class Started:
         if self.ready.encode() in self.seen:
             self.is_ready = True
             self.seen = b""
+            self.ports = bound_ports(self.proc.pid)
             return True
         code = self.proc.poll()
         if code is not None:
@@ -176,6 +180,66 @@ class Started:
             return fh.read().decode("utf-8", "replace")
 
 
+def bound_ports(pid: int) -> frozenset[int]:
+    """The local TCP and UDP ports of process ``pid``'s sockets (Linux ``/proc``; empty where
+    there is none).  Every conversation of a demo process has one end on a port it bound."""
+    try:
+        inodes = {os.readlink(fd)[8:-1] for fd in Path(f"/proc/{pid}/fd").iterdir()
+                  if os.readlink(fd).startswith("socket:[")}
+    except OSError:  # gone meanwhile, or no /proc
+        return frozenset()
+    ports = set()
+    for table in ("tcp", "udp", "tcp6", "udp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[9] in inodes:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return frozenset(ports)
+
+
+def keep_own_frames(path: Path, ports: frozenset[int]) -> tuple[int, int]:
+    """Rewrite the capture at ``path`` with only the frames from or to ``ports``; returns
+    (kept, dropped).
+
+    Why: the capture filter names UM's port ranges (a source's transport and request ports
+    are the first free ones of 14371-14395), which other processes on the machine use too; a
+    demo run next to another would otherwise check their traffic with its own.  A frame
+    without UDP or TCP is kept (nothing says it is foreign)."""
+    from wire import WireError
+    from wire.pcap import PCAP_MAGIC_NS, PcapWriter, decode_frame, read_capture
+
+    everything = path.with_name(path.name + ".all")
+    os.replace(path, everything)
+    with everything.open("rb") as fh:
+        nanosecond = int.from_bytes(fh.read(4), "little") == PCAP_MAGIC_NS
+    kept = dropped = 0
+    writer: PcapWriter | None = None
+    try:
+        for rec in read_capture(everything):
+            if writer is None:
+                writer = PcapWriter(path, linktype=rec.linktype, nanosecond=nanosecond)
+            try:
+                seg = decode_frame(rec.linktype, rec.data)
+                ours = seg.sport in ports or seg.dport in ports
+            except WireError:
+                ours = True
+            if ours:
+                writer.write(rec.ts, rec.data)
+                kept += 1
+            else:
+                dropped += 1
+    finally:
+        if writer is None:
+            writer = PcapWriter(path)
+        writer.close()
+    everything.unlink()
+    return kept, dropped
+
+
 def last_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else "(no output)"
@@ -195,6 +259,8 @@ class Demo:
         self.prepared = False
         self.profile = profile
         self.procs: dict[str, Started] = {}
+        self.history: list[Started] = []
+        """Every process started, killed ones included."""
         self.deliveries = self.dir / "deliveries.jsonl"
         self.rate = max(1.0, messages / TRAFFIC_SECONDS)
 
@@ -209,7 +275,13 @@ class Demo:
         started = Started(name, proc, path, offset, ready, doing, addresses, timeout, status,
                           time.monotonic())
         self.procs[name] = started
+        self.history.append(started)
         return started
+
+    def own_ports(self) -> frozenset[int]:
+        """The ports the demo's processes bound (see :attr:`Started.ports`)."""
+        return frozenset({self.port, self.resolver_port, self.web_port}.union(
+            *(started.ports for started in self.history)))
 
     def delivered(self) -> list[dict[str, object]]:
         if not self.deliveries.exists():
@@ -388,12 +460,14 @@ def run_demo(*, messages: int = 3000, workdir: str | None = None,
     demo.prepare()  # the capture filter needs the ports
     ports = [demo.port, demo.resolver_port, *range(14360, 14396)]  # LBT-RU 14360-14389 too
     try:
-        with LoopbackCapture(Path(capture).resolve(), ports=ports) as cap:
+        with LoopbackCapture(Path(capture).resolve(), ports=ports):
             code = demo.run()
     except CaptureError as exc:
         print(f"ump demo: {exc}", file=sys.stderr)
         return 2
-    print(f"ump demo: {cap.frames} frames captured to {capture}")
+    kept, dropped = keep_own_frames(Path(capture), demo.own_ports())
+    others = f" ({dropped} frames of other processes on UM's ports left out)" if dropped else ""
+    print(f"ump demo: {kept} frames captured to {capture}{others}")
     return code or check_capture(Path(capture), demo.port, demo.resolver_port)
 
 

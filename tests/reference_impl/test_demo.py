@@ -13,12 +13,14 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from wire.dissect import check_against_tshark, dissect_file
+from wire.pcap import decode_frame, read_capture
 from wire.tshark import PortMap
 
 
@@ -34,16 +36,55 @@ def test_demo_delivers_everything_once_in_order_and_tshark_agrees(tmp_path: Path
         _demo(tmp_path / transport, transport)
 
 
+class Chatter:
+    """Another process's traffic on a port of UM's ranges the capture filter names (LBT-RU
+    source ports 14380-14389, which an LBT-TCP demo does not use), for the whole run."""
+
+    def __init__(self) -> None:
+        self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for port in range(14389, 14379, -1):
+            try:
+                self.rx.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                continue
+        else:
+            pytest.skip("every port of 14380-14389 is taken")
+        self.port = self.rx.getsockname()[1]
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
+            while not self.stop.wait(0.05):
+                tx.sendto(b"not the demo's", ("127.0.0.1", self.port))
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.rx.close()
+
+
 def _demo(tmp_path: Path, transport: str) -> None:
     # README: ump demo --capture demo.pcap, from a fresh directory, with relative paths
     tmp_path.mkdir()
     work = tmp_path / "demo"
     pcap = tmp_path / "demo.pcap"
-    result = subprocess.run(
-        [*_ump(), "demo", "--messages", "900", "--workdir", "demo", "--store-port", "0",
-         "--resolver-port", "0", "--capture", "demo.pcap", "--transport", transport],
-        cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    chatter = Chatter() if transport == "tcp" else None
+    try:
+        result = subprocess.run(
+            [*_ump(), "demo", "--messages", "900", "--workdir", "demo", "--store-port", "0",
+             "--resolver-port", "0", "--capture", "demo.pcap", "--transport", transport],
+            cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    finally:
+        if chatter is not None:
+            chatter.close()
     assert result.returncode == 0, result.stdout + result.stderr
+    if chatter is not None:  # the other process's frames are not the demo's capture
+        assert "frames of other processes on UM's ports left out" in result.stdout
+        frames = [decode_frame(r.linktype, r.data) for r in read_capture(pcap)]
+        assert frames and all(chatter.port not in (f.sport, f.dport) for f in frames)
     assert "PASS" in result.stdout
     rows = [json.loads(line) for line in (work / "deliveries.jsonl").read_text().splitlines()]
     assert [r["sqn"] for r in rows] == list(range(900))
