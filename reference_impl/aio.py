@@ -77,6 +77,7 @@ import logging
 import signal
 import socket
 import sys
+import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, Literal, TypeVar, cast
@@ -1118,9 +1119,29 @@ def run_forever(setup: Callable[[AioHost], Awaitable[object]], *, sigint_status:
     convention for a process ended by SIGINT.  A ``KeyboardInterrupt`` (the third Ctrl-C, or
     one before the handlers are in place) is 130 too.  Errors are reported on stderr in one
     line (the log has the traceback of a core failure).
+
+    Once :func:`serve` returns, a further SIGINT or SIGTERM is only noted until asyncio has
+    torn the loop down: the loop's own handlers write to a wakeup pipe that the loop closes
+    (CPython then prints "Exception ignored ... Bad file descriptor" with a traceback), and a
+    ``KeyboardInterrupt`` inside asyncio's teardown tasks is printed as a traceback too.
     """
+    late: list[int] = []
+    previous = _handlers()
+
+    def note_late(signum: int, frame: object) -> None:
+        late.append(signum)  # already stopping: nothing more to do
+
+    async def main() -> signal.Signals | None:
+        try:
+            return await serve(setup, **options)
+        finally:
+            if previous:
+                for sig in previous:
+                    signal.signal(sig, note_late)
+                signal.set_wakeup_fd(-1)  # before the loop closes the pipe behind it
+
     try:
-        stopped_by = asyncio.run(serve(setup, **options))
+        stopped_by = asyncio.run(main())
     except CoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -1129,4 +1150,15 @@ def run_forever(setup: Callable[[AioHost], Awaitable[object]], *, sigint_status:
         return 2
     except KeyboardInterrupt:
         return 130
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return sigint_status if stopped_by is signal.SIGINT else 0
+
+
+def _handlers() -> dict[signal.Signals, Any]:
+    """SIGINT's and SIGTERM's handlers now (empty off the main thread, where they cannot be
+    set), to be put back when :func:`run_forever` returns."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}

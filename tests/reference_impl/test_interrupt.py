@@ -48,7 +48,7 @@ def _twice(seed: int) -> bool:
     return seed % 5 == 0
 
 
-@pytest.mark.parametrize("runs", [pytest.param(8, id="8-runs"),
+@pytest.mark.parametrize("runs", [pytest.param(6, id="6-runs"),
                                   pytest.param(100, id="100-runs", marks=pytest.mark.slow)])
 def test_ctrl_c_while_the_source_sends_is_an_orderly_exit(tmp_path: Path, runs: int) -> None:
     with loopback(tmp_path) as net:
