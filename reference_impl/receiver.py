@@ -1199,7 +1199,25 @@ class ReceiverCore(ContextCore):
         # skip what cannot be recovered, wherever it lies: what follows is delivered in order
         # (a lost number behind a held message is stepped over once delivery reaches it)
         self.abandoned.update(lost)
+        if self._owed:
+            self._forget_owed(lost)
         self._drain()
+
+    def _forget_owed(self, sqns: list[int]) -> None:
+        """This session no longer waits for ``sqns``: its requests for them stop counting in
+        :attr:`_owed` (so that they do not pile up when no store ever answers)."""
+        cur = self._cur
+        for sqn in sqns:
+            for reg in self.stores.values():
+                key = (reg.info.addr, sqn)
+                owed = self._owed.get(key)
+                if owed is None:
+                    continue
+                kept = deque(x for x in owed if x[0] is not cur)
+                if kept:
+                    self._owed[key] = kept
+                else:
+                    del self._owed[key]
 
     def _forget_below(self, sqn: int) -> None:
         """Drop held messages below ``sqn`` (the delivery point jumped over them)."""

@@ -14,11 +14,26 @@ import json
 from pathlib import Path
 
 from reference_impl import events as ev
+from reference_impl.context import control
 from reference_impl.deployment import SimDeployment
-from reference_impl.receiver import ReceiverCore
+from reference_impl.fastmsg import data_message
+from reference_impl.receiver import ReceiverConfig, ReceiverCore
 from reference_impl.runtime import DeliveryFloors, DeliveryLog
+from reference_impl.sim import ConnKey, StreamEvent, StreamEventKind, StreamWrite
 from reference_impl.source import SourceCore
 from reference_impl.store import TopicPolicy, TopicRule
+from wire import lbmr
+from wire.lbmc import (
+    LbmcMessage,
+    MessageType,
+    Sri,
+    TopicIdx,
+    UmePreg,
+    UmePregResp,
+    UmeRxreq,
+    UmeStoreExt,
+)
+from wire.lbttcp import LbttcpStream
 
 TOPIC = "multi.orders"
 RULES = (TopicRule(".*", TopicPolicy(repository_size_threshold=50_000_000), kind="PCRE"),)
@@ -239,3 +254,100 @@ def test_the_delivery_log_names_the_source_and_dedupe_floors_are_per_source(
     path.write_text('{"sqn": 5, "rx": false}\n')
     assert DeliveryFloors.read(path).seen(ev.MessageDelivered(5, b"", False, "TCP:1.2.3.4:1"))
     assert not DeliveryFloors.read(tmp_path / "none.jsonl").seen(ev.MessageDelivered(0, b""))
+
+
+# --- the receiver core alone: two sources, one store, the same topic index ---------------------
+
+
+class TwoSources:
+    """A receiver core fed by hand: two sources (both topic index 1) registered at one store
+    over the receiver's one connection to it; the test answers its RXREQs as a store would,
+    in order, leaving out what ``silent`` names."""
+
+    STORE: tuple[str, int] = ("10.0.0.2", 14567)
+    SOURCES = [(("10.0.0.3", 14371), ("10.0.0.3", 14391)),
+               (("10.0.0.4", 14371), ("10.0.0.4", 14391))]
+
+    def __init__(self, high: int, **options: int) -> None:
+        self.rcv = ReceiverCore(TOPIC, ReceiverConfig(**options),  # type: ignore[arg-type]
+                                ip="10.0.0.9",
+                                request_port=14392)
+        self.now = 0.0
+        self.framer = LbttcpStream()
+        self.store_key: ConnKey = (("10.0.0.9", 50002), self.STORE)
+        tirs: list[lbmr.Record] = [lbmr.Tir(name=TOPIC, ttl=1, index=1,
+                         info=lbmr.TcpInfo(ip=t[0], port=t[1]),
+                         options=[lbmr.ToptUme(store=1, src_tcp_port=r[1], src_tcp_addr=r[0],
+                                               transport_idx=1)])
+                 for t, r in self.SOURCES]
+        self.rcv.receive(lbmr.LbmrPacket(tirs=tirs).build(), ("10.0.0.1", 15380), 0.0)
+        for i, (transport, _) in enumerate(self.SOURCES):
+            key: ConnKey = (("10.0.0.9", 50010 + i), transport)
+            self.event(StreamEventKind.CONNECTED, key)
+            self.event(StreamEventKind.DATA, key, control(
+                Sri(version=1, low_sqn=0, high_sqn=high, initial_sqn_known=1), TopicIdx(tidx=1),
+                UmeStoreExt(grp_idx=0, store_tcp_port=self.STORE[1], store_idx=0,
+                            store_ip_addr=self.STORE[0], src_reg_id=70 + i, version=0)))
+        self.event(StreamEventKind.CONNECTED, self.store_key)
+        pregs = self.written()
+        assert len(pregs) == 2
+        for preg in pregs:  # the store answers each PREG, echoing its marker
+            header = preg.header(UmePreg)
+            assert header is not None
+            self.event(StreamEventKind.DATA, self.store_key, control(UmePregResp(
+                marker=header.marker, reg_id=900 + header.src_reg_id, transport_idx=1,
+                topic_idx=1, low_seqnum=0, high_seqnum=high)))
+        self.payloads = {900 + 70 + i: [b"src%d:%d" % (i, s) for s in range(high + 1)]
+                         for i in range(2)}
+
+    def event(self, kind: StreamEventKind, key: ConnKey, data: bytes = b"") -> None:
+        self.rcv.stream_event(StreamEvent(kind, key, data), self.now)
+
+    def written(self) -> list[LbmcMessage]:
+        """The messages the receiver wrote to the store since the last call."""
+        out = []
+        for c in self.rcv.stream_commands(self.now):
+            if isinstance(c, StreamWrite) and c.conn == self.store_key:
+                out += [i.message for i in self.framer.feed(c.data) if i.message is not None]
+        return out
+
+    def answer(self, silent: set[tuple[int, int]]) -> int:
+        """Answer every RXREQ written so far, in order, as one chunk; returns how many."""
+        parts = []
+        asked = 0
+        for message in self.written():
+            rx = message.header(UmeRxreq)
+            if rx is None:
+                continue
+            asked += 1
+            if (rx.id_2, rx.seqnum) not in silent:
+                parts.append(data_message(1, rx.seqnum, self.payloads[rx.id_2][rx.seqnum],
+                                          MessageType.RETRANS))
+        if parts:
+            self.event(StreamEventKind.DATA, self.store_key, b"".join(parts))
+        return asked
+
+
+def test_retransmissions_of_two_sources_on_one_store_connection_reach_their_session() -> None:
+    high = 60
+    rig = TwoSources(high, retransmit_request_outstanding_maximum=5,
+                     retransmit_request_interval=100, retransmit_request_message_timeout=1000)
+    silent = {(971, 7), (971, 8), (970, 30)}  # no store has these
+    for _ in range(400):
+        if not rig.answer(silent):
+            rig.now += 0.1
+            rig.rcv.handle_timer(rig.now)
+        if not any(s.requests or s.missing for s in rig.rcv.sessions.values()):
+            break
+    events = rig.rcv.events()
+    got: dict[str, list[tuple[int, bytes]]] = {}
+    for e in events:
+        if isinstance(e, ev.MessageDelivered):
+            got.setdefault(e.source, []).append((e.sequence_number, e.payload))
+    for i, (transport, _) in enumerate(rig.SOURCES):
+        missing = {s for reg, s in silent if reg == 970 + i}
+        assert got[f"TCP:{transport[0]}:{transport[1]}"] == [
+            (s, b"src%d:%d" % (i, s)) for s in range(high + 1) if s not in missing]
+    assert sorted((e.first, e.last) for e in events if isinstance(e, ev.UnrecoverableLoss)) \
+        == [(7, 8), (30, 30)]
+    assert rig.rcv._owed == {}  # nothing left waiting for a store that never answers
