@@ -6,7 +6,9 @@ topic resolution at the harness's resolver daemon; the profile's ``launch`` comm
 run with the placeholders filled (:data:`conformance.profile.PLACEHOLDERS`).  The IUT is ready
 when its output shows the profile's ``ready`` text, or, without one, when its store port
 accepts a connection.  Its output goes to ``iut.log`` in the work directory; the reports keep
-the part written during each case.
+the part written during each case.  The harness picks the store's port free; when a fresh IUT
+exits before it is ready and its output says the address is in use (another process took the
+port first), it is started again on another free port (:data:`PORT_ATTEMPTS` starts in all).
 
 Consecutive cases that need the same configuration share one IUT process (they use different
 topics), which keeps a full run short; a case that restarts or kills the IUT gets a fresh one.
@@ -15,6 +17,7 @@ topics), which keeps a full run short; a case that restarts or kills the IUT get
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -62,6 +65,11 @@ class StoreSetup:
     @property
     def custom(self) -> bool:
         return bool(self.store_options or self.topic_options)
+
+
+PORT_ATTEMPTS = 3
+"""How often a fresh store IUT is started on another free port when the one the harness
+picked was taken before the IUT could bind it (see :meth:`StoreUnderTest.start`)."""
 
 
 def free_port(ip: str = "127.0.0.1") -> int:
@@ -221,8 +229,24 @@ class StoreUnderTest(IutProcess):
                                   "running IUT (give a launch command in the profile)")
             self._wait_port(self.profile.start_timeout * self.time_scale)
             return
-        config = self.write_config()
-        self._launch(self.argv(config))
+        fresh = self.starts == 0  # a restart keeps its port: the clients come back to it
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            config = self.write_config()
+            try:
+                self._launch(self.argv(config))
+                return
+            except HarnessError:
+                if not (fresh and attempt < PORT_ATTEMPTS and self._port_was_taken()):
+                    raise
+            self.addr = (self.addr[0], free_port(self.addr[0]))
+
+    def _port_was_taken(self) -> bool:
+        """Whether the IUT exited because its port was in use (its output says so): another
+        process took the port between :func:`free_port` and the IUT's bind."""
+        if self.proc is None or self.proc.poll() is None:
+            return False
+        said = self.log_since(max(0, self._start_offset())).lower()
+        return os.strerror(errno.EADDRINUSE).lower() in said
 
     def _ready_without_marker(self) -> bool:
         return self._port_open()
