@@ -256,7 +256,8 @@ def cmd_source(args: argparse.Namespace) -> int:
 
         async def work() -> None:
             try:
-                await host.wait_until(lambda: source.complete or not source.persistent,
+                await host.wait_until(lambda: source.complete or not source.persistent
+                                      or source.deregistering or source.deregistered,
                                       timeout=30)
             except TimeoutError:
                 print("ump source: registration did not complete within 30 s",
@@ -264,8 +265,9 @@ def cmd_source(args: argparse.Namespace) -> int:
                 status["code"] = 1
                 host.close()
                 return
-            print(f"ump source: registered; next sequence number {source.next_sqn}",
-                  file=sys.stderr, flush=True)
+            if source.complete or not source.persistent:  # (not deregistered before that)
+                print(f"ump source: registered; next sequence number {source.next_sqn}",
+                      file=sys.stderr, flush=True)
             count = args.count
             if args.until_sqn is not None:
                 count = max(0, args.until_sqn - source.next_sqn)

@@ -1121,9 +1121,11 @@ class SourceCore(ContextCore):
         cfg = self.config
         if self.deregistering or self.deregistered:
             # a deregistered source never registers again (see :meth:`deregister`), and a
-            # store it left is not "unresponsive": only unconfirmed deregistrations repeat
+            # store it left is not "unresponsive": only unconfirmed deregistrations repeat,
+            # and a registration answered after the deregistration began is undone
             for link in self.links:
-                if self.deregistering and link.registered and self.now >= link.next_attempt:
+                if link.registered and self.now >= link.next_attempt:
+                    self.deregistering = True
                     self._send_deregistration(link)
             return
         timeout = cfg.ume_store_activity_timeout / 1000

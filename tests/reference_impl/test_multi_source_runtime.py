@@ -136,6 +136,17 @@ def test_source_deregisters_on_sigusr1_says_so_and_exits_0(procs: Procs) -> None
     assert "unresponsive" not in text
 
 
+def test_source_with_deregister_does_the_same_at_the_end(procs: Procs) -> None:
+    procs.store_and_resolver()
+    source = procs.start("source", "source", "-c", procs.source_cfg(), "--topic", TOPIC,
+                         "--count", "50", "--deregister")
+    code = source.wait(timeout=20)
+    text = procs.log("source")
+    assert code == 0, text[-3000:]
+    assert "sent 50 messages" in text and "deregistered from 1 store" in text
+    assert "unresponsive" not in text
+
+
 # --- items 8 and 11: the receiver and several sources -----------------------------------------
 
 

@@ -42,3 +42,18 @@ def test_deregistering_a_source_that_has_no_store_registered_is_done_at_once() -
     src.deregister()
     assert src.deregistered and not src.deregistering
     assert d.events("src", ev.SourceDeregistered) == [ev.SourceDeregistered(None)]
+
+
+def test_a_registration_answered_after_the_deregistration_is_undone() -> None:
+    d = SimDeployment(seed=3)
+    d.add_store("store0", topics=(TopicRule(".*", TopicPolicy(), kind="PCRE"),), seed=7)
+    src = d.add_source("src", TOPIC)
+    src.deregister()  # the PREG is on its way: nothing registered yet
+    assert src.deregistered
+    d.run(10)
+    assert len(d.events("src", ev.SourceRegistrationSuccess)) == 1  # the answer came
+    deleted = d.events("store0", ev.ClientStateDeleted)
+    assert [(e.role, e.reason) for e in deleted] == [("source", "deregistered")]  # type: ignore
+    assert not any(link.registered for link in src.links) and src.deregistered
+    with pytest.raises(SendError):
+        src.send(b"never")
