@@ -175,4 +175,6 @@ def test_lbtru_source_store_and_receiver_over_loopback(tmp_path: Path) -> None:
     assert source.config.transport == "lbt-ru"
     assert 14380 <= source.lbtru[0].port <= 14389  # the context's LBT-RU source range
     assert 14360 <= store.settings.lbtru_port <= 14379  # a receiver-range port of its own
-    assert [len(b.session.clients) for b in source.lbtru] == [2]  # the store and the receiver
+    (binding,) = source.lbtru
+    assert binding.session is source.lbtru_session is not None
+    assert len(source.lbtru_session.clients) == 2  # the store and the receiver
