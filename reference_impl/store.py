@@ -299,6 +299,7 @@ class SourceState(Client):
     repo: Repository | None = None
     policy: TopicPolicy = TopicPolicy()
     transport: Addr | None = None  # its LBT-TCP transport, learnt from its TIR
+    lbtru_sid: int | None = None  # the LBT-RU session ID when it was joined over LBT-RU
     tir_seen: bool = False
     receivers: dict[int, ReceiverState] = field(default_factory=dict)
     unacked: list[int] = field(default_factory=list)  # stability ACKs batched or withheld
@@ -466,7 +467,11 @@ class StoreCore(ContextCore):
         on, so data is accepted from every transport the source was advertised on."""
         if src.tir_seen and self._routes.get((transport, src.topic_idx)) is src:
             return
-        src.transport, src.tir_seen = transport, True
+        if not self._receiving(src):
+            # the route that names the source (web monitor, SRI answers) moves only when the
+            # one it names does not work; a further route is added either way
+            src.transport, src.lbtru_sid = transport, self._lbtru_sids.get(transport)
+        src.tir_seen = True
         self._routes[(transport, src.topic_idx)] = src
         sid = self._lbtru_sids.get(transport)
         conn = self._transport_conn(transport)
@@ -485,6 +490,16 @@ class StoreCore(ContextCore):
         if src.active:
             self.send_to(src.request_addr, control(SriReq(transport_idx=src.transport_idx,
                                                           topic_idx=src.topic_idx)))
+
+    def _receiving(self, src: SourceState) -> bool:
+        """Whether ``src`` is already being received on the transport it names."""
+        if src.transport is None or not src.tir_seen \
+                or self._routes.get((src.transport, src.topic_idx)) is not src:
+            return False
+        if src.lbtru_sid is not None:
+            return self.lbtru_receiving(src.transport) is not None
+        conn = self._transport_conn(src.transport)
+        return conn is not None and conn.open
 
     def _drop_routes(self, src: SourceState) -> None:
         for key in [k for k, routed in self._routes.items() if routed is src]:
@@ -622,7 +637,7 @@ class StoreCore(ContextCore):
                 # fall back on another transport the source was advertised on, if any
                 other = next((t for (t, _), s in self._routes.items() if s is src), None)
                 if other is not None:
-                    src.transport = other
+                    src.transport, src.lbtru_sid = other, self._lbtru_sids.get(other)
                 else:
                     src.tir_seen = False
                     if src.active and not refused:
@@ -1312,11 +1327,12 @@ class StoreCore(ContextCore):
                 "drops": repo.intentional_drops if repo else 0,
                 "offsets": [0, repo.file_offset if repo else 0,
                             src.policy.repository_disk_file_size_limit],
-                # the transport it is received on: (lbmr.TransportType, "ip:port", session ID)
+                # the transport it is received on: (lbmr.TransportType, "ip:port", session ID),
+                # as joined (a later advertisement, perhaps a stranger's, does not relabel it)
                 "transport": None if src.transport is None else (
-                    lbmr.TransportType.LBTRU if src.transport in self._lbtru_sids
-                    else lbmr.TransportType.TCP, f"{src.transport[0]}:{src.transport[1]}",
-                    self._lbtru_sids.get(src.transport, 0)),
+                    lbmr.TransportType.TCP if src.lbtru_sid is None
+                    else lbmr.TransportType.LBTRU, f"{src.transport[0]}:{src.transport[1]}",
+                    src.lbtru_sid or 0),
                 "receivers": [{"reg_id": r.reg_id, "session_id": r.session_id,
                                "ack": r.last_ack, "active": r.active,
                                "last_activity": r.last_activity, "rpp": r.rpp,
