@@ -319,6 +319,10 @@ class SourceSession:
         return None
 
 
+MAX_SOURCES = 127
+"""Most sources a receiver joins on its topic (each session's number is a 7-bit PREG
+marker); the advertisements of more are dropped."""
+
 UNCONFIRMED_MAXIMUM = 10_000
 """Most live messages a session keeps while its source is not vouched for; more are dropped
 (and recovered from the stores once the gap they leave is seen)."""
@@ -433,11 +437,12 @@ class ReceiverCore(ContextCore):
         self._cur = self.primary
 
     def _new_sid(self) -> int:
-        for _ in range(127):
-            self._next_sid = self._next_sid % 127 + 1
+        """A session number no live session has (1-127: it is the PREG marker); the caller
+        checks that one is left (:data:`MAX_SOURCES`)."""
+        while True:
+            self._next_sid = self._next_sid % MAX_SOURCES + 1
             if self._next_sid not in self._by_sid:
                 return self._next_sid
-        raise RuntimeError("more than 127 sources on one topic")  # pragma: no cover
 
     def _index(self) -> None:
         """Rebuild the address index of the sessions (their addresses changed)."""
@@ -516,6 +521,10 @@ class ReceiverCore(ContextCore):
             key = ((info.ip, info.port), tir.index)
             known = self.sessions.get(key)
             if known is not None and known.transport_up:
+                continue
+            if known is None and len(self._by_sid) >= MAX_SOURCES:
+                self.drop(addr, f"TIR of a source at {info.ip}:{info.port}: already "
+                                f"{MAX_SOURCES} sources on topic {self.topic!r}", 0)
                 continue
             try:
                 self._join(key, tir, info, sid, known)

@@ -17,7 +17,7 @@ from reference_impl import events as ev
 from reference_impl.context import control
 from reference_impl.deployment import SimDeployment
 from reference_impl.fastmsg import data_message
-from reference_impl.receiver import ReceiverConfig, ReceiverCore
+from reference_impl.receiver import MAX_SOURCES, ReceiverConfig, ReceiverCore
 from reference_impl.runtime import DeliveryFloors, DeliveryLog
 from reference_impl.sim import ConnKey, StreamEvent, StreamEventKind, StreamWrite
 from reference_impl.source import SourceCore
@@ -351,3 +351,15 @@ def test_retransmissions_of_two_sources_on_one_store_connection_reach_their_sess
     assert sorted((e.first, e.last) for e in events if isinstance(e, ev.UnrecoverableLoss)) \
         == [(7, 8), (30, 30)]
     assert rig.rcv._owed == {}  # nothing left waiting for a store that never answers
+
+
+def test_advertisements_of_more_sources_than_a_receiver_joins_are_dropped() -> None:
+    rcv = ReceiverCore(TOPIC, ReceiverConfig(), ip="10.0.0.9", request_port=14392)
+    tirs: list[lbmr.Record] = [
+        lbmr.Tir(name=TOPIC, ttl=1, index=1, info=lbmr.TcpInfo(ip=f"10.1.{i // 200}.{i % 200}",
+                                                              port=14371))
+        for i in range(MAX_SOURCES + 5)]
+    rcv.receive(lbmr.LbmrPacket(tirs=tirs).build(), ("10.0.0.1", 15380), 0.0)
+    assert len(rcv.sessions) == MAX_SOURCES
+    dropped = [e for e in rcv.events() if isinstance(e, ev.InputDropped)]
+    assert len(dropped) == 5 and "already 127 sources" in dropped[0].reason
