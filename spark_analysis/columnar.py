@@ -94,7 +94,16 @@ import pyarrow.compute as pc
 from wire import lbmc, lbmr, lbtrm, lbtru, pcap
 from wire.errors import WireError
 from wire.fastpath import FastLayout, derive
-from wire.fields import Bit, bit_views, fixed_format, members, qualify, tshark_name, value_kind
+from wire.fields import (
+    TEXT_ENCODING,
+    Bit,
+    bit_views,
+    fixed_format,
+    members,
+    qualify,
+    tshark_name,
+    value_kind,
+)
 from wire.fields import ipv4_to_int as _ipv4_int
 from wire.lbttcp import entry_test
 from wire.records import view_index
@@ -864,10 +873,13 @@ def _binary_array(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> 
                                  [None, pa.py_buffer(offsets), pa.py_buffer(values)])
 
 
-def _latin1_array(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
-                  cut_at_nul: bool = True) -> pa.Array:
-    """Text members (topic names) as strings: Latin-1 like :class:`wire.fields.Latin1Adapter`,
-    cut at the first NUL like tshark displays them.  ASCII (the norm) stays vectorised."""
+def _text_array(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                cut_at_nul: bool = True) -> pa.Array:
+    """Text members (topic names) as strings, cut at the first NUL like tshark displays them.
+
+    The bytes are UTF-8, as :func:`wire.fields.bytes_text` reads them; a name that is not valid
+    UTF-8 (which ``wire`` keeps byte for byte with surrogate escapes, something an Arrow string
+    cannot hold) shows each bad byte as U+FFFD.  Valid UTF-8 (the norm) stays vectorised."""
     values, offsets = _gather_ranges(data, starts, lengths)
     n = len(lengths)
     if cut_at_nul and values.size:
@@ -879,13 +891,18 @@ def _latin1_array(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
             cut = first != np.iinfo(np.int64).max
             new_len = np.diff(offsets).astype(np.int64)
             new_len[cut] = first[cut] - offsets[:-1][cut]
-            return _latin1_array(values, offsets[:-1].astype(np.int64), new_len, False)
+            return _text_array(values, offsets[:-1].astype(np.int64), new_len, False)
+    array = pa.Array.from_buffers(pa.string(), n,
+                                  [None, pa.py_buffer(offsets), pa.py_buffer(values)])
     if values.size == 0 or int(values.max()) < 0x80:
-        return pa.Array.from_buffers(pa.string(), n,
-                                     [None, pa.py_buffer(offsets), pa.py_buffer(values)])
-    raw = values.tobytes()
-    return arrow_array([raw[offsets[i]:offsets[i + 1]].decode("latin-1") for i in range(n)],
-                       pa.string())
+        return array
+    try:
+        array.validate(full=True)  # every row valid UTF-8
+        return array
+    except pa.ArrowInvalid:
+        raw = values.tobytes()
+        return arrow_array([raw[offsets[i]:offsets[i + 1]].decode(TEXT_ENCODING, "replace")
+                            for i in range(n)], pa.string())
 
 
 def encode_files(column: pa.ChunkedArray | pa.Array) -> pa.DictionaryArray:
@@ -2016,7 +2033,7 @@ def _core_header_columns(bv: ByteView, msgs: _Lbmc) -> dict[str, pa.Array]:
     lengths[owner] = msgs.h_len[sel] - _TOPIC_AT
     present = np.zeros(m, bool)
     present[owner] = True
-    out["topic_name"] = _with_nulls(_latin1_array(bv.data, starts, lengths), present)
+    out["topic_name"] = _with_nulls(_text_array(bv.data, starts, lengths), present)
     return out
 
 

@@ -11,6 +11,7 @@ with the :mod:`wire` encoders.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
@@ -43,6 +44,7 @@ from spark_analysis.columnar import (
 )
 from wire import dissect, lbmc, lbmr, lbtrm, lbtru, pcap
 from wire.dissect import Dissector, FrameReport
+from wire.fields import bytes_text, text_bytes
 from wire.lbmc import LbmcMessage, MessageType
 from wire.pcap import CaptureRecord, TcpConversation, tcp_frame, udp_frame
 from wire.tshark import PortMap
@@ -1042,3 +1044,21 @@ def test_python_table_equals_from_pylist() -> None:
     got = columnar.python_table(rows, schema)
     assert got.equals(pa.Table.from_pylist(rows, schema=schema))
     assert columnar.empty_table(schema).equals(schema.empty_table())
+
+
+@given(names=st.lists(st.text(max_size=12) | st.binary(max_size=12), max_size=6))
+def test_topic_names_are_read_as_the_wire_reads_them(names: list[str | bytes]) -> None:
+    """Topic names are UTF-8 in Spark as in ``wire`` (``ump dissect``, the cores): a name
+    ``wire`` reads as text is the same string here, cut at a NUL as tshark shows it; bytes
+    that are not UTF-8 become U+FFFD, since an Arrow string cannot hold ``wire``'s escapes."""
+    raws = [text_bytes(n) for n in names]
+    data = np.frombuffer(b"".join(raws), dtype=np.uint8)
+    lengths = np.array([len(r) for r in raws], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    got = columnar._text_array(data, starts, lengths).to_pylist()
+    expected = [r.split(b"\0")[0].decode("utf-8", "replace") for r in raws]
+    assert got == expected
+    for raw, value in zip(raws, got, strict=True):
+        head = raw.split(b"\0")[0]
+        with contextlib.suppress(UnicodeDecodeError):
+            assert value == bytes_text(head) == head.decode("utf-8")
