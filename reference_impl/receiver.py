@@ -280,6 +280,8 @@ class SourceSession:
             every delivery.
         source: what the source's TIR said.
         transport_up: we hold a connection (or an LBT-RU session) to its transport.
+        down_since: when the transport went away (None while it is up); a session down for
+            :data:`DORMANT_LIFETIME` is forgotten.
         confirmed: its SRI vouched for it since the transport came back (live data counts).
         unconfirmed: live data that came before that SRI (up to :data:`UNCONFIRMED_MAXIMUM`
             messages): delivered in order once the SRI says which source sent it.
@@ -291,6 +293,7 @@ class SourceSession:
     name: str
     source: Source | None = None
     transport_up: bool = False
+    down_since: float | None = None  # when its transport went away (None: it is up)
     confirmed: bool = True
     unconfirmed: list[tuple[int, bytes]] = field(default_factory=list)  # live data meanwhile
     sri_version: int = 0
@@ -322,6 +325,12 @@ class SourceSession:
 MAX_SOURCES = 127
 """Most sources a receiver joins on its topic (each session's number is a 7-bit PREG
 marker); the advertisements of more are dropped."""
+
+DORMANT_LIFETIME = 300.0
+"""Seconds a session whose source's transport went away is kept (so that the source, back on
+the same or another transport, goes on in it); then it is forgotten, its timers (keepalives
+to the stores) stop, and the stores' receiver activity timeout frees its RegIDs.  At
+:data:`MAX_SOURCES` the session down longest gives way to a new source at once."""
 
 UNCONFIRMED_MAXIMUM = 10_000
 """Most live messages a session keeps while its source is not vouched for; more are dropped
@@ -471,6 +480,36 @@ class ReceiverCore(ContextCore):
             self.cancel_timer(f"{name} {st.sid}")
         self._by_sid.pop(st.sid, None)
 
+    def _forget(self, st: SourceSession) -> None:
+        """Forget a session (its source is gone): timers, indexes, what it waited for."""
+        self._drop_session(st)
+        if self.sessions.get(st.key) is st:
+            del self.sessions[st.key]
+        self._index()
+        if self._owed:
+            for key in [k for k, owed in self._owed.items() if any(x[0] is st for x in owed)]:
+                kept = deque(x for x in self._owed[key] if x[0] is not st)
+                if kept:
+                    self._owed[key] = kept
+                else:
+                    del self._owed[key]
+        self.log(Level.INFO, f"{st.name}: source gone; forgetting it")
+
+    def _evict(self) -> bool:
+        """Make room for a new source: forget the session down longest, if any is down."""
+        down = [st for st in self.sessions.values() if st.down_since is not None]
+        if not down:
+            return False
+        self._forget(min(down, key=lambda st: st.down_since or 0.0))
+        return True
+
+    def _forget_dormant(self) -> None:
+        """Forget the sessions down for :data:`DORMANT_LIFETIME`."""
+        for st in [st for st in self.sessions.values() if st.down_since is not None and
+                   self.now - st.down_since >= DORMANT_LIFETIME]:
+            self._forget(st)
+        self._rest()
+
     def _t(self, name: str) -> str:
         """The current session's timer called ``name``."""
         return f"{name} {self._cur.sid}"
@@ -522,7 +561,7 @@ class ReceiverCore(ContextCore):
             known = self.sessions.get(key)
             if known is not None and known.transport_up:
                 continue
-            if known is None and len(self._by_sid) >= MAX_SOURCES:
+            if known is None and len(self._by_sid) >= MAX_SOURCES and not self._evict():
                 self.drop(addr, f"TIR of a source at {info.ip}:{info.port}: already "
                                 f"{MAX_SOURCES} sources on topic {self.topic!r}", 0)
                 continue
@@ -547,6 +586,7 @@ class ReceiverCore(ContextCore):
             self._index()
         self._use(st)
         self.transport_up = True
+        st.down_since = None
         if sid is None:
             self.send_to(source.transport, b"", tag="transport")
         else:
@@ -806,6 +846,7 @@ class ReceiverCore(ContextCore):
                         self.log(Level.WARNING, f"{st.name}: source transport connection "
                                                 f"lost; resolving again")
                         self.transport_up = False
+                        st.down_since = self.now
                 self.set_timer_if_later(
                     "resolve", self.now + self.config.resolver_query_interval / 1000)
         finally:
@@ -870,6 +911,7 @@ class ReceiverCore(ContextCore):
         self._drop_session(cur)
         old.key, old.source, old.name = cur.key, cur.source, cur.name
         old.transport_up, old.sri_version, old.confirmed = True, 0, True
+        old.down_since = None
         self.sessions[cur.key] = old
         self._index()
         self._use(old)
@@ -1278,6 +1320,7 @@ class ReceiverCore(ContextCore):
             # resolver daemon keeps relaying to a context it hears from
             self.send_lbmr(lbmr.LbmrPacket(tqrs=[lbmr.Tqr(name=self.topic)]))
             self.set_timer("resolve", self.now + cfg.resolver_query_interval / 1000)
+            self._forget_dormant()
             return
         kind, _, sid = name.partition(" ")
         st = self._by_sid.get(int(sid)) if sid.isdigit() else None

@@ -17,7 +17,7 @@ from reference_impl import events as ev
 from reference_impl.context import control
 from reference_impl.deployment import SimDeployment
 from reference_impl.fastmsg import data_message
-from reference_impl.receiver import MAX_SOURCES, ReceiverConfig, ReceiverCore
+from reference_impl.receiver import DORMANT_LIFETIME, MAX_SOURCES, ReceiverConfig, ReceiverCore
 from reference_impl.runtime import DeliveryFloors, DeliveryLog
 from reference_impl.sim import ConnKey, StreamEvent, StreamEventKind, StreamWrite
 from reference_impl.source import SourceCore
@@ -363,3 +363,39 @@ def test_advertisements_of_more_sources_than_a_receiver_joins_are_dropped() -> N
     assert len(rcv.sessions) == MAX_SOURCES
     dropped = [e for e in rcv.events() if isinstance(e, ev.InputDropped)]
     assert len(dropped) == 5 and "already 127 sources" in dropped[0].reason
+
+
+def test_a_source_gone_for_good_is_forgotten_and_its_keepalives_stop() -> None:
+    d = deployment()
+    d.add_source("a", TOPIC)
+    rcv: ReceiverCore = d.add_receiver("rcv", TOPIC)
+    assert d.run_until(lambda: completions(d) == 1 and d.sources["a"].complete, 10)
+    send(d, ["a"], 5)
+    d.run(1)
+    d.kill("a")
+    d.run(DORMANT_LIFETIME - 10)
+    assert len(rcv.sessions) == 1  # kept a while: the source may come back
+    d.run(20)
+    assert rcv.sessions == {} and rcv._deadlines.keys() == {"resolve"}
+    assert any("source gone" in getattr(e, "text", "") for e in d.events("rcv"))
+
+
+def test_at_the_source_limit_the_session_down_longest_gives_way() -> None:
+    rcv = ReceiverCore(TOPIC, ReceiverConfig(), ip="10.0.0.9", request_port=14392)
+
+    def advertise(i: int) -> None:
+        tir = lbmr.Tir(name=TOPIC, ttl=1, index=1,
+                       info=lbmr.TcpInfo(ip=f"10.1.{i // 200}.{i % 200}", port=14371))
+        rcv.receive(lbmr.LbmrPacket(tirs=[tir]).build(), ("10.0.0.1", 15380), 0.0)
+
+    for i in range(MAX_SOURCES):
+        advertise(i)
+    # one source's transport refuses the connection: that session is down from then on
+    first = rcv.sessions[(("10.1.0.3", 14371), 1)]
+    conn = rcv.connection_to(("10.1.0.3", 14371))
+    assert conn is not None
+    rcv.stream_event(StreamEvent(StreamEventKind.REFUSED, conn.key), 1.0)
+    assert first.down_since == 1.0
+    advertise(MAX_SOURCES)
+    assert len(rcv.sessions) == MAX_SOURCES and first.key not in rcv.sessions
+    assert (("10.1.0.127", 14371), 1) in rcv.sessions
