@@ -38,7 +38,6 @@ import math
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -55,7 +54,6 @@ from tests.reference_impl.test_crash_safety import Processes
 pytestmark = [pytest.mark.soak, pytest.mark.slow]
 
 TOPIC = "soak.store.kill"
-STORE_READY = "ready to accept registrations"
 SOURCE_SCRIPT = Path(__file__).with_name("soak_source.py")
 EARLY_KILLS = 0.2
 """The share of kills that do not wait for stability to resume after the previous restart."""
@@ -69,32 +67,9 @@ def _env_float(name: str, default: float) -> float:
     return float(os.environ.get(name, default))
 
 
-def free_port(kind: int) -> int:
-    """A port the kernel just handed out (``kind`` is SOCK_STREAM or SOCK_DGRAM); the daemon
-    binds it a moment later."""
-    with socket.socket(socket.AF_INET, kind) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class SoakProcesses(Processes):
-    """:class:`Processes` on free ports: the store talks to this run's own resolver."""
-
-    def __init__(self, workdir: Path, resolver_port: int) -> None:
-        super().__init__(workdir)
-        self.resolver_port = resolver_port
-
-    def start_store(self) -> None:
-        """Start the store and wait for one more ready line than its log already has."""
-        log = self.dir / "store.log"
-        before = self.log("store").count(STORE_READY) if log.exists() else 0
-        proc = self.start("store", "store", "-c", "store.xml",
-                          "--resolver", f"127.0.0.1:{self.resolver_port}")
-        deadline = time.monotonic() + 30
-        while self.log("store").count(STORE_READY) <= before:
-            assert proc.poll() is None, f"store exited early:\n{self.log('store')[-3000:]}"
-            assert time.monotonic() < deadline, f"store not ready:\n{self.log('store')[-3000:]}"
-            time.sleep(0.01)
+    """:class:`Processes` (free ports, daemons checked as started), plus a process that runs a
+    Python script: the soak's source."""
 
     def start_script(self, name: str, script: Path, *args: str) -> subprocess.Popen[bytes]:
         """A process running a Python script (not an ``ump`` command)."""
@@ -285,15 +260,14 @@ def run_soak(workdir: Path, *, cycles: int, rate: float, seed: int,
     """The soak of the module docstring; returns its figures (the caller asserts)."""
     rng = random.Random(seed)
     result = SoakResult(seed)
-    resolver_port, store_port = free_port(socket.SOCK_DGRAM), free_port(socket.SOCK_STREAM)
-    _write_configs(workdir, store_port, resolver_port)
-    procs = SoakProcesses(workdir, resolver_port)
+    procs = SoakProcesses(workdir)
+    _write_configs(workdir, procs.store_port, procs.resolver_port)
     stable = StableLog(workdir / "stable.txt")
     live = DeliveryStream(workdir / "live.jsonl")
     final = DeliveryStream(workdir / "final.jsonl")
     started = time.monotonic()
     try:
-        procs.start("resolver", "resolver", "--listen", f"127.0.0.1:{resolver_port}")
+        procs.start_resolver()
         procs.start_store()
         procs.start("live", "receiver", "-c", "receiver.cfg", "--topic", TOPIC,
                     "--out", "live.jsonl")
