@@ -115,6 +115,8 @@ class Started:
         doing: what ``ready`` means, for messages ("listen", "register").
         addresses: what it binds, for the message when it cannot ("127.0.0.1:15380"); the
             one its output names is the one reported.
+        option: the ``ump demo`` option that moves the first address ("--resolver-port"),
+            named in that message.
         timeout: seconds from its start by which ``ready`` must have appeared.
         status: the exit status the demo ends with if it does not come up.
         started_at: its start, on the monotonic clock.
@@ -135,6 +137,7 @@ class Started:
     timeout: float
     status: int
     started_at: float
+    option: str = ""
     is_ready: bool = False
     seen: bytes = b""
     read_to: int = 0
@@ -170,7 +173,10 @@ class Started:
             named = [a for a in self.addresses
                      if re.search(rf"\b{a.rsplit(':', 1)[1]}\b", said)]
             where = (named or self.addresses)[0]
-            return f"{self.name} could not bind {where}: address in use; see {self.log}"
+            hint = f" ({self.option} 0 takes a free one)" \
+                if self.option and where == self.addresses[0] else ""
+            return (f"{self.name} could not bind {where}: address in use{hint}; "
+                    f"see {self.log}")
         said = f": {last_line(text)}" if text.strip() else " (no output)"
         return f"{self.name} {what}{said}; see {self.log}"
 
@@ -265,7 +271,8 @@ class Demo:
         self.rate = max(1.0, messages / TRAFFIC_SECONDS)
 
     def _ump(self, name: str, args: list[str], *, ready: str, doing: str,
-             timeout: float, status: int, addresses: tuple[str, ...] = ()) -> Started:
+             timeout: float, status: int, addresses: tuple[str, ...] = (),
+             option: str = "") -> Started:
         path = self.dir / f"{name}.log"
         with path.open("ab") as log:
             offset = log.tell()
@@ -273,7 +280,7 @@ class Demo:
                                      self.profile, "-v"], cwd=self.dir, stdout=log,
                                     stderr=log)
         started = Started(name, proc, path, offset, ready, doing, addresses, timeout, status,
-                          time.monotonic())
+                          time.monotonic(), option)
         self.procs[name] = started
         self.history.append(started)
         return started
@@ -354,11 +361,12 @@ class Demo:
             resolver = f"127.0.0.1:{self.resolver_port}"
             self._ump("resolver", ["resolver", "--listen", resolver],
                       ready="resolver listening on", doing="listen", timeout=START_TIMEOUT,
-                      status=2, addresses=(resolver,))
+                      status=2, addresses=(resolver,), option="--resolver-port")
             self._ump("store", ["store", "-c", "store.xml", "--resolver", resolver],
                       ready="ready to accept registrations", doing="listen",
                       timeout=START_TIMEOUT, status=2,
-                      addresses=(f"127.0.0.1:{self.port}", f"127.0.0.1:{self.web_port}"))
+                      addresses=(f"127.0.0.1:{self.port}", f"127.0.0.1:{self.web_port}"),
+                      option="--store-port")
             self._wait_ready("resolver", "store")
             self.start_receiver(status=2)
             self.start_source(status=2)

@@ -145,8 +145,8 @@ def test_a_taken_port_ends_the_demo_at_once_naming_the_daemon(tmp_path: Path,
             capture_output=True, text=True, timeout=120)
         took = time.monotonic() - began
     assert result.returncode == 2, result.stdout + result.stderr
-    assert f"ump demo: {daemon} could not bind 127.0.0.1:{port}: address in use" \
-        in result.stderr
+    assert f"ump demo: {daemon} could not bind 127.0.0.1:{port}: address in use " \
+           f"(--{daemon}-port 0 takes a free one); see " in result.stderr
     assert "Traceback" not in result.stderr
     assert "messages delivered" not in result.stdout  # no run on a half-started deployment
     assert took < 15, took
