@@ -252,6 +252,11 @@ def last_line(text: str) -> str:
 
 
 class Demo:
+    """One demo run: its work directory, ports and processes (see the module docstring).
+
+    Kept as an object because the capture (:func:`run_demo`) needs the ports before the run
+    and the ports the processes bound after it."""
+
     def __init__(self, messages: int, workdir: Path, store_port: int, profile: str,
                  transport: str = "tcp", resolver_port: int = WELL_KNOWN_RESOLVER_PORT
                  ) -> None:
@@ -378,6 +383,7 @@ class Demo:
             self.stop_all()
 
     def _wait_ready(self, *names: str) -> None:
+        # a list, not a generator: every one is polled, so any that exited is seen at once
         while not all([self.procs[name].poll_ready() for name in names]):
             time.sleep(0.05)
 
