@@ -409,6 +409,7 @@ class SourceCore(ContextCore):
         self._confirmed: dict[int, int] = {}  # receiver RegID -> highest confirmed
         self.deregistering = False
         self.deregistered = False
+        self._leaving: set[int] = set()  # stores (index) we owe a deregistration until it is done
         self._joined_ids: set[int] = set()
         # (bitmask of the stores that acknowledged, the acknowledging store's group) -> what
         # :meth:`_stability` says: the rules are evaluated once per combination of stores
@@ -586,6 +587,7 @@ class SourceCore(ContextCore):
             return
         self.deregistering = True
         for link in self.links:
+            self._leaving.add(link.info.index)  # (one not registered yet: if it answers)
             if link.registered:
                 self._send_deregistration(link)
         if not any(link.registered for link in self.links):
@@ -1124,7 +1126,8 @@ class SourceCore(ContextCore):
             # store it left is not "unresponsive": only unconfirmed deregistrations repeat,
             # and a registration answered after the deregistration began is undone
             for link in self.links:
-                if link.registered and self.now >= link.next_attempt:
+                if link.registered and link.info.index in self._leaving and \
+                        self.now >= link.next_attempt:
                     self.deregistering = True
                     self._send_deregistration(link)
             return
