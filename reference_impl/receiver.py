@@ -1068,9 +1068,13 @@ class ReceiverCore(ContextCore):
         st.requests.pop(sqn, None)  # live or retransmitted, it is here: stop asking for it
         high = st.high_seen
         if high is None or sqn > high:
-            if st.complete and high is not None and \
-                    st.next_sqn is not None and sqn > high + 1:
-                st.missing.add(max(high + 1, st.next_sqn), sqn)
+            nxt = st.next_sqn
+            if st.complete and nxt is not None:
+                # a gap above everything seen (or, before anything was seen, above where
+                # delivery starts: a source that sent before we joined its transport)
+                base = nxt if high is None or high + 1 < nxt else high + 1
+                if sqn > base:
+                    st.missing.add(base, sqn)
             st.high_seen = sqn
         if st.next_sqn is None:
             if not st.complete:

@@ -399,3 +399,40 @@ def test_at_the_source_limit_the_session_down_longest_gives_way() -> None:
     advertise(MAX_SOURCES)
     assert len(rcv.sessions) == MAX_SOURCES and first.key not in rcv.sessions
     assert (("10.1.0.127", 14371), 1) in rcv.sessions
+
+
+def test_messages_sent_before_the_receiver_joined_the_transport_are_recovered() -> None:
+    # registration completes before the source sent anything the store holds (high -1); the
+    # first live message the receiver sees is 3: 0..2 (sent before it joined the transport)
+    # must be asked of the store, not waited for
+    rcv = ReceiverCore(TOPIC, ReceiverConfig(), ip="10.0.0.9", request_port=14392)
+    transport, request, store = ("10.0.0.3", 14371), ("10.0.0.3", 14391), ("10.0.0.2", 14567)
+    tir = lbmr.Tir(name=TOPIC, ttl=1, index=1, info=lbmr.TcpInfo(ip=transport[0],
+                                                                port=transport[1]),
+                   options=[lbmr.ToptUme(store=1, src_tcp_port=request[1],
+                                         src_tcp_addr=request[0], transport_idx=1)])
+    rcv.receive(lbmr.LbmrPacket(tirs=[tir]).build(), ("10.0.0.1", 15380), 0.0)
+    tkey: ConnKey = (("10.0.0.9", 50001), transport)
+    skey: ConnKey = (("10.0.0.9", 50002), store)
+    rcv.stream_event(StreamEvent(StreamEventKind.CONNECTED, tkey), 0.0)
+    rcv.stream_event(StreamEvent(StreamEventKind.DATA, tkey, control(
+        Sri(version=1, low_sqn=0, high_sqn=0, initial_sqn_known=1), TopicIdx(tidx=1),
+        UmeStoreExt(grp_idx=0, store_tcp_port=store[1], store_idx=0, store_ip_addr=store[0],
+                    src_reg_id=70, version=0))), 0.0)
+    rcv.stream_event(StreamEvent(StreamEventKind.CONNECTED, skey), 0.0)
+    rcv.stream_event(StreamEvent(StreamEventKind.DATA, skey, control(UmePregResp(
+        marker=1, reg_id=90, transport_idx=1, topic_idx=1, low_seqnum=0, high_seqnum=0))), 0.0)
+    assert rcv.complete
+    rcv.stream_commands(0.0)
+    rcv.stream_event(StreamEvent(StreamEventKind.DATA, tkey, b"".join(
+        data_message(1, s, b"live %d" % s, MessageType.MESSAGE) for s in range(3, 6))), 0.1)
+    framer = LbttcpStream()
+    asked = [i.message.header(UmeRxreq).seqnum  # type: ignore[union-attr]
+             for c in rcv.stream_commands(0.1) if isinstance(c, StreamWrite) and c.conn == skey
+             for i in framer.feed(c.data)
+             if i.message is not None and i.message.header(UmeRxreq) is not None]
+    assert asked == [0, 1, 2]
+    rcv.stream_event(StreamEvent(StreamEventKind.DATA, skey, b"".join(
+        data_message(1, s, b"stored %d" % s, MessageType.RETRANS) for s in asked)), 0.2)
+    assert [e.sequence_number for e in rcv.events() if isinstance(e, ev.MessageDelivered)] \
+        == list(range(6))
