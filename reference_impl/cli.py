@@ -30,7 +30,7 @@ from reference_impl.events import (
     MessageStable,
     SourceDeregistered,
 )
-from reference_impl.repository import directory_problem, state_file
+from reference_impl.repository import StoreFileError, directory_problem, state_file
 
 log = logging.getLogger("ump")
 INTERRUPTED = 130
@@ -193,7 +193,10 @@ def cmd_store(args: argparse.Namespace) -> int:
     resolver = resolver or runtime.DEFAULT_RESOLVER
 
     async def setup(host: AioHost) -> None:
-        cores = await runtime.start_stores(host, config, resolver=resolver, base=base)
+        try:
+            cores = await runtime.start_stores(host, config, resolver=resolver, base=base)
+        except StoreFileError as exc:  # damaged state or cache: the operator decides
+            raise ConfigError(str(exc.path), exc.line, exc.reason) from None
         runtime.handle_events(host, list(cores), lambda core, event: runtime.log_event(event))
         if config.daemon.web_monitor is not None:
             from reference_impl.webmon import WebMonitor

@@ -20,13 +20,31 @@ a store killed with SIGKILL recovers every message it called stable (with ``writ
 messages of one received chunk go to the file in one write, at :meth:`Repository.sync`, which
 the store calls before it sends their stability ACKs): the file is an LBT-TCP
 byte stream (LBMC messages back to back), read back with :class:`wire.lbttcp.LbttcpStream`, and
-a torn final message from a crash is cut off on restart.  The thresholds above then apply to
+a torn final message from a crash is cut off on restart (see "Damaged files" below).  The
+thresholds above then apply to
 the *memory cache* (``mem_trail_sqn``); ``repository-disk-file-size-limit`` bounds the file:
 when it is reached the file is compacted to the newest messages that fit in half of it (the
 product overwrites a ring; compaction gives the same retention with a simpler file).
 
 Files are the only I/O a core performs, through this class; the store core stays free of
 sockets and clocks (semantics of "sans-IO" in this project: no network, no time source).
+
+**Damaged files** (issue 22 item 3; :class:`StoreFileError`).  A restart must neither crash
+on a damaged file nor silently lose what it held:
+
+* a *torn tail* - the last message cut short by a crash mid-write, or NUL bytes a power loss
+  left at the end of the file - is cut off and reported in :attr:`Repository.notes` (the
+  store logs them as warnings);
+* anything else that is not a stored data message (too short for the data header, not a data
+  message, a length that cannot frame one) raises :class:`StoreFileError` with the byte offset,
+  and the file is left as it was: restoring up to the damage would drop every message after it;
+* the store opens only regular files, never through a symbolic link (:func:`open_store_file`):
+  a link could point anywhere, a FIFO would block the store forever, a directory cannot hold
+  messages.  Temporary files (compaction) are created exclusively, so nothing planted at their
+  name is written through.
+* a cache file found in place of a *new* registration's (no state names its RegID: an orphan
+  of a removed journal, or planted) is not that source's; its bytes are discarded with a note
+  instead of being served as the new source's messages.
 
 The store's files are named after its ``<store name>``, which comes from a configuration file
 and may hold anything XML allows (``../../x``, ``/etc``, 300 characters, U+2028).
@@ -36,8 +54,10 @@ and may hold anything XML allows (``../../x``, ``/etc``, 300 characters, U+2028)
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import stat
 import string
 import tempfile
 from collections import OrderedDict
@@ -46,7 +66,8 @@ from pathlib import Path
 from typing import BinaryIO, NamedTuple
 from urllib.parse import unquote_to_bytes
 
-from wire.lbmc import DATA_BASE, MessageType
+from wire.errors import WireError
+from wire.lbmc import CONTROL_BASE, DATA_BASE, DATA_TYPES, NHDR_DATA, VER_TYPE_BITS, MessageType
 from wire.lbttcp import LbttcpStream
 
 PER_MESSAGE_OVERHEAD = 72
@@ -145,6 +166,78 @@ def directory_problem(path: Path) -> str | None:
     return None
 
 
+class StoreFileError(Exception):
+    """A file of the store's (its state journal or a cache file) it will not use as it is.
+
+    Raised where restoring around the problem would lose data or touch a file that is not the
+    store's own; the caller refuses to start (or, for a new registration, refuses that
+    registration).  ``str()`` is one line: ``PATH:LINE: reason`` for a journal line,
+    ``PATH: at byte N: reason`` for a place in a cache file, else ``PATH: reason``.
+
+    Attributes:
+        path: the file.
+        line: 1-based journal line, or ``None``.
+        offset: byte offset in a cache file, or ``None``.
+        reason: what is wrong (with the offset, when there is one).
+    """
+
+    def __init__(self, path: Path, reason: str, *, line: int | None = None,
+                 offset: int | None = None) -> None:
+        self.path = path
+        self.line = line
+        self.offset = offset
+        self.reason = reason if offset is None else f"at byte {offset}: {reason}"
+        where = str(path) if line is None else f"{path}:{line}"
+        super().__init__(f"{where}: {self.reason}")
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_store_file(path: Path, flags: int, *, create: bool = False) -> int:
+    """Open one of the store's own files; a file descriptor of a regular file.
+
+    Never through a symbolic link (it could name any file, outside the store's directories:
+    the store would read it as its state and then rewrite it), never blocking (a FIFO in the
+    file's place would hang the store at start-up), never a directory or device.  Raises
+    ``FileNotFoundError`` when ``path`` does not exist and ``create`` is false, else
+    :class:`StoreFileError` saying what is in the file's place.
+    """
+    extra = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags | extra, 0o644)
+    except FileNotFoundError:
+        if create:
+            raise StoreFileError(path, "its directory does not exist") from None
+        raise
+    except OSError as exc:
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            mode = 0
+        if stat.S_ISLNK(mode):
+            with contextlib.suppress(OSError):
+                target = os.readlink(path)
+                raise StoreFileError(path, f"is a symbolic link (to {target[:200]!r}); the "
+                                           "store does not follow links to its files") from None
+            raise StoreFileError(path, "is a symbolic link; the store does not follow links "
+                                       "to its files") from None
+        if mode and not stat.S_ISREG(mode):
+            raise StoreFileError(path, f"is {_kind(mode)}, not a regular file") from None
+        raise StoreFileError(path, f"cannot be opened: {exc.strerror or exc}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise StoreFileError(path, f"is {_kind(mode)}, not a regular file")
+    return fd
+
+
 def _adopt_legacy(directory: Path, legacy_name: str, path: Path) -> None:
     """Rename ``directory/legacy_name`` to ``path`` if it is an old-style file of this store."""
     if legacy_name == path.name or "/" in legacy_name or "\x00" in legacy_name:
@@ -195,10 +288,15 @@ class Repository:
     """Messages of one source; memory-only unless ``cache_file`` is given (see module doc)."""
 
     def __init__(self, limits: RetentionLimits, *, cache_file: Path | None = None,
-                 write_behind: bool = False) -> None:
+                 write_behind: bool = False, new: bool = False) -> None:
         """``write_behind``: a disk repository gathers the messages :meth:`add` takes and writes
         them at the next :meth:`sync` (one write for a whole chunk of messages); the caller
-        must sync before it calls any of them stable.  Otherwise each add writes at once."""
+        must sync before it calls any of them stable.  Otherwise each add writes at once.
+
+        ``new``: the repository of a new registration; whatever is already in its cache file
+        is an orphan and is discarded (see "Damaged files" in the module docstring).  Without
+        it the cache file is read back (a restart).  Raises :class:`StoreFileError` for a cache
+        file that cannot be used."""
         self.limits = limits
         self.write_behind = write_behind
         self._unwritten: list[bytes] = []  # write_behind: bytes not yet handed to the file
@@ -213,8 +311,10 @@ class Repository:
         self.cache_file = cache_file
         self._fh: BinaryIO | None = None
         self.file_offset = 0
+        self.found_file = False  # the cache file existed when the repository was opened
+        self.notes: list[str] = []  # what opening the cache file cut or discarded, for the log
         if cache_file is not None:
-            self._open_cache(cache_file)
+            self._open_cache(cache_file, new=new)
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -368,8 +468,9 @@ class Repository:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
-        if self.cache_file is not None and self.cache_file.exists():
-            self.cache_file.unlink()
+        if self.cache_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.cache_file.unlink()
 
     def close(self) -> None:
         if self._fh is not None:
@@ -389,30 +490,87 @@ class Repository:
 
     # --- disk -----------------------------------------------------------------------------
 
-    def _open_cache(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def _open_cache(self, path: Path, *, new: bool) -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.found_file = os.path.lexists(path)
+        except OSError as exc:
+            raise StoreFileError(path, f"its directory cannot be created: "
+                                       f"{exc.strerror or exc}") from None
+        fd = open_store_file(path, os.O_RDWR | os.O_APPEND, create=True)
+        fh = os.fdopen(fd, "a+b")
+        try:
+            size = os.fstat(fd).st_size
+            if new:
+                if size:
+                    fh.truncate(0)
+                    self.notes.append(f"{path}: discarded the {size} bytes found there: no "
+                                      "state names this RegID, so they are not this source's "
+                                      "messages (an orphan of an earlier store)")
+                good = 0
+            else:
+                good = self._read_cache(fh, path, size)
+                if good != size:
+                    fh.truncate(good)
+        except BaseException:
+            fh.close()
+            raise
+        self._fh = fh
+        self.file_offset = good
+
+    def _read_cache(self, fh: BinaryIO, path: Path, size: int) -> int:
+        """Index the messages of a cache file; the length of its good part.
+
+        Reads in chunks (the file may be large); raises :class:`StoreFileError` at the first
+        frame that is not a stored data message, and for bytes after the last whole message
+        that are not a torn tail (see "Damaged files" in the module docstring).
+        """
+        framer = LbttcpStream(decode=False)
+        disk = self._disk
         good = 0
-        if path.exists():
-            framer = LbttcpStream(decode=False)
-            with path.open("rb") as fh:
-                data = fh.read()
+        fh.seek(0)
+        while framer.broken is None:
+            chunk = fh.read(_READ_CHUNK)
+            if not chunk:
+                break
             try:
-                items = framer.feed(data)
-            except Exception:
-                items = []
+                items = framer.feed(chunk)
+            except WireError:
+                items = []  # the bytes at ``good`` cannot frame a message: judged below
             for item in items:
-                _, _, _, _, sqn = DATA_BASE.codec.unpack_from(item.raw, 0)
-                self._disk[sqn] = (item.offset, len(item.raw))
+                raw = item.raw
+                # the usual case checked inline (a million messages read at a restart)
+                if len(raw) < _DATA_SIZE:
+                    raise StoreFileError(path, str(stored_message_problem(raw)),
+                                         offset=item.offset)
+                ver_type, next_hdr, _, _, sqn = _DATA_UNPACK(raw, 0)
+                if next_hdr != NHDR_DATA or ver_type & _TYPE_MASK not in _STORED_TYPES:
+                    raise StoreFileError(path, str(stored_message_problem(raw)),
+                                         offset=item.offset)
+                disk[sqn] = (item.offset, len(raw))
                 if self.lead_sqn is None or sqn > self.lead_sqn:
                     self.lead_sqn = sqn
                 else:
                     self._in_order = False
-                good = item.offset + len(item.raw)
-            if good != len(data):  # a torn write from a crash: cut it off
-                with path.open("r+b") as fh:
-                    fh.truncate(good)
-        self._fh = path.open("a+b")
-        self.file_offset = good
+                good = item.offset + len(raw)
+        if good == size:
+            return good
+        fh.seek(good)
+        head = fh.read(CONTROL_BASE.size)
+        if _all_nul(fh, head):
+            self.notes.append(f"{path}: cut {size - good} NUL bytes after the last whole "
+                              f"message at byte {good} (a file extended but not written "
+                              "before a power loss)")
+            return good
+        if len(head) == CONTROL_BASE.size:
+            ver_type, next_hdr, msglen = CONTROL_BASE.codec.unpack_from(head, 0)
+            problem = _header_problem(ver_type, next_hdr, msglen)
+            if problem is not None:
+                raise StoreFileError(path, problem, offset=good)
+        self.notes.append(f"{path}: cut a message torn at its end ({size - good} bytes at byte "
+                          f"{good}: a crash while it was written); the {len(disk)} messages "
+                          "before it are restored")
+        return good
 
     def _append(self, sqn: int, raw: bytes) -> None:
         assert self._fh is not None
@@ -438,12 +596,21 @@ class Repository:
             total += len(raw)
         keep.reverse()
         gone = len(self._disk) - len(keep)
-        tmp = self.cache_file.with_suffix(".compact")
-        with tmp.open("wb") as out:
-            for _, raw in keep:
-                out.write(raw)
-        self._fh.close()
-        os.replace(tmp, self.cache_file)
+        # a new file of our own (never a name something could be planted at), renamed over
+        # the cache file
+        fd, tmp = tempfile.mkstemp(dir=self.cache_file.parent,
+                                   prefix=f".{self.cache_file.name}.", suffix=".compact")
+        try:
+            os.fchmod(fd, stat.S_IMODE(os.fstat(self._fh.fileno()).st_mode))  # the file's own
+            with os.fdopen(fd, "wb") as out:
+                for _, raw in keep:
+                    out.write(raw)
+            self._fh.close()
+            os.replace(tmp, self.cache_file)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         self._disk.clear()
         offset = 0
         for sqn, raw in keep:
@@ -455,6 +622,42 @@ class Repository:
             raw_mem, _ = self._mem.pop(sqn)
             self.used_bytes -= self._size(raw_mem)
         self._fh = self.cache_file.open("a+b")
+
+
+_READ_CHUNK = 1 << 20
+_DATA_UNPACK = DATA_BASE.codec.unpack_from
+_TYPE_MASK = VER_TYPE_BITS["type"].mask
+_STORED_TYPES = frozenset(int(t) for t in DATA_TYPES)
+
+
+def _header_problem(ver_type: int, next_hdr: int, msglen: int) -> str | None:
+    """Why a message with this base header is not one a store keeps, else ``None`` (the
+    store keeps data messages, whose header chain starts in DATA, exactly as received)."""
+    mtype = ver_type & _TYPE_MASK
+    if mtype not in _STORED_TYPES or next_hdr != NHDR_DATA:
+        return f"not a stored data message (type {mtype:#x}, next header {next_hdr:#04x})"
+    if msglen < _DATA_SIZE:
+        return (f"a {msglen}-byte message is shorter than the {_DATA_SIZE}-byte data "
+                "header")
+    return None
+
+
+def stored_message_problem(raw: bytes) -> str | None:
+    """Why ``raw`` (one framed message) is not a message a store keeps, else ``None``."""
+    if len(raw) < CONTROL_BASE.size:
+        return f"a {len(raw)}-byte message is shorter than the {_DATA_SIZE}-byte data header"
+    ver_type, next_hdr, msglen = CONTROL_BASE.codec.unpack_from(raw, 0)
+    return _header_problem(ver_type, next_hdr, msglen)
+
+
+def _all_nul(fh: BinaryIO, head: bytes) -> bool:
+    """Whether ``head`` and the rest of ``fh`` are NUL bytes (read in chunks)."""
+    chunk = head
+    while chunk:
+        if chunk.count(0) != len(chunk):
+            return False
+        chunk = fh.read(_READ_CHUNK)
+    return True
 
 
 def as_retransmission(raw: bytes) -> bytes:

@@ -33,11 +33,25 @@ What it does follows the guide's "Operational View" and semantics.md §1:
   inactive (their RegID may be reused) and their state is deleted when their state lifetime
   (the shorter of client and store value) runs out - at once when no lifetime is set.
 * **Disk state**: with ``repository-type`` disk the messages go to cache files and
-  registrations and acknowledgements to a state journal, so a restarted store knows its
-  sources, receivers and messages.  A restarted store asks for the advertisements of the
-  sources it restored and joins their transports at once, so their live data is kept while
-  they re-register ("Source Recovery": the store then answers with the highest sequence
-  number it holds, including what arrived meanwhile).
+  registrations and acknowledgements to a state journal (one JSON record per line), so a
+  restarted store knows its sources, receivers and messages.  A restarted store asks for the
+  advertisements of the sources it restored and joins their transports at once, so their live
+  data is kept while they re-register ("Source Recovery": the store then answers with the
+  highest sequence number it holds, including what arrived meanwhile).
+* **Damaged disk state** (issue 22 item 3) never crashes the store and is never restored
+  around silently.  A torn tail from a crash mid-write (the journal's last line without its
+  newline, a cache file's last message cut short, NUL bytes after it) is cut off with a
+  warning naming the file.  Any other damage - a journal line in the middle that is not UTF-8
+  JSON of a record's shape, a cache frame that is not a stored data message, a symbolic link,
+  directory or FIFO in a file's place - raises
+  :class:`~reference_impl.repository.StoreFileError` (``FILE:LINE: what``): the store does not
+  start and the file is left as it was for the operator, since restoring around the damage
+  would drop what it held (the guide's "Persistent Store Fault Tolerance": redundant stores
+  carry the sources meanwhile).  Every field a record restores is checked (types, ranges, an
+  IPv4 request address, the topic options the store knows).  The journal is compacted at
+  start-up into a new file renamed over the old one, so a crash then leaves the old journal
+  whole.  A new registration whose cache file cannot be opened is refused (code 6, ECONFIG)
+  with the reason logged, and the store keeps serving the others.
 
 **Source RegID ownership** (the guide's "Registration Identifier": no two active sources may
 use one RegID at the same time; "Activity Timeout and State Lifetime Options": the activity
@@ -100,12 +114,18 @@ Choices where the fact sheets are silent (each tested in tests/reference_impl/te
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
+import math
+import os
 import random
 import re
+import stat
+import tempfile
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -122,11 +142,14 @@ from reference_impl.lbtru_session import Event as LbtruEvent
 from reference_impl.repository import (
     Repository,
     RetentionLimits,
+    StoreFileError,
     as_retransmission,
     cache_file,
+    open_store_file,
     state_file,
 )
 from wire import lbmr
+from wire.errors import WireError
 from wire.lbmc import (
     DATA_BASE,
     NHDR_DATA,
@@ -755,7 +778,14 @@ class StoreCore(ContextCore):
             src = SourceState("source", reg_id, topic, session_id, preg.transport_idx,
                               preg.topic_idx, request_addr, activity, lifetime,
                               policy=policy, rpp=int(rpp))
-            src.repo = self._new_repository(src)
+            try:
+                src.repo = self._new_repository(src, new=True)
+            except StoreFileError as exc:  # the store keeps serving everyone else
+                self.log(Level.ERROR, f"source RegID {reg_id} topic {topic!r}: its cache file "
+                                      f"cannot be used: {exc}")
+                self._reject(conn, preg, PregError.ECONFIG,
+                             f"the store cannot keep this source's messages: {exc}")
+                return
             self.sources[reg_id] = src
             if session_id:
                 self._sessions[("source", topic, session_id, 0)] = reg_id
@@ -851,7 +881,10 @@ class StoreCore(ContextCore):
             self.close_lbtru(binding)  # like a transport connection that went away
             self.on_connection_lost(conn, refused=isinstance(event, ConnectFailed))
 
-    def _new_repository(self, src: SourceState) -> Repository:
+    def _new_repository(self, src: SourceState, *, new: bool) -> Repository:
+        """The repository of a new registration (``new``: an orphan cache file is discarded)
+        or of a restored one; what opening its cache file cut or discarded is logged.  Raises
+        :class:`StoreFileError` when the cache file cannot be used."""
         p = src.policy
         limits = RetentionLimits(p.repository_size_threshold, p.repository_size_limit,
                                  float(p.repository_age_threshold),
@@ -860,7 +893,10 @@ class StoreCore(ContextCore):
         if p.repository_type == "disk":
             base = self.settings.disk_cache_directory or Path("umestored-cache")
             cache = cache_file(Path(base), self.settings.name, src.reg_id)
-        return Repository(limits, cache_file=cache, write_behind=True)
+        repo = Repository(limits, cache_file=cache, write_behind=True, new=new)
+        for note in repo.notes:
+            self.log(Level.WARNING, f"source RegID {src.reg_id}: {note}")
+        return repo
 
     def _register_receiver(self, conn: Connection, preg: Header, topic: str | None,
                            session_id: int, request_addr: Addr,
@@ -1215,57 +1251,100 @@ class StoreCore(ContextCore):
         if self._journal_path is None or not records:
             return
         if self._journal_fh is None:
-            self._journal_fh = self._journal_path.open("a")
+            self._journal_fh = os.fdopen(
+                open_store_file(self._journal_path, os.O_WRONLY | os.O_APPEND, create=True), "a")
         self._journal_fh.write("".join(json.dumps(r) + "\n" for r in records))
         self._journal_fh.flush()
 
     def _journal_client(self, client: Client) -> None:
+        record = self._client_record(client)
+        if record is not None:
+            self._journal(record)
+
+    def _client_record(self, client: Client) -> dict[str, object] | None:
+        """The journal record of ``client``; ``None`` when its state does not survive a
+        restart (a memory repository, no journal)."""
         if self._journal_path is None:
-            return
+            return None
         record = {k: v for k, v in asdict_shallow(client).items()
                   if k in _JOURNALLED}
         record["request_addr"] = list(client.request_addr)
         if isinstance(client, SourceState):
             record["policy"] = asdict(client.policy)
             if client.policy.repository_type != "disk":
-                return  # memory repositories do not survive a restart
+                return None  # memory repositories do not survive a restart
         else:
             src = self.sources.get(client.source_reg_id)  # type: ignore[attr-defined]
             if src is None or src.policy.repository_type != "disk":
-                return
-        self._journal({"client": record})
+                return None
+        return {"client": record}
 
     def _restore(self) -> None:
-        assert self._journal_path is not None
-        self._journal_path.parent.mkdir(parents=True, exist_ok=True)
-        if not self._journal_path.exists():
+        """Rebuild the registrations, acknowledgements and repositories of the journal, then
+        compact it.  Raises :class:`StoreFileError` for damage the store must not restore
+        around (see "Disk state" in the module docstring); nothing is changed on disk then."""
+        path = self._journal_path
+        assert path is not None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreFileError(path, f"its directory cannot be created: "
+                                       f"{exc.strerror or exc}") from None
+        try:
+            fd = open_store_file(path, os.O_RDONLY)
+        except FileNotFoundError:
             return
         clients: dict[int, dict[str, Any]] = {}
         acks: dict[int, int] = {}
-        for line_no, line in enumerate(self._journal_path.read_text().splitlines(), 1):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                self.log(Level.WARNING, f"state journal line {line_no} is torn; ignored")
-                continue
-            if "client" in record:
-                clients[record["client"]["reg_id"]] = record["client"]
-            elif "ack" in record:
-                acks[record["ack"]] = max(acks.get(record["ack"], -1), record["sqn"])
-            elif "delete" in record:
-                clients.pop(record["delete"], None)
+        with os.fdopen(fd, "rb") as fh:
+            line_no = 0
+            while line := fh.readline(_JOURNAL_LINE_MAX + 1):
+                line_no += 1
+                if len(line) > _JOURNAL_LINE_MAX:
+                    raise StoreFileError(path, f"a line longer than {_JOURNAL_LINE_MAX} bytes "
+                                               f"is not a journal record{_REFUSED}",
+                                         line=line_no)
+                if not line.strip():
+                    continue  # a blank line holds nothing
+                try:
+                    record = _journal_json(line)
+                except ValueError as exc:
+                    if not line.endswith(b"\n"):  # the last line, cut by a crash
+                        self.log(Level.WARNING,
+                                 f"{path}:{line_no}: last line torn ({exc}: a crash while it "
+                                 f"was written); cut off, the {line_no - 1} lines before it "
+                                 "are restored")
+                        break
+                    raise StoreFileError(path, f"{exc}{_REFUSED}", line=line_no) from None
+                try:
+                    _apply_record(record, clients, acks)
+                except ValueError as exc:
+                    raise StoreFileError(path, f"{exc}{_REFUSED}", line=line_no) from None
         for rec in sorted(clients.values(), key=lambda r: r["role"] != "source"):
             self._restore_client(rec, acks)
-        # rewrite the journal compactly
-        self._journal_path.write_text("")
-        for src in self.sources.values():
-            self._journal_client(src)
-        for rcv in self.receivers.values():
-            self._journal_client(rcv)
-            if rcv.last_ack is not None:
-                self._journal({"ack": rcv.reg_id, "sqn": rcv.last_ack})
+        self._rewrite_journal()
         self.log(Level.INFO, f"restored {len(self.sources)} sources and {len(self.receivers)} "
                              f"receivers from disk state")
+
+    def _rewrite_journal(self) -> None:
+        """Replace the journal by the records of the restored state: written to a new file
+        that is renamed over the journal, so a crash meanwhile leaves the old one whole."""
+        path = self._journal_path
+        assert path is not None
+        records = [self._client_record(client) for client in
+                   [*self.sources.values(), *self.receivers.values()]]
+        records += [{"ack": rcv.reg_id, "sqn": rcv.last_ack} for rcv in self.receivers.values()
+                    if rcv.last_ack is not None and self._client_record(rcv) is not None]
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            os.fchmod(fd, stat.S_IMODE(os.lstat(path).st_mode))  # the journal's own
+            with os.fdopen(fd, "w") as fh:
+                fh.write("".join(json.dumps(r) + "\n" for r in records if r is not None))
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     def _restore_client(self, rec: dict[str, Any], acks: dict[int, int]) -> None:
         common = dict(role=rec["role"], reg_id=rec["reg_id"], topic=rec["topic"],
@@ -1277,14 +1356,23 @@ class StoreCore(ContextCore):
         if rec["role"] == "source":
             policy = TopicPolicy(**rec["policy"])
             src = SourceState(**common, policy=policy)
-            src.repo = self._new_repository(src)
+            try:
+                src.repo = self._new_repository(src, new=False)
+            except StoreFileError as exc:
+                raise StoreFileError(exc.path, f"{exc.reason}; the store does not start "
+                                     f"without the messages of source RegID {src.reg_id}: "
+                                     "repair the file or move it away", line=exc.line) from None
+            if src.repo.cache_file is not None and not src.repo.found_file:
+                self.log(Level.WARNING, f"source RegID {src.reg_id}: its cache file "
+                                        f"{src.repo.cache_file} is missing: restored with no "
+                                        "messages")
             self.sources[src.reg_id] = src
             if src.session_id:
                 self._sessions[("source", src.topic, src.session_id, 0)] = src.reg_id
         else:
             owner = self.sources.get(rec["source_reg_id"])
             if owner is None:
-                return
+                return  # its source's state was deleted (receivers are not journalled then)
             rcv = ReceiverState(**common, source_reg_id=owner.reg_id)
             rcv.last_ack = acks.get(rcv.reg_id)
             self.receivers[rcv.reg_id] = rcv
@@ -1356,6 +1444,145 @@ class StoreCore(ContextCore):
 
 _JOURNALLED = {"role", "reg_id", "topic", "session_id", "transport_idx", "topic_idx",
                "activity_timeout", "state_lifetime", "rpp", "source_reg_id"}
+
+
+_JOURNAL_LINE_MAX = 1 << 20
+"""Longest journal line read (bytes): a record is well under 2 KB (a topic name is at most a
+few hundred bytes), so a longer line is damage, and reading one whole could take any memory."""
+_REFUSED = "; the store does not start on a damaged state journal: repair the line or move the "\
+           "file away"
+_U32 = 0xFFFFFFFF
+_U64 = 0xFFFFFFFFFFFFFFFF
+
+
+class _NotJson(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> float:
+    raise _NotJson(f"{name} is not a journal value")
+
+
+def _journal_json(line: bytes) -> object:
+    """One journal line as JSON; ``ValueError`` saying why it is not."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text (byte {line[exc.start]:#04x} at column "
+                         f"{exc.start + 1})") from None
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except _NotJson:
+        raise
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc.msg.removesuffix(' at')} at column "
+                         f"{exc.colno})") from None
+    except RecursionError:
+        raise ValueError("not a journal record (JSON nested too deeply)") from None
+    except ValueError:  # an integer past Python's digit limit
+        raise ValueError("not a journal record (a number too long)") from None
+
+
+def _int(value: object, what: str, high: int) -> int:
+    if type(value) is not int or not 0 <= value <= high:
+        raise ValueError(f"{what} must be an integer 0..{high}, not {_short(value)}")
+    return value
+
+
+def _seconds(value: object, what: str) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) \
+            or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be a number of seconds, not {_short(value)}")
+    return float(value)
+
+
+def _short(value: object) -> str:
+    text = json.dumps(value) if not isinstance(value, float) else repr(value)
+    return text if len(text) <= 60 else f"{text[:60]}..."
+
+
+_CLIENT_FIELDS = {"role", "reg_id", "topic", "session_id", "transport_idx", "topic_idx",
+                  "activity_timeout", "state_lifetime", "rpp", "request_addr"}
+_POLICY_TYPES = {f.name: type(f.default) for f in fields(TopicPolicy)}
+_POLICY_POSITIVE = frozenset({"source_check_interval", "keepalive_interval",
+                              "stability_ack_interval", "stability_ack_minimum_number",
+                              "source_flight_size_bytes_maximum"})
+"""Topic options the XML reader never lets be 0: they pace the store's timers and batches (a
+check interval of 0 would spin the store)."""
+_REPOSITORY_TYPES = ("memory", "disk")
+
+
+def _check_client(rec: object) -> dict[str, Any]:
+    """A journalled client record with every field it restores checked (``ValueError``)."""
+    if not isinstance(rec, dict):
+        raise ValueError(f"a client record is a JSON object, not {_short(rec)}")
+    role = rec.get("role")
+    if role not in ("source", "receiver"):
+        raise ValueError(f'client role must be "source" or "receiver", not {_short(role)}')
+    wanted = _CLIENT_FIELDS | ({"policy"} if role == "source" else {"source_reg_id"})
+    missing, extra = sorted(wanted - rec.keys()), sorted(rec.keys() - wanted)
+    if missing:
+        raise ValueError(f"{role} record without {', '.join(missing)}")
+    if extra:
+        raise ValueError(f"{role} record with unknown field(s) {_short(extra)}")
+    _int(rec["reg_id"], "reg_id", _U32)
+    topic = rec["topic"]
+    if not isinstance(topic, str) or not topic:
+        raise ValueError(f"topic must be a topic name, not {_short(topic)}")
+    try:  # the store queries its sources' topics: a name resolution cannot carry is damage
+        lbmr.LbmrPacket(tqrs=[lbmr.Tqr(name=topic)]).build()
+    except WireError as exc:
+        raise ValueError(f"topic {_short(topic)} cannot be resolved: {exc.reason}") from None
+    _int(rec["session_id"], "session_id", _U64)
+    _int(rec["transport_idx"], "transport_idx", _U32)
+    _int(rec["topic_idx"], "topic_idx", _U32)
+    _seconds(rec["activity_timeout"], "activity_timeout")
+    _seconds(rec["state_lifetime"], "state_lifetime")
+    _int(rec["rpp"], "rpp", 2)
+    addr = rec["request_addr"]
+    try:
+        ip, port = addr
+        ipaddress.IPv4Address(ip)
+        _int(port, "port", 0xFFFF)
+    except (TypeError, ValueError):
+        raise ValueError(f"request_addr must be [IPv4 address, port], not {_short(addr)}") \
+            from None
+    if role == "receiver":
+        _int(rec["source_reg_id"], "source_reg_id", _U32)
+        return rec
+    policy = rec["policy"]
+    if not isinstance(policy, dict):
+        raise ValueError(f"policy must be an object of topic options, not {_short(policy)}")
+    for name, value in policy.items():
+        kind = _POLICY_TYPES.get(name)
+        if kind is None:
+            raise ValueError(f"policy option {_short(name)} is not one this store knows")
+        if kind is str:
+            if value not in _REPOSITORY_TYPES:
+                raise ValueError(f"policy option {name} must be one of {_REPOSITORY_TYPES}, "
+                                 f"not {_short(value)}")
+        elif _int(value, f"policy option {name}", _U64) == 0 and name in _POLICY_POSITIVE:
+            raise ValueError(f"policy option {name} must be at least 1, not 0")
+    return rec
+
+
+def _apply_record(record: object, clients: dict[int, dict[str, Any]],
+                  acks: dict[int, int]) -> None:
+    """Fold one journal record into ``clients`` and ``acks``; ``ValueError`` for a record
+    that is not of one of the three shapes the store writes (each field checked)."""
+    keys = sorted(record) if isinstance(record, dict) else None
+    if keys == ["client"]:
+        rec = _check_client(record["client"])  # type: ignore[index]
+        clients[rec["reg_id"]] = rec
+    elif keys == ["ack", "sqn"]:
+        reg_id = _int(record["ack"], "ack (a receiver RegID)", _U32)  # type: ignore[index]
+        sqn = _int(record["sqn"], "sqn", _U32)  # type: ignore[index]
+        acks[reg_id] = max(acks.get(reg_id, -1), sqn)
+    elif keys == ["delete"]:
+        clients.pop(_int(record["delete"], "delete (a RegID)", _U32), None)  # type: ignore[index]
+    else:
+        raise ValueError('not a journal record: one is {"client": {...}}, {"ack": RegID, '
+                         '"sqn": N} or {"delete": RegID}, not ' + _short(record))
 
 
 def asdict_shallow(obj: object) -> dict[str, object]:
