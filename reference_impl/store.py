@@ -390,6 +390,9 @@ class StoreCore(ContextCore):
         if settings.disk_state_directory is not None:
             self._journal_path = state_file(Path(settings.disk_state_directory), settings.name)
             self._restore()
+            # opened now and kept open: whatever later happens to the path (the directory
+            # removed, a directory put in its place) cannot fail a registration mid-run
+            self._open_journal()
         self.set_timer("check", now + self._check_interval())
         self.set_timer("resolve", now)
         self._advertise_name()  # "Store sends ads at startup and in response to queries"
@@ -1250,11 +1253,17 @@ class StoreCore(ContextCore):
         """Append records to the state journal and hand them to the OS at once."""
         if self._journal_path is None or not records:
             return
-        if self._journal_fh is None:
-            self._journal_fh = os.fdopen(
-                open_store_file(self._journal_path, os.O_WRONLY | os.O_APPEND, create=True), "a")
-        self._journal_fh.write("".join(json.dumps(r) + "\n" for r in records))
-        self._journal_fh.flush()
+        fh = self._journal_fh or self._open_journal()
+        fh.write("".join(json.dumps(r) + "\n" for r in records))
+        fh.flush()
+
+    def _open_journal(self) -> TextIO:
+        """The journal, opened for appending (created when missing); raises
+        :class:`StoreFileError` when something else is in its place."""
+        assert self._journal_path is not None
+        self._journal_fh = os.fdopen(
+            open_store_file(self._journal_path, os.O_WRONLY | os.O_APPEND, create=True), "a")
+        return self._journal_fh
 
     def _journal_client(self, client: Client) -> None:
         record = self._client_record(client)

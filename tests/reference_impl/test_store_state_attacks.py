@@ -534,3 +534,22 @@ def test_a_registration_does_not_adopt_an_orphan_cache_file(tmp_path: Path) -> N
     assert orphan.stat().st_size == 0
     logs = [str(e) for e in d.events(STORE) if "orphan" in str(e) or "discard" in str(e)]
     assert logs, "the discarded file is not mentioned"
+
+
+def test_a_state_directory_removed_while_the_store_runs_fails_no_registration(
+        tmp_path: Path) -> None:
+    """The journal is opened at start-up and kept open: before, it was opened at the first
+    record, so a state directory removed (or a directory put at the journal's name) while
+    the store ran failed the first registration with FileNotFoundError, and the daemon died."""
+    d, store = sim_store(tmp_path)
+    shutil.rmtree(tmp_path / "state")
+    src = d.add_source("src", TOPIC)
+    assert d.run_until(lambda: src.complete, 10)
+    (tmp_path / "state").mkdir()
+    state_file(tmp_path / "state", STORE).mkdir()
+    d.add_receiver("rcv", TOPIC)
+    for _ in range(3):
+        src.send(b"m")
+        d.run(0.01)
+    d.run(2)
+    assert len(store.receivers) == 1
