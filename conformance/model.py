@@ -61,7 +61,8 @@ class CaseSpec:
             ``<ROLE>-<SUITE>-<NNN>`` for source and receiver cases (``SRC-REG-001``,
             ``RCV-REC-002``); reports and profiles refer to it.
         title: one line saying what is checked.
-        suite: the suite it belongs to (``registration``, ``recovery``, ``robustness``).
+        suite: the suite it belongs to (``registration``, ``recovery``, ``robustness``,
+            ``flight-size``, ``proactive-retransmit``).
         role: the IUT role the case tests.
         section: the guide section that states the requirement (its heading as written).
         requirement: the sentence (or a close paraphrase) of the guide that is checked.
@@ -151,7 +152,7 @@ def case(id: str, *, title: str, suite: str, section: str, requirement: str,
     return register
 
 
-SUITES = ("registration", "recovery", "robustness")
+SUITES = ("registration", "recovery", "robustness", "flight-size", "proactive-retransmit")
 
 
 def all_cases(role: Role | None = None) -> list[CaseSpec]:

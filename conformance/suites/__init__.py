@@ -3,10 +3,14 @@
 Store IUT: :mod:`.registration`, :mod:`.recovery`, :mod:`.robustness`; source IUT:
 :mod:`.source`; receiver IUT: :mod:`.receiver` (their cases belong to the registration and
 recovery suites too, told apart by role); robustness for source and receiver IUTs:
-:mod:`.robustness_clients` (the robustness suite, SRC-ROB-* and RCV-ROB-*).
+:mod:`.robustness_clients` (the robustness suite, SRC-ROB-* and RCV-ROB-*).  The
+flight-size suite (source IUT, SRC-FLT-*): :mod:`.flight_size`; the proactive-retransmit suite
+(source IUT, SRC-PRX-*, and store IUT, PRX-STORE-*): :mod:`.proactive`.
 """
 
 from conformance.suites import (
+    flight_size,
+    proactive,
     receiver,
     recovery,
     registration,
@@ -15,4 +19,5 @@ from conformance.suites import (
     source,
 )
 
-__all__ = ["receiver", "recovery", "registration", "robustness", "robustness_clients", "source"]
+__all__ = ["flight_size", "proactive", "receiver", "recovery", "registration", "robustness",
+           "robustness_clients", "source"]
