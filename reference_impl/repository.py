@@ -49,12 +49,15 @@ on a damaged file nor silently lose what it held:
 The store's files are named after its ``<store name>``, which comes from a configuration file
 and may hold anything XML allows (``../../x``, ``/etc``, 300 characters, U+2028).
 :func:`store_file_stem` turns a name into one safe file name component, and
-:func:`state_file` / :func:`cache_file` are the only places that name the store's files.
+:func:`state_file` / :func:`cache_file` / :func:`lock_file` are the only places that name the
+store's files.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import os
 import stat
@@ -139,6 +142,39 @@ def cache_file(directory: Path, store_name: str, reg_id: int) -> Path:
     path = directory / f"{store_file_stem(store_name)}-{reg_id}-cache"
     _adopt_legacy(directory, f"{store_name}-{reg_id}-cache", path)
     return path
+
+
+def lock_file(directory: Path, store_name: str) -> Path:
+    """The file a store locks while it runs on the state in ``directory``: ``<stem>.lock``
+    (see :func:`lock_state`)."""
+    return directory / f"{store_file_stem(store_name)}.lock"
+
+
+def lock_state(path: Path) -> int:
+    """Lock a store's state for this process; the descriptor to keep open while it runs.
+
+    Two processes running a store of one name on one state directory would each compact the
+    journal at start-up and then append to their own copy: one loses everything it journals.
+    The second one is refused instead (:class:`StoreFileError` naming the holder's pid).  The
+    lock is a POSIX record lock (``lockf``): the kernel drops it when the process dies, so a
+    SIGKILLed store never leaves a stale lock; it is per process, so cores of one process (a
+    simulated restart) never conflict.
+    """
+    fd = open_store_file(path, os.O_RDWR, create=True)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        os.close(fd)
+        if exc.errno in (errno.EACCES, errno.EAGAIN):
+            pid = f" (pid {holder})" if holder.isdigit() else ""
+            raise StoreFileError(path, f"is locked by another process{pid}: a store of this "
+                                       "name already runs on this state directory, and two "
+                                       "would overwrite each other's state") from None
+        raise StoreFileError(path, f"cannot be locked: {exc.strerror or exc}") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+    return fd
 
 
 def directory_problem(path: Path) -> str | None:

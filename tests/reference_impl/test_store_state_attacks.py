@@ -52,7 +52,7 @@ from reference_impl.config.store_xml_writer import disk_store_xml
 from reference_impl.deployment import SimDeployment
 from reference_impl.events import ClientRejected, SourceRegistrationComplete
 from reference_impl.fastmsg import data_message
-from reference_impl.repository import cache_file, state_file
+from reference_impl.repository import cache_file, lock_file, state_file
 from reference_impl.source import StoreSpec
 from reference_impl.store import StoreCore, TopicPolicy, TopicRule
 from ump.cli import main
@@ -360,7 +360,8 @@ def test_the_journal_is_replaced_whole_when_it_is_compacted(ump_store: StoreRun,
     assert work.journal.stat().st_ino != inode
     assert work.journal.stat().st_mode & 0o777 == 0o640  # the journal's permissions kept
     assert len(work.journal_lines()) == 3
-    assert sorted(p.name for p in work.journal.parent.iterdir()) == [work.journal.name]
+    assert sorted(p.name for p in work.journal.parent.iterdir()) == [
+        lock_file(work.journal.parent, STORE).name, work.journal.name]
 
 
 # --- cache files at restore ------------------------------------------------------------------
@@ -553,3 +554,35 @@ def test_a_state_directory_removed_while_the_store_runs_fails_no_registration(
         d.run(0.01)
     d.run(2)
     assert len(store.receivers) == 1
+
+
+def test_a_second_store_on_the_same_state_is_refused(work: Workdir, resolver: int) -> None:
+    """Two processes running store ``s`` on one state directory: before, the second compacted
+    the journal under the first, which went on appending to a file no longer in the
+    directory (everything it journalled from then on was lost at its next start).  Now the
+    second one is refused, naming the lock file and the first one's pid; the first runs on."""
+    argv = [sys.executable, "-m", "ump", "store", "-c", str(work.xml), "--resolver",
+            f"127.0.0.1:{resolver}"]
+    first = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    try:
+        assert first.stderr is not None
+        assert "ready to accept registrations" in first.stderr.readline()
+        journal = work.journal.read_bytes()
+        second = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        lock = lock_file(work.journal.parent, STORE)
+        err = assert_refused(Run(second.returncode, second.stderr, []), lock)
+        assert f"pid {first.pid}" in err
+        assert first.poll() is None
+        assert work.journal.read_bytes() == journal
+    finally:
+        first.terminate()
+        first.wait(timeout=30)
+    assert first.returncode == 0
+    # the lock went with the process: the store starts again at once
+    again = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    try:
+        assert again.stderr is not None
+        assert "ready to accept registrations" in again.stderr.readline()
+    finally:
+        again.terminate()
+        again.wait(timeout=30)
