@@ -509,7 +509,7 @@ class SourceCore(ContextCore):
         add = parts.append
         for payload in payloads:
             size = len(payload)
-            if block and self.inflight + (1 if size else 0) > flight:
+            if block and self.inflight >= flight:  # one more message would exceed it
                 raise SendError(SendErrorCode.WOULD_BLOCK,
                                 "send would block because of flight size")
             sqn = self.next_sqn
@@ -541,7 +541,7 @@ class SourceCore(ContextCore):
         size = len(payload)
         if cfg.ume_flight_size_bytes and size > cfg.ume_flight_size_bytes:
             raise SendError(SendErrorCode.TOO_BIG, "Payload exceeds flight size bytes maximum")
-        if persistent and self._flight_exceeded(size) \
+        if persistent and self._flight_would_exceed(size) \
                 and cfg.ume_flight_size_behavior.lower() == "block":
             raise SendError(SendErrorCode.WOULD_BLOCK, "send would block because of flight size")
         sqn = self.next_sqn
@@ -554,18 +554,29 @@ class SourceCore(ContextCore):
             self.retained_bytes += size
             self.inflight += 1
             self.inflight_bytes += size
-            if not self._over and self._flight_exceeded(0):
+            if not self._over and self._flight_exceeded():
                 self._over = True
                 self.emit(FlightSizeNotification(FlightState.OVER, self.inflight))
             self._apply_retention()
         return sqn, raw
 
-    def _flight_exceeded(self, extra: int) -> bool:
+    def _flight_exceeded(self) -> bool:
+        """Whether what is in flight now is over either limit (guide "UMP Flight Size":
+        either limit exceeded triggers the behaviour; the byte limit counts payload only)."""
         cfg = self.config
-        over_count = self.inflight + (1 if extra else 0) > cfg.ume_flight_size
-        over_bytes = bool(cfg.ume_flight_size_bytes) and \
-            self.inflight_bytes + extra > cfg.ume_flight_size_bytes
-        return over_count or over_bytes
+        return self.inflight > cfg.ume_flight_size or (
+            bool(cfg.ume_flight_size_bytes)
+            and self.inflight_bytes > cfg.ume_flight_size_bytes)
+
+    def _flight_would_exceed(self, size: int) -> bool:
+        """Whether one more message of ``size`` payload bytes would exceed either limit.
+
+        The message counts once whatever its length: an empty payload is a message too (it
+        was not counted, so a flight size of N let N + 1 empty messages fly)."""
+        cfg = self.config
+        return self.inflight >= cfg.ume_flight_size or (
+            bool(cfg.ume_flight_size_bytes)
+            and self.inflight_bytes + size > cfg.ume_flight_size_bytes)
 
     def can_send(self) -> bool:
         """True when :meth:`send` of a small message would succeed now."""
@@ -573,7 +584,7 @@ class SourceCore(ContextCore):
             return False
         if not self.persistent:
             return True
-        return self.complete and not self._flight_exceeded(1)
+        return self.complete and not self._flight_would_exceed(1)
 
     def deregister(self) -> None:
         """Deregister from every store (``lbm_src_ume_deregister``).
@@ -1028,7 +1039,7 @@ class SourceCore(ContextCore):
         size = len(msg.payload)
         self.inflight -= 1
         self.inflight_bytes -= size
-        if self._over and not self._flight_exceeded(0):
+        if self._over and not self._flight_exceeded():
             self._over = False
             self.emit(FlightSizeNotification(FlightState.UNDER, self.inflight))
         # the first step of _apply_retention in the common case, where the message that just
@@ -1076,7 +1087,7 @@ class SourceCore(ContextCore):
             msg.inflight = False
             self.inflight -= 1
             self.inflight_bytes -= len(msg.payload)
-            if self._over and not self._flight_exceeded(0):
+            if self._over and not self._flight_exceeded():
                 self._over = False
                 self.emit(FlightSizeNotification(FlightState.UNDER, self.inflight))
         self._events.append(MessageReclaimed(sqn, forced))
