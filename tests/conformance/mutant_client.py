@@ -120,6 +120,72 @@ def deregisters_from_one_store() -> None:
     SourceCore.deregister = patched  # type: ignore[method-assign]
 
 
+def _source_option(**values: Any) -> None:
+    """Starts the source with ``values`` in place of the configured options."""
+    config = runtime.source_config
+
+    def patched(*args: Any, **kw: Any) -> Any:
+        cfg = config(*args, **kw)
+        return dataclasses.replace(cfg, **{k: f(getattr(cfg, k)) for k, f in values.items()})
+    runtime.source_config = patched
+
+
+def flight_bytes_count_headers() -> None:
+    """Counts each message's LBMC header bytes towards ume_flight_size_bytes as well as its
+    payload (the guide counts payload only)."""
+    def patched(self: SourceCore, size: int) -> bool:
+        cfg = self.config
+        header = source.DATA_BASE.size
+        return self.inflight >= cfg.ume_flight_size or (
+            bool(cfg.ume_flight_size_bytes) and self.inflight_bytes + header * self.inflight
+            + size + header > cfg.ume_flight_size_bytes)
+    SourceCore._flight_would_exceed = patched  # type: ignore[method-assign]
+
+
+def bytes_replace_count() -> None:
+    """Once ume_flight_size_bytes is set, ignores ume_flight_size (either limit should bind)."""
+    would_exceed = SourceCore._flight_would_exceed
+
+    def patched(self: SourceCore, size: int) -> bool:
+        cfg = self.config
+        if cfg.ume_flight_size_bytes:
+            return self.inflight_bytes + size > cfg.ume_flight_size_bytes
+        return would_exceed(self, size)
+    SourceCore._flight_would_exceed = patched  # type: ignore[method-assign]
+
+
+def notify_blocks() -> None:
+    """Blocks on the flight size whatever ume_flight_size_behavior says."""
+    _source_option(ume_flight_size_behavior=lambda value: "block")
+
+
+def stable_in_any_group() -> None:
+    """Counts a message stable (and out of flight) once any one group has it, whatever
+    ume_retention_intergroup_stability_behavior says."""
+    _source_option(ume_retention_intergroup_stability_behavior=lambda value: "any")
+
+
+def ignores_confirmations() -> None:
+    """Takes a stable message out of flight without the configured delivery confirmations."""
+    _source_option(ume_retention_unique_confirmations=lambda value: 0)
+
+
+def hasty_proactive() -> None:
+    """Resends an unstable message after 100 ms whatever ume_message_stability_timeout says
+    (when it is not 0)."""
+    _source_option(ume_message_stability_timeout=lambda value: min(value, 100))
+
+
+def resends_with_timeout_zero() -> None:
+    """Takes ume_message_stability_timeout 0 for 500 ms (0 turns retransmission off)."""
+    _source_option(ume_message_stability_timeout=lambda value: value or 500)
+
+
+def resends_forever() -> None:
+    """Never gives up on an unstable message: ume_message_stability_lifetime is not used."""
+    _source_option(ume_message_stability_lifetime=lambda value: 0)
+
+
 # --- receivers ----------------------------------------------------------------------------------
 
 
@@ -185,6 +251,14 @@ MUTANTS: dict[str, tuple[str, Callable[[], None]]] = {
     "ignores-sri-request": ("source", ignores_sri_request),
     "stale-store-version": ("source", stale_store_version),
     "deregisters-from-one-store": ("source", deregisters_from_one_store),
+    "flight-bytes-count-headers": ("source", flight_bytes_count_headers),
+    "bytes-replace-count": ("source", bytes_replace_count),
+    "notify-blocks": ("source", notify_blocks),
+    "stable-in-any-group": ("source", stable_in_any_group),
+    "ignores-confirmations": ("source", ignores_confirmations),
+    "hasty-proactive": ("source", hasty_proactive),
+    "resends-with-timeout-zero": ("source", resends_with_timeout_zero),
+    "resends-forever": ("source", resends_forever),
     "no-sri-request": ("receiver", no_sri_request),
     "ignores-low-sqn": ("receiver", ignores_low_sqn),
     "never-rxreq": ("receiver", never_rxreq),

@@ -65,11 +65,25 @@ def ignores_rate_limit() -> None:
     runtime.store_settings = patched
 
 
+def drops_duplicate() -> None:
+    """Drops a message it already holds without acknowledging it again (a proactive
+    retransmission whose first stability ACK was lost never becomes stable)."""
+    from reference_impl.repository import AddResult, Repository
+
+    add = Repository.add
+
+    def patched(self: Repository, sqn: int, raw: bytes, now: float) -> AddResult:
+        result = add(self, sqn, raw, now)
+        return AddResult(dropped=True) if result.duplicate else result
+    Repository.add = patched  # type: ignore[method-assign]
+
+
 MUTANTS: dict[str, Callable[[], None]] = {
     "grants-active-regid": grants_active_regid,
     "forgets-old-flag": forgets_old_flag,
     "wrong-low-sqn": wrong_low_sqn,
     "ignores-rate-limit": ignores_rate_limit,
+    "drops-duplicate": drops_duplicate,
 }
 
 

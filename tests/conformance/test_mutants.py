@@ -28,6 +28,7 @@ CATCHES = {
     "forgets-old-flag": ("registration", "REG-STORE-004"),
     "wrong-low-sqn": ("registration", "REG-STORE-010"),
     "ignores-rate-limit": ("recovery", "REC-STORE-005"),
+    "drops-duplicate": ("proactive-retransmit", "PRX-STORE-002"),
 }
 
 # source/receiver mutant -> (its role, the case that must catch it)
@@ -41,6 +42,14 @@ CLIENT_CATCHES = {
     "ignores-flight-size": ("source", "SRC-REC-002"),
     "counts-any-ack": ("source", "SRC-ROB-003"),
     "deregisters-from-one-store": ("source", "SRC-REG-009"),
+    "flight-bytes-count-headers": ("source", "SRC-FLT-002"),
+    "bytes-replace-count": ("source", "SRC-FLT-003"),
+    "notify-blocks": ("source", "SRC-FLT-004"),
+    "stable-in-any-group": ("source", "SRC-FLT-005"),
+    "ignores-confirmations": ("source", "SRC-FLT-006"),
+    "hasty-proactive": ("source", "SRC-PRX-001"),
+    "resends-with-timeout-zero": ("source", "SRC-PRX-002"),
+    "resends-forever": ("source", "SRC-PRX-003"),
     "no-sri-request": ("receiver", "RCV-REG-001"),
     "ignores-low-sqn": ("receiver", "RCV-REG-004"),
     "never-rxreq": ("receiver", "RCV-REC-001"),
