@@ -226,3 +226,29 @@ def confirmations_keep_in_flight(h: Harness) -> None:
     _blocked_at(h, c, [0, 1], "the messages sent with one receiver's confirmations")
     confirm(7002, 0)
     _blocked_at(h, c, [0, 1, 2], "the messages sent once message 0 had two confirmations")
+
+
+@case("SRC-FLT-007", suite=SUITE, role=Role.SOURCE,
+      title="A message stays in flight until a quorum of its store group acknowledged it",
+      section="UMP Flight Size",
+      requirement="Consider a case with three stores in a single QC group ... Given the default "
+                  "configuration, until a source receives a stability notification from two of "
+                  "the three stores, UMP considers a given message in-flight.",
+      timeout=12.0)
+def inflight_until_intragroup_quorum(h: Harness) -> None:
+    """The first half of the guide's example: three stores in one group, intragroup behaviour
+    ``quorum`` (set explicitly), flight size 2.  Only A acknowledges: one store of three is no
+    quorum, so exactly 0 and 1 go out; once B acknowledges 0, exactly one more (2) may
+    follow."""
+    a, b, c = h.store(), h.store(), h.store()
+    b.ack = c.ack = False
+    h.start_iut(a, b, c, groups=((0, 3),),
+                options={**FAST_REGISTRATION, "source ume_flight_size": 2,
+                         "source ume_flight_size_bytes": 0,
+                         "source ume_flight_size_behavior": "block",
+                         "source ume_retention_intragroup_stability_behavior": "quorum",
+                         "source ume_retention_unique_confirmations": 0})
+    _settled(h, c, 0.5, 3.0, "sending with one store of three acknowledging")
+    _blocked_at(h, c, [0, 1], "the messages sent while one store of three acknowledged")
+    b.send_stable(0)
+    _blocked_at(h, c, [0, 1, 2], "the messages sent once two stores of three acknowledged 0")

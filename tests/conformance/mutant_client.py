@@ -165,6 +165,16 @@ def stable_in_any_group() -> None:
     _source_option(ume_retention_intergroup_stability_behavior=lambda value: "any")
 
 
+def stable_with_one_store() -> None:
+    """Counts a group as holding a message once any one of its stores acknowledged it (the
+    intragroup rule is not applied to stability; registration still needs a quorum)."""
+    def patched(self: SourceCore, mask: int, group: int) -> Any:
+        ok = bool(mask)
+        flags = source._STABLE_FLAGS[True, ok, True], source._STABLE_FLAGS[True, ok, False]
+        return ok, *flags
+    SourceCore._stability = patched  # type: ignore[method-assign]  # (never memoised)
+
+
 def ignores_confirmations() -> None:
     """Takes a stable message out of flight without the configured delivery confirmations."""
     _source_option(ume_retention_unique_confirmations=lambda value: 0)
@@ -255,6 +265,7 @@ MUTANTS: dict[str, tuple[str, Callable[[], None]]] = {
     "bytes-replace-count": ("source", bytes_replace_count),
     "notify-blocks": ("source", notify_blocks),
     "stable-in-any-group": ("source", stable_in_any_group),
+    "stable-with-one-store": ("source", stable_with_one_store),
     "ignores-confirmations": ("source", ignores_confirmations),
     "hasty-proactive": ("source", hasty_proactive),
     "resends-with-timeout-zero": ("source", resends_with_timeout_zero),

@@ -46,6 +46,7 @@ CLIENT_CATCHES = {
     "bytes-replace-count": ("source", "SRC-FLT-003"),
     "notify-blocks": ("source", "SRC-FLT-004"),
     "stable-in-any-group": ("source", "SRC-FLT-005"),
+    "stable-with-one-store": ("source", "SRC-FLT-007"),
     "ignores-confirmations": ("source", "SRC-FLT-006"),
     "hasty-proactive": ("source", "SRC-PRX-001"),
     "resends-with-timeout-zero": ("source", "SRC-PRX-002"),
