@@ -157,8 +157,8 @@ class _EndpointState:
     """Everything the host keeps for one core: its sockets, streams and timer."""
 
     __slots__ = ("congested", "drain_events", "endpoint", "event_handler", "flush_scheduled",
-                 "held", "name", "streams", "streams_capable", "timer_handle", "timer_stuck",
-                 "timer_when", "udp", "udp_out")
+                 "held", "name", "servers", "streams", "streams_capable", "timer_handle",
+                 "timer_stuck", "timer_when", "udp", "udp_out")
 
     def __init__(self, endpoint: Endpoint, name: str) -> None:
         self.endpoint = endpoint
@@ -167,6 +167,7 @@ class _EndpointState:
         self.udp: list[_UdpSocket] = []
         self.udp_out: _UdpSocket | None = None  # where datagrams leave from: the first bound
         self.streams: dict[ConnKey, _Stream] = {}
+        self.servers: list[asyncio.Server] = []  # its TCP listeners
         self.congested: set[_Stream] = set()
         self.timer_handle: asyncio.TimerHandle | None = None
         self.timer_when: float | None = None  # the deadline (our clock) timer_handle is for
@@ -475,16 +476,48 @@ class AioHost:
         would let that advertisement (and the registrations) out before the later ports
         accept connections, so a peer that answers at once is refused.  Inside the block the
         core gets input but neither sends nor runs timers; it starts when the block ends.
+
+        When the block raises (a port another process took between a check and the bind),
+        the endpoint never starts: it is forgotten (:meth:`forget`), so the caller can try
+        again with a new core on other ports.
         """
         self.register(endpoint, name)
         state = self._state(endpoint)
         state.held = True
         try:
             yield
-        finally:
-            state.held = False
-            if not self._closed:
-                self._schedule_flush(state)
+        except BaseException:
+            self.forget(endpoint)
+            raise
+        state.held = False
+        if not self._closed:
+            self._schedule_flush(state)
+
+    def forget(self, endpoint: Endpoint) -> None:
+        """Stop driving ``endpoint``: close its sockets, listeners and streams, cancel its
+        timer, and make it unknown to the host (for a core that could not start; the host
+        and its other endpoints go on).  Nothing more is collected from it."""
+        state = self._states.pop(id(endpoint), None)
+        if state is None:
+            return
+        if state.timer_handle is not None:
+            state.timer_handle.cancel()
+            state.timer_handle = None
+        for udp in state.udp:
+            udp.close()
+        state.udp.clear()
+        state.udp_out = None
+        for server in state.servers:
+            server.close()
+            if server in self._servers:
+                self._servers.remove(server)
+        state.servers.clear()
+        for stream in list(state.streams.values()):
+            if stream.linger is not None:
+                stream.linger.cancel()
+            if stream.transport is not None:
+                stream.transport.abort()
+        state.streams.clear()
 
     async def bind_udp(self, endpoint: Endpoint, addr: Addr, *, name: str | None = None,
                        reuse_address: bool = False) -> Addr:
@@ -532,6 +565,7 @@ class AioHost:
             raise HostError(f"{state.name}: cannot listen on TCP {addr}: "
                             f"{exc.strerror or exc}") from exc
         self._servers.append(server)
+        state.servers.append(server)
         bound: Addr = server.sockets[0].getsockname()[:2]
         return bound
 

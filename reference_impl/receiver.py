@@ -12,7 +12,13 @@ Flow (guide "Receiver Registration", "Persistent Receiver Recovery"; semantics.m
    RegID or Session ID, RPP mode); one success event per store; registration completes when
    a majority of every group answered, at the consensus low sequence number
    (``ume_consensus_sequence_number_behavior``, default majority), adjusted by the recovery
-   callback and by ``retransmit_request_maximum``, clamped to high + 1 (UM 6.13 rule).
+   callback and by ``retransmit_request_maximum``, clamped to high + 1 (UM 6.13 rule).  Every
+   PREG names the receiver's request address (``resp_ip``/``resp_port``: its context's
+   request port, which ``ump receiver`` listens on); with the Session ID it is what proves
+   to a store that a restarted receiver is the owner of its RegID.  A "RegID in use"
+   refusal (code 3, or 5) is asked again every ``ume_registration_interval``, as the source
+   does: it clears when the holder's activity timeout at the store has run out.  Every other
+   refusal is final.
 4. Recover: retransmission requests to the stores, at most
    ``retransmit_request_outstanding_maximum`` outstanding, re-requested (from another store
    when there is one) every ``retransmit_request_interval``, abandoned after
@@ -119,6 +125,7 @@ from wire.lbmc import (
     KeepaliveType,
     LbmcMessage,
     MessageType,
+    PregError,
     Sri,
     SriReq,
     TopicIdx,
@@ -136,6 +143,9 @@ from wire.lbmc import (
 )
 
 _ACK = ControlTemplate(UmeAck)
+_IN_USE = {PregError.EREGID: "RegID is in use by a receiver",
+           PregError.EACTIVE: "RegID is in use by a different source"}
+"""The refusals that clear when the holder's activity timeout at the store runs out."""
 _DATA_SIZE = DATA_BASE.size
 _DATA_UNPACK = DATA_BASE.codec.unpack_from
 _MESSAGE, _RETRANS = int(MessageType.MESSAGE), int(MessageType.RETRANS)
@@ -994,10 +1004,18 @@ class ReceiverCore(ContextCore):
 
     def _on_preg_resp(self, reg: StoreReg, resp: Header) -> None:
         if resp.e_flag:
-            reg.failed = True
+            code = resp.error_code
+            # "RegID in use" passes once the holder's activity timeout at the store ran out
+            # (strong RegIDs: a restarted receiver that cannot prove it is the holder waits
+            # for that), so it is retried every ume_registration_interval, as the source
+            # retries it; every other refusal is final
+            retried = code in _IN_USE
+            reg.failed = not retried
             text = f"{self._cur.name}: store {reg.info.index} refused registration " \
-                   f"(code {resp.error_code})"
-            self.emit(ReceiverRegistrationError(reg.info, resp.error_code, text))
+                   f"(code {code}" + (f", {_IN_USE[code]}: asking again every "
+                                      f"{self.config.ume_registration_interval} ms)"
+                                      if retried else ")")
+            self.emit(ReceiverRegistrationError(reg.info, code, text))
             self.log(Level.ERROR, text)
             return
         if reg.registered:

@@ -17,6 +17,19 @@ transport in ``transport_tcp_port_low..high`` (14371-14390) and its request port
 ephemeral UDP port to the resolver daemon (``resolver_unicast_daemon``, default
 127.0.0.1:15380).  A store whose ``interface`` is 0.0.0.0 listens on every address and
 advertises 127.0.0.1.
+
+A receiver listens on a request port too, the first free one of the same range, and names it
+in its registrations (``resp_ip``/``resp_port``).  Every UM context binds one (the guide's
+"Operational View": with ``request_tcp_bind_request_port`` 0 persistence is off), so a
+product receiver's PREG names its context's request port; a store tells a restarted receiver
+without a Session ID from an impostor by it.  When no port of the range is free (five by
+default, shared with every source and receiver on the host) the source and the receiver take
+an ephemeral request port and log a warning, where the product's context would not start:
+the port works the same, only tshark does not label the traffic to it as UM by default.
+
+A port is checked free and then bound, so another process (or another core of this one) may
+take it in between; the bind then fails, the half-started core is dropped from the host
+(:meth:`AioHost.starting`) and the next free ports are tried, up to :data:`BIND_ATTEMPTS` times.
 """
 
 from __future__ import annotations
@@ -32,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from reference_impl.aio import AioHost
+from reference_impl.aio import AioHost, HostError
 from reference_impl.config import (
     ClientConfig,
     ReceiverOptions,
@@ -244,6 +257,22 @@ def free_udp_port(ip: str, ports: tuple[int, int]) -> int:
     raise RuntimeError_(f"no free UDP port in {ports[0]}-{ports[1]} on {ip}")
 
 
+def request_port(ip: str, client: ClientConfig, role: str) -> int:
+    """The request port a source or receiver binds: the first free port of its context's
+    ``request_tcp_port_low..high``, else an ephemeral one (see the module docstring)."""
+    ctx = client.context
+    ports = (ctx.request_tcp_port_low, ctx.request_tcp_port_high)
+    try:
+        return free_tcp_port(ip, ports)
+    except RuntimeError_:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((ip, 0))
+            port: int = sock.getsockname()[1]
+        log.warning("%s: no free port in request_tcp_port_low..high (%d-%d) on %s; request "
+                    "port %d instead", role, ports[0], ports[1], ip, port)
+        return port
+
+
 def free_tcp_port(ip: str, ports: tuple[int, int], taken: frozenset[int] = frozenset()) -> int:
     """The first port of the range nobody listens on (checked by binding a throwaway socket)."""
     for port in range(ports[0], ports[1] + 1):
@@ -259,15 +288,25 @@ def free_tcp_port(ip: str, ports: tuple[int, int], taken: frozenset[int] = froze
     raise RuntimeError_(f"no free TCP port in {ports[0]}-{ports[1]} on {ip}")
 
 
+BIND_ATTEMPTS = 10
+"""How many times a source or receiver picks free ports again after a bind lost a race."""
+
+
+def _lost_race(host: AioHost, exc: HostError) -> None:
+    """A bind failed: carry on with other ports, unless the host itself has stopped."""
+    if host.closed:
+        raise exc
+
+
 async def start_source(host: AioHost, topic: str, client: ClientConfig, *,
                        ip: str = "127.0.0.1") -> SourceCore:
     """A source core listening on the first free transport and request ports."""
     check_topic(topic)
     config = source_config(client)
     ctx = client.context  # UM's ranges unless the configuration narrows them
-    for _ in range(10):  # another process may take a port between the check and the bind
+    for _ in range(BIND_ATTEMPTS):  # a port may be taken between the check and the bind
         transport = free_tcp_port(ip, (ctx.transport_tcp_port_low, ctx.transport_tcp_port_high))
-        request = free_tcp_port(ip, (ctx.request_tcp_port_low, ctx.request_tcp_port_high))
+        request = request_port(ip, client, "source")
         lbtru = 0
         if config.transport != "tcp":  # LBT-RU: the source's UDP port for the transport
             lbtru = client.source.transport_lbtru_port or free_udp_port(
@@ -284,7 +323,8 @@ async def start_source(host: AioHost, topic: str, client: ClientConfig, *,
                 await host.bind_udp(core, (ip, 0))
                 if lbtru:
                     await host.bind_udp(core, (ip, lbtru))
-        except OSError:
+        except HostError as exc:  # the core was dropped from the host: try other ports
+            _lost_race(host, exc)
             continue
         return core
     raise RuntimeError_("could not bind the source's transport and request ports")
@@ -292,16 +332,27 @@ async def start_source(host: AioHost, topic: str, client: ClientConfig, *,
 
 async def start_receiver(host: AioHost, topic: str, client: ClientConfig, *,
                          ip: str = "127.0.0.1", reg_id: int = 0) -> ReceiverCore:
+    """A receiver core listening on the first free request port of its context's range (or an
+    ephemeral one: :func:`request_port`), which it names in its registrations, and receiving
+    LBT-RU on the first free port of its own range."""
     check_topic(topic)
     config = receiver_config(client, reg_id)
-    lbtru = free_udp_port(ip, (client.receiver.transport_lbtru_port_low,
-                               client.receiver.transport_lbtru_port_high))
-    core = ReceiverCore(topic, config, ip=ip, request_port=0, resolver=resolver_of(client),
-                        now=host.now(), lbtru_port=lbtru)
-    with host.starting(core, name=f"receiver {topic}"):
-        await host.bind_udp(core, (ip, 0))
-        await host.bind_udp(core, (ip, lbtru))  # joins LBT-RU sources from here
-    return core
+    for _ in range(BIND_ATTEMPTS):  # a port may be taken between the check and the bind
+        request = request_port(ip, client, "receiver")
+        lbtru = free_udp_port(ip, (client.receiver.transport_lbtru_port_low,
+                                   client.receiver.transport_lbtru_port_high))
+        core = ReceiverCore(topic, config, ip=ip, request_port=request,
+                            resolver=resolver_of(client), now=host.now(), lbtru_port=lbtru)
+        try:
+            with host.starting(core, name=f"receiver {topic}"):
+                await host.listen_tcp(core, (ip, request))
+                await host.bind_udp(core, (ip, 0))
+                await host.bind_udp(core, (ip, lbtru))  # joins LBT-RU sources from here
+        except HostError as exc:  # the core was dropped from the host: try other ports
+            _lost_race(host, exc)
+            continue
+        return core
+    raise RuntimeError_("could not bind the receiver's request and LBT-RU ports")
 
 
 SEND_BATCH = 512

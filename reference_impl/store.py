@@ -5,9 +5,10 @@ What it does follows the guide's "Operational View" and semantics.md §1:
 * **Registration** (PREG → PREG_RESP on the client's TCP connection to the store port).
   Sources and receivers get the RegID they ask for, or a random one when they ask for 0; with a
   Session ID the store looks up topic + Session ID first ("How Stores Associate Session IDs and
-  RegIDs").  A RegID that an *active* client holds is refused (code 5 for sources, 3 when a
-  receiver holds it; "strong RegIDs"); a source that re-registers gets the OLD flag and the
-  highest sequence number the store holds, a receiver gets OLD and its low sequence number
+  RegIDs").  A RegID that another client holds is refused (code 5 for sources, 3 when a
+  receiver holds it; "strong RegIDs", see "RegID ownership" below); a source that
+  re-registers gets the OLD flag and the highest sequence number the store holds, a receiver
+  gets OLD and its low sequence number
   (last acknowledged + 1) or, if new, where ``receiver-new-registration-rollback`` puts it.
   RPP follows the compatibility matrix of semantics.md §2.1.
 * **Persistence**: the store resolves the source's topic (TIR through the resolver), joins the
@@ -56,31 +57,42 @@ What it does follows the guide's "Operational View" and semantics.md §1:
   same name on the same state directory is refused, since each would compact the journal and
   then append to its own copy.
 
-**Source RegID ownership** (the guide's "Registration Identifier": no two active sources may
-use one RegID at the same time; "Activity Timeout and State Lifetime Options": the activity
-timeout "prevents a second source or receiver from stealing a RegID from an existing source";
-semantics.md §1.10-1.11, "strong RegIDs"):
+**RegID ownership**, sources and receivers alike (the guide's "Registration Identifier": no
+two active sources or receivers may use one RegID at the same time; "Activity Timeout and
+State Lifetime Options": the activity timeout "prevents a second source or receiver from
+stealing a RegID from an existing source"; semantics.md §1.10-1.11, "strong RegIDs"):
 
-* A source's RegID stays its own until its activity timeout (the client's
-  ``ume_activity_timeout`` or the topic's ``source-activity-timeout``) has run out since the
-  last thing the store heard from it: a registration, a keepalive, or data on its transport.
-  A closed registration connection does not end the ownership (a SIGKILLed source's socket
-  closes at once), and neither does a restart of the store: restored state counts as heard
-  at the moment the store started.  Until then a registration for that RegID is refused with
-  code 5 (EACTIVE, "RegID is in use by a different source") unless it provably comes from
-  the owner.  With an activity timeout of 0 ("weak RegIDs") the RegID is held only while the
-  owner's registration connection is open.
-* **Who is the owner** (:meth:`StoreCore._same_source`): a registration on the owner's own
+* A client's RegID stays its own until its activity timeout (the client's
+  ``ume_activity_timeout``, or the topic's ``source-activity-timeout`` /
+  ``receiver-activity-timeout``) has run out since the last thing the store heard from it: a
+  registration, a keepalive, data on a source's transport, a receiver's consumption ACK or
+  retransmission request.  A closed registration connection does not end the ownership (a
+  SIGKILLed client's socket closes at once), and neither does a restart of the store:
+  restored state counts as heard at the moment the store started.  Until then a
+  registration for that RegID is refused unless it provably comes from the owner: with code
+  5 (EACTIVE, "RegID is in use by a different source") when a source holds it, code 3
+  (EREGID, "RegID is in use by a receiver") when a receiver does.  Both clients retry such a
+  refusal every ``ume_registration_interval`` (it clears when the holder's time runs out);
+  other refusals are final.  With an activity timeout of 0 ("weak RegIDs") the RegID is held
+  only while the owner's registration connection is open.
+* **Who is the owner** (:meth:`StoreCore._same_client`): a registration on the owner's own
   connection (a retried PREG whose answer was lost), or one that arrives on a TCP connection
   from the owner's IP, names that IP as its request address (``resp_ip``) and either
   - carries the owner's Session ID, when the owner registered with one (the guide's
     "Managing RegIDs with Session IDs": the Session ID is how a restarted application finds
     its RegID again, so a restart on other ports is still the owner), or
-  - when neither has a Session ID, names the owner's request port and its transport and
-    topic indexes (a source restarted on the same ports, or one re-registering after a
-    store restart).
+  - when neither has a Session ID, names the owner's request port, which must not be 0 (a
+    port nobody listens on tells no process from another), and for a source also its
+    transport and topic indexes (a client restarted on the same ports, or one
+    re-registering after a store restart).  A receiver's indexes are its source's, which
+    may change under it, so they prove nothing about the receiver.
   Anything else - another host, another request port without a Session ID, another Session
   ID - waits until the old incarnation's activity timeout ran out, as the guide asks.
+* A receiver RegID belongs to one source at a store ("Registration Identifier"): asked for
+  with another source RegID, it is refused (code 3) until the first registration's
+  activity timeout ran out, even to its owner (one receiver with a configured RegID and two
+  sources on the topic must not have its sessions take each other's RegID); then the old
+  registration is deleted and the RegID registered afresh for the new source.
 * **Limits**: the proof is only as strong as the network's addresses and the secrecy of the
   Session ID.  The store cannot see the port a PREG names (registrations come from
   ephemeral ports), so a process on the owner's host (same IP) that names the owner's
@@ -90,8 +102,8 @@ semantics.md §1.10-1.11, "strong RegIDs"):
   configuration).  Anyone who can spoof TCP from the owner's address passes too.  What the
   rule stops is an impostor on another host, and one on the same host that does not forge
   the owner's identity (the common mistake: a second instance started with the same static
-  RegID).  Receivers keep the earlier rule (their RegID is refused to another registration
-  only while the owner's connection is open).
+  RegID).  The same holds for receivers, whose request port and Session ID are in their
+  PREGs only.
 
 Choices where the fact sheets are silent (each tested in tests/reference_impl/test_store.py):
 
@@ -308,7 +320,7 @@ class Client:
         return self.activity_timeout > 0 and now - self.last_activity > self.activity_timeout
 
     def holds_regid(self, now: float) -> bool:
-        """The RegID is still this client's (see "Source RegID ownership" in the module
+        """The RegID is still this client's (see "RegID ownership" in the module
         docstring): its activity timeout has not run out since it was last heard, whether
         or not its connection is open; with weak RegIDs (timeout 0), while it is connected."""
         if self.activity_timeout > 0:
@@ -752,7 +764,7 @@ class StoreCore(ContextCore):
             return
         if existing is not None:
             if existing.holds_regid(self.now) and \
-                    not self._same_source(existing, conn, preg, request_addr, session_id):
+                    not self._same_client(existing, conn, preg, request_addr, session_id):
                 left = existing.activity_timeout - (self.now - existing.last_activity)
                 owner, claim = existing.request_addr, request_addr
                 self._reject(conn, preg, PregError.EACTIVE,
@@ -835,17 +847,20 @@ class StoreCore(ContextCore):
             self.set_timer(f"answer {reg_id}", self.now + JOIN_WAIT)
         self.set_timer_if_later("check", self.now + self._check_interval())
 
-    def _same_source(self, owner: SourceState, conn: Connection, preg: Header,
+    def _same_client(self, owner: Client, conn: Connection, preg: Header,
                      request_addr: Addr, session_id: int) -> bool:
-        """Whether a registration for ``owner``'s RegID provably comes from ``owner`` (the
-        rule and its limits are in the module docstring, "Source RegID ownership")."""
+        """Whether a registration for ``owner``'s RegID provably comes from ``owner``, a
+        source or a receiver (the rule and its limits are in the module docstring, "RegID
+        ownership")."""
         if owner.conn is conn:
             return True  # a retried PREG on the owner's own connection
         if conn.remote[0] != owner.request_addr[0] or request_addr[0] != owner.request_addr[0]:
             return False  # from another host
         if owner.session_id or session_id:
             return owner.session_id == session_id  # the application's own name for itself
-        return owner.request_addr == request_addr and \
+        if request_addr[1] == 0 or owner.request_addr != request_addr:
+            return False  # another request port, or none to tell processes apart
+        return owner.role == "receiver" or \
             (owner.transport_idx, owner.topic_idx) == (preg.transport_idx, preg.topic_idx)
 
     def _answer(self, src: SourceState) -> None:
@@ -946,18 +961,19 @@ class StoreCore(ContextCore):
             return
         policy = src.policy
         if existing is not None and existing.source_reg_id != src.reg_id:
-            if existing.active and not existing.expired(self.now):
-                self._reject(conn, preg, PregError.EREGID,
-                             f"RegID {reg_id} is in use by a receiver of another source")
+            # one source's RegID at this store, even to its owner (see the module docstring)
+            if existing.holds_regid(self.now):
+                self._refuse_held(conn, preg, existing, request_addr,
+                                  f"RegID {reg_id} is in use by a receiver of source RegID "
+                                  f"{existing.source_reg_id}")
                 return
             self._delete_client(existing, "re-registered for another source")
             existing = None
         if existing is not None:
-            if existing.active and not existing.expired(self.now) and existing.conn is not None \
-                    and existing.conn.open and existing.conn is not conn \
-                    and existing.request_addr != request_addr:
-                self._reject(conn, preg, PregError.EREGID,
-                             f"RegID {reg_id} is in use by another receiver")
+            if existing.holds_regid(self.now) and \
+                    not self._same_client(existing, conn, preg, request_addr, session_id):
+                self._refuse_held(conn, preg, existing, request_addr,
+                                  f"RegID {reg_id} is in use by another receiver")
                 return
             if bool(existing.rpp) != bool(mode):
                 self._reject(conn, preg, PregError.ECONFIG, "receiver changed its RPP mode")
@@ -1000,6 +1016,18 @@ class StoreCore(ContextCore):
         self.emit(ClientRegistered("receiver", reg_id, src.topic, session_id, old))
         self.log(Level.INFO, f"receiver RegID {reg_id} for source RegID {src.reg_id} "
                              f"{'re-registered' if old else 'registered'}, low sqn {low}")
+
+    def _refuse_held(self, conn: Connection, preg: Header, holder: Client, claim: Addr,
+                     what: str) -> None:
+        """Refuse a receiver registration for a RegID ``holder`` still owns (code 3, which
+        the receiver retries), saying who holds it, who asked and when it frees."""
+        left = holder.activity_timeout - (self.now - holder.last_activity)
+        owner = holder.request_addr
+        self._reject(conn, preg, PregError.EREGID,
+                     f"{what} (held by {owner[0]}:{owner[1]}; asked by {claim[0]}:{claim[1]} "
+                     f"from {conn.remote[0]}"
+                     + (f"; free in {left:.1f} s unless it is heard from)"
+                        if holder.activity_timeout > 0 else ")"))
 
     def _deregister(self, conn: Connection, preg: Header, client: Client | None) -> None:
         if client is None:

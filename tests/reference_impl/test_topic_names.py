@@ -77,18 +77,22 @@ def test_a_utf8_topic_goes_from_source_through_store_to_receiver(tmp_path: Path)
         pytest.skip("no capture tool (tcpdump, dumpcap) usable here")
     deliveries = tmp_path / "deliveries.jsonl"
     pcap = tmp_path / "utf8-topic.pcap"
-    transport, request = free_port(), free_port()
+    transport, request, receiver_request = free_port(), free_port(), free_port()
     with loopback(tmp_path) as net:
-        # the source's ports are free ones, not UM's ranges that other tests' sources share:
-        # the capture holds this run's traffic only
-        ports = [net.resolver_port, net.store_port, transport, request]
+        # the source's and receiver's ports are free ones, not UM's ranges that other tests'
+        # clients share: the capture holds this run's traffic only (each context has a
+        # request port of its own, the receiver's too)
+        ports = [net.resolver_port, net.store_port, transport, request, receiver_request]
         with LoopbackCapture(pcap, ports=ports):
             config = net.client_config(
                 "client.cfg", f"context transport_tcp_port_low {transport}",
                 f"context transport_tcp_port_high {transport}",
                 f"context request_tcp_port_low {request}",
                 f"context request_tcp_port_high {request}")
-            receiver = net.start("receiver", "-c", str(config), "--topic", TOPIC,
+            receiver_config = net.client_config(
+                "receiver.cfg", f"context request_tcp_port_low {receiver_request}",
+                f"context request_tcp_port_high {receiver_request}")
+            receiver = net.start("receiver", "-c", str(receiver_config), "--topic", TOPIC,
                                  "--count", str(COUNT), "--out", str(deliveries))
             # sends until stopped, so the receiver's start-up time does not matter (it may
             # join late: what it missed comes from the store)

@@ -717,13 +717,15 @@ def _free_port(kind: socket.SocketKind) -> int:
 
 @async_test(60)
 async def test_receiver_title_shows_a_real_port_for_a_runtime_receiver(tmp_path: Path) -> None:
-    """``ump receiver`` announces request port 0 in its registration (it listens on none);
-    the receiver page title shows where the store really reaches it (the address its
-    registration connection comes from), never port 0."""
+    """A receiver that announces request port 0 in its registration (a client with no request
+    port; ``ump receiver`` announces the one it listens on): the receiver page title shows
+    where the store really reaches it (the address its registration connection comes from),
+    never port 0."""
     from reference_impl import runtime
     from reference_impl.config import ClientConfig
     from reference_impl.config.store_xml import parse_store_config
     from reference_impl.config.store_xml_writer import disk_store_xml
+    from reference_impl.receiver import ReceiverCore
 
     resolver = ("127.0.0.1", _free_port(socket.SOCK_DGRAM))
     store_port = _free_port(socket.SOCK_STREAM)
@@ -739,7 +741,10 @@ async def test_receiver_title_shows_a_real_port_for_a_runtime_receiver(tmp_path:
     async with AioHost() as host:
         await runtime.run_resolver(host, resolver)
         (store,) = await runtime.start_stores(host, config, resolver=resolver, base=tmp_path)
-        receiver = await runtime.start_receiver(host, "t.x", client())
+        receiver = ReceiverCore("t.x", runtime.receiver_config(client()), ip="127.0.0.1",
+                                request_port=0, resolver=resolver, now=host.now())
+        with host.starting(receiver):
+            await host.bind_udp(receiver, ("127.0.0.1", 0))
         source = await runtime.start_source(host, "t.x", client(
             source={"ume_store": [f"127.0.0.1:{store_port}"]}))
         await host.wait_until(lambda: source.complete, timeout=15)
