@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from reference_impl import runtime
 from reference_impl.aio import AioHost, run_forever
@@ -307,6 +307,34 @@ def cmd_source(args: argparse.Namespace) -> int:
     return code or status["code"]
 
 
+def _receiver_out(name: str | None, dedupe: bool) -> tuple[runtime.DeliveryFloors, TextIO]:
+    """The delivery log ``--out`` names, opened for appending (stdout without one), and what
+    it already holds for ``--dedupe``.  Checked before anything starts, so a log that cannot
+    be used is one line (:class:`runtime.RuntimeError_`), not a traceback from a running
+    receiver."""
+    if not name:
+        return runtime.DeliveryFloors(), sys.stdout
+    path = Path(name)
+    where = f"--out {shown(name, 300)}"
+    if path.is_dir():
+        raise runtime.RuntimeError_(f"{where} is a directory; it names the file deliveries "
+                                    "are appended to")
+    try:
+        floors = runtime.DeliveryFloors.read(path) if dedupe else runtime.DeliveryFloors()
+    except runtime.RuntimeError_ as exc:
+        raise runtime.RuntimeError_(f"{exc} (--dedupe reads the floors from {where})") \
+            from None
+    except OSError as exc:
+        raise runtime.RuntimeError_(f"{where} cannot be read for --dedupe: "
+                                    f"{exc.strerror or exc}") from None
+    try:
+        out = open(path, "a", buffering=1)  # noqa: SIM115 (closed by cmd_receiver)
+    except OSError as exc:
+        raise runtime.RuntimeError_(f"{where} cannot be opened for appending: "
+                                    f"{exc.strerror or exc}") from None
+    return floors, out
+
+
 def cmd_receiver(args: argparse.Namespace) -> int:
     if _topic_refused("receiver", args.topic):
         return 2
@@ -314,9 +342,11 @@ def cmd_receiver(args: argparse.Namespace) -> int:
         client = runtime.load_client(args.config, args.profile)
     except ConfigError as exc:
         return _config_error("receiver", exc)
-    floors = runtime.DeliveryFloors.read(Path(args.out)) if args.dedupe and args.out else \
-        runtime.DeliveryFloors()
-    out = open(args.out, "a", buffering=1) if args.out else sys.stdout  # noqa: SIM115
+    try:
+        floors, out = _receiver_out(args.out, args.dedupe)
+    except runtime.RuntimeError_ as exc:
+        print(f"ump receiver: {one_line(str(exc))}", file=sys.stderr)
+        return 2
 
     async def setup(host: AioHost) -> None:
         receiver = await runtime.start_receiver(host, args.topic, client, reg_id=args.reg_id)

@@ -451,11 +451,23 @@ class DeliveryFloors:
     @classmethod
     def read(cls, path: Path) -> DeliveryFloors:
         """The floors of the log at ``path`` (none when it does not exist); lines that are
-        not deliveries (a line cut by a crash) are skipped."""
+        not deliveries (a line cut by a crash) are skipped.
+
+        Raises :class:`RuntimeError_` (``FILE:LINE: ...``) for a line that is not UTF-8: a
+        delivery log is JSON lines in ASCII, which no crash turns into other bytes, so such a
+        file is not one (floors guessed from it would skip or repeat deliveries, and
+        appending would write into someone else's file).  ``OSError`` when it cannot be read.
+        """
         floors = cls()
         if not path.exists():
             return floors
-        for line in path.read_text(errors="replace").splitlines():
+        for number, raw in enumerate(path.read_bytes().split(b"\n"), 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise RuntimeError_(f"{path}:{number}: byte {exc.start + 1} of the line is not "
+                                    f"UTF-8: not a delivery log written by ump receiver") \
+                    from None
             try:
                 row = json.loads(line)
                 name, sqn = str(row.get("source", "")), int(row["sqn"])
