@@ -23,7 +23,7 @@ from pathlib import Path
 
 from reference_impl import events as ev
 from reference_impl import runtime
-from reference_impl.aio import AioHost
+from reference_impl.aio import AioHost, HostError
 from reference_impl.config import ClientConfig
 from reference_impl.config.store_xml import parse_store_config
 from reference_impl.config.store_xml_writer import disk_store_xml
@@ -463,4 +463,40 @@ def test_two_sources_started_at_once_take_different_ports_of_one_range() -> None
                 for addr in (core.request_addr, core.transport_addr):
                     with socket.create_connection(addr, timeout=2):
                         pass
+    asyncio.run(main())
+
+
+def test_a_core_whose_start_failed_is_forgotten_with_its_sockets() -> None:
+    """What lets start_source try again: a bind that fails inside ``AioHost.starting`` drops
+    the core from the host, closing what it had bound already, and the core never runs."""
+    async def main() -> None:
+        async with AioHost() as host:
+            core = ReceiverCore(TOPIC, ReceiverConfig(), ip="127.0.0.1", resolver=RESOLVER,
+                                now=host.now())
+            with socket.socket() as taken:
+                taken.bind(("127.0.0.1", 0))
+                taken.listen()
+                udp = _free_port(socket.SOCK_DGRAM)
+                listening = _free_port(socket.SOCK_STREAM)
+                try:
+                    with host.starting(core, name="doomed"):
+                        await host.bind_udp(core, ("127.0.0.1", udp))
+                        await host.listen_tcp(core, ("127.0.0.1", listening))
+                        await host.listen_tcp(core, taken.getsockname())
+                except HostError:
+                    pass
+                else:
+                    raise AssertionError("listening on a taken port succeeded")
+            for kind, port in ((socket.SOCK_DGRAM, udp), (socket.SOCK_STREAM, listening)):
+                with socket.socket(socket.AF_INET, kind) as again:
+                    again.bind(("127.0.0.1", port))  # closed with the core
+            await asyncio.sleep(0.05)
+            assert core.get_timer() is not None  # its start-up timers never ran
+            try:
+                host.call(core, lambda now: None)
+            except HostError:
+                pass
+            else:
+                raise AssertionError("the host still drives the core")
+            assert not host.closed  # the host and its other cores go on
     asyncio.run(main())
