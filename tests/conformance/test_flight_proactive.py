@@ -93,6 +93,15 @@ def test_the_byte_limit_counts_payload_only_and_either_limit_blocks() -> None:
     assert h.send([1]) is SendErrorCode.WOULD_BLOCK
 
 
+def test_a_message_larger_than_the_byte_limit_is_refused_and_not_taken() -> None:
+    # semantics: "Payload exceeds flight size bytes maximum", whatever the behaviour
+    h = Harness.start(SourceCore, (0,), ume_flight_size_bytes=100,
+                      ume_flight_size_behavior="notify")
+    assert h.send([101]) is SendErrorCode.TOO_BIG
+    assert (h.source.next_sqn, h.source.inflight, h.source.inflight_bytes) == (0, 0, 0)
+    assert h.send([100]) == 1
+
+
 def test_notify_raises_over_on_the_send_that_exceeds_and_under_when_it_falls_back() -> None:
     h = Harness.start(SourceCore, (0,), ume_flight_size=2, ume_flight_size_behavior="notify")
     assert h.send([8, 8]) == 2
