@@ -16,10 +16,13 @@ Sans-IO cores driven with real PREG bytes, the simulator, and real sockets on fr
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import socket
 from collections.abc import Mapping
 from pathlib import Path
+
+import pytest
 
 from reference_impl import events as ev
 from reference_impl import runtime
@@ -500,3 +503,26 @@ def test_a_core_whose_start_failed_is_forgotten_with_its_sockets() -> None:
                 raise AssertionError("the host still drives the core")
             assert not host.closed  # the host and its other cores go on
     asyncio.run(main())
+
+
+def test_with_its_request_range_taken_a_receiver_listens_on_an_ephemeral_port(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Five request ports by default, shared by every client on the host: when none is free
+    the receiver still starts (on a port of the kernel's choosing, said in a warning)."""
+    async def main() -> None:
+        resolver = ("127.0.0.1", _free_port(socket.SOCK_DGRAM))
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            ctx = {"request_tcp_port_low": port, "request_tcp_port_high": port}
+            async with AioHost() as host:
+                receiver = await runtime.start_receiver(host, "t.x",
+                                                        _client(resolver, context=ctx))
+                got = receiver.request_addr[1]
+                assert got not in (0, port)
+                with socket.create_connection(("127.0.0.1", got), timeout=2):
+                    pass
+        assert f"no free port in request_tcp_port_low..high ({port}-{port})" in caplog.text
+    with caplog.at_level(logging.WARNING, logger="ump"):
+        asyncio.run(main())
