@@ -39,6 +39,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -447,6 +448,24 @@ class Demo:
         return 1
 
 
+#: What a demo run leaves in its work directory that the next run must not inherit: the store's
+#: journal and cache (a store restored from them would hold the last run's sources and
+#: receivers) and the delivery log the verdict is read from.  Configuration files and logs are
+#: rewritten by each run.
+PREVIOUS_RUN = ("deliveries.jsonl", "state", "cache")
+
+
+def clear_previous_run(base: Path) -> None:
+    """Remove what an earlier demo run left in ``base`` (:data:`PREVIOUS_RUN`), so
+    ``ump demo --workdir DIR`` run twice on one DIR judges the second run alone."""
+    for name in PREVIOUS_RUN:
+        path = base / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
 def run_demo(*, messages: int = 3000, workdir: str | None = None,
              store_port: int | None = None, resolver_port: int | None = None,
              capture: str | None = None, profile: str = "current",
@@ -461,8 +480,7 @@ def run_demo(*, messages: int = 3000, workdir: str | None = None,
         base = Path(tempfile.mkdtemp(prefix="ump-demo-"))
     else:
         base = Path(workdir).absolute()
-        if (base / "deliveries.jsonl").exists():
-            os.remove(base / "deliveries.jsonl")
+        clear_previous_run(base)
     if store_port is None:
         store_port = WELL_KNOWN_STORE_PORT if capture else 0
     if resolver_port is None:

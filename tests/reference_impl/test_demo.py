@@ -115,7 +115,7 @@ def _ports(work: Path) -> tuple[int, int]:
     return int(store.rsplit(":", 1)[1]), int(resolver.rsplit(":", 1)[1])
 
 
-def test_demo_with_a_relative_workdir_from_a_fresh_directory(tmp_path: Path) -> None:
+def test_demo_with_a_relative_workdir_from_a_fresh_directory_twice(tmp_path: Path) -> None:
     # README: ump demo --workdir DIR (DIR relative to where the user is)
     cwd = tmp_path / "fresh"
     cwd.mkdir()
@@ -127,6 +127,11 @@ def test_demo_with_a_relative_workdir_from_a_fresh_directory(tmp_path: Path) -> 
     assert [json.loads(line)["sqn"] for line in rows] == list(range(150))
     for name in ("resolver", "store", "source", "receiver"):
         assert (cwd / "demo-dir" / f"{name}.log").exists()
+    # the same DIR again: the second run must not inherit the first run's store state
+    again = subprocess.run([*_ump(), "demo", "--workdir", "demo-dir", "--messages", "150"],
+                           cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "PASS: every message 0..149 arrived once and in order" in again.stdout
 
 
 @pytest.mark.parametrize("daemon", ["resolver", "store"])
