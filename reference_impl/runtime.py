@@ -55,7 +55,18 @@ from reference_impl.config import (
 )
 from reference_impl.config.store_xml import StoreConfig, StoreDaemonConfig, TopicOptions
 from reference_impl.context import ContextCore
-from reference_impl.events import Addr, Event, Level, LogRecord, MessageDelivered
+from reference_impl.events import (
+    Addr,
+    Event,
+    Level,
+    LogRecord,
+    MessageDelivered,
+    MessageNotStable,
+    ReceiverRegistrationError,
+    SourceRegistrationError,
+    StoreUnresponsive,
+    UnrecoverableLoss,
+)
 from reference_impl.receiver import ReceiverConfig, ReceiverCore
 from reference_impl.resolver import DEFAULT_PORT, ResolverCore
 from reference_impl.source import SendError, SendErrorCode, SourceConfig, SourceCore, StoreSpec
@@ -187,11 +198,20 @@ def load_client(path: str | None, profile: str) -> ClientConfig:
 # --- event plumbing ---------------------------------------------------------------------------
 
 
+#: Events that tell an operator something went wrong (a message the source gave up on, data a
+#: receiver cannot get, a store gone silent, a refused registration): logged as warnings, so
+#: they show in a daemon's log at its default level; every other event is logged as info.
+WARNING_EVENTS = (MessageNotStable, UnrecoverableLoss, StoreUnresponsive,
+                  SourceRegistrationError, ReceiverRegistrationError)
+
+
 def log_event(event: Event) -> None:
     if isinstance(event, LogRecord):
         level = {Level.INFO: logging.INFO, Level.NOTICE: logging.INFO,
                  Level.WARNING: logging.WARNING, Level.ERROR: logging.ERROR}[event.level]
         log.log(level, "%s: %s", event.component, event.text)
+    elif isinstance(event, WARNING_EVENTS):
+        log.warning("event %s", event)
     elif not isinstance(event, MessageDelivered):
         log.info("event %s", event)
 

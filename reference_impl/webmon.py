@@ -42,9 +42,10 @@ repositories show a two-value Window ``[trail, lead]`` as the product does; disk
 show ``[trail, mem_trail, lead]``.  "Last Activity" converts the core's clock to wall-clock time
 of day (``HH:MM:SS.ffffff``, local time).  Source and receiver pages add a ``State:
 active|inactive`` line (an expired client whose state is still kept).  A title's ``IP.port`` is
-the request address the client's registration announced; a client that announced port 0 (it
-has no request port: ``ump receiver`` listens on none) is shown at the address its registration
-connection comes from, where the store really reaches it.
+the request address the client's registration announced; a client that announced port 0 (a
+third-party client without a request port; ``ump source`` and ``ump receiver`` always announce
+theirs) is shown at the address its registration connection comes from, where the store really
+reaches it.
 
 **Threading.**  There is none.  The HTTP server runs on the asyncio loop that drives the cores
 (:class:`reference_impl.aio.AioHost` calls into a core only from loop callbacks), and a page is

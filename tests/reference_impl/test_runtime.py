@@ -11,6 +11,7 @@ once (one message lost across a SIGKILL); the test below pins the order directly
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from pathlib import Path
 
@@ -178,3 +179,17 @@ def test_lbtru_source_store_and_receiver_over_loopback(tmp_path: Path) -> None:
     (binding,) = source.lbtru
     assert binding.session is source.lbtru_session is not None
     assert len(source.lbtru_session.clients) == 2  # the store and the receiver
+
+
+def test_events_that_mean_trouble_are_logged_as_warnings(caplog: pytest.LogCaptureFixture
+                                                         ) -> None:
+    """A message the source gave up on must show in ``ump source``'s log at its default level
+    (the proactive-retransmit suite reads Message Not Stable from the IUT log)."""
+    from reference_impl.events import MessageNotStable, MessageReclaimed
+    from reference_impl.runtime import log_event
+    with caplog.at_level(logging.INFO, logger="ump"):
+        log_event(MessageNotStable(sequence_number=7))
+        log_event(MessageReclaimed(sequence_number=8))
+    levels = {record.getMessage().split("(")[0]: record.levelno for record in caplog.records}
+    assert levels["event MessageNotStable"] == logging.WARNING
+    assert levels["event MessageReclaimed"] == logging.INFO
