@@ -767,18 +767,20 @@ def lbtru_bench(which: str) -> CoreBench:
 
 
 FAR_AHEAD = 512
-"""Known bug (``reference_impl/lbtru_session.py``, found by this fuzz): an LBT-RU DATA or SM
-datagram whose sequence number, lead or trail lies far ahead of the receiving session's next
-expected number costs time (and, for a lead, memory) in proportion to the distance: a trail
-2^24 ahead holds the core about 2 s (``_skip_to`` steps one number at a time, up to 2^31), a
-lead 2^20 - 1 ahead about 1.3 s and a million NAK entries that every later timer walks again.
+"""Known bug (``reference_impl/lbtru_session.py``, found by this fuzz): an LBT-RU DATA, SM or
+NCF datagram whose sequence number, lead or trail lies far ahead of the receiving session's
+next expected number costs time (and, for a lead, memory) in proportion to the distance: a
+trail 2^24 ahead holds the core about 2 s (``_skip_to`` steps one number at a time, up to
+2^31: minutes), a lead 2^20 - 1 ahead about 1.3 s and a million NAK entries that every later
+timer walks again.
 Until it is fixed, the fuzz does not send such datagrams (it counts them as skipped), so that
 it can look for other faults; the strict xfail tests in ``test_fuzz_million`` pin the bug."""
 
 
 def far_ahead(core: ContextCore, raw: bytes) -> bool:
-    """``raw`` is an LBT-RU DATA or SM datagram with a number more than :data:`FAR_AHEAD`
-    ahead of where the core's session (or, before it started, the datagram itself) is."""
+    """``raw`` is an LBT-RU DATA, SM or NCF datagram with a number more than
+    :data:`FAR_AHEAD` ahead of where the core's session (or, before it started, the datagram
+    itself) is."""
     from reference_impl.lbtru_session import LbtruReceiverSession, unwrap
     from wire import lbtru
 
@@ -793,6 +795,8 @@ def far_ahead(core: ContextCore, raw: bytes) -> bool:
             return False
         if isinstance(packet, lbtru.LbtruSm):
             numbers = [packet.lead_sqn, packet.trail_sqn]
+        elif isinstance(packet, lbtru.LbtruNcf):
+            numbers = [packet.trail_sqn]
     if not numbers:
         return False
     sessions = [b.session for b in core.lbtru if isinstance(b.session, LbtruReceiverSession)]
