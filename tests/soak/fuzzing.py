@@ -766,45 +766,6 @@ def lbtru_bench(which: str) -> CoreBench:
         lambda sqn: b"", 0, (binding.port, source_addr))
 
 
-FAR_AHEAD = 512
-"""Known bug (``reference_impl/lbtru_session.py``, found by this fuzz): an LBT-RU DATA, SM or
-NCF datagram whose sequence number, lead or trail lies far ahead of the receiving session's
-next expected number costs time (and, for a lead, memory) in proportion to the distance: a
-trail 2^24 ahead holds the core about 2 s (``_skip_to`` steps one number at a time, up to
-2^31: minutes), a lead 2^20 - 1 ahead about 1.3 s and a million NAK entries that every later
-timer walks again.
-Until it is fixed, the fuzz does not send such datagrams (it counts them as skipped), so that
-it can look for other faults; the strict xfail tests in ``test_fuzz_million`` pin the bug."""
-
-
-def far_ahead(core: ContextCore, raw: bytes) -> bool:
-    """``raw`` is an LBT-RU DATA, SM or NCF datagram with a number more than
-    :data:`FAR_AHEAD` ahead of where the core's session (or, before it started, the datagram
-    itself) is."""
-    from reference_impl.lbtru_session import LbtruReceiverSession, unwrap
-    from wire import lbtru
-
-    numbers: list[int] = []
-    if len(raw) >= lbtru.DATA_FAST.size and \
-            lbtru.VER_TYPE_BITS["type"].get(raw[0]) == lbtru.PacketType.DATA:
-        numbers = list(lbtru.data_header(raw)[3:])
-    else:
-        try:
-            packet = lbtru.parse_packet(raw, decode_lbmc=False)
-        except WireError:
-            return False
-        if isinstance(packet, lbtru.LbtruSm):
-            numbers = [packet.lead_sqn, packet.trail_sqn]
-        elif isinstance(packet, lbtru.LbtruNcf):
-            numbers = [packet.trail_sqn]
-    if not numbers:
-        return False
-    sessions = [b.session for b in core.lbtru if isinstance(b.session, LbtruReceiverSession)]
-    expected = sessions[0].state.expected if sessions else None
-    near = numbers[0] if expected is None else expected
-    return any(unwrap(n, near) - near > FAR_AHEAD for n in numbers)
-
-
 BENCHES: dict[str, Callable[[int], CoreBench]] = {
     "store": lambda chunk: store_bench(),
     "receiver": lambda chunk: receiver_bench(),
@@ -865,10 +826,7 @@ class CoreFeeder:
             core.receive(raw, (self.bench.stranger_ip, 12965), now)
         elif channel == "lbtru" and self.bench.lbtru is not None:
             port, source = self.bench.lbtru
-            if far_ahead(core, raw):
-                self.run.counts["skipped: LBT-RU number far ahead (known bug)"] += 1
-            else:
-                core.receive_at(port, raw, source, now)
+            core.receive_at(port, raw, source, now)
         else:
             if channel == "stranger":
                 if self.stranger is None or self.stranger not in core.connections:

@@ -11,8 +11,8 @@
   piece *k* of *n* covers other chunks than the others, with the same seed;
 * the detector tests prove that a core exception, a hang and a dissect crash are caught,
   reported with their seed and saved, i.e. that the 0 above can be something else;
-* the bugs the fuzz found are pinned at the end as strict xfails (the fuzz steps around them
-  meanwhile, see :data:`tests.soak.fuzzing.FAR_AHEAD`).
+* the bugs the fuzz found are pinned at the end as regression tests (LBT-RU sequence numbers
+  far ahead once held a core for seconds to minutes).
 
 ``UMP_FUZZ_SEED`` (default 22) seeds everything; ``UMP_FUZZ_OUT`` is where crashing inputs go
 (default: the test's temporary directory, printed), ``UMP_FUZZ_REPORT`` a JSON file for the
@@ -32,6 +32,7 @@ import pytest
 from reference_impl.context import ContextCore
 from reference_impl.deployment import LBTRU_RECEIVER_PORT
 from reference_impl.events import Addr
+from reference_impl.lbtru_session import LbtruReceiverSession
 from reference_impl.receiver import ReceiverCore
 from reference_impl.store import StoreCore
 from tests.reference_impl.test_bad_input import STRANGER_IP
@@ -161,7 +162,7 @@ def test_a_dissect_crash_names_its_frame(monkeypatch: pytest.MonkeyPatch,
     assert pcap.suffix == ".pcap" and pcap.stat().st_size > 500 * 40
 
 
-# --- bugs the fuzz found, pinned until fixed (then delete these and fuzzing.far_ahead) ---------
+# --- bugs the fuzz found, pinned as regressions ------------------------------------------------
 
 
 def _lbtru_session_at_zero() -> tuple[ContextCore, Addr]:
@@ -175,6 +176,12 @@ def _lbtru_session_at_zero() -> tuple[ContextCore, Addr]:
     return core, source
 
 
+def _receiving_session(core: ContextCore) -> LbtruReceiverSession:
+    sessions = [b.session for b in core.lbtru if isinstance(b.session, LbtruReceiverSession)]
+    assert len(sessions) == 1
+    return sessions[0]
+
+
 def _held(action: Callable[[], object], seconds: float) -> bool:
     """Whether ``action`` was still running after ``seconds`` (it is then interrupted)."""
     try:
@@ -185,32 +192,40 @@ def _held(action: Callable[[], object], seconds: float) -> bool:
     return False
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="lbtru_session._skip_to walks to a far trail one sequence number at "
-                          "a time (found by the fuzz)")
 @pytest.mark.parametrize("kind", ["DATA", "SM", "NCF"])
 def test_an_lbtru_trail_far_ahead_does_not_hold_the_core(kind: str) -> None:
-    """One small datagram from the source's address whose trailing edge is 2^24 ahead held
-    the core about 2 s (2^31 ahead: minutes); the fuzz met it through NCFs 12 times in 10^6
-    frames."""
+    """One small datagram from the source's address whose trailing edge is 2^31 - 1 ahead
+    (the most an unwrapped number can be) moves delivery there in one step, reporting the run
+    as lost; it held the core for minutes when delivery stepped one number at a time (the fuzz
+    met it through NCFs 12 times in 10^6 frames)."""
     core, source = _lbtru_session_at_zero()
     sid = [lbtru.SidOption(session_id=7)]
-    far = 1 << 24
+    far = (1 << 31) - 1
     packet = {"DATA": lbtru.LbtruData(sqn=1, trail_sqn=far, options=sid, payload=b""),
               "SM": lbtru.LbtruSm(sm_sqn=1, lead_sqn=0, trail_sqn=far, options=sid),
               "NCF": lbtru.LbtruNcf(trail_sqn=far, ncfs=[1], options=sid)}[kind]
     datagram = packet.build()
-    assert not _held(lambda: core.receive_at(LBTRU_RECEIVER_PORT, datagram, source, 0.1), 0.3)
+    assert not _held(lambda: core.receive_at(LBTRU_RECEIVER_PORT, datagram, source, 0.1), 5.0)
+    session = _receiving_session(core)
+    assert session.state.expected is not None and session.state.expected >= far
+    assert not session.state.missing
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="lbtru_session._note_up_to makes one NAK entry per number up to "
-                          "2^20 ahead (found by the fuzz)")
-def test_an_lbtru_sequence_number_far_ahead_does_not_hold_the_core() -> None:
-    """A DATA datagram 2^20 - 1 numbers ahead cost about 1.3 s and a million NAK entries,
-    which every later NAK timer walks again."""
+def test_an_lbtru_sequence_number_far_ahead_is_naked_within_a_bounded_window() -> None:
+    """A DATA datagram 2^20 - 1 numbers ahead made a million NAK entries that every later NAK
+    timer walked again (about 1.3 s each); only the last MAX_GAP numbers are NAKed now and the
+    older part is reported lost at once."""
+    from reference_impl.lbtru_session import MAX_GAP, Lost
     core, source = _lbtru_session_at_zero()
-    datagram = lbtru.LbtruData(sqn=(1 << 20) - 1, trail_sqn=0,
+    reported: list[object] = []
+    core.on_lbtru_event = lambda binding, event: reported.append(event)  # type: ignore[method-assign]
+    far = (1 << 20) - 1
+    datagram = lbtru.LbtruData(sqn=far, trail_sqn=0,
                                options=[lbtru.SidOption(session_id=7)], payload=b"").build()
-    assert not _held(lambda: core.receive_at(LBTRU_RECEIVER_PORT, datagram, source, 0.1), 0.3)
-    assert not _held(lambda: core.handle_timer(5.0), 0.3)
+    assert not _held(lambda: core.receive_at(LBTRU_RECEIVER_PORT, datagram, source, 0.1), 5.0)
+    session = _receiving_session(core)
+    assert len(session.state.missing) == MAX_GAP
+    assert min(session.state.missing) == far - MAX_GAP
+    lost = [e for e in reported if isinstance(e, Lost)]
+    assert [(e.first, e.last, e.reason) for e in lost] == [(1, far - MAX_GAP - 1, "window")]
+    assert not _held(lambda: core.handle_timer(5.0), 5.0)
