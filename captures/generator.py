@@ -930,7 +930,7 @@ class ReceiverCtx(Party):
 class WireBackend:
     """The scripted deployment of a scenario, encoded with :mod:`wire`.
 
-    The behaviour is a model of the product's, as ``shared/spec/semantics.md`` describes it;
+    The behaviour is a model of the product's, as ``docs/semantics.md`` describes it;
     it is causally consistent (nothing answers what it has not received, sequence numbers
     and RegIDs carry over restarts) but not a reference: the reference is ``reference_impl``.
     """

@@ -7,7 +7,7 @@ frozen dataclasses so a test can derive a variant with :func:`dataclasses.replac
 sidecar can record every parameter as JSON.
 
 Times are seconds of capture time, rates are per second.  Defaults follow the UM defaults of
-``shared/spec/semantics.md`` where a capture can show them at all, shortened where the real
+``docs/semantics.md`` where a capture can show them at all, shortened where the real
 default (a 3 s keepalive, a 30 s activity timeout) would make small captures mostly idle: the
 generated captures are about protocol shape, and the sidecar records the values used.
 """

@@ -5,7 +5,7 @@ A profile is a small TOML file::
     [iut]
     name = "acme store 2.1"
     role = "store"                 # store | source | receiver
-    version = "current"            # UM defaults: "current" or "guide-5.3" (semantics.md)
+    version = "current"            # UM defaults: "current" or "guide-5.3" (docs/semantics.md §8)
     # either start it for every case ...
     launch = "/opt/acme/bin/umestored {config}"
     ready = "ready to accept registrations"   # text its output prints once it serves

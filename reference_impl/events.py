@@ -5,7 +5,7 @@ events that the application drains with ``next_event()``.  Each event mirrors a 
 guide's "Source Events" and "Receiver Events" tables (chapter "Designing Persistence
 Applications"), so a reader can map what the reference implementation reports onto the product
 documentation one to one.  Store-side events mirror the store's log lines and the daemon
-statistics events of semantics.md §4 (source registered, receiver registered, state deleted ...).
+statistics events of docs/semantics.md §4 (source or receiver registered, state deleted ...).
 
 Sequence numbers are the topic sequence numbers of the LBMC data header; store indexes are
 positions in the source's configured store list (``ume_store`` order), as in the product.

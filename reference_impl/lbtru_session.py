@@ -1,7 +1,7 @@
 """LBT-RU transport sessions, sans-IO: the source side and the receiver side of one session.
 
-LBT-RU is UM's reliable unicast transport over UDP (``shared/spec/wire-transports.md`` section
-1; the packet formats are :mod:`wire.lbtru`).  A source context owns a UDP port; each transport
+LBT-RU is UM's reliable unicast transport over UDP (``docs/wire-transports.md`` §1;
+the packet formats are :mod:`wire.lbtru`).  A source context owns a UDP port; each transport
 session on it is named by a session ID (the SID option, also in the 10-byte TIR).  Receivers
 connect, the source numbers its datagrams, receivers NAK what they miss and the source
 retransmits from a window of recent datagrams, or says it cannot (NCF).  Persistence sits on

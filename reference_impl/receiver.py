@@ -1,6 +1,6 @@
 """The reference persistent receiver: a sans-IO state machine for one topic, from every source.
 
-Flow (guide "Receiver Registration", "Persistent Receiver Recovery"; semantics.md §1.4, §1.9):
+Flow (guide "Receiver Registration", "Persistent Receiver Recovery"; docs/semantics.md §1.4, §1.9):
 
 1. Resolve the topic (TQR through the resolver until a TIR answers), connect to the source's
    LBT-TCP transport.  A TIR without the UME option is a streaming source: messages are

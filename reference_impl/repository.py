@@ -2,7 +2,7 @@
 
 A repository holds the source's messages exactly as they arrived (the framed LBMC data message,
 so a retransmission is the same bytes with the type nibble changed) and applies the retention
-rules of the guide's "Repository Thresholds and Limits" (semantics.md §1.15):
+rules of the guide's "Repository Thresholds and Limits" (docs/semantics.md §1.15):
 
 * ``repository-size-threshold``: above it the oldest messages are released until below;
 * ``repository-size-limit``: a message that would take the repository over it is dropped

@@ -1,6 +1,6 @@
 """The reference persistent source: a sans-IO state machine for one topic.
 
-Flow (guide "Operational View", semantics.md §1.1-1.12):
+Flow (guide "Operational View", docs/semantics.md §1.1-1.12):
 
 1. Advertise the topic through the resolver (a TIR with the UME, store, store-group and
    extended-functionality options) and answer queries (TQR) for it.
@@ -30,7 +30,7 @@ Flow (guide "Operational View", semantics.md §1.1-1.12):
    A closed connection to a registered store makes it unresponsive at once (the guide's
    Store Unresponsive event comes "due to failure or network disconnect") and the source
    registers again at once, then every ``ume_registration_interval``; when the stores are
-   back, what is still in flight goes to them at once (semantics.md §1.12).  A "RegID in
+   back, what is still in flight goes to them at once (docs/semantics.md §1.12).  A "RegID in
    use" refusal is retried (it clears when the holder's activity timeout at the store runs
    out); every other refusal is final.
 
@@ -152,7 +152,7 @@ class StoreSpec:
 class SourceConfig:
     """The source options the core uses; names are the UM option names, times in ms.
 
-    Defaults are the current product's (semantics.md §1.16); ``profile="guide-5.3"`` values
+    Defaults are the current product's (docs/semantics.md §1.16); ``profile="guide-5.3"`` values
     come from :mod:`reference_impl.config` when a configuration file is read.
     """
 
@@ -812,7 +812,7 @@ class SourceCore(ContextCore):
         self._advertise()
         self._start_sri()
         # quorum regained: what is still in flight goes to the stores that came back now
-        # (semantics.md §1.12), not after ume_message_stability_timeout
+        # (docs/semantics.md §1.12), not after ume_message_stability_timeout
         if self.retained:
             for link in self.links:
                 if link.registered:
@@ -1196,7 +1196,7 @@ class SourceCore(ContextCore):
 
 
 def _consensus(values: list[int], behaviour: str) -> int:
-    """The consensus sequence number of the stores' answers (semantics.md §1.2)."""
+    """The consensus sequence number of the stores' answers (docs/semantics.md §1.2)."""
     ordered = sorted(values)
     behaviour = behaviour.lower()
     if behaviour == "lowest":

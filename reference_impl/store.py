@@ -1,6 +1,6 @@
 """The reference store: a sans-IO state machine for one ``<store>`` of a umestored daemon.
 
-What it does follows the guide's "Operational View" and semantics.md §1:
+What it does follows the guide's "Operational View" and docs/semantics.md §1:
 
 * **Registration** (PREG → PREG_RESP on the client's TCP connection to the store port).
   Sources and receivers get the RegID they ask for, or a random one when they ask for 0; with a
@@ -10,7 +10,7 @@ What it does follows the guide's "Operational View" and semantics.md §1:
   re-registers gets the OLD flag and the highest sequence number the store holds, a receiver
   gets OLD and its low sequence number
   (last acknowledged + 1) or, if new, where ``receiver-new-registration-rollback`` puts it.
-  RPP follows the compatibility matrix of semantics.md §2.1.
+  RPP follows the compatibility matrix of docs/semantics.md §2.1.
 * **Persistence**: the store resolves the source's topic (TIR through the resolver), joins the
   source's LBT-TCP transport as an ordinary receiver, keeps each message in the source's
   :class:`~reference_impl.repository.Repository` and sends a stability ACK to the source
@@ -60,7 +60,7 @@ What it does follows the guide's "Operational View" and semantics.md §1:
 **RegID ownership**, sources and receivers alike (the guide's "Registration Identifier": no
 two active sources or receivers may use one RegID at the same time; "Activity Timeout and
 State Lifetime Options": the activity timeout "prevents a second source or receiver from
-stealing a RegID from an existing source"; semantics.md §1.10-1.11, "strong RegIDs"):
+stealing a RegID from an existing source"; docs/semantics.md §1.10-1.11, "strong RegIDs"):
 
 * A client's RegID stays its own until its activity timeout (the client's
   ``ume_activity_timeout``, or the topic's ``source-activity-timeout`` /
@@ -110,7 +110,7 @@ Choices where the fact sheets are silent (each tested in tests/reference_impl/te
 * A PREG carries a ``topicname`` header naming its topic, so a store can match its topic
   patterns before it has seen the source's TIR; without it the store waits for the TIR that
   names the PREG's request address and indexes, and refuses (code 1) after one activity timeout.
-* How RPP parameter overrides travel in a PREG is unknown (semantics.md §1.13): this store
+* How RPP parameter overrides travel in a PREG is unknown (docs/semantics.md §1.13): this store
   applies its own topic values to RPP sources, as if every override were 0 ("use the store's
   value").
 * An RPP repository with no blocking receivers releases by the size threshold, like SPP.
@@ -124,7 +124,7 @@ Choices where the fact sheets are silent (each tested in tests/reference_impl/te
 * The store answers a source's registration once it has joined the source's transport (or
   after :data:`JOIN_WAIT` without a TIR), so nothing sent after Registration Complete can miss
   it; the current guide says the same thing the other way round ("the Stores must receive
-  this SRI", semantics.md §1.1.6).
+  this SRI", docs/semantics.md §1.1 step 6).
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ assert len(_RXREQ_IN.head) == len(_ACK_IN.head) and _RXREQ_IN.size != _ACK_IN.si
 
 @dataclass(frozen=True)
 class TopicPolicy:
-    """The topic-level ``type="store"`` options the store core uses (semantics.md §3.4).
+    """The topic-level ``type="store"`` options the store core uses (docs/semantics.md §3.4).
 
     Names are the XML option names with ``-`` as ``_``; times in milliseconds unless noted.
     Defaults are the current product's.

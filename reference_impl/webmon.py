@@ -1,4 +1,4 @@
-"""The store web monitor of the reference daemon (semantics.md §4, guide chapter "Web Monitor").
+"""The store web monitor of the reference daemon (docs/semantics.md §4; the guide's "Web Monitor").
 
 umestored serves a small read-only HTML monitor (``<web-monitor>Address:Port</web-monitor>``).
 Operators read it and tools scrape it (UltraMessaging's ``store_scraper`` greps the pages line by
@@ -81,7 +81,7 @@ bodies, unknown query parameters), 411/413/415 for a POST body without a length,
 (:class:`HttpLimits`), 505 for other HTTP versions.
 Keep-alive is supported on HTTP/1.1; any error response closes the connection.  Paths are only
 ever matched against the routes above: nothing is read from the filesystem, so there is no path
-to traverse (the product's monitor had such a hole, semantics.md §4).  Responses carry
+to traverse (the product's monitor had such a hole, docs/semantics.md §4).  Responses carry
 ``Cache-Control: no-store``, ``X-Content-Type-Options: nosniff`` and a
 ``Content-Security-Policy`` that forbids scripts; every user-supplied string (topic names!) is
 HTML-escaped, control characters included, so a topic cannot break the page or the

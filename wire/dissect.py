@@ -4,7 +4,7 @@ cross-checked field by field against tshark.
 Classification follows tshark's own rules so that both sides look at the same frames:
 
 * UDP: decode-as ports first (``PortMap.lbtru_ports`` ...), then the heuristics of
-  wire-transports.md: LBMR (resolver multicast group/port, or unicast between the lbmrd port and
+  docs/wire-transports.md: LBMR (resolver multicast group/port, or unicast between lbmrd's port and
   the resolver client range), LBT-RU (source range <-> receiver range), LBT-RM (content test,
   multicast group range + destination port, or unicast to the source port range);
 * TCP: a connection with a port in the LBT-TCP source, request or store ranges (or a decode-as

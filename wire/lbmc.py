@@ -1,7 +1,7 @@
 """LBMC: the message format every UM transport and every store connection carries.
 
 Layouts follow Wireshark's LBMC dissector (``packet-lbmc.c``, tshark 4.0.x) as summarised in
-``shared/spec/wire-lbmc.md``.  Each extended header is one Construct struct below; it is the only
+``docs/wire-lbmc.md``.  Each extended header is one Construct struct below; it is the only
 place its layout is written.  From each struct this module derives a :class:`HeaderKind` (code,
 tshark prefix, fixed size, fast decoder) and a typed header class (``UmePreg``, ``UmeAck`` ...)
 whose attributes are the struct members plus the named bit views of flag words.
@@ -98,7 +98,7 @@ BasicHeader = cs.Struct(
     field("hdr_len", U8),
     field("word", U16, tshark=None),
 )
-"""The 4 bytes every extended header starts with (wire-lbmc.md 1.5): the chain walk reads
+"""The 4 bytes every extended header starts with (docs/wire-lbmc.md §1.5): the chain walk reads
 ``next_hdr`` and ``hdr_len`` through it; ``word`` is each header's flags/code."""
 BASIC = derive(BasicHeader, name="lbmc")
 
@@ -149,7 +149,7 @@ class HeaderKind:
         label: the Info-column label a control message with this header gets, if any.
         min_len: the smallest ``hdr_len`` that decodes without a tshark error.
         flags16_quirk: tshark shows the one-byte flags of this header as a 16-bit item that
-            also covers the member named here (ume_store & co., wire-lbmc.md 2.1).
+            also covers the member named here (ume_store & co., docs/wire-lbmc.md §2.1).
     """
 
     code: int
@@ -356,7 +356,7 @@ def _register(
     return cls
 
 
-# UME headers (wire-lbmc.md section 2.1) ---------------------------------------------------------
+# UME headers (docs/wire-lbmc.md §2.1) ---------------------------------------------------------
 
 PREG_FLAGS = {"f_flag": 0x40, "p_flag": 0x20, "w_flag": 0x10, "d_flag": 0x08}
 MARKER_BITS = {"s_flag": Bit(0x80, tshark="s_flag"), "marker": Bit(0x7F, tshark="marker")}
@@ -573,7 +573,7 @@ Sri = _register(0x55, "sri", "Source registration information", _fixed(
     field("high_sqn", U32),
 ), label="SRI")
 
-# Non-UME headers a persistent exchange uses (wire-lbmc.md section 2.2) ---------------------------
+# Non-UME headers a persistent exchange uses (docs/wire-lbmc.md §2.2) ---------------------------
 
 Frag = _register(0x01, "frag", "Fragment", _fixed(
     _flags16(),
@@ -758,7 +758,7 @@ KNOWN_CODES: dict[int, tuple[str, str, str, str | None]] = {
 }
 
 # The smallest hdr_len tshark dissects without a Malformed exception, per opaque code: the fixed
-# size of its layout, or of the fixed part of variable layouts (wire-lbmc.md 1.6).  Shorter
+# size of its layout, or of the fixed part of variable layouts (docs/wire-lbmc.md §1.6).  Shorter
 # headers are refused like any header shorter than its layout.
 OPAQUE_MIN_LEN: dict[int, int] = {
     0x08: 20, 0x09: 20, 0x0A: 16, 0x0F: 20, 0x10: 20, 0x11: 16, 0x30: 20, 0x31: 20, 0x32: 4,
@@ -771,7 +771,7 @@ OPAQUE_MIN_LEN: dict[int, int] = {
 AUTH_PREFIXES = {1: "lbmc.auth_request", 2: "lbmc.auth_challenge", 3: "lbmc.auth_challenge_rsp",
                  4: "lbmc.auth_result"}
 
-# tshark's label priority for control messages (wire-lbmc.md 1.9).
+# tshark's label priority for control messages (docs/wire-lbmc.md §1.9).
 LABEL_ORDER = (
     "SSF-INIT", "SSF-CREQ", "PREG", "PREG-RESP", "ACK", "RXREQ", "UME-KA", "UME-CAP", "TSNI",
     "UMQ-REG", "UMQ-REG-RSP", "UMQ-ACK", "UMQ-KA", "UMQ-RCR", "UMQ-RXREQ", "UMQ-QMGMT", "LJINFO",
@@ -1064,7 +1064,7 @@ def build_messages(messages: Sequence[LbmcMessage]) -> bytes:
     return b"".join(m.build() for m in messages)
 
 
-# --- application header chain elements (wire-lbmc.md 3.2) --------------------------------------
+# --- application header chain elements (docs/wire-lbmc.md §3.2) -----------------------------------
 
 AppHdrElement = cs.Struct(
     field("next_hdr", U8),

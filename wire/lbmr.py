@@ -1,7 +1,7 @@
 """LBMR: Ultra Messaging topic resolution (the resolver datagrams of ``packet-lbmr.c``).
 
 Layouts follow Wireshark's LBMR dissector (tshark 4.0.x) as summarised in
-``shared/spec/wire-transports.md`` section 4.  Every layout is written exactly once below, as a
+``docs/wire-transports.md`` §4.  Every layout is written exactly once below, as a
 Construct struct built with :func:`wire.fields.field`; the tshark display-filter names and the
 named flag bits are read off those definitions, and every fixed-size part is encoded and decoded
 through :func:`wire.fastpath.derive`.

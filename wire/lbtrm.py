@@ -1,6 +1,6 @@
 """LBT-RM: UM's reliable multicast transport over UDP (``packet-lbtrm.c``, tshark 4.0.x).
 
-Layouts follow ``shared/spec/wire-transports.md`` section 2.  Each packet type is one Construct
+Layouts follow ``docs/wire-transports.md`` §2.  Each packet type is one Construct
 struct (the 8-byte header followed by the type body) and is the only place its layout is
 written; the codec (shared with LBT-RU, :mod:`wire.lbtru`) packs and unpacks through layouts
 derived from them, and tshark names and flag bits are read off their members.

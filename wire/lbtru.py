@@ -1,6 +1,6 @@
 """LBT-RU: UM's reliable unicast transport over UDP (``packet-lbtru.c``, tshark 4.0.x).
 
-Layouts follow ``shared/spec/wire-transports.md`` section 1.  Each packet type is one Construct
+Layouts follow ``docs/wire-transports.md`` §1.  Each packet type is one Construct
 struct below (the 4-byte common header, with that type's reading of ``flags_or_res``, followed by
 the type body); each option is one struct too.  Those structs are the only place a layout is
 written: the codec packs and unpacks through layouts :func:`~wire.fastpath.derive` compiles from

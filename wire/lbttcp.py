@@ -1,6 +1,6 @@
 """LBT-TCP: LBMC messages back to back on a TCP byte stream, each sized by its ``msglen``.
 
-There is no framing of its own (wire-transports.md 3.3): the 4-byte LBMC control header is the
+There is no framing of its own (docs/wire-transports.md §3.3): the 4-byte LBMC control header is the
 fixed prefix and ``msglen`` (u16 at offset 2) is the whole message.  The same framing carries
 the persistence control traffic between sources/receivers and stores.
 
@@ -32,7 +32,7 @@ def entry_test(data: bytes | bytearray | memoryview) -> str | None:
     """tshark's test for LBMC at the start of a TCP segment; ``None`` if it passes, else why not.
 
     At least 4 bytes, version 0, a known type, a first ``next_hdr`` that is a defined code other
-    than 0xFF (0x00 and 0x03 pass), and ``msglen`` != 0 (wire-lbmc.md 4.2).
+    than 0xFF (0x00 and 0x03 pass), and ``msglen`` != 0 (docs/wire-lbmc.md §4.2).
     """
     if len(data) < CONTROL_BASE.size:
         return f"{len(data)} bytes; LBMC needs at least 4"

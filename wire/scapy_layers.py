@@ -859,7 +859,7 @@ class LBMCMessages(Packet):
 
 class LBTTCP(LBMCMessages):
     """LBT-TCP: LBMC messages back to back in a TCP segment (no header of its own,
-    wire-transports.md 3.3).  A message continued in the next segment is cut short."""
+    docs/wire-transports.md §3.3).  A message continued in the next segment is cut short."""
 
     name = "LBT-TCP"
 

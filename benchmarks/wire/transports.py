@@ -3,7 +3,7 @@
 
 Those modules are written separately and may be absent, so each row is probed at run time: the
 module must import, expose a public packet parse function, and accept the sample packet below.
-The samples are byte maps from ``shared/spec/wire-transports.md`` (the LBMR and LBT-RU frames
+The samples are built from ``docs/wire-transports.md`` (the LBMR and LBT-RU frames
 of section 7.1 were checked against tshark; the LBT-RM and LBT-TCP ones follow sections 2.2-2.3
 and 3.3), so the probe does not depend on each module's builder API.  Anything that does not
 fit yields a row marked "not available" with the reason, never an error.
@@ -21,7 +21,7 @@ from wire import lbmc
 
 from .samples import PAYLOAD_64
 
-# shared/spec/wire-transports.md 7.1, frame 1: LBMR NORMAL, 1 TIR (LBT-RU, with UME options).
+# docs/wire-transports.md §7.1, frame 1: LBMR NORMAL, 1 TIR (LBT-RU, with UME options).
 LBMR_TIR = bytes.fromhex(
     "00000001756d652e746573742e746f70696300810a0001000000010004004c01"
     "20600038e738377f0000017f000001000003e800000001000000000000000002"

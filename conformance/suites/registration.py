@@ -2,7 +2,7 @@
 
 The harness plays the sources and receivers (scripted, every packet crafted with the Scapy
 layers of :mod:`wire.scapy_layers`) and the resolver daemon.  Section names are the product
-guide's (``guide-for-persistence.txt``); the PREG_RESP flags and error codes are those of the
+guide's (the UM Guide for Persistence); the PREG_RESP flags and error codes are those of the
 LBMC dissector (``PregError``).
 """
 

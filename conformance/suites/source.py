@@ -6,7 +6,7 @@ a receiver on the source's transport (:class:`~conformance.store_peer.SourceTap`
 started by each case with a UM configuration naming the case's stores in ``ume_store`` lines;
 options that decide a verdict (registration interval, flight size, stability timeout ...) are
 set explicitly, so the verdict does not depend on the IUT's version defaults.  Section names are
-the product guide's (``guide-for-persistence.txt``).
+the product guide's (the UM Guide for Persistence).
 
 Registration Complete is observed on the wire: a source may send data only once it is
 complete, so the first data message a harness store receives on the source's transport marks

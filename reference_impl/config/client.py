@@ -14,7 +14,7 @@ A later line overrides an earlier one, except for the *appending* options: each 
 the store list, ``ume_store_group 0:0`` the group list), and ``resolver_unicast_daemon`` adds a
 daemon.  The result is three frozen dataclasses - :class:`ContextOptions`,
 :class:`SourceOptions`, :class:`ReceiverOptions` - holding every persistence option of
-``semantics.md`` §1.1-1.16 plus the transport and port options the reference implementation
+``docs/semantics.md`` §1.1-1.16 plus the transport and port options the reference implementation
 uses; ``from_mapping`` constructors build the same objects from a dict (Python API users,
 tests), running exactly the same validation.
 

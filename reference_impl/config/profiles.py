@@ -2,15 +2,15 @@
 
 Why profiles: the product changed many persistence defaults in UM 6.8 and 6.10, and the harness
 has to speak to both worlds.  A store that follows the 5.3-era *Guide for Persistence* (the seed
-text, tag S0 in ``semantics.md``) keeps sending keepalives every 500 ms and starts new receivers at
+text, ``docs/semantics.md`` §0) keeps sending keepalives every 500 ms and starts new receivers at
 the next live message; a current (6.8+ / 6.17) store keepalives every 3 s and lets a new receiver
 recover everything it holds.  Interoperating with a current product needs the current values; a
 "guide 5.3" conformance run needs the old ones.  So every default lives here exactly once, keyed
 by the option's product name, and the two parsers (:mod:`.store_xml`, :mod:`.client`) take a
 ``profile=`` argument instead of hard-coding numbers.
 
-* ``current`` (:data:`DEFAULT_PROFILE`): UM 6.17 defaults (``semantics.md`` §1.16, §3.3, §3.4).
-* ``guide-5.3``: the seed guide's values where they differ (semantics.md §8 lists every
+* ``current`` (:data:`DEFAULT_PROFILE`): UM 6.17 defaults (``docs/semantics.md`` §1.16, §3.3, §3.4).
+* ``guide-5.3``: the seed guide's values where they differ (docs/semantics.md §8 lists every
   contradiction).  Options the guide does not document keep the pre-6.8 value from the release
   notes (for example ``ume_registration_interval`` 500 ms).
 
@@ -148,7 +148,7 @@ class Profile:
             ) from None
 
 
-# --- store XML defaults (semantics.md §3.3 / §3.4) ----------------------------------------------
+# --- store XML defaults (docs/semantics.md §3.3 / §3.4) -------------------------------------------
 
 _STORE_LEVEL: dict[str, object] = {
     "disk-cache-directory": "umestored-cache",
@@ -201,7 +201,7 @@ _TOPIC_GUIDE_5_3: dict[str, object] = _TOPIC_CURRENT | {
     "proxy-election-interval": 5000,
 }
 
-# --- client defaults (semantics.md §1.1-1.16, wire-transports.md port ranges) --------------------
+# --- client defaults (docs/semantics.md §1.1-1.16, docs/wire-transports.md §B) --------------------
 
 _CONTEXT_CURRENT: dict[str, object] = {
     "ume_ack_batching_interval": 100,  # ms

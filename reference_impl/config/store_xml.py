@@ -3,7 +3,7 @@
 The reference store is configured exactly like the product's ``umestored``: one XML file with a
 ``<daemon>`` section and a ``<stores>`` section of ``<store>`` elements, each with store-wide
 ``<ume-attributes>`` and a list of ``<topic>`` patterns carrying topic-level options
-(``semantics.md`` §3; the guide's chapter "Configuration Reference for Umestored").  Reading the
+(docs/semantics.md §3; the guide's chapter "Configuration Reference for Umestored").  Reading the
 product's format, rather than inventing one, lets a conformance run hand the same file to the
 product and to the reference implementation.
 
@@ -17,7 +17,7 @@ What this module checks, and why each check is here:
 * **Structure per DTD version** (``version`` 1.0 - 1.3): element content models (including
   element *order* where the DTD imposes one), required and declared attributes, enumerated
   attribute values.  The four DTDs are kept as data (:data:`_DTDS`) so :func:`dump_dtd` renders
-  the very rules the validator applies.  Facts come from ``semantics.md`` §3.1 and the guide's
+  the very rules the validator applies.  Facts come from ``docs/semantics.md`` §3.1 and the guide's
   1.2 DTD; where a version's DTD is not published the choice is written next to it.  DTD 1.3 is
   the 6.17 form ``store (restore-last?, publishing-interval?, ume-attributes+, topics+)``;
   6.10-6.14 documentation printed a looser ``(publishing-interval | ume-attributes | topics)+``
@@ -1319,7 +1319,7 @@ class _Builder:
         self, container: _Node, level: Literal["store", "topic"]
     ) -> Iterator[tuple[_Node, str, str, str]]:
         """(node, type, name, value) for each ``<option>`` of a ``<ume-attributes>``, with the
-        placement rules of semantics.md §3.1 enforced."""
+        placement rules of docs/semantics.md §3.1 enforced."""
         allowed = (
             ("store", "lbm-context")
             if level == "store"

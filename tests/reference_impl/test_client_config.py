@@ -26,7 +26,7 @@ from reference_impl.config import (
 )
 
 # The guide's RPP client sample, with the PDF's spaces-for-underscores damage repaired and the
-# store names of the semantics.md description (store0rpp / store1rpp / store2rpp).
+# store names of docs/semantics.md §3.4 (store0rpp / store1rpp / store2rpp).
 RPP_CLIENT = """\
 #Sample UM Configuration File, UMP Version 5.3
 source transport lbtrm

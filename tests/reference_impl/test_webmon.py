@@ -616,7 +616,7 @@ async def test_store_list_from_a_callable_follows_restarts() -> None:
 
 @async_test()
 async def test_scraper_regexes_find_what_they_look_for() -> None:
-    """Crawl as UltraMessaging's store_scraper does (semantics.md §4): fetch ``$W/$HREF``,
+    """Crawl as UltraMessaging's store_scraper does (docs/semantics.md §4): fetch ``$W/$HREF``,
     match each pattern line by line, with the patterns it uses."""
     w = World()
     second = w.d.add_source("src2", "topic.b", ume_session_id=5)

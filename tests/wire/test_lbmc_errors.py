@@ -1,6 +1,6 @@
 """Bad LBMC bytes (and unencodable values) give WireError with the right header, offset, reason.
 
-Deterministic cases cover every rule ``parse_message`` enforces (wire-lbmc.md 1.2-1.6): short
+Deterministic cases cover every rule ``parse_message`` enforces (docs/wire-lbmc.md §1.2-1.6): short
 buffers, msglen 0 / too small / too large, hdr_len 0 / shorter than the layout / running past
 msglen for every header kind, every undefined header code, every invalid type nibble.  Then
 Hypothesis feeds random bytes, structured random chains and mutated valid messages: the parser
@@ -35,7 +35,7 @@ from wire.lbmc import (
 
 KINDS = lbmc.header_kinds()
 
-# wire-lbmc.md 1.6: the codes tshark's LBMC dissector defines (0x03 TGIDX is defined but
+# docs/wire-lbmc.md §1.6: the codes tshark's LBMC dissector defines (0x03 TGIDX is defined but
 # unhandled: tshark flags it as "Invalid LBMC header type").
 DEFINED_CODES = frozenset(
     [*range(0x01, 0x1F), 0x20, *range(0x30, 0x59), 0x60, *range(0x62, 0x66),
@@ -101,19 +101,19 @@ def test_fixtures_have_the_layout_the_cases_assume() -> None:
                  id="hdr_len-past-msglen"),
     pytest.param(patched(PREG, at_9=255), "lbmc.ume_preg", 8, [r"\b255\b"],
                  id="hdr_len-255"),
-    # wire-lbmc.md 6.3 frame 16: msglen 8 is shorter than the PREG it announces
+    # docs/wire-lbmc.md §6.3 frame 16: msglen 8 is shorter than the PREG it announces
     pytest.param(bytes.fromhex("08120008ff1c0081") + bytes(24), "lbmc.ume_preg", 4,
                  [r"\b28\b", r"\b8\b"], id="spec-frame-16-msglen-8"),
     pytest.param(patched(DATA, at_13=10), "lbmc.topicname", 12, [r"\b10\b", r"\b21\b"],
                  id="topicname-past-msglen"),
-    # wire-lbmc.md 6.3 frame 14: topicname with hdr_len 4 ("Header length incorrect")
+    # docs/wire-lbmc.md §6.3 frame 14: topicname with hdr_len 4 ("Header length incorrect")
     pytest.param(bytes.fromhex("08050008ff040000"), "lbmc.topicname", 4, [r"\b4\b", r"\b5\b"],
                  id="spec-frame-14-topicname-hdr_len-4"),
-    # wire-lbmc.md 6.3 frame 9: unknown code 0x21 after a STOREID
+    # docs/wire-lbmc.md §6.3 frame 9: unknown code 0x21 after a STOREID
     pytest.param(patched(PREG, at_4=0x21), "lbmc", 8, ["0x21"], id="spec-frame-9-code-0x21"),
     pytest.param(patched(PREG, at_4=0x03), "lbmc", 8, ["0x03"], id="tgidx-0x03"),
     pytest.param(patched(PREG, at_1=0x21), "lbmc", 4, ["0x21"], id="unknown-first-code"),
-    # wire-lbmc.md 6.3 frame 17: invalid type 3
+    # docs/wire-lbmc.md §6.3 frame 17: invalid type 3
     pytest.param(patched(PREG, at_0=0x03), "lbmc", 0, ["0x03"], id="spec-frame-17-type-3"),
 ])
 def test_error_cases(raw: bytes, header: str, offset: int, words: list[str]) -> None:
@@ -178,7 +178,7 @@ def test_invalid_type_nibbles(nibble: int, version: int) -> None:
 
 
 def test_version_nibble_is_not_checked() -> None:
-    """wire-lbmc.md 1.1: only LBT-TCP's entry test checks the version; the LBMC loop does not."""
+    """docs/wire-lbmc.md §1.1: LBT-TCP's entry test checks the version, the LBMC loop not."""
     message, _ = parse_message(patched(PREG, at_0=0x18))
     assert (message.version, message.type) == (1, MessageType.CONTROL)
 

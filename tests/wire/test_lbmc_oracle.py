@@ -1,6 +1,6 @@
 """tshark 4.0.x (the oracle) reads our LBMC bytes exactly as our codec describes them.
 
-Everything travels on TCP connections to a store port (LBT-TCP framing, wire-transports.md 3),
+Everything travels on TCP connections to a store port (LBT-TCP framing, docs/wire-transports.md §3),
 ``wire.tshark.PortMap(store_ports=[STORE_PORT])``, many messages per capture because each tshark
 run costs about half a second.  Per LBMC message, every (field, value) pair of
 ``LbmcMessage.tshark_fields()`` must be what tshark shows, and valid traffic must give no
@@ -9,7 +9,7 @@ expected).
 
 Covered: every header kind in CONTROL messages (and DATA messages for the data-family
 headers) with edge and random field values, random mixed messages (Hypothesis), the fact-sheet
-pitfalls (wire-lbmc.md 6.2: chain terminators, hdr_len longer than the layout, several messages
+pitfalls (docs/wire-lbmc.md §6.2: chain terminators, hdr_len above the layout, several messages
 per segment, a message split across segments, fragments reassembled by tshark), message
 properties, the Info-column labels, malformed input flagged by both sides, and the tshark
 field registry (names and bitmasks).
@@ -52,7 +52,7 @@ TRANSPORT_PORT = 14371  # in tshark's default LBT-TCP source-port range: a trans
 PORTS = tshark.PortMap(store_ports=[STORE_PORT])
 KINDS = lbmc.header_kinds()
 
-# wire-lbmc.md 1.7 (HINT: layout naming): the headers that decorate data messages
+# docs/wire-lbmc.md §1.7 (HINT: layout naming): the headers that decorate data messages
 DATA_FAMILY = frozenset({
     "frag", "batch", "tcp_request", "topicname", "apphdr", "apphdr_chain", "otid", "ctxinstd",
     "ctxinstr", "ctxinst", "srcidx", "stream", "destination", "domain", "odomain", "topic_idx",
@@ -148,7 +148,7 @@ def chain_element_fields(header: lbmc.Header) -> list[tuple[str, Any]]:
 
 
 def info_label(message: LbmcMessage, transport: bool) -> str:
-    """wire-lbmc.md 1.9: data labels get "RX-" off transport channels unless SRCIDX is there."""
+    """docs/wire-lbmc.md §1.9: data labels get "RX-" off transport channels without SRCIDX."""
     label = message.label()
     if (message.chain_end() == lbmc.NHDR_DATA and not transport
             and not any(h.header_code == SRCIDX for h in message.headers)):
@@ -380,7 +380,7 @@ def test_random_messages_match_tshark(tmp_path: Path, data: st.DataObject) -> No
     while pos < len(messages):
         group = messages[pos : pos + data.draw(st.integers(1, 4), label="group")]
         pos += len(group)
-        # wire-lbmc.md 6.2 pitfall 2: a segment cannot start with first next_hdr 0xFF
+        # docs/wire-lbmc.md §6.2 pitfall 2: a segment cannot start with first next_hdr 0xFF
         if group[0].build()[1] == lbmc.NHDR_NONE:
             group = [LEAD, *group]
         capture.send_messages(group, from_client=data.draw(st.booleans(), label="direction"))
@@ -473,7 +473,7 @@ def test_messages_split_across_segments(tmp_path: Path) -> None:
 
 
 def test_fragments_reassembled_by_tshark(tmp_path: Path) -> None:
-    """wire-lbmc.md 3.1: FRAG headers; tshark -2 with lbmc.reassemble_fragments rebuilds the
+    """docs/wire-lbmc.md §3.1: FRAG headers; tshark -2 with lbmc.reassemble_fragments rebuilds the
     payload we cut, even with two messages' fragments interleaved and out of order."""
     rng = random.Random(3)
     payloads = {100: rng.randbytes(1000), 500: bytes(range(256)) * 2}
@@ -516,7 +516,7 @@ def test_fragments_reassembled_by_tshark(tmp_path: Path) -> None:
 
 
 def properties_block(little_endian: bool) -> bytes:
-    """wire-lbmc.md 3.3: keys k1 (int -5) and name (string "val"), key offsets 40 and 47."""
+    """docs/wire-lbmc.md §3.3: keys k1 (int -5) and name (string "val"), key offsets 40 and 47."""
     order = "<" if little_endian else ">"
     magic = b"\xba\xda\xac\xab" if little_endian else b"\xab\xac\xda\xba"
     head = magic + struct.pack(order + "HBB", 2, 0, 0)
@@ -565,7 +565,7 @@ def test_message_properties_are_cut_from_the_payload(tmp_path: Path, little_endi
 
 
 def test_spec_frame_4(tmp_path: Path) -> None:
-    """wire-lbmc.md 6.3 frame 4: PREG then a source keepalive in one segment: "PREG UME-KA"."""
+    """docs/wire-lbmc.md §6.3 frame 4: PREG and a source keepalive in one segment: "PREG UME-KA"."""
     preg = LbmcMessage(headers=[UmePreg(
         f_flag=1, w_flag=1, s_flag=1, marker=1, reg_id=0x11223344, transport_idx=7,
         topic_idx=9, resp_port=14391, resp_ip="10.0.0.1")])
@@ -693,7 +693,7 @@ def test_malformed_input_is_flagged_by_both(
 
 # --- the minimum lengths of opaque headers (lbmc.OPAQUE_MIN_LEN) against tshark -------------------
 
-# wire-lbmc.md 1.6: codes whose length is "var" (a fixed part plus a body chosen by a type or
+# docs/wire-lbmc.md §1.6: codes whose length is "var" (a fixed part plus a body chosen by a type or
 # count inside the header); the others have one fixed layout
 VARIABLE_OPAQUE = frozenset({0x30, 0x31, 0x32, 0x34, 0x35, 0x36, 0x40, 0x48, 0x49, 0x4C, 0x4D,
                              0x51, 0x52, 0x58, 0x60, 0xFE})

@@ -5,7 +5,7 @@
   messages, chains ending in 0xFF or 0x00, ``hdr_len`` longer than the layout, opaque headers,
   unfinished chains;
 * apphdr_chain elements, typed attribute access and named bit views;
-* the bytes of wire-lbmc.md 6.3 frame 4, built byte for byte.
+* the bytes of docs/wire-lbmc.md §6.3 frame 4, built byte for byte.
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def test_control_chain_ending_in_data_carries_a_payload() -> None:
     assert parsed.terminator == lbmc.NHDR_DATA
     assert parsed.payload == b"xyz"
     assert parsed.trailer == b""
-    # tshark labels such a control message as data (wire-lbmc.md 1.8), not "ACK"
+    # tshark labels such a control message as data (docs/wire-lbmc.md §1.8), not "ACK"
     assert parsed.label() == "DATA"
     assert LbmcMessage(type=MessageType.CONTROL, headers=[UmeAck()]).label() == "ACK"
 
@@ -286,7 +286,7 @@ def test_longer_hdr_len_keeps_the_extra_bytes(kind: HeaderKind, extra: int) -> N
 
 
 def test_spec_frame_11_preg_with_hdr_len_32() -> None:
-    """wire-lbmc.md 6.3 frame 11: a PREG with hdr_len 32 is fine; the 4 extra bytes are kept."""
+    """docs/wire-lbmc.md §6.3 frame 11: a PREG with hdr_len 32 is fine; 4 extra bytes kept."""
     preg = UmePreg(s_flag=1, marker=2, reg_id=10, transport_idx=11, topic_idx=12, resp_port=1,
                    resp_ip="10.0.0.1", trailing=b"\0\0\0\0")
     raw = LbmcMessage(headers=[preg]).build()
@@ -504,7 +504,7 @@ def test_apphdr_chain_round_trip(elements: list[ChainElement], payload: bytes) -
 
 def test_apphdr_chain_bytes() -> None:
     """As tshark 4.0 reads a chain: the first type is first_chain_hdr, each element's byte 0 is
-    its own type (not the next one's, as wire-lbmc.md 3.2 words it); type 6 is 8 bytes."""
+    its own type (not the next one's, as docs/wire-lbmc.md §3.2 words it); type 6 is 8 bytes."""
     chain = build_apphdr_chain([ChainElement(5, data=b"ab", res=0x0102),
                                 ChainElement(lbmc.MSGPROP_ELEMENT, proplen=40)])
     raw = LbmcMessage(type=MessageType.MESSAGE, tidx=1, sqn=2, headers=[chain],
@@ -571,7 +571,7 @@ def test_named_bit_views_compose_the_raw_member() -> None:
     assert (preg.p_flag, preg.f_flag, preg.w_flag, preg.d_flag, preg.ignore) == (1, 0, 0, 0, 0)
     preg.marker_byte = 0x7F
     assert (preg.s_flag, preg.marker) == (0, 0x7F)
-    assert UmeRxreq(t=1, marker=0x42).flags == 0x4042  # wire-lbmc.md 2.1 (verified)
+    assert UmeRxreq(t=1, marker=0x42).flags == 0x4042  # docs/wire-lbmc.md §2.1 (verified)
     assert UmePregResp(e_flag=1, error_code=PregError.EREGID).code == 0x23  # 6.3 frame 6
     assert UmePregResp(o_flag=1, n_flag=1, w_flag=1, d_flag=1).code == 0x53
     assert lbmc.Apphdr(code=0x1234, ignore=1).code_word == 0x9234
@@ -751,7 +751,7 @@ def test_bit_view_names_are_unique_per_header() -> None:
 
 
 def test_flags16_quirk_export() -> None:
-    """wire-lbmc.md 2.1: tshark shows one-byte flags as a 16-bit item with the next byte."""
+    """docs/wire-lbmc.md §2.1: tshark shows one-byte flags as a 16-bit item with the next byte."""
     store = dict(UmeStore(flags=0x80, grp_idx=5).tshark_fields(0xFF))
     assert store["lbmc.ume_store.flags"] == 0x8005
     assert store["lbmc.ume_store.flags.ignore"] == 1
@@ -783,7 +783,7 @@ def test_labels_follow_tshark_priority() -> None:
     assert len(positions) == len({k.label for k in KINDS if k.label})
 
 
-# --- wire-lbmc.md 6.3, frame 4 -------------------------------------------------------------------
+# --- docs/wire-lbmc.md §6.3, frame 4 --------------------------------------------------------------
 
 FRAME4_PREG = bytes.fromhex(
     "08 12 00 20"

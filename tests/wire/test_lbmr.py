@@ -278,7 +278,7 @@ def test_layout_sizes_match_the_fact_sheet() -> None:
     assert L.PserCtxinst.kind.min_size == 10
 
 
-# --- the verified example (wire-transports.md 7.1, frame 1) ----------------------------------
+# --- the verified example (docs/wire-transports.md §7.1, frame 1) ---------------------------------
 
 EXAMPLE_FRAME_1 = bytes.fromhex("""
     00 00 00 01 75 6d 65 2e 74 65 73 74 2e 74 6f 70
@@ -289,7 +289,7 @@ EXAMPLE_FRAME_1 = bytes.fromhex("""
     08 00 00 00 01 00 00 0e 10 00 00 38 37 00 00 7f
     00 00 01 00 00 00 03 7f 00 00 01 00 00 12 34 38
     2c""")
-"""wire-transports.md 7.1, frame 1: the UDP payload tshark decoded cleanly."""
+"""docs/wire-transports.md §7.1, frame 1: the UDP payload tshark decoded cleanly."""
 
 
 def example_packet() -> L.LbmrPacket:

@@ -109,7 +109,7 @@ def test_data_hot_path_agrees_with_the_full_parse(packet: LbtrmData) -> None:
 
 
 def test_data_layout_byte_for_byte() -> None:
-    """wire-transports.md 2.2/2.3: 8-byte header, 12-byte DATA body, then LBMC at 20."""
+    """docs/wire-transports.md §2.2/§2.3: 8-byte header, 12-byte DATA body, then LBMC at 20."""
     message = LbmcMessage(type=MessageType.MESSAGE, headers=[Topicname(topic="rm.topic")],
                           payload=b"hi", tidx=3, sqn=9)
     packet = LbtrmData(ucast_port=14390, session_id=0xDEADBEEF, sqn=1, trail_sqn=2, rx=1,
@@ -241,7 +241,7 @@ def test_api_errors() -> None:
 
 
 def test_heuristic_acceptance() -> None:
-    """wire-transports.md 2.1: version 0, a defined type and next_hdr 0."""
+    """docs/wire-transports.md §2.1: version 0, a defined type and next_hdr 0."""
     assert LbtrmData(sqn=1).heuristic_accepts()
     assert not LbtrmData(options=[LbtrmOption(1)]).heuristic_accepts()
     assert not LbtrmData(next_hdr=1).heuristic_accepts()

@@ -171,7 +171,7 @@ def test_rst_options_are_at_offset_4() -> None:
     assert raw == bytes.fromhex("07010000" "00080000 00000042".replace(" ", ""))
 
 
-# --- the fact sheet's verified datagram (wire-transports.md 7.1, frame 2) ---------------------
+# --- the fact sheet's verified datagram (docs/wire-transports.md §7.1, frame 2) -------------------
 
 FRAME2 = bytes.fromhex(
     "00 01 00 00 00 00 00 00 00 00 00 00 00 08 00 00"
