@@ -26,6 +26,21 @@ the *memory cache* (``mem_trail_sqn``); ``repository-disk-file-size-limit`` boun
 when it is reached the file is compacted to the newest messages that fit in half of it (the
 product overwrites a ring; compaction gives the same retention with a simpler file).
 
+**Durable before acknowledged** (issue 17).  A disk store never sends a stability ACK for a
+message whose bytes it has not handed to the cache file, whatever the ACK batching
+(``stability-ack-minimum-number``/``-interval``) and however the messages were split into
+received chunks: every path of the store that writes stability ACKs calls :meth:`Repository
+.sync` first (:meth:`StoreCore.on_chunk_done` for the per-chunk ACKs, ``_flush_acks`` for
+batched and withheld ones), and the asyncio driver only writes what the core queued after the
+core returned, so the file write always comes first.  "Handed to the file" means written with
+``write(2)`` into the kernel: a process killed with SIGKILL loses nothing it acknowledged (the
+page cache belongs to the kernel), which is the crash the guide's "Persistent Store Fault
+Tolerance" and the conformance case DUR-STORE-001 are about.  A power loss or kernel crash can
+still lose the page cache; ``Repository(fsync=True)`` adds an ``fsync`` to every write-out (and
+to the compacted file before it replaces the old one) for that, at the price of one device
+flush per received chunk, so it is off by default.  ``tests/reference_impl/test_durable_ack.py``
+checks the rule at the moment each ACK is written.
+
 Files are the only I/O a core performs, through this class; the store core stays free of
 sockets and clocks (semantics of "sans-IO" in this project: no network, no time source).
 
@@ -324,10 +339,15 @@ class Repository:
     """Messages of one source; memory-only unless ``cache_file`` is given (see module doc)."""
 
     def __init__(self, limits: RetentionLimits, *, cache_file: Path | None = None,
-                 write_behind: bool = False, new: bool = False) -> None:
+                 write_behind: bool = False, new: bool = False, fsync: bool = False) -> None:
         """``write_behind``: a disk repository gathers the messages :meth:`add` takes and writes
         them at the next :meth:`sync` (one write for a whole chunk of messages); the caller
         must sync before it calls any of them stable.  Otherwise each add writes at once.
+
+        ``fsync``: every write-out also waits for the device (``os.fsync``), so what the store
+        acknowledged survives a power loss, not only a killed process (see "Durable before
+        acknowledged" in the module docstring); off by default, as it costs a device flush
+        per received chunk.
 
         ``new``: the repository of a new registration; whatever is already in its cache file
         is an orphan and is discarded (see "Damaged files" in the module docstring).  Without
@@ -335,6 +355,7 @@ class Repository:
         file that cannot be used."""
         self.limits = limits
         self.write_behind = write_behind
+        self.fsync = fsync
         self._unwritten: list[bytes] = []  # write_behind: bytes not yet handed to the file
         self.kind = "disk" if cache_file is not None else "memory"
         self._mem: OrderedDict[int, tuple[bytes, float]] = OrderedDict()  # sqn -> (raw, time)
@@ -515,13 +536,16 @@ class Repository:
             self._fh = None
 
     def sync(self) -> None:
-        """Hand every message added so far to the OS (a SIGKILL can no longer lose them)."""
+        """Hand every message added so far to the OS (a SIGKILL can no longer lose them);
+        with ``fsync``, to the device as well (nor can a power loss)."""
         if not self._unwritten or self._fh is None:
             return
         fh = self._fh
         fh.seek(0, os.SEEK_END)
         fh.write(b"".join(self._unwritten))
         fh.flush()
+        if self.fsync:
+            os.fsync(fh.fileno())
         self._unwritten.clear()
 
     # --- disk -----------------------------------------------------------------------------
@@ -641,6 +665,9 @@ class Repository:
             with os.fdopen(fd, "wb") as out:
                 for _, raw in keep:
                     out.write(raw)
+                if self.fsync:
+                    out.flush()
+                    os.fsync(out.fileno())
             self._fh.close()
             os.replace(tmp, self.cache_file)
         except BaseException:
