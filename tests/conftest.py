@@ -1,4 +1,4 @@
-"""Shared pytest configuration: Hypothesis profiles.
+"""Shared pytest configuration: Hypothesis profiles, and no skipped test in CI.
 
 Two profiles, chosen with the ``HYPOTHESIS_PROFILE`` environment variable:
 
@@ -10,11 +10,16 @@ Two profiles, chosen with the ``HYPOTHESIS_PROFILE`` environment variable:
 Deadlines are off in both: the oracle properties start tshark (about half a second per run) and
 a loaded CI machine must not turn a slow example into a failure.  The tests that have to prove
 "never hangs" set their own deadline.
+
+Under CI (``CI`` set, as ``.ci/run`` runs) a skipped test fails: CI installs every tool the tests
+use (``scripts/ensure-tools``), so a skip there can only hide a missing install step.  On a
+developer's machine a skip still says what is missing.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -42,3 +47,15 @@ def pytest_configure(config: pytest.Config) -> None:
     # Hypothesis imports libcst (to suggest @example patches) when a property fails, the
     # strict-xfail bug demonstrations included; libcst's import-time deprecation noise is not ours.
     config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:libcst.*")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if os.environ.get("CI") and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = (f"skipped under CI ({reason}): CI installs every tool the tests "
+                           "need, so this skip hides a missing install step")
