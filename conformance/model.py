@@ -152,7 +152,8 @@ def case(id: str, *, title: str, suite: str, section: str, requirement: str,
     return register
 
 
-SUITES = ("registration", "recovery", "robustness", "flight-size", "proactive-retransmit")
+SUITES = ("registration", "recovery", "robustness", "flight-size", "proactive-retransmit",
+          "durability")
 
 
 def all_cases(role: Role | None = None) -> list[CaseSpec]:

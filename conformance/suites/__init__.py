@@ -5,10 +5,12 @@ Store IUT: :mod:`.registration`, :mod:`.recovery`, :mod:`.robustness`; source IU
 recovery suites too, told apart by role); robustness for source and receiver IUTs:
 :mod:`.robustness_clients` (the robustness suite, SRC-ROB-* and RCV-ROB-*).  The
 flight-size suite (source IUT, SRC-FLT-*): :mod:`.flight_size`; the proactive-retransmit suite
-(source IUT, SRC-PRX-*, and store IUT, PRX-STORE-*): :mod:`.proactive`.
+(source IUT, SRC-PRX-*, and store IUT, PRX-STORE-*): :mod:`.proactive`; the durability suite
+(store IUT, DUR-STORE-*: acknowledged messages survive a SIGKILL): :mod:`.durability`.
 """
 
 from conformance.suites import (
+    durability,
     flight_size,
     proactive,
     receiver,
@@ -19,5 +21,5 @@ from conformance.suites import (
     source,
 )
 
-__all__ = ["flight_size", "proactive", "receiver", "recovery", "registration", "robustness",
-           "robustness_clients", "source"]
+__all__ = ["durability", "flight_size", "proactive", "receiver", "recovery", "registration",
+           "robustness", "robustness_clients", "source"]
