@@ -78,12 +78,32 @@ def drops_duplicate() -> None:
     Repository.add = patched  # type: ignore[method-assign]
 
 
+def acks_before_writing() -> None:
+    """Acknowledges messages it holds only in its own memory: its disk repositories write
+    lazily, once 64 KiB have gathered (a clean shutdown writes the rest), while the stability
+    ACKs go out per chunk as usual - so a SIGKILL loses the newest acknowledged messages."""
+    from reference_impl.repository import Repository
+
+    sync, close = Repository.sync, Repository.close
+
+    def lazy(self: Repository) -> None:
+        if sum(len(raw) for raw in self._unwritten) >= 1 << 16:
+            sync(self)
+
+    def closing(self: Repository) -> None:
+        sync(self)
+        close(self)
+    Repository.sync = lazy  # type: ignore[method-assign]
+    Repository.close = closing  # type: ignore[method-assign]
+
+
 MUTANTS: dict[str, Callable[[], None]] = {
     "grants-active-regid": grants_active_regid,
     "forgets-old-flag": forgets_old_flag,
     "wrong-low-sqn": wrong_low_sqn,
     "ignores-rate-limit": ignores_rate_limit,
     "drops-duplicate": drops_duplicate,
+    "acks-before-writing": acks_before_writing,
 }
 
 

@@ -29,6 +29,7 @@ CATCHES = {
     "wrong-low-sqn": ("registration", "REG-STORE-010"),
     "ignores-rate-limit": ("recovery", "REC-STORE-005"),
     "drops-duplicate": ("proactive-retransmit", "PRX-STORE-002"),
+    "acks-before-writing": ("durability", "DUR-STORE-001"),
 }
 
 # source/receiver mutant -> (its role, the case that must catch it)
