@@ -1102,6 +1102,10 @@ class StoreCore(ContextCore):
         return b"".join(out)
 
     def _flush_acks(self, src: SourceState) -> None:
+        """Send every ACK owed to ``src`` now (a full batch, the batching timer, room again
+        for a withheld RPP source).  This can happen in the middle of a chunk, before
+        :meth:`on_chunk_done` wrote the chunk's messages, so the repository is written out
+        first: durable before acknowledged (see the repository module docstring)."""
         sqns = [*src.ack_due, *src.unacked]
         src.ack_due = []
         src.unacked.clear()
