@@ -34,7 +34,8 @@ from reference_impl.context import control
 from reference_impl.deployment import SimDeployment
 from reference_impl.receiver import ReceiverConfig, ReceiverCore
 from reference_impl.sim import ConnKey, StreamEvent, StreamEventKind, StreamWrite
-from reference_impl.store import StoreCore, StoreSettings, TopicPolicy, TopicRule
+from reference_impl.store import TopicPolicy, TopicRule
+from tests.reference_impl.store_bench import RESOLVER, STORE, StoreBench
 from wire import lbmr
 from wire.lbmc import (
     Header,
@@ -48,10 +49,7 @@ from wire.lbmc import (
     UmeStore,
     parse_message,
 )
-from wire.lbttcp import LbttcpStream
 
-STORE = ("10.0.0.2", 14567)
-RESOLVER = ("10.0.0.1", 15380)
 SOURCE = ("10.0.0.3", 14391)  # the source's request address
 OWNER = ("10.0.0.4", 14392)  # the receiver's request address
 THIEF = ("10.0.0.9", 14392)  # another host
@@ -66,19 +64,13 @@ DISK = TopicPolicy(source_activity_timeout=60_000, receiver_activity_timeout=TIM
                    repository_type="disk", repository_size_threshold=1 << 30)
 
 
-class Bench:
+class Bench(StoreBench):
     """A store core with one registered source; receivers register on connections of their
     own (one ephemeral port each), with real PREG bytes."""
 
     def __init__(self, policy: TopicPolicy = POLICY, tmp: Path | None = None,
                  now: float = 0.0, *, source: bool = True) -> None:
-        self.store = StoreCore(StoreSettings(
-            "s1", STORE[0], STORE[1], topics=(TopicRule(".*", policy, kind="PCRE"),),
-            resolver=RESOLVER, seed=1,
-            disk_cache_directory=tmp / "cache" if tmp else None,
-            disk_state_directory=tmp / "state" if tmp else None), now=now)
-        self.next_port = 50000
-        self.framers: dict[ConnKey, LbttcpStream] = {}
+        super().__init__(policy, tmp, now)
         if source:
             key = self.connect(SOURCE[0], now)
             self.send(key, now, UmePreg(s_flag=1, reg_id=SRC_REG_ID, transport_idx=1,
@@ -86,15 +78,6 @@ class Bench:
                       Topicname(topic=TOPIC))
             self.store.handle_timer(now + 2.5)  # answered without the transport (JOIN_WAIT)
             self.answers(key, now + 2.5)
-
-    def connect(self, peer_ip: str, now: float) -> ConnKey:
-        self.next_port += 1
-        key: ConnKey = (STORE, (peer_ip, self.next_port))
-        self.store.stream_event(StreamEvent(StreamEventKind.ACCEPTED, key), now)
-        return key
-
-    def send(self, key: ConnKey, now: float, *headers: object) -> None:
-        self.store.stream_event(StreamEvent(StreamEventKind.DATA, key, control(*headers)), now)
 
     def register(self, key: ConnKey, now: float, *, request: tuple[str, int] = OWNER,
                  reg_id: int = REG_ID, session_id: int = 0) -> Header:
@@ -107,26 +90,6 @@ class Bench:
         self.send(key, now, *headers)
         (answer,) = self.answers(key, now)
         return answer
-
-    def answers(self, key: ConnKey, now: float) -> list[Header]:
-        framer = self.framers.setdefault(key, LbttcpStream())
-        out = []
-        for command in self.store.stream_commands(now):
-            if isinstance(command, StreamWrite) and command.conn == key:
-                for item in framer.feed(command.data):
-                    assert item.message is not None
-                    out += [h for h in item.message.headers if isinstance(h, UmePregResp)]
-        return out
-
-    def close(self, key: ConnKey, now: float) -> None:
-        self.store.stream_event(StreamEvent(StreamEventKind.CLOSED, key), now)
-
-    def tick(self, until: float) -> None:
-        """Run the store's timers (activity checks) up to ``until``."""
-        due = self.store.get_timer()
-        while due is not None and due <= until:
-            self.store.handle_timer(due)
-            due = self.store.get_timer()
 
 
 def refused(resp: Header) -> bool:

@@ -21,13 +21,11 @@ from reference_impl.events import InputDropped, StoreUnresponsive
 from reference_impl.fastmsg import data_message
 from reference_impl.sim import Connect, ConnKey, StreamEvent, StreamEventKind, StreamWrite
 from reference_impl.source import SourceConfig, SourceCore, StoreSpec
-from reference_impl.store import StoreCore, StoreSettings, TopicPolicy, TopicRule
+from reference_impl.store import TopicPolicy
+from tests.reference_impl.store_bench import RESOLVER, STORE, StoreBench
 from wire import lbmr
 from wire.lbmc import Header, PregError, Topicname, UmePreg, UmePregResp, UmeSid, parse_message
-from wire.lbttcp import LbttcpStream
 
-STORE = ("10.0.0.2", 14567)
-RESOLVER = ("10.0.0.1", 15380)
 OWNER = ("10.0.0.3", 14391)  # the real source's request address
 OWNER_TRANSPORT = ("10.0.0.3", 14371)
 THIEF = ("10.0.0.9", 14391)  # another host
@@ -40,24 +38,12 @@ DISK = TopicPolicy(source_activity_timeout=TIMEOUT_MS, repository_type="disk",
                    repository_size_threshold=1 << 30)
 
 
-class Bench:
-    """A store core and the connections registrations arrive on (one ephemeral port each)."""
+class Bench(StoreBench):
+    """A store core and the connections source registrations arrive on."""
 
     def __init__(self, policy: TopicPolicy = POLICY, tmp: Path | None = None,
                  now: float = 0.0) -> None:
-        self.store = StoreCore(StoreSettings(
-            "s1", STORE[0], STORE[1], topics=(TopicRule(".*", policy, kind="PCRE"),),
-            resolver=RESOLVER, seed=1,
-            disk_cache_directory=tmp / "cache" if tmp else None,
-            disk_state_directory=tmp / "state" if tmp else None), now=now)
-        self.next_port = 50000
-        self.framers: dict[ConnKey, LbttcpStream] = {}
-
-    def connect(self, peer_ip: str, now: float) -> ConnKey:
-        self.next_port += 1
-        key: ConnKey = (STORE, (peer_ip, self.next_port))
-        self.store.stream_event(StreamEvent(StreamEventKind.ACCEPTED, key), now)
-        return key
+        super().__init__(policy, tmp, now)
 
     def register(self, key: ConnKey, now: float, *, request: tuple[str, int] = OWNER,
                  reg_id: int = REG_ID, session_id: int = 0, topic_idx: int = 1) -> Header:
@@ -69,33 +55,13 @@ class Bench:
                                          resp_port=request[1]), Topicname(topic=TOPIC)]
         if session_id:
             headers.append(UmeSid(sid=session_id))
-        self.store.stream_event(StreamEvent(StreamEventKind.DATA, key, control(*headers)), now)
+        self.send(key, now, *headers)
         answer = self.answers(key, now)
         if not answer:
             self.store.handle_timer(now + 2.5)  # JOIN_WAIT: answered without the transport
             answer = self.answers(key, now + 2.5)
         assert len(answer) == 1, answer
         return answer[0]
-
-    def answers(self, key: ConnKey, now: float) -> list[Header]:
-        framer = self.framers.setdefault(key, LbttcpStream())
-        out = []
-        for command in self.store.stream_commands(now):
-            if isinstance(command, StreamWrite) and command.conn == key:
-                for item in framer.feed(command.data):
-                    assert item.message is not None
-                    out += [h for h in item.message.headers if isinstance(h, UmePregResp)]
-        return out
-
-    def close(self, key: ConnKey, now: float) -> None:
-        self.store.stream_event(StreamEvent(StreamEventKind.CLOSED, key), now)
-
-    def tick(self, until: float) -> None:
-        """Run the store's timers (activity checks every source-check-interval) to ``until``."""
-        due = self.store.get_timer()
-        while due is not None and due <= until:
-            self.store.handle_timer(due)
-            due = self.store.get_timer()
 
 
 def refused(resp: Header) -> bool:
