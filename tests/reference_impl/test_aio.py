@@ -39,6 +39,7 @@ from reference_impl.sim import (
     StreamEventKind,
     StreamWrite,
 )
+from tests.reference_impl.loopback import free_port
 
 K = StreamEventKind
 LO = "127.0.0.1"
@@ -55,13 +56,6 @@ def async_test(timeout: float = 30.0) -> Callable[[Callable[..., Coroutine[Any, 
             return asyncio.run(asyncio.wait_for(fn(*args, **kwargs), timeout))
         return run
     return wrap
-
-
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    """A port nothing listens on right now."""
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind((LO, 0))
-        return int(s.getsockname()[1])
 
 
 def kinds(events: list[tuple[float, StreamEvent]], conn: ConnKey | None = None) -> list[K]:

@@ -39,15 +39,10 @@ from reference_impl.aio import AioHost
 from reference_impl.config import ClientConfig
 from reference_impl.config.store_xml_writer import disk_store_xml
 from reference_impl.events import Event, MessageDelivered, MessageStable, StableFlags
+from tests.reference_impl.loopback import free_port
 
 TOPIC = "crash.safety"
 STABLE_BEFORE_KILL = 2000  # the kill happens once this many are stable, with more in flight
-
-
-def free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Processes:

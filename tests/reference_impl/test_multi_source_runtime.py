@@ -21,16 +21,10 @@ from pathlib import Path
 import pytest
 
 from reference_impl.config.store_xml_writer import disk_store_xml
+from tests.reference_impl.loopback import free_port
 
 IP = "127.0.0.1"
 TOPIC = "multi.orders"
-
-
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as sock:
-        sock.bind((IP, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class Procs:

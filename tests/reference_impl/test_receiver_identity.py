@@ -35,6 +35,7 @@ from reference_impl.deployment import SimDeployment
 from reference_impl.receiver import ReceiverConfig, ReceiverCore
 from reference_impl.sim import ConnKey, StreamEvent, StreamEventKind, StreamWrite
 from reference_impl.store import TopicPolicy, TopicRule
+from tests.reference_impl.loopback import free_port as _free_port
 from tests.reference_impl.store_bench import RESOLVER, STORE, StoreBench
 from wire import lbmr
 from wire.lbmc import (
@@ -347,13 +348,6 @@ def test_in_the_simulator_a_restarted_receiver_gets_its_static_regid_back_at_onc
 
 
 # --- real sockets ---------------------------------------------------------------------------------
-
-
-def _free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _free_range(size: int) -> int:

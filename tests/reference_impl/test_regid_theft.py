@@ -41,17 +41,11 @@ from reference_impl.events import (
     StableFlags,
 )
 from reference_impl.source import SendError, SourceConfig, SourceCore, StoreSpec
+from tests.reference_impl.loopback import free_port
 from wire.lbmc import PregError
 
 IP = "127.0.0.1"
 TOPIC = "theft.orders"
-
-
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as sock:
-        sock.bind((IP, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class Rig:

@@ -32,16 +32,9 @@ from reference_impl.config.store_xml_writer import (
 from reference_impl.events import Event, MessageDelivered
 from reference_impl.source import SourceCore
 from reference_impl.store import StoreCore
+from tests.reference_impl.loopback import free_port
 
 TOPIC = "runtime.acks"
-
-
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    """A port nobody has bound now: each test takes its own, so two test runs on one machine
-    (or a product daemon on UM's well-known ports) do not collide."""
-    with socket.socket(socket.AF_INET, kind) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # --- the store XML writer -----------------------------------------------------------------------

@@ -15,16 +15,10 @@ import benchmarks.store as bench
 from reference_impl import runtime
 from reference_impl.aio import AioHost
 from reference_impl.source import SourceConfig, SourceCore, StoreSpec
+from tests.reference_impl.loopback import free_port
 from wire.lbmc import LbmcMessage, parse_message
 
 IP = "127.0.0.1"
-
-
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as sock:
-        sock.bind((IP, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def _source(host: AioHost, config: SourceConfig) -> SourceCore:

@@ -37,6 +37,7 @@ from reference_impl.webmon import (
     clock_time,
     parse_address,
 )
+from tests.reference_impl.loopback import free_port as _free_port
 
 R = TypeVar("R")
 WALL = 1_700_000_000.25  # pinned Unix time of "now" on the pages
@@ -707,12 +708,6 @@ async def test_lbtru_source_is_shown_with_its_lbtru_source_string() -> None:
         assert data["source_string"] == expected
         assert scrape_source(page, "memory") | {"last_activity": None} == \
             data | {"last_activity": None}
-
-
-def _free_port(kind: socket.SocketKind) -> int:
-    with socket.socket(socket.AF_INET, kind) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @async_test(60)
