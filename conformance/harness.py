@@ -1,9 +1,11 @@
 """What a case works with: the IUT, the harness's peers, checks, and the case's evidence.
 
-A case is a function taking a :class:`Harness`::
+:class:`Harness` implements :class:`conformance.context.CaseContext`, the protocol the cases are
+typed against (so the case model does not import the harness).  A case is a function taking
+it::
 
     @case("REG-SRC-001", ...)
-    def new_source_gets_a_regid(h: Harness) -> None:
+    def new_source_gets_a_regid(h: CaseContext) -> None:
         src = h.source()
         resp = src.register(reg_id=0)
         h.check(not resp.e_flag, "the store refused a new source",
@@ -13,7 +15,7 @@ Against a source or receiver IUT the case sets up the peers first and then start
 with a configuration naming them::
 
     @case("SRC-REG-001", role=Role.SOURCE, ...)
-    def registers_with_every_store(h: Harness) -> None:
+    def registers_with_every_store(h: CaseContext) -> None:
         a, b = h.store("store A"), h.store("store B")
         h.start_iut(a, b)
         h.wait_until(lambda: a.source_pregs() and b.source_pregs(), 3.0, "PREGs")
@@ -34,12 +36,15 @@ from conformance.evidence import Addr, Recorder
 from conformance.iut import ClientUnderTest, IutProcess, StoreEntry, StoreUnderTest, UmOptions
 from conformance.model import CaseSpec, Failed, HarnessError, NonStrict, Unsupported
 from conformance.net import NoAnswer
+from conformance.peer_env import PeerEnv
 from conformance.peers import HarnessReceiver, HarnessResolver, HarnessSource
 from conformance.store_peer import HarnessStore, SourceTap
 from wire import lbmr
 
 
 class Harness:
+    """One case's run: its IUT, the peers it plays, its evidence and its verdict helpers."""
+
     def __init__(self, spec: CaseSpec, iut: IutProcess, resolver: HarnessResolver,
                  recorder: Recorder, *, time_scale: float = 1.0, seed: int = 0) -> None:
         self.spec = spec
@@ -48,6 +53,9 @@ class Harness:
         self.recorder = recorder
         self.time_scale = time_scale
         self.closers: list[Callable[[], None]] = []
+        self.env = PeerEnv(recorder, time_scale, store_addr=lambda: self.store_addr,
+                           wait_tir=resolver.wait_tir, closers=self.closers)
+        """What the peers get of the case (they hold no reference to the harness)."""
         self.random = random.Random(f"{seed}:{spec.id}")
         self._topics = itertools.count(1)
         self.restarted = False
@@ -164,26 +172,27 @@ class Harness:
                stores: tuple[HarnessStore, ...] = ()) -> HarnessSource:
         """A scripted source with its own topic, transport port and request port (registered
         with the harness ``stores`` when it plays for a receiver IUT)."""
-        source = HarnessSource(self, topic or self.topic(),
+        source = HarnessSource(self.env, topic or self.topic(),
                                transport_idx=self.random.randrange(1, 1 << 31), name=name,
                                stores=stores)
+        self.resolver.serve(source)
         self.sources.append(source)
         return source
 
     def store(self, name: str | None = None, *, group: int = 0) -> HarnessStore:
         """A scripted store on a port of its own; its index is its place in the case."""
         index = len(self.stores)
-        store = HarnessStore(self, name or f"store {chr(ord('A') + index)}", index=index,
+        store = HarnessStore(self.env, name or f"store {chr(ord('A') + index)}", index=index,
                              group=group)
         self.stores.append(store)
         return store
 
     def tap(self, name: str = "receiver", timeout: float = 3.0) -> SourceTap:
         """A scripted receiver on the source IUT's transport (found through its TIR)."""
-        return SourceTap(self, self.wait_tir(timeout=timeout), name)
+        return SourceTap(self.env, self.wait_tir(timeout=timeout), name)
 
     def receiver(self, source: HarnessSource, name: str = "receiver") -> HarnessReceiver:
-        return HarnessReceiver(self, source, name=name)
+        return HarnessReceiver(self.env, source, name=name)
 
     def restart_iut(self, *, kill: bool = False) -> None:
         """Restart the IUT on its own files (SIGKILL with ``kill``); peers must reconnect."""

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from conformance.evidence import Addr
-from conformance.model import HarnessError, Unsupported
 from conformance.profile import PLACEHOLDERS, IutProfile
+from conformance.verdicts import HarnessError, Unsupported
 from reference_impl.config.store_xml_writer import StoreXml, TopicXml, store_daemon_xml
 
 TOPIC_PATTERN = r"conform\..*"

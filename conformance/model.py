@@ -21,35 +21,27 @@ profile marks as a known failure unexpectedly passes (so stale tickets are notic
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from conformance.verdicts import (
+    Conclusion,
+    Failed,
+    HarnessError,
+    Informational,
+    NonStrict,
+    Role,
+    Strength,
+    Unsupported,
+    Verdict,
+)
 
 if TYPE_CHECKING:
-    from conformance.harness import Harness
+    from conformance.context import CaseContext
 
-
-class Verdict(enum.StrEnum):
-    PASS = "pass"
-    FAIL = "fail"
-    NON_STRICT = "non-strict"
-    INFORMATIONAL = "informational"
-    UNSUPPORTED = "unsupported"
-    ERROR = "error"
-
-
-class Strength(enum.StrEnum):
-    MUST = "MUST"
-    SHOULD = "SHOULD"
-
-
-class Role(enum.StrEnum):
-    """The part the IUT plays; the harness plays every other part."""
-
-    STORE = "store"
-    SOURCE = "source"
-    RECEIVER = "receiver"
+__all__ = ["SUITES", "CaseSpec", "Conclusion", "Failed", "HarnessError", "Informational",
+           "NonStrict", "Role", "Strength", "Unsupported", "Verdict", "all_cases", "case"]
 
 
 @dataclass(frozen=True)
@@ -71,8 +63,8 @@ class CaseSpec:
         topic_options: topic-level options the case needs for its topic pattern.
         needs_restart: the case restarts the IUT (needs a launch command).
         timeout: seconds the case may take at ``--time-scale 1``.
-        run: the check; it drives the :class:`~conformance.harness.Harness` and raises a
-            :class:`Conclusion` (or returns for ``pass``).
+        run: the check; it drives a :class:`~conformance.context.CaseContext` (the harness)
+            and raises a :class:`Conclusion` (or returns for ``pass``).
     """
 
     id: str
@@ -82,7 +74,7 @@ class CaseSpec:
     section: str
     requirement: str
     strength: Strength
-    run: Callable[[Harness], None]
+    run: Callable[[CaseContext], None]
     store_options: dict[str, str | int] = field(default_factory=dict)
     topic_options: dict[str, str | int] = field(default_factory=dict)
     needs_restart: bool = False
@@ -93,43 +85,6 @@ class CaseSpec:
         return (self.run.__doc__ or "").strip()
 
 
-class Conclusion(Exception):
-    """Ends a case with a verdict other than ``pass`` and says why.
-
-    ``expected`` and ``observed`` are shown side by side in the reports.
-    """
-
-    verdict = Verdict.FAIL
-
-    def __init__(self, message: str, *, expected: Any = None, observed: Any = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.expected = expected
-        self.observed = observed
-
-
-class Failed(Conclusion):
-    verdict = Verdict.FAIL
-
-
-class NonStrict(Conclusion):
-    verdict = Verdict.NON_STRICT
-
-
-class Informational(Conclusion):
-    verdict = Verdict.INFORMATIONAL
-
-
-class Unsupported(Conclusion):
-    verdict = Verdict.UNSUPPORTED
-
-
-class HarnessError(Conclusion):
-    """The harness could not run the case (IUT did not start, bad profile, port in use)."""
-
-    verdict = Verdict.ERROR
-
-
 _REGISTRY: dict[str, CaseSpec] = {}
 
 
@@ -138,9 +93,9 @@ def case(id: str, *, title: str, suite: str, section: str, requirement: str,
          store_options: dict[str, str | int] | None = None,
          topic_options: dict[str, str | int] | None = None,
          needs_restart: bool = False, timeout: float = 10.0
-         ) -> Callable[[Callable[[Harness], None]], Callable[[Harness], None]]:
+         ) -> Callable[[Callable[[CaseContext], None]], Callable[[CaseContext], None]]:
     """Register the decorated function as a conformance case (IDs must be unique)."""
-    def register(fn: Callable[[Harness], None]) -> Callable[[Harness], None]:
+    def register(fn: Callable[[CaseContext], None]) -> Callable[[CaseContext], None]:
         if id in _REGISTRY and _REGISTRY[id].run is not fn:
             raise ValueError(f"conformance case {id} is defined twice")
         _REGISTRY[id] = CaseSpec(

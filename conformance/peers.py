@@ -44,6 +44,7 @@ from conformance.packets import (
     LBMC_UmeStoreExt,
     LBMC_UmeStoreGroup,
 )
+from conformance.peer_env import PeerEnv
 from wire import lbmr
 from wire.lbmc import (
     AckType,
@@ -55,7 +56,6 @@ from wire.lbmc import (
 )
 
 if TYPE_CHECKING:
-    from conformance.harness import Harness
     from conformance.store_peer import HarnessStore
 
 
@@ -135,7 +135,7 @@ class _Client:
     """What scripted sources and receivers share: a TCP connection to the store (opened on
     first use, again after a close) and registration over it."""
 
-    h: Harness
+    env: PeerEnv
     name: str
     link: TcpLink | None
     reg_id: int
@@ -143,16 +143,16 @@ class _Client:
 
     def connect(self) -> TcpLink:
         if self.link is None or self.link.closed:
-            self.link = connect(self.h.store_addr, self.h.recorder, f"{self.name} -> store",
-                                self.h.scaled(2.0))
+            self.link = connect(self.env.store_addr(), self.env.recorder, f"{self.name} -> store",
+                                self.env.scaled(2.0))
         return self.link
 
     def register(self, timeout: float = 5.0, **preg: Any) -> Any:
         """Send a PREG and return the store's UME PREG_RESP header (granted or refused)."""
         link = self.connect()
-        self.h.note(f"{self.name}: PREG {', '.join(f'{k}={v}' for k, v in preg.items())}")
+        self.env.note(f"{self.name}: PREG {', '.join(f'{k}={v}' for k, v in preg.items())}")
         link.send(self.preg(**preg))
-        message = link.expect(has(UmePregResp), self.h.scaled(timeout), "PREG_RESP")
+        message = link.expect(has(UmePregResp), self.env.scaled(timeout), "PREG_RESP")
         resp = message.header(UmePregResp)
         assert resp is not None
         if not resp.e_flag:
@@ -163,10 +163,11 @@ class _Client:
 class HarnessSource(_Client):
     """A scripted source of one topic (see the module docstring)."""
 
-    def __init__(self, harness: Harness, topic: str, *, transport_idx: int,
+    def __init__(self, env: PeerEnv, topic: str, *, transport_idx: int,
                  topic_idx: int = 0, name: str = "source",
                  stores: Sequence[HarnessStore] = ()) -> None:
-        self.h = harness
+        """A source of ``topic``; the caller has the harness resolver serve its TIR."""
+        self.env = env
         self.topic = topic
         self.name = name
         self.transport_idx = transport_idx
@@ -176,17 +177,16 @@ class HarnessSource(_Client):
         self.answer_sri_requests = False
         self._sri_lock = threading.Lock()
         self._sri_requests: list[tuple[float, LbmcMessage]] = []
-        self.transport = Listener("127.0.0.1", harness.recorder, f"{name} transport",
+        self.transport = Listener("127.0.0.1", env.recorder, f"{name} transport",
                                   ports=rotated(TRANSPORT_PORTS))
-        self.request = Listener("127.0.0.1", harness.recorder, f"{name} request port",
+        self.request = Listener("127.0.0.1", env.recorder, f"{name} request port",
                                 ports=rotated(REQUEST_PORTS), on_message=self._on_request)
         self.link: TcpLink | None = None
         # in front of harness stores the source is "registered" with them already
         self.reg_id = self.stores[0].source_reg_id if self.stores else 0
-        self.store_addr = self.stores[0].addr if self.stores else harness.store_addr
+        self.store_addr = self.stores[0].addr if self.stores else env.store_addr()
         self.advertise_on_query = True
-        harness.resolver.serve(self)
-        harness.closers.append(self.close)
+        env.on_close(self.close)
 
     # --- resolution ---------------------------------------------------------------------------
 
@@ -226,7 +226,7 @@ class HarnessSource(_Client):
 
     def store_links(self, timeout: float = 3.0) -> list[TcpLink]:
         """The store's connections to this source's transport (waits for the first)."""
-        self.transport.expect_link(self.h.scaled(timeout), "the store joining the transport")
+        self.transport.expect_link(self.env.scaled(timeout), "the store joining the transport")
         return [x for x in self.transport.links if not x.closed]
 
     def data(self, sqn: int, payload: bytes = b"", *, kind: MessageType = MessageType.MESSAGE
@@ -247,7 +247,7 @@ class HarnessSource(_Client):
         return link.expect(
             lambda m: any(isinstance(h, UmeAck) and h.type == AckType.STABLE
                           and h.seqnum >= sqn for h in m.headers),
-            self.h.scaled(timeout), f"a stability ACK for sqn {sqn}")
+            self.env.scaled(timeout), f"a stability ACK for sqn {sqn}")
 
     # --- SRI and publishing (in front of a receiver IUT) -------------------------------------
 
@@ -320,16 +320,16 @@ class HarnessSource(_Client):
 class HarnessReceiver(_Client):
     """A scripted receiver of a harness source's topic."""
 
-    def __init__(self, harness: Harness, source: HarnessSource, *, name: str = "receiver",
+    def __init__(self, env: PeerEnv, source: HarnessSource, *, name: str = "receiver",
                  request_port: int = 14391) -> None:
-        self.h = harness
+        self.env = env
         self.source = source
         self.name = name
         self.link: TcpLink | None = None
         self.reg_id = 0
         self.request_port = request_port
         self._request_idx = 0
-        harness.closers.append(self.close)
+        env.on_close(self.close)
 
     def preg(self, *, reg_id: int = 0, source_reg_id: int | None = None,
              session_id: int | None = None, rpp: bool = False, deregister: bool = False,
@@ -366,7 +366,7 @@ class HarnessReceiver(_Client):
     def expect_data(self, sqn: int, timeout: float = 3.0) -> LbmcMessage:
         """Wait for a retransmission (or any data message) of ``sqn`` from the store."""
         return self.connect().expect(lambda m: m.is_data_type and m.sqn == sqn,
-                                     self.h.scaled(timeout), f"data sqn {sqn} from the store")
+                                     self.env.scaled(timeout), f"data sqn {sqn} from the store")
 
     def close(self) -> None:
         if self.link is not None:

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.model import Role
+from conformance.verdicts import Role
 
 VERSIONS = ("current", "guide-5.3")
 

@@ -31,7 +31,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from scapy.packet import Packet
 
@@ -45,6 +44,7 @@ from conformance.packets import (
     LBMC_UmePregResp,
     LBMC_UmeStoreid,
 )
+from conformance.peer_env import PeerEnv
 from wire import lbmr
 from wire.lbmc import (
     AckType,
@@ -60,9 +60,6 @@ from wire.lbmc import (
     UmeRxreq,
     UmeSid,
 )
-
-if TYPE_CHECKING:
-    from conformance.harness import Harness
 
 
 @dataclass(frozen=True)
@@ -126,12 +123,12 @@ class HarnessStore:
             the SRI names it, and the receiver's PREG must carry it).
     """
 
-    def __init__(self, harness: Harness, name: str, *, index: int, group: int = 0) -> None:
-        self.h = harness
+    def __init__(self, env: PeerEnv, name: str, *, index: int, group: int = 0) -> None:
+        self.env = env
         self.name = name
         self.index = index
         self.group = group
-        self.listener = Listener("127.0.0.1", harness.recorder, name,
+        self.listener = Listener("127.0.0.1", env.recorder, name,
                                  on_message=self._on_message)
         self.addr: Addr = self.listener.addr
         self.answer = True
@@ -158,7 +155,7 @@ class HarnessStore:
         self.stable_sent: set[int] = set()
         self._transports: dict[TcpLink, StoreSource] = {}
         self._lock = threading.RLock()
-        harness.closers.append(self.close)
+        env.on_close(self.close)
 
     # --- what a case reads ----------------------------------------------------------------------
 
@@ -297,7 +294,7 @@ class HarnessStore:
         if self.silent or not self.answer:
             return
         if self.refuse:
-            self.h.note(f"{self.name}: refusing the source's PREG with error code {self.refuse}")
+            self.env.note(f"{self.name}: refusing the source's PREG with error code {self.refuse}")
             link.send(self.packet_preg_resp(preg, reg_id=preg.reg_id, error=self.refuse))
             return
         topic = message.header(Topicname)
@@ -322,7 +319,7 @@ class HarnessStore:
             self._join(src)
             if link.closed or self.silent:
                 return
-            self.h.note(f"{self.name}: granting source RegID {src.reg_id}"
+            self.env.note(f"{self.name}: granting source RegID {src.reg_id}"
                         f"{f' OLD, high sqn {high}' if old else ''}")
             # recorded before it is sent: the IUT may act on the grant (and a case look at
             # the grants) before this thread runs again
@@ -330,20 +327,20 @@ class HarnessStore:
                 self.granted.append((time.monotonic(), src.reg_id))
             link.send(self.packet_preg_resp(preg, reg_id=src.reg_id, old=old, high=high))
         except NoAnswer as exc:
-            self.h.note(f"{self.name}: {exc}")
+            self.env.note(f"{self.name}: {exc}")
 
     def _join(self, src: StoreSource) -> None:
         """Connect to the source's transport (once) and say hello there."""
         if src.transport is None or src.transport.closed:
-            tir = self.h.resolver.wait_tir(src.topic, self.h.scaled(3.0))
+            tir = self.env.wait_tir(src.topic, self.env.scaled(3.0))
             if tir is None or not isinstance(tir.info, lbmr.TcpInfo | lbmr.TcpSidInfo):
-                self.h.note(f"{self.name}: no LBT-TCP TIR for {src.topic!r}: not joining its "
+                self.env.note(f"{self.name}: no LBT-TCP TIR for {src.topic!r}: not joining its "
                             f"transport")
                 return
-            transport = connect((tir.info.ip, tir.info.port), self.h.recorder,
-                                f"{self.name} -> source transport", self.h.scaled(2.0),
+            transport = connect((tir.info.ip, tir.info.port), self.env.recorder,
+                                f"{self.name} -> source transport", self.env.scaled(2.0),
                                 on_message=self._on_message)
-            self.h.closers.append(transport.close)
+            self.env.on_close(transport.close)
             with self._lock:
                 src.transport = transport
                 self._transports[transport] = src
@@ -371,7 +368,7 @@ class HarnessStore:
             high = self.receiver_high if self.receiver_high is not None else \
                 max(self.repository, default=0)
             self.granted.append((time.monotonic(), reg_id))
-        self.h.note(f"{self.name}: granting receiver RegID {reg_id}, low {low}, high {high}")
+        self.env.note(f"{self.name}: granting receiver RegID {reg_id}, low {low}, high {high}")
         link.send(self.packet_preg_resp(preg, reg_id=reg_id, old=known, low=low, high=high))
 
     def _on_rxreq(self, link: TcpLink, rxreq: Header) -> None:
@@ -416,11 +413,11 @@ def _ack(message: LbmcMessage) -> Header:
 class SourceTap:
     """A scripted receiver of a source IUT: on its transport, asking for SRI."""
 
-    def __init__(self, harness: Harness, tir: lbmr.Tir, name: str = "receiver") -> None:
+    def __init__(self, env: PeerEnv, tir: lbmr.Tir, name: str = "receiver") -> None:
         if not isinstance(tir.info, lbmr.TcpInfo | lbmr.TcpSidInfo):
             raise NoAnswer(f"the source advertised a {type(tir.info).__name__} transport; the "
                            f"harness plays receivers of LBT-TCP only")
-        self.h = harness
+        self.env = env
         self.name = name
         self.tir = tir
         ume = next((o for o in tir.options or [] if isinstance(o, lbmr.ToptUme)), None)
@@ -428,18 +425,18 @@ class SourceTap:
             (ume.src_tcp_addr, ume.src_tcp_port) if ume is not None else None
         self.transport_idx = ume.transport_idx if ume is not None else 0
         self.topic_idx = tir.index
-        self.link = connect((tir.info.ip, tir.info.port), harness.recorder,
-                            f"{name} -> source transport", harness.scaled(2.0))
+        self.link = connect((tir.info.ip, tir.info.port), env.recorder,
+                            f"{name} -> source transport", env.scaled(2.0))
         self.request: TcpLink | None = None
-        harness.closers.append(self.close)
+        env.on_close(self.close)
 
     def sri_request(self) -> None:
         """Send an SRI request to the source's request port (from its TIR)."""
         if self.request_addr is None:
             raise NoAnswer("the source's TIR has no UME option naming its request port")
         if self.request is None or self.request.closed:
-            self.request = connect(self.request_addr, self.h.recorder,
-                                   f"{self.name} -> source request port", self.h.scaled(2.0))
+            self.request = connect(self.request_addr, self.env.recorder,
+                                   f"{self.name} -> source request port", self.env.scaled(2.0))
         self.request.send(LBMC() / LBMC_SriReq(transport_idx=self.transport_idx,
                                               topic_idx=self.topic_idx))
 
@@ -448,7 +445,7 @@ class SourceTap:
         return [m for m in list(self.link.received) if m.header(Sri) is not None]
 
     def expect_sri(self, timeout: float, what: str = "an SRI") -> LbmcMessage:
-        return self.link.expect(lambda m: m.header(Sri) is not None, self.h.scaled(timeout),
+        return self.link.expect(lambda m: m.header(Sri) is not None, self.env.scaled(timeout),
                                 what)
 
     def data_sqns(self) -> list[int]:

@@ -19,7 +19,7 @@ may take.
 
 from __future__ import annotations
 
-from conformance.harness import Harness
+from conformance.context import CaseContext
 from conformance.model import Role, case
 from conformance.peers import HarnessSource
 from wire.lbmc import AckType, UmeAck
@@ -45,7 +45,7 @@ def _acked(src: HarnessSource) -> set[int]:
             if isinstance(hd, UmeAck) and hd.type == AckType.STABLE}
 
 
-def _crash_and_recover(h: Harness) -> None:
+def _crash_and_recover(h: CaseContext) -> None:
     src = h.source()
     resp = src.register(reg_id=0)
     h.check(not resp.e_flag, "the store refused the source",
@@ -97,7 +97,7 @@ def _crash_and_recover(h: Harness) -> None:
 @case("DUR-STORE-001", suite=SUITE, role=Role.STORE, needs_restart=True, timeout=30.0,
       title="Every message acknowledged before a SIGKILL is recoverable after the restart",
       section=SECTION, requirement=REQUIREMENT, topic_options=DISK)
-def crash_after_acks(h: Harness) -> None:
+def crash_after_acks(h: CaseContext) -> None:
     """300 messages, an ACK for each (the default): SIGKILL at the last ACK, restart, the
     source re-registers, a receiver asks for every acknowledged message."""
     _crash_and_recover(h)
@@ -108,7 +108,7 @@ def crash_after_acks(h: Harness) -> None:
       section=SECTION, requirement=REQUIREMENT,
       topic_options={**DISK, "stability-ack-minimum-number": 16,
                      "stability-ack-interval": 100})
-def crash_after_batched_acks(h: Harness) -> None:
+def crash_after_batched_acks(h: CaseContext) -> None:
     """As DUR-STORE-001 with ACKs batched by 16 or every 100 ms: the batching must not let an
     ACK overtake the write of its message."""
     _crash_and_recover(h)

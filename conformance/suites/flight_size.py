@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from conformance.harness import Harness
+from conformance.context import CaseContext
 from conformance.model import Role, case
 from conformance.packets import LBMC, LBMC_UmeAck
 from conformance.store_peer import HarnessStore
@@ -31,7 +31,7 @@ from wire.lbmc import AckType
 SUITE = "flight-size"
 
 
-def _settled(h: Harness, store: HarnessStore, quiet: float, limit: float, what: str) -> None:
+def _settled(h: CaseContext, store: HarnessStore, quiet: float, limit: float, what: str) -> None:
     """Wait until ``store`` saw at least one data message and then none for ``quiet`` seconds
     (at most ``limit`` seconds in all): a blocked source stops sending, a slow one does not."""
     if not h.wait_until(lambda: bool(store.data_sqns()), 4.0, f"{what}: the first message"):
@@ -49,7 +49,7 @@ def _more_than(store: HarnessStore, count: int) -> Callable[[], bool]:
     return lambda: len(store.data_sqns()) > count
 
 
-def _blocked_at(h: Harness, store: HarnessStore, expected: list[int], what: str) -> None:
+def _blocked_at(h: CaseContext, store: HarnessStore, expected: list[int], what: str) -> None:
     """The source sent exactly ``expected`` and nothing more within half a second."""
     h.wait_until(lambda: len(store.data_sqns()) >= len(expected), 2.0, what)
     h.wait_until(lambda: len(store.data_sqns()) > len(expected), 0.5,
@@ -67,7 +67,7 @@ def _blocked_at(h: Harness, store: HarnessStore, expected: list[int], what: str)
                   "call to send blocks ... UMP considers a sent message in flight until the "
                   "source receives the configured number of stability acknowledgements.",
       timeout=12.0)
-def count_limit_blocks(h: Harness) -> None:
+def count_limit_blocks(h: CaseContext) -> None:
     """Flight size 3, no stability ACK: exactly 0..2 go out; the harness acknowledges 0 and
     exactly one more message (3) may follow."""
     store = h.store()
@@ -87,7 +87,7 @@ def count_limit_blocks(h: Harness) -> None:
       requirement="The UMP flight size bytes mechanism operates with only payload data. UM or "
                   "network overhead is not included in the byte count.",
       timeout=12.0)
-def bytes_limit_counts_payload(h: Harness) -> None:
+def bytes_limit_counts_payload(h: CaseContext) -> None:
     """Flight size 1000 messages, 2048 bytes, no stability ACK.  The unstable payload bytes on
     the wire must never exceed 2048, and the source must not stop while the next message (taken
     to be as long as the last one seen) would still fit: a source counting any header byte
@@ -120,7 +120,7 @@ def bytes_limit_counts_payload(h: Harness) -> None:
                   "exceeded, ume_flight_size_bytes not exceeded: ume_flight_size_behavior "
                   "executes.",
       timeout=12.0)
-def either_limit_binds(h: Harness) -> None:
+def either_limit_binds(h: CaseContext) -> None:
     """Flight size 4 messages and 1 MiB: the byte limit is far away, the count limit must
     still stop the source at 0..3 (a source that uses only the byte limit once it is set
     sends on)."""
@@ -140,7 +140,7 @@ def either_limit_binds(h: Harness) -> None:
                   "would exceed the flight size or allow the sends while notifying your "
                   "application.",
       timeout=12.0)
-def notify_does_not_block(h: Harness) -> None:
+def notify_does_not_block(h: CaseContext) -> None:
     """Flight size 3, behaviour notify, no stability ACK: the source must go on sending (at
     least 8 messages).  The OVER/UNDER notifications reach only the application; the wire
     cannot show them, so they are not judged here."""
@@ -164,7 +164,7 @@ def notify_does_not_block(h: Harness) -> None:
                   "flight (ume_retention_intergroup_stability_behavior all: stable once every "
                   "group has it).",
       timeout=12.0)
-def inflight_until_intergroup_stable(h: Harness) -> None:
+def inflight_until_intergroup_stable(h: CaseContext) -> None:
     """Two groups of one store each, intergroup behaviour ``all``, flight size 3.  Store A
     (group 0) acknowledges everything, store B (group 1) nothing: no message is stable, so
     exactly 0..2 go out; once B acknowledges 0, exactly one more (3) may follow."""
@@ -193,7 +193,7 @@ def inflight_until_intergroup_stable(h: Harness) -> None:
                   "considered in flight until the source receives two stability notifications "
                   "AND two delivery confirmation notifications.",
       timeout=15.0)
-def confirmations_keep_in_flight(h: Harness) -> None:
+def confirmations_keep_in_flight(h: CaseContext) -> None:
     """The guide's example: three stores in one group (quorum), A and B acknowledge every
     message, C none; unique confirmations 2, flight size 2.  Messages 0 and 1 are stable but
     unconfirmed: nothing more may go out.  Receiver 1 confirms up to 1: still nothing.
@@ -235,7 +235,7 @@ def confirmations_keep_in_flight(h: Harness) -> None:
                   "configuration, until a source receives a stability notification from two of "
                   "the three stores, UMP considers a given message in-flight.",
       timeout=12.0)
-def inflight_until_intragroup_quorum(h: Harness) -> None:
+def inflight_until_intragroup_quorum(h: CaseContext) -> None:
     """The first half of the guide's example: three stores in one group, intragroup behaviour
     ``quorum`` (set explicitly), flight size 2.  Only A acknowledges: one store of three is no
     quorum, so exactly 0 and 1 go out; once B acknowledges 0, exactly one more (2) may

@@ -19,7 +19,7 @@ registration connection, and waits for the store's ACK.
 
 from __future__ import annotations
 
-from conformance.harness import Harness
+from conformance.context import CaseContext
 from conformance.model import Role, case
 from conformance.peers import HarnessSource
 from conformance.store_peer import HarnessStore, Seen
@@ -45,7 +45,7 @@ def _prorx_by_sqn(store: HarnessStore) -> dict[int, list[Seen]]:
     return out
 
 
-def _wait_first(h: Harness, store: HarnessStore) -> None:
+def _wait_first(h: CaseContext, store: HarnessStore) -> None:
     if not h.wait_until(lambda: bool(store.data_sqns()), 4.0, "the first data message"):
         h.check(False, "the source sent no data message",
                 expected="data on the transport after Registration Complete",
@@ -61,7 +61,7 @@ def _wait_first(h: Harness, store: HarnessStore) -> None:
                   "source: a message not stable within ume_message_stability_timeout is sent "
                   "again.",
       timeout=12.0)
-def resends_after_timeout(h: Harness) -> None:
+def resends_after_timeout(h: CaseContext) -> None:
     """Stability timeout 500 ms, checked every 100 ms.  The store does not acknowledge every
     third message (sqn % 3 == 1) as it arrives on the transport - its data or its ACK was lost,
     the source cannot tell - and acknowledges its proactive retransmission.  Each such
@@ -116,7 +116,7 @@ def resends_after_timeout(h: Harness) -> None:
                   "not yet stable is retransmitted; a value of 0 disables proactive "
                   "retransmission.",
       timeout=12.0)
-def timeout_zero_never_resends(h: Harness) -> None:
+def timeout_zero_never_resends(h: CaseContext) -> None:
     """No stability ACK at all, stability timeout 0, checked every 100 ms: nothing may come
     back as a proactive retransmission within 1.5 s."""
     store = h.store()
@@ -139,7 +139,7 @@ def timeout_zero_never_resends(h: Harness) -> None:
                   "this time, the source stops retransmitting it, reclaims it and delivers a "
                   "Message Not Stable event to the application.",
       timeout=12.0)
-def lifetime_stops_resending(h: Harness) -> None:
+def lifetime_stops_resending(h: CaseContext) -> None:
     """No stability ACK, stability timeout 200 ms, lifetime 800 ms, checked every 100 ms.
     Messages must be resent (the timeout works) but none later than 1.2 s after it was first
     sent (lifetime plus two timeouts of margin).  The Message Not Stable event is the
@@ -178,7 +178,7 @@ def _stable_acks(src: HarnessSource, sqn: int) -> list[LbmcMessage]:
                    for hd in m.headers)]
 
 
-def _resend(h: Harness, src: HarnessSource, sqn: int) -> None:
+def _resend(h: CaseContext, src: HarnessSource, sqn: int) -> None:
     """Send ``sqn`` as a proactive retransmission on the registration connection."""
     h.note(f"{src.name}: proactive retransmission of {sqn} on the registration connection")
     src.connect().send(src.data(sqn, kind=MessageType.PRORX))
@@ -190,7 +190,7 @@ def _resend(h: Harness, src: HarnessSource, sqn: int) -> None:
       requirement="Proactive Retransmissions address loss of message data between the source "
                   "and a store: the source sends the message again and the store persists and "
                   "acknowledges it.")
-def lost_data_is_acknowledged(h: Harness) -> None:
+def lost_data_is_acknowledged(h: CaseContext) -> None:
     """The source sends 0..4 on its transport except 2 (lost); 4 is acknowledged, 2 not.
     Then 2 comes as a proactive retransmission on the registration connection: the store
     must acknowledge 2 as stable."""
@@ -213,7 +213,7 @@ def lost_data_is_acknowledged(h: Harness) -> None:
                   "the store and the source: the source sends the message again, and only a "
                   "new stability ACK from the store makes it stable - so the store must "
                   "acknowledge the duplicate, even though it already holds it.")
-def duplicate_is_acknowledged_again(h: Harness) -> None:
+def duplicate_is_acknowledged_again(h: CaseContext) -> None:
     """The source sends 0..2 and gets their ACKs; then it resends 1 (its ACK was "lost") as a
     proactive retransmission: a second stability ACK for 1 must come."""
     src = h.source()

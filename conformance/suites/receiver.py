@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 
-from conformance.harness import Harness
+from conformance.context import CaseContext
 from conformance.model import Role, case
 from conformance.peers import HarnessSource
 from conformance.store_peer import HarnessStore
@@ -27,13 +27,13 @@ SUITE_REG = "registration"
 SUITE_REC = "recovery"
 
 
-def _peers(h: Harness, stores: int = 1) -> tuple[HarnessSource, list[HarnessStore]]:
+def _peers(h: CaseContext, stores: int = 1) -> tuple[HarnessSource, list[HarnessStore]]:
     """Stores, and a source of the IUT's topic registered with them."""
     peers = [h.store() for _ in range(stores)]
     return h.source(topic=h.iut_topic, stores=tuple(peers)), peers
 
 
-def _start(h: Harness, src: HarnessSource, *, sri: bool = True,
+def _start(h: CaseContext, src: HarnessSource, *, sri: bool = True,
            options: dict[str, str | int] | None = None) -> None:
     """Start the receiver; with ``sri`` the source sends its SRI as soon as the receiver
     joins the transport, and answers SRI requests."""
@@ -44,14 +44,14 @@ def _start(h: Harness, src: HarnessSource, *, sri: bool = True,
         src.send_sri(src.sri(high=src.high_sent()))
 
 
-def _setup(h: Harness, stores: int = 1, *, sri: bool = True,
+def _setup(h: CaseContext, stores: int = 1, *, sri: bool = True,
            options: dict[str, str | int] | None = None) -> tuple[HarnessSource, list[HarnessStore]]:
     src, peers = _peers(h, stores)
     _start(h, src, sri=sri, options=options)
     return src, peers
 
 
-def _registered(h: Harness, *stores: HarnessStore, timeout: float = 3.0) -> None:
+def _registered(h: CaseContext, *stores: HarnessStore, timeout: float = 3.0) -> None:
     h.wait_until(lambda: all(s.granted for s in stores), timeout, "the receiver's registrations")
     h.check(all(s.granted for s in stores), "the receiver did not register with every store",
             expected=f"a receiver PREG at {', '.join(s.name for s in stores)}",
@@ -66,7 +66,7 @@ def _registered(h: Harness, *stores: HarnessStore, timeout: float = 3.0) -> None
                   "can request an SRI from the source if they find that the UMP flag is set in "
                   "the source's TIR.",
       timeout=15.0)
-def sri_request_without_sri(h: Harness) -> None:
+def sri_request_without_sri(h: CaseContext) -> None:
     """The source sends no SRI: SRI requests naming its transport and topic indexes must
     come, about 300 ms apart (the interval set); once an SRI arrives they must stop and the
     receiver must register."""
@@ -98,7 +98,7 @@ def sri_request_without_sri(h: Harness) -> None:
       requirement="Receivers register with a store or stores after receiving a SRI packet ... "
                   "for each store in the SRI the receiver unicasts a registration carrying the "
                   "source's RegID for that store.")
-def registers_with_sri_stores(h: Harness) -> None:
+def registers_with_sri_stores(h: CaseContext) -> None:
     src, stores = _setup(h, stores=2)
     _registered(h, *stores)
     for store in stores:
@@ -123,7 +123,7 @@ def registers_with_sri_stores(h: Harness) -> None:
                   "with a particular Session ID, it checks to see if it already has a source "
                   "or receiver for that topic/Session ID: the receiver sends its Session ID "
                   "and lets the store find its RegID.")
-def receiver_session_id(h: Harness) -> None:
+def receiver_session_id(h: CaseContext) -> None:
     sid = h.random.randrange(1, 1 << 48)
     _, (store,) = _setup(h, options={"receiver ume_session_id": sid})
     _registered(h, store)
@@ -144,7 +144,7 @@ def receiver_session_id(h: Harness) -> None:
       requirement="Re-register with the store. Determine the low sequence number. Request "
                   "retransmission of messages starting with the low sequence number.",
       timeout=15.0)
-def starts_at_store_low_sqn(h: Harness) -> None:
+def starts_at_store_low_sqn(h: CaseContext) -> None:
     """The store holds 0..9 and answers low 6: the receiver must ask for nothing below 6 and
     deliver 6..9 (retransmitted), then the live 10 and 11."""
     src, (store,) = _peers(h)
@@ -167,7 +167,7 @@ def starts_at_store_low_sqn(h: Harness) -> None:
                   "requests retransmission from the persistent stores; UM unicasts "
                   "retransmissions.",
       timeout=15.0)
-def gap_is_recovered(h: Harness) -> None:
+def gap_is_recovered(h: CaseContext) -> None:
     """Live 0..4, then 7..9: 5 and 6 (held by the store, never sent live) must be requested
     and everything delivered once, in order, 5 and 6 as retransmissions."""
     src, (store,) = _setup(h)
@@ -181,7 +181,7 @@ def gap_is_recovered(h: Harness) -> None:
     h.check_delivered(list(range(10)), retransmitted={5, 6})
 
 
-def _unanswered_requests(h: Harness, interval: int, outstanding: int,
+def _unanswered_requests(h: CaseContext, interval: int, outstanding: int,
                          held: int = 30) -> tuple[HarnessSource, HarnessStore]:
     """A store holding 0..held-1 that does not serve RXREQs yet, a receiver recovering them."""
     src, (store,) = _peers(h)
@@ -201,7 +201,7 @@ def _unanswered_requests(h: Harness, interval: int, outstanding: int,
       requirement="A receiver only sends a certain number of retransmission requests at a "
                   "time ... retransmit_request_outstanding_maximum.",
       timeout=15.0)
-def outstanding_maximum(h: Harness) -> None:
+def outstanding_maximum(h: CaseContext) -> None:
     """30 messages to recover, maximum 4 outstanding, no answer from the store for a second:
     at most 4 different sequence numbers may be requested.  Then the store answers and all 30
     must be delivered in order."""
@@ -221,7 +221,7 @@ def outstanding_maximum(h: Harness) -> None:
       requirement="The timeout used between requests, if the retransmission does not arrive, "
                   "is totally controllable with retransmit_request_interval.",
       timeout=15.0)
-def rerequest_interval(h: Harness) -> None:
+def rerequest_interval(h: CaseContext) -> None:
     """Interval 400 ms, the store silent: the same sequence number must be asked again, and
     never twice within 300 ms (a 25% margin for timer granularity)."""
     _, store = _unanswered_requests(h, interval=400, outstanding=2)
@@ -247,7 +247,7 @@ def rerequest_interval(h: Harness) -> None:
                   "complete and then handed to the application: every message once, in "
                   "sequence order.",
       timeout=15.0)
-def late_receiver_recovers_in_order(h: Harness) -> None:
+def late_receiver_recovers_in_order(h: CaseContext) -> None:
     """The store holds 0..9 sent before the receiver existed and delays its retransmissions
     until live 10..14 have arrived: the application must still see 0..14 once, in order."""
     src, store = _unanswered_requests(h, interval=300, outstanding=10, held=10)
@@ -265,7 +265,7 @@ def late_receiver_recovers_in_order(h: Harness) -> None:
       section="Normal Operation",
       requirement="As receivers process and consume messages they unicast acknowledgments to "
                   "the store letting the store know of successful consumption of data.")
-def consumption_acks(h: Harness) -> None:
+def consumption_acks(h: CaseContext) -> None:
     src, stores = _peers(h, 2)
     a, b = stores
     a.assign_reg_id = h.random.randrange(10_000, 1 << 30)

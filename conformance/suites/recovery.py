@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from conformance.harness import Harness
+from conformance.context import CaseContext
 from conformance.model import Role, case
 from conformance.peers import HarnessSource
 from wire.lbmc import AckType, MessageType, UmeAck
@@ -18,7 +18,7 @@ from wire.lbmc import AckType, MessageType, UmeAck
 SUITE = "recovery"
 
 
-def _register_with_messages(h: Harness, count: int) -> HarnessSource:
+def _register_with_messages(h: CaseContext, count: int) -> HarnessSource:
     src = h.source()
     resp = src.register(reg_id=0)
     h.check(not resp.e_flag, "the store refused the source", observed=repr(resp))
@@ -33,7 +33,7 @@ def _register_with_messages(h: Harness, count: int) -> HarnessSource:
       section="Persistent Store",
       requirement="The store persists the source's messages and acknowledges each to the "
                   "source once it is stable (stability ACK).")
-def messages_become_stable(h: Harness) -> None:
+def messages_become_stable(h: CaseContext) -> None:
     src = h.source()
     h.check(not src.register(reg_id=0).e_flag, "the store refused the source")
     src.send(*range(20))
@@ -50,7 +50,7 @@ def messages_become_stable(h: Harness) -> None:
       section="Receiver Recovery",
       requirement="Receivers request missed messages from the store, which retransmits them.",
       store_options={}, topic_options={"receiver-new-registration-rollback": 2147483647})
-def retransmission_returns_the_payload(h: Harness) -> None:
+def retransmission_returns_the_payload(h: CaseContext) -> None:
     src = _register_with_messages(h, 10)
     rcv = h.receiver(src)
     h.check(not rcv.register(reg_id=0).e_flag, "the store refused the receiver")
@@ -70,7 +70,7 @@ def retransmission_returns_the_payload(h: Harness) -> None:
       requirement="receiver-new-registration-rollback 2147483647: a new receiver recovers "
                   "everything the store still holds.",
       topic_options={"receiver-new-registration-rollback": 2147483647})
-def new_receiver_low_sqn_unlimited(h: Harness) -> None:
+def new_receiver_low_sqn_unlimited(h: CaseContext) -> None:
     src = _register_with_messages(h, 10)
     resp = h.receiver(src).register(reg_id=0)
     h.check(not resp.e_flag, "the store refused the receiver")
@@ -83,7 +83,7 @@ def new_receiver_low_sqn_unlimited(h: Harness) -> None:
       requirement="Setting receiver-new-registration-rollback to N rolls a new receiver back N "
                   "stabilised messages.",
       topic_options={"receiver-new-registration-rollback": 3})
-def new_receiver_low_sqn_rollback(h: Harness) -> None:
+def new_receiver_low_sqn_rollback(h: CaseContext) -> None:
     src = _register_with_messages(h, 10)
     resp = h.receiver(src).register(reg_id=0)
     h.check(not resp.e_flag, "the store refused the receiver")
@@ -100,7 +100,7 @@ RATE = 40
                   "retransmission requests the store processes per second.",
       store_options={"retransmission-request-processing-rate": RATE},
       topic_options={"receiver-new-registration-rollback": 2147483647}, timeout=15.0)
-def retransmission_rate_limit(h: Harness) -> None:
+def retransmission_rate_limit(h: CaseContext) -> None:
     """Ask for 100 messages at once with the rate at 40/s: within the first second no more
     than the rate (plus one burst interval of slack) may come back, and some must."""
     src = _register_with_messages(h, 100)
@@ -129,7 +129,7 @@ def retransmission_rate_limit(h: Harness) -> None:
                   "and receivers can recover the messages.",
       topic_options={"repository-type": "disk",
                      "receiver-new-registration-rollback": 2147483647})
-def restart_keeps_state(h: Harness) -> None:
+def restart_keeps_state(h: CaseContext) -> None:
     src = _register_with_messages(h, 10)
     reg_id = src.reg_id
     h.restart_iut()
@@ -151,7 +151,7 @@ def restart_keeps_state(h: Harness) -> None:
       requirement="When a source is inactive for longer than source-activity-timeout, the "
                   "store considers it gone; without a state lifetime its state is deleted.",
       topic_options={"source-activity-timeout": 1000, "source-check-interval": 100})
-def activity_timeout_deletes_state(h: Harness) -> None:
+def activity_timeout_deletes_state(h: CaseContext) -> None:
     src = _register_with_messages(h, 3)
     reg_id = src.reg_id
     assert src.link is not None
@@ -171,7 +171,7 @@ def activity_timeout_deletes_state(h: Harness) -> None:
                   "messages) until the lifetime runs out.",
       topic_options={"source-activity-timeout": 500, "source-state-lifetime": 30000,
                      "source-check-interval": 100})
-def state_lifetime_keeps_state(h: Harness) -> None:
+def state_lifetime_keeps_state(h: CaseContext) -> None:
     src = _register_with_messages(h, 3)
     reg_id = src.reg_id
     assert src.link is not None

@@ -10,19 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.harness import Harness
+from conformance.context import CaseContext
 from conformance.model import Role, Strength, case
 from wire.lbmc import PregError
 
 SUITE = "registration"
 
 
-def _granted(h: Harness, resp: object, who: str) -> None:
+def _granted(h: CaseContext, resp: object, who: str) -> None:
     h.check(not resp.e_flag, f"the store refused {who} (error code {resp.error_code})",  # type: ignore[attr-defined]
             expected="PREG_RESP without the E (error) flag", observed=repr(resp))
 
 
-def _refused(h: Harness, resp: Any, who: str, *, preferred: PregError | None = None,
+def _refused(h: CaseContext, resp: Any, who: str, *, preferred: PregError | None = None,
              meaning: str = "") -> None:
     """The store must refuse (MUST); with ``preferred`` it should say why with that error
     code (SHOULD: a different code is non-strict)."""
@@ -40,7 +40,7 @@ def _refused(h: Harness, resp: Any, who: str, *, preferred: PregError | None = N
       requirement="UMP identifies sources and receivers with Registration Identifiers ... a "
                   "RegID is a 32-bit number that uniquely identifies a source or a receiver to "
                   "a store.")
-def new_source_is_assigned_a_regid(h: Harness) -> None:
+def new_source_is_assigned_a_regid(h: CaseContext) -> None:
     """A PREG with RegID 0 asks the store to choose; the answer must name a usable RegID and
     must not claim the source is known (OLD flag)."""
     src = h.source()
@@ -57,7 +57,7 @@ def new_source_is_assigned_a_regid(h: Harness) -> None:
       section="Adding Fault Recovery with Registration IDs",
       requirement="Sources and receivers may specify the RegID they want; the store uses the "
                   "RegID the application gives it.")
-def static_regid_is_granted(h: Harness) -> None:
+def static_regid_is_granted(h: CaseContext) -> None:
     """Static RegIDs are how applications without Session IDs find their state again."""
     src = h.source()
     wanted = h.random.randrange(100_000, 1 << 31)
@@ -71,7 +71,7 @@ def static_regid_is_granted(h: Harness) -> None:
       section="Registration Identifier",
       requirement="No two active sources or receivers can share a RegID or use the same RegID "
                   "at the same time.")
-def active_regid_collision_is_refused(h: Harness) -> None:
+def active_regid_collision_is_refused(h: CaseContext) -> None:
     """Two live sources with one RegID would corrupt each other's repository ("strong
     RegIDs"): the second registration must be refused while the first is active."""
     first = h.source("source A")
@@ -88,7 +88,7 @@ def active_regid_collision_is_refused(h: Harness) -> None:
       requirement="When a source re-registers, the store responds that the source is an old "
                   "client along with the highest sequence number it holds for that source, so "
                   "the source resumes after it.")
-def reregistration_gets_old_flag_and_high_sqn(h: Harness) -> None:
+def reregistration_gets_old_flag_and_high_sqn(h: CaseContext) -> None:
     """Register, send 0..9 and see them stable, drop the connection, register again with
     the same RegID: OLD + high sequence number 9."""
     src = h.source()
@@ -112,7 +112,7 @@ def reregistration_gets_old_flag_and_high_sqn(h: Harness) -> None:
                   "with a particular Session ID, it checks to see if it already has a source "
                   "or receiver for that topic/Session ID. If it does, then it responds with "
                   "that source's or receiver's RegID.")
-def session_id_finds_the_same_regid(h: Harness) -> None:
+def session_id_finds_the_same_regid(h: CaseContext) -> None:
     src = h.source()
     sid = h.random.randrange(1, 1 << 60)
     first = src.register(reg_id=0, session_id=sid)
@@ -131,7 +131,7 @@ def session_id_finds_the_same_regid(h: Harness) -> None:
       section="How Stores Associate Session IDs and RegIDs",
       requirement="If it does not find a source or receiver for that topic/Session ID pair, "
                   "the store assigns a new RegID.")
-def session_id_is_per_topic(h: Harness) -> None:
+def session_id_is_per_topic(h: CaseContext) -> None:
     sid = h.random.randrange(1, 1 << 60)
     a, b = h.source("source A"), h.source("source B")
     ra = a.register(reg_id=0, session_id=sid)
@@ -149,7 +149,7 @@ def session_id_is_per_topic(h: Harness) -> None:
       section="Store Element",
       requirement="A store persists only topics that match one of its topic patterns; a "
                   "registration for any other topic is refused (no pattern).")
-def unmatched_topic_is_refused(h: Harness) -> None:
+def unmatched_topic_is_refused(h: CaseContext) -> None:
     src = h.source(topic=f"unmatched.{h.random.randrange(10**9)}")
     resp = src.register(reg_id=0)
     _refused(h, resp, "a topic outside its patterns", preferred=PregError.ENOPATTERN,
@@ -161,7 +161,7 @@ def unmatched_topic_is_refused(h: Harness) -> None:
       section="Receiver Registration",
       requirement="Receivers unicast registrations to the store. The store unicasts responses "
                   "back to the receivers. Stores use RegIDs to identify sources and receivers.")
-def receiver_registers(h: Harness) -> None:
+def receiver_registers(h: CaseContext) -> None:
     src = h.source()
     _granted(h, src.register(reg_id=0), "the source")
     rcv = h.receiver(src)
@@ -178,7 +178,7 @@ def receiver_registers(h: Harness) -> None:
       section="Receiver Registration",
       requirement="Receivers include the source's RegID in their registration request; the "
                   "store can register a receiver only for a source it knows.")
-def receiver_for_unknown_source_is_refused(h: Harness) -> None:
+def receiver_for_unknown_source_is_refused(h: CaseContext) -> None:
     src = h.source()
     _granted(h, src.register(reg_id=0), "the source")
     rcv = h.receiver(src)
@@ -192,7 +192,7 @@ def receiver_for_unknown_source_is_refused(h: Harness) -> None:
       section="Receiver Recovery",
       requirement="Each store returns the sequence number after the last message this "
                   "receiver acknowledged (low sequence number = last ACK + 1).")
-def receiver_reregistration_low_sqn(h: Harness) -> None:
+def receiver_reregistration_low_sqn(h: CaseContext) -> None:
     src = h.source()
     _granted(h, src.register(reg_id=0), "the source")
     src.send(*range(10))
@@ -216,7 +216,7 @@ def receiver_reregistration_low_sqn(h: Harness) -> None:
       requirement="When a store receives a registration request from a source or receiver "
                   "with a particular Session ID ... it responds with that source's or "
                   "receiver's RegID.")
-def receiver_session_id(h: Harness) -> None:
+def receiver_session_id(h: CaseContext) -> None:
     src = h.source()
     _granted(h, src.register(reg_id=0), "the source")
     rcv = h.receiver(src)
@@ -235,7 +235,7 @@ def receiver_session_id(h: Harness) -> None:
       section="Registration Identifier",
       requirement="No two active sources or receivers can share a RegID or use the same RegID "
                   "at the same time.")
-def receiver_cannot_take_a_source_regid(h: Harness) -> None:
+def receiver_cannot_take_a_source_regid(h: CaseContext) -> None:
     src = h.source()
     _granted(h, src.register(reg_id=0), "the source")
     rcv = h.receiver(src)
@@ -248,7 +248,7 @@ def receiver_cannot_take_a_source_regid(h: Harness) -> None:
       section="Deregistration",
       requirement="A source can deregister from its stores; the store confirms the "
                   "deregistration and deletes the source's state.")
-def source_deregistration(h: Harness) -> None:
+def source_deregistration(h: CaseContext) -> None:
     src = h.source()
     resp = src.register(reg_id=0)
     _granted(h, resp, "the source")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from conformance.harness import Harness
+from conformance.context import CaseContext
 from conformance.model import Role, case
 from conformance.net import connect
 from conformance.packets import LBMC, LBMC_Topicname, LBMC_UmePreg
@@ -16,7 +16,7 @@ from conformance.packets import LBMC, LBMC_Topicname, LBMC_UmePreg
 SUITE = "robustness"
 
 
-def _still_registers(h: Harness) -> None:
+def _still_registers(h: CaseContext) -> None:
     resp = h.source("fresh source").register(reg_id=0)
     h.check(not resp.e_flag, "after the bad input the IUT refuses a valid registration",
             expected="a granted registration", observed=repr(resp))
@@ -30,7 +30,7 @@ SURVIVES = "A store must survive malformed input from the network and keep servi
       title="Random bytes on a registration connection do not break the store",
       section="Persistent Store Fault Tolerance",
       requirement=SURVIVES)
-def random_bytes(h: Harness) -> None:
+def random_bytes(h: CaseContext) -> None:
     link = connect(h.store_addr, h.recorder, "stranger -> store", h.scaled(2.0))
     link.send(os.urandom(64), b"\x00" * 16, b"\xff" * 40)
     link.wait_closed(h.scaled(1.0))
@@ -42,7 +42,7 @@ def random_bytes(h: Harness) -> None:
       title="A PREG with a wrong header length does not break the store",
       section="Persistent Store Fault Tolerance",
       requirement=SURVIVES)
-def malformed_preg(h: Harness) -> None:
+def malformed_preg(h: CaseContext) -> None:
     src = h.source("bad source")
     link = src.connect()
     bad = LBMC() / LBMC_UmePreg(hdr_len=7, s_flag=1) / LBMC_Topicname(topic=src.topic)
@@ -56,7 +56,7 @@ def malformed_preg(h: Harness) -> None:
       title="A NUL byte inside a registration's topic name is refused or ignored",
       section="Persistent Store Fault Tolerance",
       requirement=SURVIVES)
-def nul_in_topic(h: Harness) -> None:
+def nul_in_topic(h: CaseContext) -> None:
     src = h.source("odd source")
     link = src.connect()
     link.send(src.preg(reg_id=0, topic=src.topic + "\0tail"))
@@ -71,7 +71,7 @@ def nul_in_topic(h: Harness) -> None:
       title="Garbage datagrams to the store's topic-resolution socket do not break it",
       section="Persistent Store Fault Tolerance",
       requirement=SURVIVES)
-def garbage_datagrams(h: Harness) -> None:
+def garbage_datagrams(h: CaseContext) -> None:
     _still_registers(h)  # makes the store talk to the resolver, so its address is known
     for addr in list(h.resolver.iut_addrs):
         for size in (1, 7, 24, 300):

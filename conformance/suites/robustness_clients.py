@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from scapy.packet import Packet, raw
 
-from conformance.harness import Harness
+from conformance.context import CaseContext
 from conformance.model import Role, case
 from conformance.net import NoAnswer, TcpLink, connect
 from conformance.packets import (
@@ -54,7 +54,7 @@ ROBUSTNESS = ("A persistent application must survive malformed input from the ne
 # --- hostile input ------------------------------------------------------------------------------
 
 
-def garbage(h: Harness, size: int = 60) -> bytes:
+def garbage(h: CaseContext, size: int = 60) -> bytes:
     """Random bytes (from the case's seeded generator) that cannot be framed as LBT-TCP: they
     start with an LBMC base header whose ``msglen`` (2) is below the minimum."""
     head = raw(LBMC(ver_type=int(MessageType.CONTROL), next_hdr=h.random.randrange(256),
@@ -72,7 +72,7 @@ def bad_preg_resp(store: HarnessStore, seen: Seen) -> Packet:
     return pkt
 
 
-def _nth_preg(h: Harness, get: Callable[[], list[Seen]], count: int, what: str,
+def _nth_preg(h: CaseContext, get: Callable[[], list[Seen]], count: int, what: str,
               timeout: float = 4.0) -> Seen:
     """The ``count``-th PREG ``get`` returns (waits for it)."""
     h.wait_until(lambda: len(get()) >= count, timeout, what)
@@ -83,7 +83,7 @@ def _nth_preg(h: Harness, get: Callable[[], list[Seen]], count: int, what: str,
     return pregs[count - 1]
 
 
-def _answer_badly_then_grant(h: Harness, store: HarnessStore,
+def _answer_badly_then_grant(h: CaseContext, store: HarnessStore,
                              get: Callable[[], list[Seen]]) -> None:
     """``store`` (answering nothing) meets the IUT's first PREG with garbage and its next one
     with a malformed PREG_RESP; then it grants the next as usual."""
@@ -104,7 +104,7 @@ def _send(link: TcpLink, item: Packet | bytes) -> None:
         link.recorder.note(str(exc))
 
 
-def resolver_addrs(h: Harness) -> set[tuple[str, int]]:
+def resolver_addrs(h: CaseContext) -> set[tuple[str, int]]:
     """Where the IUT speaks topic resolution from in this case (it advertised or queried the
     case's topic from there)."""
     addrs: set[tuple[str, int]] = set()
@@ -118,7 +118,7 @@ def resolver_addrs(h: Harness) -> set[tuple[str, int]]:
     return addrs
 
 
-def lbmr_garbage(h: Harness) -> list[bytes]:
+def lbmr_garbage(h: CaseContext) -> list[bytes]:
     """Datagrams a resolver socket may get from a stranger: random bytes of several sizes
     (too short for an LBMR header, about one, and long)."""
     return [h.random.randbytes(size) for size in (1, 7, 24, 300)]
@@ -133,7 +133,7 @@ def _sri_stores(message: LbmcMessage) -> list[tuple[str, int]]:
             if isinstance(e, UmeStoreExt)]
 
 
-def _source_data(h: Harness, store: HarnessStore, what: str, timeout: float = 4.0) -> None:
+def _source_data(h: CaseContext, store: HarnessStore, what: str, timeout: float = 4.0) -> None:
     h.wait_until(lambda: bool(store.data_sqns()), timeout, what)
     h.check(bool(store.data_sqns()), f"{what}: the source sent no data after the bad input",
             expected="data on the transport once registration completes",
@@ -149,7 +149,7 @@ def _source_data(h: Harness, store: HarnessStore, what: str, timeout: float = 4.
                   "back to the sources ... After registration sources may send data. "
                   + ROBUSTNESS,
       timeout=15.0)
-def source_survives_bad_preg_answers(h: Harness) -> None:
+def source_survives_bad_preg_answers(h: CaseContext) -> None:
     """The only store answers the source's first PREG with unframeable garbage and the next
     one with a PREG_RESP whose header length is 7.  Neither is a registration: a receiver on
     the transport must see no data until the store grants the third PREG; after that grant,
@@ -174,7 +174,7 @@ def source_survives_bad_preg_answers(h: Harness) -> None:
       requirement="Errors go back as an error-coded registration response (the E flag); the "
                   "SRI names the stores with which the source registered. " + ROBUSTNESS,
       timeout=15.0)
-def source_unknown_error_code(h: Harness) -> None:
+def source_unknown_error_code(h: CaseContext) -> None:
     """Three stores in one group (quorum 2): A refuses with error code 13, which no version
     of the guide defines; B and C grant.  The source must keep running, complete with B and C
     (data flows), and its SRI must name B and C but not A."""
@@ -199,7 +199,7 @@ def source_unknown_error_code(h: Harness) -> None:
                   "acknowledgements for it; a stability ACK can only be for a message the "
                   "source sent. " + ROBUSTNESS,
       timeout=15.0)
-def source_ignores_acks_for_unsent(h: Harness) -> None:
+def source_ignores_acks_for_unsent(h: CaseContext) -> None:
     """Flight size 4 (block), no genuine ACK: 0..3 are sent.  The store then acknowledges
     4..7 (not sent yet), 1000 and 2^32-1: the flight stays full, so nothing more may be sent;
     and when genuine ACKs for 0 and 1 free two places, exactly 4 and 5 may follow (an IUT that
@@ -228,7 +228,7 @@ def source_ignores_acks_for_unsent(h: Harness) -> None:
                   "joining the transport session ... can request an SRI from the source. "
                   + ROBUSTNESS,
       timeout=15.0)
-def source_survives_strangers(h: Harness) -> None:
+def source_survives_strangers(h: CaseContext) -> None:
     """Once data flows, a receiver on the transport and a stranger on the request port send
     unframeable garbage, and random datagrams reach the source's resolver socket.  The source
     must keep sending to its store without a gap, and serve a new receiver: an SRI request on
@@ -268,7 +268,7 @@ def source_survives_strangers(h: Harness) -> None:
 # --- receiver IUT -------------------------------------------------------------------------------
 
 
-def _receiver_setup(h: Harness, *, sri: bool = True) -> tuple[HarnessSource, HarnessStore]:
+def _receiver_setup(h: CaseContext, *, sri: bool = True) -> tuple[HarnessSource, HarnessStore]:
     store = h.store()
     src = h.source(topic=h.iut_topic, stores=(store,))
     src.answer_sri_requests = sri
@@ -277,7 +277,7 @@ def _receiver_setup(h: Harness, *, sri: bool = True) -> tuple[HarnessSource, Har
     return src, store
 
 
-def _registered(h: Harness, store: HarnessStore, timeout: float = 3.0) -> None:
+def _registered(h: CaseContext, store: HarnessStore, timeout: float = 3.0) -> None:
     h.wait_until(lambda: bool(store.granted), timeout, "the receiver's registration")
     h.check(bool(store.granted), "the receiver did not register after the bad input",
             expected=f"a receiver PREG at {store.name}, granted",
@@ -296,7 +296,7 @@ def _live(src: HarnessSource) -> list[TcpLink]:
                   "from the persistent stores; every message is delivered once, in sequence "
                   "order. " + ROBUSTNESS,
       timeout=20.0)
-def receiver_drops_malformed_data(h: Harness) -> None:
+def receiver_drops_malformed_data(h: CaseContext) -> None:
     """Live 0..4; then sqn 5 with an LBMC header of length 3 (the store holds the good 5);
     live 6..9.  Then unframeable garbage on the transport, which the receiver must survive
     (closing that connection and joining again is its right); 10 and 11 are published while
@@ -330,7 +330,7 @@ def receiver_drops_malformed_data(h: Harness) -> None:
       requirement="Receivers register with a store or stores after receiving a SRI packet "
                   "from the source sending on the receiver's topic. " + ROBUSTNESS,
       timeout=15.0)
-def receiver_ignores_malformed_sri(h: Harness) -> None:
+def receiver_ignores_malformed_sri(h: CaseContext) -> None:
     """Before any valid SRI, the source sends two malformed ones with version 50, naming a
     store that does not exist: one whose SRI header length is 5, one whose store record's
     header length is 6.  Then a valid SRI with version 1 names the real store.  A receiver
@@ -366,7 +366,7 @@ def receiver_ignores_malformed_sri(h: Harness) -> None:
                   "back to the receivers ... After registration, receivers may handle recovery. "
                   + ROBUSTNESS,
       timeout=20.0)
-def receiver_survives_bad_store(h: Harness) -> None:
+def receiver_survives_bad_store(h: CaseContext) -> None:
     """The store answers the receiver's first PREG with unframeable garbage and the next one
     with a PREG_RESP whose header length is 7; it grants the third, with low 3 of the 0..5 it
     holds.  Once 3..5 are delivered it sends retransmissions nobody asked for: 1 (below the

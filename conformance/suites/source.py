@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 
-from conformance.harness import Harness
+from conformance.context import CaseContext
 from conformance.model import Role, case
 from conformance.store_peer import HarnessStore
 from wire.lbmc import (
@@ -45,7 +45,7 @@ def _preg(seen_message: LbmcMessage) -> Header:
     return header
 
 
-def _wait_data(h: Harness, store: HarnessStore, what: str, timeout: float = 4.0) -> int:
+def _wait_data(h: CaseContext, store: HarnessStore, what: str, timeout: float = 4.0) -> int:
     """Wait for the first data message on the source's transport; its sequence number."""
     if not h.wait_until(lambda: bool(store.data_sqns()), timeout, what):
         h.check(False, f"{what}: the source sent no data message",
@@ -61,7 +61,7 @@ def _wait_data(h: Harness, store: HarnessStore, what: str, timeout: float = 4.0)
                   "topic per source basis; the configuration option ume_store contains the IP "
                   "address, TCP port, registration ID, and group index for the store(s) to be "
                   "used by the source.")
-def registers_with_every_store(h: Harness) -> None:
+def registers_with_every_store(h: CaseContext) -> None:
     """Two stores, the second with a static RegID: each must get a source PREG (S flag) for
     the topic, with the RegID its ``ume_store`` line gives and the transport/topic indexes and
     request port the source advertises in its TIR."""
@@ -98,7 +98,7 @@ def registers_with_every_store(h: Harness) -> None:
                   "with a particular Session ID, it checks to see if it already has a source "
                   "or receiver for that topic/Session ID: the source sends its Session ID with "
                   "every registration and lets the store find its RegID.")
-def session_id_in_preg(h: Harness) -> None:
+def session_id_in_preg(h: CaseContext) -> None:
     store = h.store()
     sid = h.random.randrange(1, 1 << 48)
     h.start_iut(store, options={**FAST_REGISTRATION, "source ume_session_id": sid})
@@ -122,7 +122,7 @@ def session_id_in_preg(h: Harness) -> None:
                   "... Resume sending with the next sequence number; with QC the source uses "
                   "the consensus (ume_consensus_sequence_number_behavior) of the stores.",
       timeout=15.0)
-def resumes_after_store_sqn(h: Harness) -> None:
+def resumes_after_store_sqn(h: CaseContext) -> None:
     """Three stores answer OLD with high sequence numbers 10, 20 and 30; with the consensus
     behaviour ``majority`` (set explicitly) the first message must be 21 - neither the lowest
     (11), the highest (31) nor a fresh start (0)."""
@@ -143,7 +143,7 @@ def resumes_after_store_sqn(h: Harness) -> None:
                   "Complete event based on ume_retention_intragroup_stability_behavior (quorum: "
                   "a majority of the group); after registration sources may send data.",
       timeout=15.0)
-def no_data_before_quorum(h: Harness) -> None:
+def no_data_before_quorum(h: CaseContext) -> None:
     """Three stores in one group: only A answers at first.  One registration of three is no
     quorum, so nothing may be sent on the transport (A has joined it) for two registration
     intervals; once B answers too, data must flow."""
@@ -170,7 +170,7 @@ def no_data_before_quorum(h: Harness) -> None:
                   "Registration Complete only when the configured stability behaviour is met "
                   "by stores that registered it, and only then may it send.",
       timeout=15.0)
-def refused_store_does_not_count(h: Harness) -> None:
+def refused_store_does_not_count(h: CaseContext) -> None:
     """Two stores in one group (quorum: both).  A refuses with "RegID in use by a different
     source", B grants: the source has no quorum and must not send, however long it waits."""
     a, b = h.store(), h.store()
@@ -203,7 +203,7 @@ def _sri(message: LbmcMessage) -> Header:
       requirement="An SRI contains ... IP address, TCP port, store index and group index for "
                   "all the stores with which the source registered, the source's Registration "
                   "ID, and an overall version number and a separate version number per store.")
-def sri_names_registered_stores(h: Harness) -> None:
+def sri_names_registered_stores(h: CaseContext) -> None:
     a, b = h.store(), h.store()
     a.assign_reg_id = h.random.randrange(10_000, 1 << 30)
     b.assign_reg_id = a.assign_reg_id + 17
@@ -241,7 +241,7 @@ def sri_names_registered_stores(h: Harness) -> None:
                   "SRIs can request an SRI from the source if they find that the UMP flag is "
                   "set in the source's TIR during topic resolution. The source responds with a "
                   "SRI record.")
-def sri_request_is_answered(h: Harness) -> None:
+def sri_request_is_answered(h: CaseContext) -> None:
     """The burst is one SRI (ume_sri_max_number_of_sri_per_update 1), over before the
     harness's receiver joins; its SRI request must still get an SRI naming the store."""
     store = h.store()
@@ -268,7 +268,7 @@ def sri_request_is_answered(h: Harness) -> None:
                   "store returns, the source increases the SRI version number and the version "
                   "numbers for the stores it re-registered with.",
       timeout=20.0)
-def sri_versions_after_store_returns(h: Harness) -> None:
+def sri_versions_after_store_returns(h: CaseContext) -> None:
     """Three stores; C goes silent until the source declares it unresponsive (activity
     timeout 1 s; A and B stay heard through their stability ACKs of the steady traffic) and
     registers again, which C then grants.  The newest SRI must have a
@@ -323,7 +323,7 @@ def sri_versions_after_store_returns(h: Harness) -> None:
                   "(lbm_src_ume_deregistration() ...). UM deletes the state of deregistered "
                   "objects ... The source is blocked after deregistering.",
       timeout=15.0)
-def deregisters_from_every_store(h: Harness) -> None:
+def deregisters_from_every_store(h: CaseContext) -> None:
     """Two stores grant the source (each its own RegID); once data flows the harness asks the
     IUT to deregister (the profile's ``deregister_signal``).  Each store must get a source
     PREG with the D flag and the RegID it granted, and no data message may follow the
@@ -361,7 +361,7 @@ def deregisters_from_every_store(h: Harness) -> None:
                   "are stable; a message not stable within ume_message_stability_timeout is "
                   "re-sent to the store (proactive retransmission).",
       timeout=15.0)
-def retains_until_stable(h: Harness) -> None:
+def retains_until_stable(h: CaseContext) -> None:
     """The store acknowledges only even sequence numbers.  With a stability timeout of 500 ms,
     every odd message must come back as a proactive retransmission with its original payload,
     and no even one."""
@@ -399,7 +399,7 @@ def retains_until_stable(h: Harness) -> None:
                   "call to send blocks ... until the first message stabilizes; a message is in "
                   "flight until the source receives the configured stability acknowledgements.",
       timeout=15.0)
-def flight_size_blocks(h: Harness) -> None:
+def flight_size_blocks(h: CaseContext) -> None:
     """Flight size 4, no stability ACK: exactly sequence numbers 0..3 may be sent; after the
     store acknowledges 0 and 1, exactly 4 and 5 may follow."""
     store = h.store()
