@@ -969,6 +969,7 @@ class _Reader:
                         f"store {store} names group {store.group_idx} but no ume_store_group is "
                         "configured; all stores form one group",
                     )
+        self.check_quorum_consensus(source)
         if source.ume_receiver_paced_persistence == 1 and source.ume_flight_size_bytes == 0:
             raise self.error(
                 line_of.get((_SRC, "ume_receiver_paced_persistence")),
@@ -992,6 +993,70 @@ class _Reader:
             ):
                 if self.values[_SRC].get(name):
                     self.warn(line_of.get((_SRC, name)), f"{name} only matters for an RPP source")
+
+
+    def check_quorum_consensus(self, source: SourceOptions) -> None:
+        """Refuse QC settings under which the source could never complete registration.
+
+        Guide "Sources Using Quorum/Consensus": a group registers when a quorum (a simple
+        majority of its *configured* size) of its stores did, or every one of them with the
+        intragroup behaviour ``all``; the intergroup behaviour then needs every group
+        (``all``), a majority of the groups (``majority``) or one (``any``, ``all-active``).
+        Which stores are in which group is known here, so a group with too few stores is
+        found at start-up instead of as a source that never completes registration.  A group
+        that can never register while the others still suffice only warns (it is dead weight,
+        most likely a wrong GroupIDX).  Round-robin (guide "Round-Robin Store Usage", kept on
+        the guide profile only) uses one store at a time, so QC groups contradict it (an
+        error) and a non-default stability behaviour has no effect (a warning).
+        """
+        line_of = self.lines.get
+        if source.ume_store_behavior == "rr":
+            for name in ("ume_retention_intragroup_stability_behavior",
+                         "ume_retention_intergroup_stability_behavior"):
+                value = self.values[_SRC].get(name)
+                if value is not None and value != self.profile.source.get(name):
+                    self.warn(
+                        line_of((_SRC, name)),
+                        f"{name} {value} is a quorum/consensus setting and has no effect with "
+                        "ume_store_behavior rr (round-robin uses one store at a time)",
+                    )
+            if self.groups:
+                group, line = self.groups[0]
+                raise self.error(
+                    line,
+                    f"ume_store_group {group.index}:{group.size} declares a quorum/consensus "
+                    "group, but ume_store_behavior is rr (round-robin uses one store at a time)",
+                )
+            return
+        if not self.groups or not self.stores:
+            return
+        intra = source.ume_retention_intragroup_stability_behavior
+        inter = source.ume_retention_intergroup_stability_behavior
+        members: dict[int, int] = {}
+        for store, _ in self.stores:
+            members[store.group_idx] = members.get(store.group_idx, 0) + 1
+        short: list[tuple[StoreGroup, int | None, int, int]] = []
+        for group, line in self.groups:
+            need = group.size if intra == "all" else group.size // 2 + 1
+            if members.get(group.index, 0) < need:
+                short.append((group, line, members.get(group.index, 0), need))
+        if not short:
+            return
+        total = len(self.groups)
+        required = {"all": total, "majority": total // 2 + 1}.get(inter, 1)
+        rule = {"all": "every group", "majority": f"{required} of the {total} groups"}.get(
+            inter, "at least one group")
+        for group, line, count, need in short:
+            why = (f"group {group.index} (size {group.size}) has {count} "
+                   f"store{'' if count == 1 else 's'} but needs {need} to register "
+                   f"(intragroup {intra})")
+            if total - len(short) < required:
+                raise self.error(
+                    line,
+                    f"{why}; intergroup {inter} needs {rule} to register, so the source "
+                    "could never complete registration",
+                )
+            self.warn(line, f"{why}, so it can never register (the other groups suffice)")
 
 
 def parse_client_config(

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import reference_impl.cli
 from reference_impl.config import (
     ClientConfig,
     ConfigError,
@@ -24,6 +25,7 @@ from reference_impl.config import (
     parse_session_id,
     profile_names,
 )
+from ump.cli import main
 
 # The guide's RPP client sample, with the PDF's spaces-for-underscores damage repaired and the
 # store names of docs/semantics.md §3.4 (store0rpp / store1rpp / store2rpp).
@@ -597,3 +599,114 @@ def test_a_stray_character_outside_a_comment_is_an_error_at_its_column(char: str
 def test_crlf_line_ends_and_a_leading_byte_order_mark_are_accepted() -> None:
     config = parse_client_config("\ufeffsource ume_flight_size 7\r\nsource ume_flight_size 8\r\n")
     assert config.source.ume_flight_size == 8
+
+
+# --- quorum/consensus settings that contradict each other (issue 18) --------------------------
+
+_TWO_GROUPS = (
+    "source ume_store_group 0:3\n"
+    "source ume_store_group 1:3\n"
+    "source ume_store 10.0.0.1:14567:0:0\n"
+    "source ume_store 10.0.0.2:14567:0:0\n"
+    "source ume_store 10.0.0.3:14567:0:1\n"
+)
+"""Group 0 has its quorum (2 of 3), group 1 only one store of three."""
+
+QC_CONTRADICTIONS: list[tuple[str, str, int, str]] = [
+    # (what, file text, line the error names, words the message must hold)
+    ("a lone group below its quorum",
+     "source ume_store_group 0:3\nsource ume_store 10.0.0.1:14567\n",
+     1, "group 0 (size 3) has 1 store but needs 2"),
+    ("intragroup all with a store missing",
+     "source ume_store_group 0:3\nsource ume_store 10.0.0.1:14567\n"
+     "source ume_store 10.0.0.2:14567\n"
+     "source ume_retention_intragroup_stability_behavior all\n",
+     1, "has 2 stores but needs 3 to register (intragroup all)"),
+    ("intergroup all with a group below its quorum",
+     _TWO_GROUPS + "source ume_retention_intergroup_stability_behavior all\n",
+     2, "intergroup all needs every group"),
+    ("intergroup majority with one of two groups able",
+     _TWO_GROUPS + "source ume_retention_intergroup_stability_behavior majority\n",
+     2, "intergroup majority needs 2 of the 2 groups"),
+    ("a declared group no store names, intergroup all",
+     "source ume_store_group 0:1\nsource ume_store_group 1:1\n"
+     "source ume_store 10.0.0.1:14567\n"
+     "source ume_retention_intergroup_stability_behavior all-groups\n",
+     2, "group 1 (size 1) has 0 stores"),
+]
+
+QC_ALREADY_REFUSED: list[tuple[str, str, int, str]] = [
+    ("an unknown intergroup behaviour",
+     "source ume_retention_intergroup_stability_behavior most\n", 1, "all-active"),
+    ("an unknown intragroup behaviour",
+     "source ume_retention_intragroup_stability_behavior majority\n", 1, "quorum"),
+    ("an unknown consensus behaviour",
+     "receiver ume_consensus_sequence_number_behavior median\n", 1, "lowest"),
+    ("an unknown store behaviour", "source ume_store_behavior quorum\n", 1, "ume_store_behavior"),
+    ("a store in an undeclared group",
+     "source ume_store_group 0:1\nsource ume_store 10.0.0.1:14567:0:1\n", 2,
+     "which no ume_store_group declares"),
+    ("a GroupIDX past its range", "source ume_store 10.0.0.1:14567:0:256\n", 1, "0..255"),
+]
+
+
+@pytest.mark.parametrize(("what", "text", "line", "words"), QC_CONTRADICTIONS,
+                         ids=[c[0] for c in QC_CONTRADICTIONS])
+def test_qc_settings_that_can_never_register_are_refused(what: str, text: str, line: int,
+                                                         words: str) -> None:
+    error = error_of(text)
+    assert error.line == line and words in error.message, str(error)
+    assert "could never complete registration" in error.message
+
+
+def test_a_dead_group_warns_when_the_other_groups_suffice() -> None:
+    """Intergroup ``any`` (the default): group 0 registers on its own, so group 1 being
+    short is a warning at its line, not an error."""
+    config = parse_client_config(_TWO_GROUPS)
+    (warning,) = config.warnings
+    assert warning.line == 2 and "can never register" in warning.message
+    fine = parse_client_config("source ume_store_group 0:3\nsource ume_store 10.0.0.1:14567\n"
+                               "source ume_store 10.0.0.2:14567\n")
+    assert fine.warnings == ()
+
+
+def test_round_robin_contradicts_quorum_consensus_settings() -> None:
+    """Guide "Round-Robin Store Usage": one store at a time, so QC groups are refused with
+    ``rr`` (kept on the guide profile only) and a stability behaviour other than the default
+    warns that it does nothing."""
+    groups = "source ume_store_behavior rr\nsource ume_store_group 0:1\n" \
+             "source ume_store 10.0.0.1:14567\n"
+    error = error_of(groups, profile="guide-5.3")
+    assert error.line == 2 and "round-robin" in error.message
+    behaviour = parse_client_config("source ume_store_behavior rr\n"
+                                    "source ume_retention_intragroup_stability_behavior all\n",
+                                    profile="guide-5.3")
+    (warning,) = behaviour.warnings
+    assert warning.line == 2 and "has no effect with ume_store_behavior rr" in warning.message
+    plain = "source ume_store_behavior rr\nsource ume_store 10.0.0.1:14567\n"
+    assert parse_client_config(plain, profile="guide-5.3").source.ume_store_behavior == "rr"
+
+
+@pytest.mark.parametrize("command", ["source", "receiver"])
+@pytest.mark.parametrize(("what", "text", "line", "words"),
+                         QC_CONTRADICTIONS + QC_ALREADY_REFUSED,
+                         ids=[c[0] for c in QC_CONTRADICTIONS + QC_ALREADY_REFUSED])
+def test_bad_qc_configuration_stops_the_command_at_start_up(
+        command: str, what: str, text: str, line: int, words: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ump source -c FILE`` and ``ump receiver -c FILE``: exit 2 and one line
+    ``FILE:LINE: ...`` on stderr, before any process starts."""
+
+    def accepted(*_: object) -> int:
+        raise AssertionError("the configuration was accepted and the process would start")
+
+    monkeypatch.setattr(reference_impl.cli, "_run", accepted)
+    path = tmp_path / "qc.cfg"
+    path.write_text(text)
+    capsys.readouterr()
+    code = main([command, "-c", str(path), "--topic", "t"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith(f"{path}:{line}:") or f" {path}:{line}:" in err, err
+    assert words in err, err
