@@ -994,7 +994,6 @@ class _Reader:
                 if self.values[_SRC].get(name):
                     self.warn(line_of.get((_SRC, name)), f"{name} only matters for an RPP source")
 
-
     def check_quorum_consensus(self, source: SourceOptions) -> None:
         """Refuse QC settings under which the source could never complete registration.
 
