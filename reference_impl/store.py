@@ -49,13 +49,13 @@ What it does follows the guide's "Operational View" and docs/semantics.md §1:
   start and the file is left as it was for the operator, since restoring around the damage
   would drop what it held (the guide's "Persistent Store Fault Tolerance": redundant stores
   carry the sources meanwhile).  Every field a record restores is checked (types, ranges, an
-  IPv4 request address, the topic options the store knows).  The journal is compacted at
-  start-up into a new file renamed over the old one, so a crash then leaves the old journal
-  whole.  A new registration whose cache file cannot be opened is refused (code 6, ECONFIG)
-  with the reason logged, and the store keeps serving the others.  A store locks its state
-  (:func:`~reference_impl.repository.lock_state`): a second process starting a store of the
-  same name on the same state directory is refused, since each would compact the journal and
-  then append to its own copy.
+  IPv4 request address, the topic options the store knows: :mod:`reference_impl.journal`).
+  The journal is compacted at start-up into a new file renamed over the old one, so a crash
+  then leaves the old journal whole.  A new registration whose cache file cannot be opened
+  is refused (code 6, ECONFIG) with the reason logged, and the store keeps serving the
+  others.  A store locks its state (:func:`~reference_impl.repository.lock_state`): a second
+  process starting a store of the same name on the same state directory is refused, since
+  each would compact the journal and then append to its own copy.
 
 **RegID ownership**, sources and receivers alike (the guide's "Registration Identifier": no
 two active sources or receivers may use one RegID at the same time; "Activity Timeout and
@@ -130,9 +130,7 @@ Choices where the fact sheets are silent (each tested in tests/reference_impl/te
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
-import math
 import os
 import random
 import re
@@ -144,6 +142,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TextIO
 
+from reference_impl import journal
 from reference_impl.context import Connection, ContextCore, FixedControl, LbtruBinding, control
 from reference_impl.events import (
     Addr,
@@ -166,7 +165,6 @@ from reference_impl.repository import (
     state_file,
 )
 from wire import lbmr
-from wire.errors import WireError
 from wire.lbmc import (
     DATA_BASE,
     NHDR_DATA,
@@ -1351,16 +1349,16 @@ class StoreCore(ContextCore):
         acks: dict[int, int] = {}
         with os.fdopen(fd, "rb") as fh:
             line_no = 0
-            while line := fh.readline(_JOURNAL_LINE_MAX + 1):
+            while line := fh.readline(journal.LINE_MAX + 1):
                 line_no += 1
-                if len(line) > _JOURNAL_LINE_MAX:
-                    raise StoreFileError(path, f"a line longer than {_JOURNAL_LINE_MAX} bytes "
-                                               f"is not a journal record{_REFUSED}",
+                if len(line) > journal.LINE_MAX:
+                    raise StoreFileError(path, f"a line longer than {journal.LINE_MAX} bytes "
+                                               f"is not a journal record{journal.REFUSED}",
                                          line=line_no)
                 if not line.strip():
                     continue  # a blank line holds nothing
                 try:
-                    record = _journal_json(line)
+                    record = journal.parse_line(line)
                 except ValueError as exc:
                     if not line.endswith(b"\n"):  # the last line, cut by a crash
                         self.log(Level.WARNING,
@@ -1368,11 +1366,11 @@ class StoreCore(ContextCore):
                                  f"was written); cut off, the {line_no - 1} lines before it "
                                  "are restored")
                         break
-                    raise StoreFileError(path, f"{exc}{_REFUSED}", line=line_no) from None
+                    raise StoreFileError(path, f"{exc}{journal.REFUSED}", line=line_no) from None
                 try:
-                    _apply_record(record, clients, acks)
+                    journal.apply_record(record, clients, acks, _POLICY_TYPES)
                 except ValueError as exc:
-                    raise StoreFileError(path, f"{exc}{_REFUSED}", line=line_no) from None
+                    raise StoreFileError(path, f"{exc}{journal.REFUSED}", line=line_no) from None
         for rec in sorted(clients.values(), key=lambda r: r["role"] != "source"):
             self._restore_client(rec, acks)
         self._rewrite_journal()
@@ -1501,147 +1499,11 @@ class StoreCore(ContextCore):
         }
 
 
+_POLICY_TYPES = {f.name: type(f.default) for f in fields(TopicPolicy)}
+"""The journal's topic options and their types (:func:`reference_impl.journal.apply_record`)."""
+
 _JOURNALLED = {"role", "reg_id", "topic", "session_id", "transport_idx", "topic_idx",
                "activity_timeout", "state_lifetime", "rpp", "source_reg_id"}
-
-
-_JOURNAL_LINE_MAX = 1 << 20
-"""Longest journal line read (bytes): a record is well under 2 KB (a topic name is at most a
-few hundred bytes), so a longer line is damage, and reading one whole could take any memory."""
-_REFUSED = "; the store does not start on a damaged state journal: repair the line or move the "\
-           "file away"
-_U32 = 0xFFFFFFFF
-_U64 = 0xFFFFFFFFFFFFFFFF
-
-
-class _NotJson(ValueError):
-    pass
-
-
-def _no_constant(name: str) -> float:
-    raise _NotJson(f"{name} is not a journal value")
-
-
-def _journal_json(line: bytes) -> object:
-    """One journal line as JSON; ``ValueError`` saying why it is not."""
-    try:
-        text = line.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"not UTF-8 text (byte {line[exc.start]:#04x} at column "
-                         f"{exc.start + 1})") from None
-    try:
-        return json.loads(text, parse_constant=_no_constant)
-    except _NotJson:
-        raise
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not JSON ({exc.msg.removesuffix(' at')} at column "
-                         f"{exc.colno})") from None
-    except RecursionError:
-        raise ValueError("not a journal record (JSON nested too deeply)") from None
-    except ValueError:  # an integer past Python's digit limit
-        raise ValueError("not a journal record (a number too long)") from None
-
-
-def _int(value: object, what: str, high: int) -> int:
-    if type(value) is not int or not 0 <= value <= high:
-        raise ValueError(f"{what} must be an integer 0..{high}, not {_short(value)}")
-    return value
-
-
-def _seconds(value: object, what: str) -> float:
-    if not isinstance(value, int | float) or isinstance(value, bool) \
-            or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{what} must be a number of seconds, not {_short(value)}")
-    return float(value)
-
-
-def _short(value: object) -> str:
-    text = json.dumps(value) if not isinstance(value, float) else repr(value)
-    return text if len(text) <= 60 else f"{text[:60]}..."
-
-
-_CLIENT_FIELDS = {"role", "reg_id", "topic", "session_id", "transport_idx", "topic_idx",
-                  "activity_timeout", "state_lifetime", "rpp", "request_addr"}
-_POLICY_TYPES = {f.name: type(f.default) for f in fields(TopicPolicy)}
-_POLICY_POSITIVE = frozenset({"source_check_interval", "keepalive_interval",
-                              "stability_ack_interval", "stability_ack_minimum_number",
-                              "source_flight_size_bytes_maximum"})
-"""Topic options the XML reader never lets be 0: they pace the store's timers and batches (a
-check interval of 0 would spin the store)."""
-_REPOSITORY_TYPES = ("memory", "disk")
-
-
-def _check_client(rec: object) -> dict[str, Any]:
-    """A journalled client record with every field it restores checked (``ValueError``)."""
-    if not isinstance(rec, dict):
-        raise ValueError(f"a client record is a JSON object, not {_short(rec)}")
-    role = rec.get("role")
-    if role not in ("source", "receiver"):
-        raise ValueError(f'client role must be "source" or "receiver", not {_short(role)}')
-    wanted = _CLIENT_FIELDS | ({"policy"} if role == "source" else {"source_reg_id"})
-    missing, extra = sorted(wanted - rec.keys()), sorted(rec.keys() - wanted)
-    if missing:
-        raise ValueError(f"{role} record without {', '.join(missing)}")
-    if extra:
-        raise ValueError(f"{role} record with unknown field(s) {_short(extra)}")
-    _int(rec["reg_id"], "reg_id", _U32)
-    topic = rec["topic"]
-    if not isinstance(topic, str) or not topic:
-        raise ValueError(f"topic must be a topic name, not {_short(topic)}")
-    try:  # the store queries its sources' topics: a name resolution cannot carry is damage
-        lbmr.LbmrPacket(tqrs=[lbmr.Tqr(name=topic)]).build()
-    except WireError as exc:
-        raise ValueError(f"topic {_short(topic)} cannot be resolved: {exc.reason}") from None
-    _int(rec["session_id"], "session_id", _U64)
-    _int(rec["transport_idx"], "transport_idx", _U32)
-    _int(rec["topic_idx"], "topic_idx", _U32)
-    _seconds(rec["activity_timeout"], "activity_timeout")
-    _seconds(rec["state_lifetime"], "state_lifetime")
-    _int(rec["rpp"], "rpp", 2)
-    addr = rec["request_addr"]
-    try:
-        ip, port = addr
-        ipaddress.IPv4Address(ip)
-        _int(port, "port", 0xFFFF)
-    except (TypeError, ValueError):
-        raise ValueError(f"request_addr must be [IPv4 address, port], not {_short(addr)}") \
-            from None
-    if role == "receiver":
-        _int(rec["source_reg_id"], "source_reg_id", _U32)
-        return rec
-    policy = rec["policy"]
-    if not isinstance(policy, dict):
-        raise ValueError(f"policy must be an object of topic options, not {_short(policy)}")
-    for name, value in policy.items():
-        kind = _POLICY_TYPES.get(name)
-        if kind is None:
-            raise ValueError(f"policy option {_short(name)} is not one this store knows")
-        if kind is str:
-            if value not in _REPOSITORY_TYPES:
-                raise ValueError(f"policy option {name} must be one of {_REPOSITORY_TYPES}, "
-                                 f"not {_short(value)}")
-        elif _int(value, f"policy option {name}", _U64) == 0 and name in _POLICY_POSITIVE:
-            raise ValueError(f"policy option {name} must be at least 1, not 0")
-    return rec
-
-
-def _apply_record(record: object, clients: dict[int, dict[str, Any]],
-                  acks: dict[int, int]) -> None:
-    """Fold one journal record into ``clients`` and ``acks``; ``ValueError`` for a record
-    that is not of one of the three shapes the store writes (each field checked)."""
-    keys = sorted(record) if isinstance(record, dict) else None
-    if keys == ["client"]:
-        rec = _check_client(record["client"])  # type: ignore[index]
-        clients[rec["reg_id"]] = rec
-    elif keys == ["ack", "sqn"]:
-        reg_id = _int(record["ack"], "ack (a receiver RegID)", _U32)  # type: ignore[index]
-        sqn = _int(record["sqn"], "sqn", _U32)  # type: ignore[index]
-        acks[reg_id] = max(acks.get(reg_id, -1), sqn)
-    elif keys == ["delete"]:
-        clients.pop(_int(record["delete"], "delete (a RegID)", _U32), None)  # type: ignore[index]
-    else:
-        raise ValueError('not a journal record: one is {"client": {...}}, {"ack": RegID, '
-                         '"sqn": N} or {"delete": RegID}, not ' + _short(record))
 
 
 def asdict_shallow(obj: object) -> dict[str, object]:
