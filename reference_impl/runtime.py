@@ -246,23 +246,35 @@ async def start_stores(host: AioHost, config: StoreDaemonConfig, *, resolver: Ad
         # every store can join LBT-RU sources: a receiver UDP port of its own
         settings = dataclasses.replace(
             settings, lbtru_port=free_udp_port(settings.ip, LBTRU_RECEIVER_PORTS))
+        listen_ip = "0.0.0.0" if store.interface in ("0.0.0.0", "") else settings.ip
+        if settings.port == 0:
+            # "any free port": picked before the core exists, because the core names its port
+            # in context advertisements and registration answers (a port another process takes
+            # in between makes the listen below fail with a clear error)
+            settings = dataclasses.replace(settings, port=any_free_tcp_port(listen_ip))
         core = StoreCore(settings, now=host.now())
         await host.bind_udp(core, (settings.ip, 0), name=f"store {store.name}")
         await host.bind_udp(core, (settings.ip, settings.lbtru_port))
-        listen_ip = "0.0.0.0" if store.interface in ("0.0.0.0", "") else settings.ip
         try:
-            await host.listen_tcp(core, (listen_ip, store.port))
+            await host.listen_tcp(core, (listen_ip, settings.port))
         except OSError as exc:
-            raise RuntimeError_(f"store {store.name!r}: cannot listen on port {store.port}: "
+            raise RuntimeError_(f"store {store.name!r}: cannot listen on port {settings.port}: "
                                 f"{exc.strerror}") from None
         cores.append(core)
         log.info('Store "%s" ready to accept registrations on %s:%d', store.name,
-                 settings.ip, store.port)
+                 settings.ip, settings.port)
     return cores
 
 
 LBTRU_RECEIVER_PORTS = (14360, 14379)
 """UM's receiver ``transport_lbtru_port_low/high`` defaults (tshark's LBT-RU receiver range)."""
+
+
+def any_free_tcp_port(ip: str) -> int:
+    """A TCP port the kernel hands out on ``ip`` now (closed again before use)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((ip, 0))
+        return int(sock.getsockname()[1])
 
 
 def free_udp_port(ip: str, ports: tuple[int, int]) -> int:

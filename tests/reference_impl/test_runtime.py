@@ -186,3 +186,20 @@ def test_events_that_mean_trouble_are_logged_as_warnings(caplog: pytest.LogCaptu
     levels = {record.getMessage().split("(")[0]: record.levelno for record in caplog.records}
     assert levels["event MessageNotStable"] == logging.WARNING
     assert levels["event MessageReclaimed"] == logging.INFO
+
+
+def test_a_store_on_port_0_listens_on_and_names_a_real_port(tmp_path: Path) -> None:
+    """``port="0"`` in the store XML means any free port: the store must say, advertise and
+    put in its registration answers the port it really listens on, never 0."""
+    config = parse_store_config(disk_store_xml("anyport", 0, r"runtime\..*",
+                                               repository="memory"))
+
+    async def main() -> None:
+        async with AioHost() as host:
+            (store,) = await runtime.start_stores(host, config, resolver=("127.0.0.1", 9),
+                                                  base=tmp_path)
+            assert store.addr[1] != 0
+            _, writer = await asyncio.open_connection(*store.addr)
+            writer.close()
+
+    asyncio.run(main())
