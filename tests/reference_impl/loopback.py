@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +28,21 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
         sock.bind((IP, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def stop_processes(procs: Iterable[subprocess.Popen[bytes]], timeout: float = 5.0) -> None:
+    """Ctrl-C every process still running, then wait for each; one that does not stop within
+    ``timeout`` is killed (a test never leaves a daemon behind)."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class Proc:

@@ -39,7 +39,7 @@ from reference_impl.aio import AioHost
 from reference_impl.config import ClientConfig
 from reference_impl.config.store_xml_writer import disk_store_xml
 from reference_impl.events import Event, MessageDelivered, MessageStable, StableFlags
-from tests.reference_impl.loopback import free_port
+from tests.reference_impl.loopback import free_port, stop_processes
 
 TOPIC = "crash.safety"
 STABLE_BEFORE_KILL = 2000  # the kill happens once this many are stable, with more in flight
@@ -88,15 +88,7 @@ class Processes:
             time.sleep(0.02)
 
     def stop_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(self.procs.values())
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from reference_impl.config.store_xml_writer import disk_store_xml
-from tests.reference_impl.loopback import free_port
+from tests.reference_impl.loopback import free_port, stop_processes
 
 IP = "127.0.0.1"
 TOPIC = "multi.orders"
@@ -76,15 +76,7 @@ class Procs:
         return self.config("source.cfg", f"source ume_store {IP}:{self.store_port}")
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(self.procs.values())
 
 
 @pytest.fixture
