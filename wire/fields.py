@@ -258,6 +258,26 @@ def text(length: Any) -> cs.Construct:
     return TextAdapter(cs.Bytes(length))
 
 
+class CStringAdapter(TextAdapter):
+    """A NUL-terminated name (LBMR topic, pattern, queue; an LBMC configuration option), text
+    as :data:`TEXT_ENCODING` says.  The NUL is not part of the value.
+
+    Building refuses a value that contains a NUL, because it would end the name early on the
+    wire and the packet could not round-trip.
+    """
+
+    def _encode(self, obj: str | bytes, context: Any, path: str) -> bytes:
+        data = super()._encode(obj, context, path)
+        if b"\0" in data:
+            raise ValueError(f"name {obj!r} contains a NUL byte")
+        return data
+
+
+def cstring() -> cs.Construct:
+    """A NUL-terminated name (see :class:`CStringAdapter`)."""
+    return CStringAdapter(cs.NullTerminated(cs.GreedyBytes))
+
+
 # --- introspection ---------------------------------------------------------------------------
 
 

@@ -45,6 +45,7 @@ from .fields import (
     Bit,
     IPv4,
     bit_views,
+    cstring,
     field,
     fixed_size,
     forget_computed,
@@ -712,6 +713,23 @@ TcpSid = _register(0x6B, "tcp_sid", "TCP session ID", _fixed(_flags16(), field("
                    label="TCP-SID")
 
 
+EXTOPT_HEAD_SIZE = 8
+Extopt = _register(0xFE, "extopt", "Extended option", cs.Struct(
+    field("next_hdr", U8),
+    field("hdr_len", Auto(U8, lambda ctx: EXTOPT_HEAD_SIZE + len(ctx.data))),
+    field("flags", U8, bits={"ignore": 0x80, "ignore_subtype": 0x40, "more_fragments": 0x20}),
+    field("id", U8),
+    field("subtype", U16),
+    field("fragment_offset", U16),
+    # tshark shows the data raw only for subtypes it does not know; a configuration option
+    # (CFGOPT_SUBTYPE) it shows field by field instead, see CfgOpt
+    field("data", cs.Bytes(this.hdr_len - EXTOPT_HEAD_SIZE), tshark=None),
+), label="EXTOPT", min_len=EXTOPT_HEAD_SIZE)
+"""An extended option: a typed blob (``subtype``) that may be split over several headers
+(``more_fragments``, ``fragment_offset``).  Subtype :data:`CFGOPT_SUBTYPE` carries one
+configuration option by name and value (:class:`CfgOpt`)."""
+
+
 # Codes tshark knows that we carry opaquely: code -> (name, tshark prefix, title, label).
 KNOWN_CODES: dict[int, tuple[str, str, str, str | None]] = {
     0x03: ("unhandled", "lbmc.unhandled", "Unknown", None),  # TGIDX: tshark flags it
@@ -754,7 +772,6 @@ KNOWN_CODES: dict[int, tuple[str, str, str, str | None]] = {
     0x60: ("auth", "lbmc.auth", "Authentication", "AUTH"),
     0x62: ("hmac", "lbmc.hmac", "HMAC", "HMAC"),
     0x63: ("umq_sid", "lbmc.umq_sid", "UMQ session ID", None),
-    0xFE: ("extopt", "lbmc.extopt", "Extended option", "EXTOPT"),
 }
 
 # The smallest hdr_len tshark dissects without a Malformed exception, per opaque code: the fixed
@@ -764,7 +781,7 @@ OPAQUE_MIN_LEN: dict[int, int] = {
     0x08: 20, 0x09: 20, 0x0A: 16, 0x0F: 20, 0x10: 20, 0x11: 16, 0x30: 20, 0x31: 20, 0x32: 4,
     0x33: 48, 0x34: 20, 0x35: 12, 0x36: 4, 0x37: 32, 0x38: 28, 0x3A: 16, 0x3B: 48, 0x3E: 40,
     0x3F: 8, 0x40: 24, 0x44: 20, 0x45: 12, 0x48: 20, 0x49: 20, 0x4C: 8, 0x4D: 16, 0x4F: 64,
-    0x51: 20, 0x52: 20, 0x56: 32, 0x57: 20, 0x58: 5, 0x60: 5, 0x62: 24, 0x63: 16, 0xFE: 8,
+    0x51: 20, 0x52: 20, 0x56: 32, 0x57: 20, 0x58: 5, 0x60: 5, 0x62: 24, 0x63: 16,
 }
 
 # Authentication (0x60) headers are shown under a prefix chosen by the operation at offset 3.
@@ -1165,3 +1182,95 @@ def msgprop_length(message: LbmcMessage) -> int:
         if isinstance(h, Header) and h.kind.code == AppHdrChain.kind.code:
             total += sum(e.proplen for e in parse_apphdr_chain(h) if e.type == MSGPROP_ELEMENT)
     return total
+
+
+# --- configuration options in extended options (docs/wire-lbmc.md §2.3) -----------------------
+
+CFGOPT_SUBTYPE = 0x0100
+"""``Extopt.subtype`` of a configuration option (tshark: "Configuration option")."""
+
+
+class CfgScope(IntEnum):
+    """``lbmc.extopt.cfgopt.scope``: the object the option belongs to, as UM configuration
+    files name them (``source ume_flight_size_bytes 1000000``)."""
+
+    SOURCE = 1
+    RECEIVER = 2
+    CONTEXT = 3
+    WILDCARD_RECEIVER = 4
+    EVENT_QUEUE = 5
+
+
+CfgOptBody = cs.Struct(
+    field("scope", U8),
+    field("parent", U8),
+    field("name", cstring()),
+    field("value", cstring()),
+)
+"""The data of a CFGOPT extended option.  tshark 4.0 shows ``cfgopt.parent`` with the value of
+the *scope* byte (it reads the wrong offset), then name and value from offset 2; the parent
+byte itself is not shown.  We write 0 there."""
+
+
+@dataclass(frozen=True)
+class CfgOpt:
+    """One configuration option carried in an EXTOPT header (subtype :data:`CFGOPT_SUBTYPE`).
+
+    Attributes:
+        scope: a :class:`CfgScope` value.
+        name: the option's UM name (``ume_flight_size_bytes``).
+        value: its value as UM configuration text (``1000000``).
+        parent: the byte after the scope (0 in everything we build).
+    """
+
+    scope: int
+    name: str
+    value: str
+    parent: int = 0
+
+    def header(self) -> Header:
+        """The EXTOPT header carrying this option (one header: no fragments)."""
+        data = CfgOptBody.build({"scope": self.scope, "parent": self.parent,
+                                 "name": self.name, "value": self.value})
+        if EXTOPT_HEAD_SIZE + len(data) > 0xFF:
+            raise ValueError(f"configuration option {self.name!r} does not fit one header")
+        return Extopt(subtype=CFGOPT_SUBTYPE, data=data)
+
+
+def parse_cfgopt(header: Header) -> CfgOpt:
+    """The option an EXTOPT header carries; :class:`WireError` when it is not a whole,
+    well-formed configuration option: another subtype, a fragment, a name or value without
+    its NUL, bytes after the value, or text that is not UTF-8."""
+    where = "lbmc.extopt.cfgopt"
+    if header.subtype != CFGOPT_SUBTYPE:
+        raise WireError("lbmc.extopt.subtype", 6, f"subtype {header.subtype:#x} is not a "
+                                                  f"configuration option")
+    if header.more_fragments or header.fragment_offset:
+        raise WireError("lbmc.extopt.fragment_offset", 6,
+                        "a fragmented configuration option is not supported")
+    data = bytes(header.data)
+    if len(data) < 4:
+        raise WireError(where, EXTOPT_HEAD_SIZE, f"{len(data)} bytes: too short")
+    name_end = data.find(b"\0", 2)
+    value_end = data.find(b"\0", name_end + 1) if name_end >= 0 else -1
+    if value_end < 0:
+        raise WireError(where, EXTOPT_HEAD_SIZE, "name or value is not NUL-terminated")
+    if value_end != len(data) - 1:
+        raise WireError(where, EXTOPT_HEAD_SIZE + value_end + 1,
+                        f"{len(data) - value_end - 1} bytes after the value")
+    try:
+        name = data[2:name_end].decode("utf-8")
+        value = data[name_end + 1 : value_end].decode("utf-8")
+    except UnicodeDecodeError:
+        raise WireError(where, EXTOPT_HEAD_SIZE, "name or value is not UTF-8 text") from None
+    if not name:
+        raise WireError(where, EXTOPT_HEAD_SIZE + 2, "empty option name")
+    return CfgOpt(data[0], name, value, data[1])
+
+
+def cfgopts(message: LbmcMessage) -> list[CfgOpt]:
+    """Every configuration option in ``message``, in order (:class:`WireError` for a garbled
+    one; other extended options are skipped)."""
+    return [parse_cfgopt(h) for h in message.headers
+            if isinstance(h, Header) and h.kind.code == Extopt.kind.code
+            and h.subtype == CFGOPT_SUBTYPE]

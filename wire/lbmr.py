@@ -108,8 +108,8 @@ from .fields import (
     Auto,
     Bit,
     IPv4,
-    TextAdapter,
     bytes_text,
+    cstring,
     export_struct,
     field,
     fixed_size,
@@ -212,26 +212,6 @@ QIR_OPTIONS_FLAG = 0x8000
 CTXINFO_NAME_FLAG = 0x0001
 
 # --- building blocks -------------------------------------------------------------------------
-
-
-class CStringAdapter(TextAdapter):
-    """A NUL-terminated name (topic, pattern, queue), text as :data:`wire.fields.TEXT_ENCODING`
-    says.  The NUL is not part of the value.
-
-    Building refuses a value that contains a NUL, because it would end the name early on the
-    wire and the packet could not round-trip.
-    """
-
-    def _encode(self, obj: str | bytes, context: Any, path: str) -> bytes:
-        data = super()._encode(obj, context, path)
-        if b"\0" in data:
-            raise ValueError(f"name {obj!r} contains a NUL byte")
-        return data
-
-
-def cstring() -> cs.Construct:
-    """A NUL-terminated name (see :class:`CStringAdapter`)."""
-    return CStringAdapter(cs.NullTerminated(cs.GreedyBytes))
 
 
 def _never(raw: int) -> bool:

@@ -72,6 +72,11 @@ def _header_overrides(kind: lbmc.HeaderKind) -> dict[str, st.SearchStrategy[Any]
         over = {"elements": st.just(b"")}
     if kind.name == "tsni":
         over["trailing"] = st.binary(max_size=7)
+    if kind.name == "extopt":
+        # whole (unfragmented) options of a subtype tshark shows raw; configuration options
+        # (subtype 0x100) have a body of their own: tests/wire/test_cfgopt.py
+        over = {"data": st.binary(max_size=60), "flags": st.sampled_from([0, 0x40, 0x80, 0xC0]),
+                "fragment_offset": st.just(0), "subtype": st.sampled_from([0x0001, 0x1234])}
     return over
 
 

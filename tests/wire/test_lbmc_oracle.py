@@ -260,6 +260,16 @@ def random_header(kind: HeaderKind, rng: random.Random, mode: str, *,
               if m.name not in ("next_hdr", "hdr_len")}
     if kind.name == "apphdr":
         values["data"] = rng.randbytes(rng.randrange(1, 40))
+    if kind.name == "extopt":
+        # whole options: raw data under a subtype tshark does not know, or a configuration
+        # option, which tshark shows field by field
+        values.update(flags=values["flags"] & 0xC0, fragment_offset=0)
+        if rng.random() < 0.5:
+            option = lbmc.CfgOpt(rng.randrange(1, 6), "opt_" + str(rng.getrandbits(20)),
+                                 str(rng.getrandbits(32)))
+            values.update(subtype=lbmc.CFGOPT_SUBTYPE, data=option.header().data)
+        else:
+            values.update(subtype=0x1234, data=rng.randbytes(rng.randrange(0, 40)))
     if "trailing" in values and trailing:
         limit = 8 - 1 if kind.name == "tsni" else 8
         values["trailing"] = rng.randbytes(rng.randrange(1, limit + 1))
