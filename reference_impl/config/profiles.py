@@ -116,6 +116,14 @@ class Profile:
         write_async_cbs_must_be_one: 6.17 deprecates ``repository-disk-max-write-async-cbs``
             and requires the value 1 (other values are replaced by 1, with a warning).
         proactive_keepalive_supported: ``ume_proactive_keepalive_interval`` exists (6.9+).
+        rpp_supported: the product knows receiver-paced persistence (UMP 5.3+).  Without it
+            (profile ``pre-5.3``) stores, sources and receivers never set, read or echo the
+            RPP flag or the RPP options of a registration: the rows and columns "Pre-ver.
+            5.3" of the guide's "UMP Version RPP Compatibility Matrix".
+        rpp_late_join_unconsumed: a receiver whose first registration with an RPP repository
+            comes after the first message may recover what the repository still holds (the
+            guide's "Late Registering Receiver": "except for messages not yet consumed by all
+            RPP receivers"); otherwise (the current docs) nothing sent before it registered.
     """
 
     name: str
@@ -130,6 +138,8 @@ class Profile:
     round_robin_supported: bool
     write_async_cbs_must_be_one: bool
     proactive_keepalive_supported: bool
+    rpp_supported: bool = True
+    rpp_late_join_unconsumed: bool = False
 
     def section(self, name: str) -> Mapping[str, object]:
         """The defaults of one section by name (``"store"``, ``"topic"``, ``"source"`` ...)."""
@@ -346,6 +356,23 @@ _PROFILES: dict[str, Profile] = {
         round_robin_supported=True,
         write_async_cbs_must_be_one=False,
         proactive_keepalive_supported=False,
+        rpp_late_join_unconsumed=True,
+    ),
+    "pre-5.3": Profile(
+        name="pre-5.3",
+        summary="a UMP release before 5.3: the guide-5.3 defaults without receiver-paced "
+                "persistence",
+        store=_frozen(_STORE_LEVEL),
+        topic=_frozen(_TOPIC_GUIDE_5_3),
+        context=_frozen(_CONTEXT_GUIDE_5_3),
+        source=_frozen(_SOURCE_GUIDE_5_3),
+        receiver=_frozen(_RECEIVER_GUIDE_5_3),
+        store_port_zero_allowed=False,
+        receiver_rpp_modes=(0,),
+        round_robin_supported=True,
+        write_async_cbs_must_be_one=False,
+        proactive_keepalive_supported=False,
+        rpp_supported=False,
     ),
 }
 

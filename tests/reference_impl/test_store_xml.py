@@ -730,7 +730,7 @@ def test_umq_remnants_are_ignored_with_warnings() -> None:
 
 
 def test_profile_names_and_lookup() -> None:
-    assert set(profile_names()) == {"current", "guide-5.3"}
+    assert set(profile_names()) == {"current", "guide-5.3", "pre-5.3"}
     assert get_profile().name == DEFAULT_PROFILE
     with pytest.raises(ValueError, match=r"guide-5\.3"):
         get_profile("5.4")
