@@ -108,7 +108,7 @@ def case(id: str, *, title: str, suite: str, section: str, requirement: str,
 
 
 SUITES = ("registration", "recovery", "robustness", "flight-size", "proactive-retransmit",
-          "durability")
+          "durability", "rpp-matrix", "rpp")
 
 
 def all_cases(role: Role | None = None) -> list[CaseSpec]:

@@ -20,6 +20,7 @@ def _layer(name: str) -> type[Packet]:
     return cast(type[Packet], getattr(scapy_layers, name))
 
 
+LBMC_Extopt = _layer("LBMC_Extopt")
 LBMC_Sri = _layer("LBMC_Sri")
 LBMC_SriReq = _layer("LBMC_SriReq")
 LBMC_TopicIdx = _layer("LBMC_TopicIdx")
@@ -35,7 +36,8 @@ LBMC_UmeStoreExt = _layer("LBMC_UmeStoreExt")
 LBMC_UmeStoreGroup = _layer("LBMC_UmeStoreGroup")
 LBMC_UmeStoreid = _layer("LBMC_UmeStoreid")
 
-__all__ = ["LBMC", "LBMC_Sri", "LBMC_SriReq", "LBMC_TopicIdx", "LBMC_Topicname", "LBMC_UmeAck",
+__all__ = ["LBMC", "LBMC_Extopt", "LBMC_Sri", "LBMC_SriReq", "LBMC_TopicIdx", "LBMC_Topicname",
+           "LBMC_UmeAck",
            "LBMC_UmeClientLifetime", "LBMC_UmeKeepalive", "LBMC_UmePreg", "LBMC_UmePregResp",
            "LBMC_UmeRxreq", "LBMC_UmeSid", "LBMC_UmeStoreExt", "LBMC_UmeStoreGroup",
            "LBMC_UmeStoreid"]

@@ -32,6 +32,7 @@ from scapy.packet import Packet
 from conformance.net import Datagram, Listener, TcpLink, UdpPort, connect, has
 from conformance.packets import (
     LBMC,
+    LBMC_Extopt,
     LBMC_Sri,
     LBMC_TopicIdx,
     LBMC_Topicname,
@@ -48,6 +49,7 @@ from conformance.peer_env import PeerEnv
 from wire import lbmr
 from wire.lbmc import (
     AckType,
+    CfgOpt,
     LbmcMessage,
     MessageType,
     SriReq,
@@ -66,6 +68,15 @@ RESOLVER_PORTS = range(15380, 15381)
 
 
 _rotation = itertools.count()
+
+
+def with_options(pkt: Packet, options: Sequence[CfgOpt]) -> Packet:
+    """``pkt`` followed by one EXTOPT configuration option per entry, field by field through
+    the Scapy layer (docs/wire-lbmc.md §2.3)."""
+    for option in options:
+        header = option.header()
+        pkt = pkt / LBMC_Extopt(subtype=header.subtype, data=header.data)
+    return pkt
 
 
 def rotated(ports: range) -> list[int]:
@@ -207,8 +218,10 @@ class HarnessSource(_Client):
 
     def preg(self, *, reg_id: int = 0, session_id: int | None = None, rpp: bool = False,
              deregister: bool = False, activity_timeout: int = 0, state_lifetime: int = 0,
-             topic: str | None = None) -> Packet:
-        """The PREG this source sends (change any field of the result to craft variants)."""
+             topic: str | None = None, options: Sequence[CfgOpt] = ()) -> Packet:
+        """The PREG this source sends (change any field of the result to craft variants);
+        ``options`` follow it as EXTOPT configuration options (an RPP source's overrides,
+        docs/wire-lbmc.md §2.3)."""
         request = self.request.addr
         pkt: Packet = LBMC() / LBMC_UmePreg(
             s_flag=1, d_flag=int(deregister), w_flag=int(rpp), reg_id=reg_id,
@@ -220,7 +233,7 @@ class HarnessSource(_Client):
         if activity_timeout or state_lifetime:
             pkt = pkt / LBMC_UmeClientLifetime(activity_tmo=activity_timeout,
                                                lifetime=state_lifetime)
-        return pkt
+        return with_options(pkt, options)
 
     # --- data and stability -------------------------------------------------------------------
 
@@ -333,7 +346,10 @@ class HarnessReceiver(_Client):
 
     def preg(self, *, reg_id: int = 0, source_reg_id: int | None = None,
              session_id: int | None = None, rpp: bool = False, deregister: bool = False,
-             activity_timeout: int = 0, state_lifetime: int = 0) -> Packet:
+             activity_timeout: int = 0, state_lifetime: int = 0,
+             options: Sequence[CfgOpt] = ()) -> Packet:
+        """The PREG this receiver sends; ``options`` as for :meth:`HarnessSource.preg` (a
+        non-blocking RPP receiver's mode)."""
         src = self.source
         local = self.connect().local
         pkt: Packet = LBMC() / LBMC_UmePreg(
@@ -346,7 +362,7 @@ class HarnessReceiver(_Client):
         if activity_timeout or state_lifetime:
             pkt = pkt / LBMC_UmeClientLifetime(activity_tmo=activity_timeout,
                                                lifetime=state_lifetime)
-        return pkt
+        return with_options(pkt, options)
 
     def ack(self, sqn: int) -> None:
         """A consumption ACK (cumulative: everything up to ``sqn``)."""
