@@ -9,8 +9,8 @@ registration's options with :func:`source_options` / :func:`receiver_options`, a
 conformance cases read the same tables (:data:`OVERRIDES`, :data:`MATRIX`) to know what to
 expect.  It imports nothing of the parties.
 
-**How the values travel** (the wire format is not in tshark's dissector; our choice, docs/
-wire-lbmc.md §2.3): after the PREG, in the same CONTROL message, one EXTOPT configuration
+**How the values travel** (the wire format is not in tshark's dissector; our choice,
+docs/wire-lbmc.md §2.3): after the PREG, in the same CONTROL message, one EXTOPT configuration
 option per value (:class:`wire.lbmc.CfgOpt`): scope *source* for a source's overrides, scope
 *receiver* for a receiver's mode, the product's option name and its value as configuration-file
 text.  A source sends only the overrides it sets (0 means "the store's value" and is not sent);
