@@ -15,7 +15,19 @@ it:
 * a receiver's PREG gets its RegID and the low/high sequence numbers (by default the oldest
   and newest messages held); RXREQs are recorded and served from the repository as
   retransmissions; consumption ACKs are recorded;
-* keepalives from clients are answered, so an IUT's store activity timeout sees a live store.
+* keepalives from clients are answered, so an IUT's store activity timeout sees a live store;
+* receiver-paced persistence (RPP): the store plays one of the guide's store kinds of the "UMP
+  Version RPP Compatibility Matrix" (:attr:`HarnessStore.kind`, one of
+  :data:`reference_impl.rpp.STORE_KINDS`), with the rules of :mod:`reference_impl.rpp`: a
+  *pre-5.3 store* grants everything and never sets the RPP (W) flag in its answers; a *5.3
+  RPP store* is a topic that allows RPP, a *5.3 non-RPP store* one that does not (without a
+  kind, the default, it grants everything).  A 5.3 store echoes the W flag of what it grants,
+  refuses (code 6) an RPP source where RPP is not allowed, a re-registration that switches a
+  repository between SPP and RPP (:func:`~reference_impl.rpp.reregistration_refusal`), a
+  receiver whose mode does not fit its source's repository (the matrix's receiver rows) and
+  garbled RPP options; the RPP values an RPP source asks for are not checked against a topic
+  (the harness store has no topic limits).  The W flag and configuration options of every PREG
+  are recorded with it (:meth:`HarnessStore.preg_rpp`).
 
 Every packet it sends is built from the :mod:`wire.scapy_layers` layers (through
 :mod:`conformance.packets`), so a case can also send anything else on the same links.
@@ -45,13 +57,16 @@ from conformance.packets import (
     LBMC_UmeStoreid,
 )
 from conformance.peer_env import PeerEnv
+from reference_impl import rpp
 from wire import lbmr
 from wire.lbmc import (
     AckType,
+    CfgOpt,
     Header,
     KeepaliveType,
     LbmcMessage,
     MessageType,
+    PregError,
     Sri,
     Topicname,
     UmeAck,
@@ -121,6 +136,17 @@ class HarnessStore:
         serve_rxreq: answer RXREQs with retransmissions from the repository.
         source_reg_id: the RegID this store holds for the harness's source (receiver IUTs:
             the SRI names it, and the receiver's PREG must carry it).
+        confirm_rpp: a granted PREG_RESP echoes the PREG's RPP flag, as an RPP store
+            acknowledges RPP mode (guide "RPP Registration"; False: a store that does not).
+        kind: the store kind of the guide's RPP compatibility matrix it plays (one of
+            :data:`reference_impl.rpp.STORE_KINDS`; module docstring), or None: no RPP rules
+            (every PREG is granted, the W flag echoed as :attr:`confirm_rpp` says).
+        repositories: the mode (:data:`~reference_impl.rpp.SPP` or
+            :data:`~reference_impl.rpp.BLOCKING` = RPP) of every source repository a 5.3 store
+            holds, by the source's RegID: a case puts one here to make a source's PREG a
+            re-registration onto an existing repository (with :attr:`old`), or to give the
+            harness's own source (:attr:`source_reg_id`) an RPP or SPP repository for a
+            receiver IUT; a granted source registration adds its own.
     """
 
     def __init__(self, env: PeerEnv, name: str, *, index: int, group: int = 0) -> None:
@@ -141,7 +167,11 @@ class HarnessStore:
         self.receiver_low: int | None = None
         self.receiver_high: int | None = None
         self.serve_rxreq = True
+        self.confirm_rpp = True
         self.source_reg_id = random_reg_id()
+        self.kind: str | None = None
+        self.repositories: dict[int, int] = {}
+        self.refusals: list[tuple[float, int, str]] = []  # (when, error code, why) of each
         self.repository: dict[int, bytes] = {}
         self.sources: dict[int, StoreSource] = {}
         self.receivers: dict[int, StoreReceiver] = {}
@@ -177,6 +207,20 @@ class HarnessStore:
 
     def receiver_pregs(self) -> list[Seen]:
         return [s for s in self.snapshot(self.pregs) if not _preg(s.message).s_flag]
+
+    def preg_rpp(self, seen: Seen) -> tuple[int, list[CfgOpt] | str]:
+        """A recorded PREG's RPP (W) flag and its configuration options (docs/wire-lbmc.md
+        §2.3), or the reason they cannot be read (garbled options)."""
+        try:
+            options: list[CfgOpt] | str = rpp.parse_options(seen.message)
+        except rpp.RppRefused as exc:
+            options = str(exc)
+        return int(_preg(seen.message).w_flag), options
+
+    def snapshot_refusals(self) -> list[tuple[float, int, str]]:
+        """(when, error code, why) of every PREG this store refused so far."""
+        with self._lock:
+            return list(self.refusals)
 
     def rxreq_sqns(self) -> list[int]:
         return [_rxreq(s.message).seqnum for s in self.snapshot(self.rxreqs)]
@@ -220,7 +264,8 @@ class HarnessStore:
         """The PREG_RESP this store sends for ``preg`` (change any field to craft variants)."""
         resp = LBMC_UmePregResp(
             e_flag=int(bool(error)), o_flag=int(old and not error), s_flag=preg.s_flag,
-            d_flag=preg.d_flag if not error else 0, reg_id=reg_id,
+            d_flag=preg.d_flag if not error else 0,
+            w_flag=int(self._echoes_rpp(preg) and not error), reg_id=reg_id,
             transport_idx=preg.transport_idx, topic_idx=preg.topic_idx,
             low_seqnum=0 if error else low, high_seqnum=0 if error else high)
         if error:
@@ -290,15 +335,73 @@ class HarnessStore:
                                           transport_idx=src.transport_idx,
                                           id_2=src.topic_idx, seqnum=sqn))
 
+    def _echoes_rpp(self, preg: Header) -> bool:
+        """Whether a grant of ``preg`` confirms RPP (W flag): the PREG asks for it, the store
+        confirms (:attr:`confirm_rpp`) and it is not a pre-5.3 store."""
+        return bool(preg.w_flag) and self.confirm_rpp and self.kind != rpp.STORE_KINDS[0]
+
+    def _refuse(self, link: TcpLink, preg: Header, code: int, why: str) -> None:
+        who = "source" if preg.s_flag else "receiver"
+        self.env.note(f"{self.name}: refusing the {who}'s PREG with error code {code}: {why}")
+        with self._lock:
+            self.refusals.append((time.monotonic(), code, why))
+        link.send(self.packet_preg_resp(preg, reg_id=preg.reg_id, error=code))
+
+    def _source_rpp_refusal(self, message: LbmcMessage, preg: Header) -> str | None:
+        """Why a 5.3 store refuses this source PREG by the RPP rules (module docstring), or
+        None; a pre-5.3 store refuses nothing (it reads neither the flag nor the options)."""
+        if self.kind not in rpp.STORE_KINDS[1:]:
+            return None
+        try:
+            options = rpp.parse_options(message)
+            rpp.requested_overrides(options)
+        except rpp.RppRefused as exc:
+            return str(exc)
+        if options and not preg.w_flag:
+            return "contradictory RPP registration: RPP options without the RPP flag"
+        mode = rpp.BLOCKING if preg.w_flag else rpp.SPP
+        if mode and self.kind != "5.3 RPP store":
+            return "registering as an RPP source but RPP is not allowed"
+        with self._lock:
+            old_mode = self.repositories.get(preg.reg_id) if preg.reg_id else None
+        if old_mode is None:
+            return None
+        return rpp.reregistration_refusal(role="source", old_mode=old_mode, new_mode=mode)
+
+    def _receiver_rpp_refusal(self, message: LbmcMessage, preg: Header) -> str | None:
+        """Why a 5.3 store refuses this receiver PREG: its mode against its source's
+        repository, as the guide's matrix says (an SPP repository is a "5.3 non-RPP store" to a
+        receiver, an RPP one a "5.3 RPP store"), or garbled options."""
+        if self.kind not in rpp.STORE_KINDS[1:]:
+            return None
+        try:
+            mode = rpp.receiver_mode(preg.w_flag, rpp.parse_options(message))
+        except rpp.RppRefused as exc:
+            return str(exc)
+        with self._lock:
+            repo = self.repositories.get(preg.src_reg_id, rpp.SPP)
+        column = "5.3 RPP store" if repo else "5.3 non-RPP store"
+        row = "5.3 RPP receiver" if mode else "5.3 non-RPP receiver"
+        if rpp.cell(row, column).outcome is rpp.Outcome.REJECTED:
+            return f"{'an RPP' if mode else 'a non-RPP'} receiver on " \
+                   f"{'an RPP' if repo else 'an SPP'} repository"
+        return None
+
     def _on_source_preg(self, link: TcpLink, message: LbmcMessage, preg: Header) -> None:
         if self.silent or not self.answer:
             return
         if self.refuse:
-            self.env.note(f"{self.name}: refusing the source's PREG with error code {self.refuse}")
-            link.send(self.packet_preg_resp(preg, reg_id=preg.reg_id, error=self.refuse))
+            self._refuse(link, preg, self.refuse, "the case's rule")
+            return
+        why = self._source_rpp_refusal(message, preg)
+        if why is not None:
+            self._refuse(link, preg, int(PregError.ECONFIG), why)
             return
         topic = message.header(Topicname)
         reg_id = preg.reg_id or self.assign_reg_id or random_reg_id()
+        if self.kind in rpp.STORE_KINDS[1:]:
+            with self._lock:
+                self.repositories.setdefault(reg_id, rpp.BLOCKING if preg.w_flag else rpp.SPP)
         with self._lock:
             known = self.sources.get(reg_id)
             src = known or StoreSource(reg_id, topic.topic if topic else "", preg.transport_idx,
@@ -320,7 +423,8 @@ class HarnessStore:
             if link.closed or self.silent:
                 return
             self.env.note(f"{self.name}: granting source RegID {src.reg_id}"
-                        f"{f' OLD, high sqn {high}' if old else ''}")
+                          f"{f' OLD, high sqn {high}' if old else ''}"
+                          f"{' with the RPP flag' if self._echoes_rpp(preg) else ''}")
             # recorded before it is sent: the IUT may act on the grant (and a case look at
             # the grants) before this thread runs again
             with self._lock:
@@ -353,7 +457,11 @@ class HarnessStore:
         if self.silent or not self.answer:
             return
         if self.refuse:
-            link.send(self.packet_preg_resp(preg, reg_id=preg.reg_id, error=self.refuse))
+            self._refuse(link, preg, self.refuse, "the case's rule")
+            return
+        why = self._receiver_rpp_refusal(message, preg)
+        if why is not None:
+            self._refuse(link, preg, int(PregError.ECONFIG), why)
             return
         topic = message.header(Topicname)
         sid = message.header(UmeSid)
@@ -368,7 +476,8 @@ class HarnessStore:
             high = self.receiver_high if self.receiver_high is not None else \
                 max(self.repository, default=0)
             self.granted.append((time.monotonic(), reg_id))
-        self.env.note(f"{self.name}: granting receiver RegID {reg_id}, low {low}, high {high}")
+        self.env.note(f"{self.name}: granting receiver RegID {reg_id}, low {low}, high {high}"
+                      f"{' with the RPP flag' if self._echoes_rpp(preg) else ''}")
         link.send(self.packet_preg_resp(preg, reg_id=reg_id, old=known, low=low, high=high))
 
     def _on_rxreq(self, link: TcpLink, rxreq: Header) -> None:
