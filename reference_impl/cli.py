@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from reference_impl import runtime
+from reference_impl import consumer, runtime
 from reference_impl.aio import AioHost, run_forever
 from reference_impl.config import ConfigError, profile_names
 from reference_impl.config.store_xml import StoreDaemonConfig, load_store_config
@@ -83,6 +83,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seconds to wait for stability at the end (default 2)")
     p.add_argument("--deregister", action="store_true",
                    help="deregister from every store at the end (SIGUSR1 does it at any time)")
+    p.add_argument("--wait-start", action="store_true",
+                   help="once registered, send nothing until SIGUSR2 (lets receivers register "
+                        "before the first message, which RPP requires)")
     p.set_defaults(handler=cmd_source)
 
     p = sub.add_parser("receiver", parents=[common], help="run a persistent receiver",
@@ -95,6 +98,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dedupe", action="store_true",
                    help="skip deliveries at or below the highest sequence number already in "
                         "--out (the application-level de-duplication the guide asks for)")
+    p.add_argument("--consume-rate", type=float, default=0.0, metavar="R",
+                   help="the application consumes at most R messages per second and "
+                        "acknowledges each once consumed (ume_explicit_ack_only 1; default 0: "
+                        "at once)")
     p.set_defaults(handler=cmd_receiver)
 
     p = sub.add_parser("demo", parents=[common],
@@ -113,6 +120,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--capture", help="also capture the loopback traffic to this pcap")
     p.add_argument("--transport", choices=("tcp", "lbt-ru"), default="tcp",
                    help="the source's data transport (default tcp)")
+    p.add_argument("--rpp", action="store_true",
+                   help="receiver-paced persistence instead: an RPP source, a fast and a slow "
+                        "blocking receiver, no crashes; checks the source was paced")
     p.set_defaults(handler=cmd_demo)
 
 
@@ -256,6 +266,8 @@ def cmd_source(args: argparse.Namespace) -> int:
                       flush=True)
                 host.call(source, lambda now: source.deregister())
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, deregister)
+        go = asyncio.Event()  # --wait-start: SIGUSR2 starts the traffic
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, go.set)
 
         async def work() -> None:
             try:
@@ -271,16 +283,27 @@ def cmd_source(args: argparse.Namespace) -> int:
             if source.complete or not source.persistent:  # (not deregistered before that)
                 print(f"ump source: registered; next sequence number {source.next_sqn}",
                       file=sys.stderr, flush=True)
+            if args.wait_start:
+                await go.wait()
+                print("ump source: SIGUSR2: sending", file=sys.stderr, flush=True)
             count = args.count
             if args.until_sqn is not None:
                 count = max(0, args.until_sqn - source.next_sqn)
+            peak = {"bytes": 0}  # the most payload bytes in flight, right after a send
+
+            def sent_some(n: int) -> None:
+                peak["bytes"] = max(peak["bytes"], source.inflight_bytes)
             sent = await runtime.send_messages(host, source, count, rate=args.rate,
-                                               size=args.size, start=source.next_sqn)
+                                               size=args.size, start=source.next_sqn,
+                                               progress=sent_some)
             if not source.deregistering and not source.deregistered:
                 with contextlib.suppress(TimeoutError):
                     await host.wait_until(lambda: source.inflight == 0, timeout=args.linger)
             print(f"ump source: sent {sent} messages, {source.inflight} still in flight",
                   file=sys.stderr, flush=True)
+            if source.config.ume_flight_size_bytes:
+                print(f"ump source: in-flight bytes max {peak['bytes']} (ume_flight_size_bytes "
+                      f"{source.config.ume_flight_size_bytes})", file=sys.stderr, flush=True)
             status["code"] = 0 if sent == count else 1
             if args.deregister:
                 deregister()
@@ -348,6 +371,13 @@ def cmd_receiver(args: argparse.Namespace) -> int:
         print(f"ump receiver: {one_line(str(exc))}", file=sys.stderr)
         return 2
 
+    if args.consume_rate < 0:
+        print(f"ump receiver: --consume-rate must be positive (0: at once), not "
+              f"{args.consume_rate}", file=sys.stderr)
+        return 2
+    if args.consume_rate:  # the application acknowledges what it consumed, nothing else
+        client = consumer.explicit_ack_only(client)
+
     async def setup(host: AioHost) -> None:
         receiver = await runtime.start_receiver(host, args.topic, client, reg_id=args.reg_id)
         writer = runtime.DeliveryLog(out)
@@ -360,7 +390,14 @@ def cmd_receiver(args: argparse.Namespace) -> int:
             writer(core, event)
             if args.count and writer.count >= args.count:
                 host.close()
-        runtime.handle_events(host, [receiver], handle)
+        if args.consume_rate:  # deliveries wait for the slow application, then are ACKed
+            paced = consumer.PacedConsumer(host, receiver, args.consume_rate,
+                                           lambda event: handle(receiver, event))
+            runtime.handle_events(host, [receiver], lambda core, event: paced.offer(event)
+                                  if isinstance(event, MessageDelivered) else handle(core, event))
+            paced.start()
+        else:
+            runtime.handle_events(host, [receiver], handle)
     try:
         return _run(setup, args.verbose)
     finally:
@@ -373,4 +410,4 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _setup_logging(args.verbose)
     return run_demo(messages=args.messages, workdir=args.workdir, store_port=args.store_port,
                     resolver_port=args.resolver_port, capture=args.capture,
-                    profile=args.profile, transport=args.transport)
+                    profile=args.profile, transport=args.transport, rpp=args.rpp)

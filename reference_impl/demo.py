@@ -1,4 +1,5 @@
-"""``ump demo``: the whole reference implementation on loopback, with crashes on purpose.
+"""``ump demo``: the whole reference implementation on loopback, with crashes on purpose
+(``--rpp``: receiver-paced persistence, a source paced by its slowest receiver).
 
 It writes a umestored XML file and two UM configuration files into a work directory, starts
 ``ump resolver``, ``ump store`` (disk repository), ``ump receiver`` and ``ump source`` as
@@ -29,6 +30,33 @@ or ``--store-port`` name one; with ``--capture`` they default to UM's well-known
 14567, so the capture decodes with tshark's and Wireshark's defaults.  ``0`` always means a
 free port.  The web monitor takes a free port.  The source's and receiver's own ports come
 from UM's port ranges (first free), as in the product.
+
+**``--rpp``: receiver-paced persistence** (guide "Receiver-paced Persistence Operations",
+docs/semantics.md §1.13).  No crashes; instead the store's topic allows RPP on a *memory*
+repository (our choice: it acknowledges on reception, so what paces the source is RPP's
+withholding, not the disk), with a repository size limit of :data:`RPP_LIMIT_MESSAGES` messages
+and a topic flight-size maximum twice the source's; the source is an RPP source whose
+``ume_flight_size_bytes`` (:data:`RPP_FLIGHT_MESSAGES` messages) travels to the store as an
+override; two *blocking* RPP receivers register before the first message (the source runs with
+``--wait-start`` and gets SIGUSR2 once both registered: an RPP receiver that registers after
+the first message gets nothing sent before, semantics §1.14), one consuming at once, one
+slow (``ump receiver --consume-rate R``, R = messages / :data:`RPP_SECONDS`).  The source sends
+as fast as it may.  The store keeps each message until both consumed it and withholds
+stability ACKs while less than one flight size of room is left, so the source's flight size
+stops it: the source is paced by the slow receiver.  The demo samples the delivery logs and
+the store's web monitor JSON while it runs, and checks
+
+1. both delivery logs: every sequence number 0..N-1 exactly once, in order (nothing lost);
+2. the source's rate (the fast receiver's deliveries, which follow the source's sends) is
+   at most the slow receiver's rate plus what the repository and one flight can hold, i.e.
+   the source took at least ``(N - (limit + flight) / size) / R`` seconds (80 % of it, for
+   the sampling), where an unpaced source takes a fraction of a second;
+3. the most messages the fast receiver was ahead of the slow one fits the repository size
+   limit plus one flight (plus the slow consumer's one-tick ACK lag);
+4. the source's own figure (its ``in-flight bytes max`` line) is at most its
+   ``ume_flight_size_bytes``;
+
+and prints how the source was paced.  Exit status as above: 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -46,6 +74,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -374,14 +403,17 @@ class Demo:
                       addresses=(f"127.0.0.1:{self.port}", f"127.0.0.1:{self.web_port}"),
                       option="--store-port")
             self._wait_ready("resolver", "store")
-            self.start_receiver(status=2)
-            self.start_source(status=2)
+            self._start_clients()
             return self._watch()
         except DemoError as exc:
             print(f"ump demo: {exc}", file=sys.stderr)
             return exc.status
         finally:
             self.stop_all()
+
+    def _start_clients(self) -> None:
+        self.start_receiver(status=2)
+        self.start_source(status=2)
 
     def _wait_ready(self, *names: str) -> None:
         # a list, not a generator: every one is polled, so any that exited is seen at once
@@ -448,11 +480,239 @@ class Demo:
         return 1
 
 
+RPP_SECONDS = 8.0
+"""How long the slow receiver's consumption of all ``--messages`` lasts (its rate follows)."""
+RPP_PAYLOAD = 64
+"""Payload bytes per message (``ump source --size``); RPP sizes count payload only."""
+RPP_FLIGHT_MESSAGES = 50
+"""The source's ``ume_flight_size_bytes``, in messages of :data:`RPP_PAYLOAD` bytes."""
+RPP_THRESHOLD_MESSAGES = 150
+"""The topic's ``repository-size-threshold``, in messages (above the topic's flight-size
+maximum of twice the source's flight, as the consistency rule asks)."""
+RPP_LIMIT_MESSAGES = 250
+"""The topic's ``repository-size-limit``, in messages: how far the source can get ahead of
+the slow receiver."""
+RPP_MIN_MESSAGES = 2 * (RPP_LIMIT_MESSAGES + RPP_FLIGHT_MESSAGES)
+"""Fewer messages would fit the repository and one flight: nothing to pace."""
+SAMPLE_INTERVAL = 0.1
+"""Seconds between two samples of the store's web monitor."""
+
+RPP_SOURCE_CFG = """# the RPP demo source: receiver-paced, with a flight size in bytes (RPP needs
+# one), sent to the store as an override of the topic's maximum
+context resolver_unicast_daemon 127.0.0.1:{resolver}
+source ume_store 127.0.0.1:{port}
+source ume_receiver_paced_persistence 1
+source ume_flight_size_bytes {flight}
+source transport {transport}
+"""
+
+RPP_RECEIVER_CFG = """# an RPP demo receiver: blocking (the store keeps each message until it
+# consumed it)
+context resolver_unicast_daemon 127.0.0.1:{resolver}
+receiver ume_receiver_paced_persistence 1
+"""
+
+
+@dataclass
+class Sample:
+    """What the RPP demo saw at one moment (seconds since the source was told to send).
+
+    Attributes:
+        t: the moment.
+        fast: lines in the fast receiver's delivery log.
+        slow: lines in the slow receiver's delivery log (it writes a line as it consumes).
+        used: payload bytes the store's repository held for the source (web monitor), or
+            None when this sample did not read it.
+    """
+
+    t: float
+    fast: int
+    slow: int
+    used: int | None = None
+
+
+class RppDemo(Demo):
+    """``ump demo --rpp`` (see the module docstring): an RPP source, a fast and a slow blocking
+    receiver, no crashes; checks nothing was lost and the source was paced."""
+
+    def __init__(self, messages: int, workdir: Path, store_port: int, profile: str,
+                 transport: str = "tcp", resolver_port: int = WELL_KNOWN_RESOLVER_PORT
+                 ) -> None:
+        super().__init__(messages, workdir, store_port, profile, transport, resolver_port)
+        self.consume_rate = messages / RPP_SECONDS
+        self.flight = RPP_FLIGHT_MESSAGES * RPP_PAYLOAD
+        self.limit = RPP_LIMIT_MESSAGES * RPP_PAYLOAD
+        self.logs = {"fast": self.dir / "deliveries-fast.jsonl",
+                     "slow": self.dir / "deliveries-slow.jsonl"}
+        self.samples: list[Sample] = []
+        self.source_href: str | None = None
+        self.t0 = 0.0
+
+    def prepare(self) -> None:
+        self.prepared = True
+        self._choose_ports()
+        d = self.dir
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "store.xml").write_text(disk_store_xml(
+            "demo-store", self.port, r"demo\..*", repository="memory",
+            web_monitor=f"127.0.0.1:{self.web_port}",
+            topic_options={"repository-allow-receiver-paced-persistence": 1,
+                           "source-flight-size-bytes-maximum": 2 * self.flight,
+                           "repository-size-threshold": RPP_THRESHOLD_MESSAGES * RPP_PAYLOAD,
+                           "repository-size-limit": self.limit}))
+        (d / "source.cfg").write_text(RPP_SOURCE_CFG.format(
+            port=self.port, transport=self.transport, resolver=self.resolver_port,
+            flight=self.flight))
+        (d / "receiver.cfg").write_text(RPP_RECEIVER_CFG.format(resolver=self.resolver_port))
+
+    def _receiver(self, which: str, rate: float) -> None:
+        args = ["receiver", "-c", "receiver.cfg", "--topic", TOPIC,
+                "--out", str(self.logs[which])]
+        if rate:
+            args += ["--consume-rate", f"{rate:g}"]
+        self._ump(f"receiver-{which}", args, ready=ReceiverRegistrationComplete.__name__,
+                  doing="register", timeout=REGISTER_TIMEOUT, status=2)
+
+    def _start_clients(self) -> None:
+        """Both receivers, then the source; once all registered, SIGUSR2 starts the traffic
+        (an RPP receiver registered after the first message would get nothing before it)."""
+        self._receiver("fast", 0)
+        self._receiver("slow", self.consume_rate)
+        self._ump("source", ["source", "-c", "source.cfg", "--topic", TOPIC,
+                             "--count", str(self.messages), "--size", str(RPP_PAYLOAD),
+                             "--linger", "20", "--wait-start"],
+                  ready="ump source: registered", doing="register",
+                  timeout=REGISTER_TIMEOUT, status=2)
+        self._wait_ready("source", "receiver-fast", "receiver-slow")
+        self.procs["source"].proc.send_signal(signal.SIGUSR2)
+        self.t0 = time.monotonic()
+
+    def _count(self, which: str) -> int:
+        try:
+            return self.logs[which].read_bytes().count(b"\n")
+        except OSError:
+            return 0
+
+    def _store_used(self) -> int | None:
+        """The payload bytes the store holds for the source (web monitor JSON), or None."""
+        base = f"http://127.0.0.1:{self.web_port}"
+        try:
+            if self.source_href is None:
+                with urllib.request.urlopen(f"{base}/stores/0?format=json", timeout=1) as r:
+                    page = json.load(r)
+                hrefs = [src["href"] for topic in page["topics"] if topic["topic"] == TOPIC
+                         for src in topic["sources"]]
+                if not hrefs:
+                    return None
+                self.source_href = hrefs[-1]
+            with urllib.request.urlopen(f"{base}{self.source_href}?format=json",
+                                        timeout=1) as r:
+                return int(json.load(r)["memory"]["used"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _watch(self) -> int:
+        n = self.messages
+        deadline = time.monotonic() + 60 + 2 * RPP_SECONDS
+        bar = tqdm(total=n, desc="consumed (slow)", unit="msg",
+                   disable=not sys.stderr.isatty())
+        next_store = 0.0
+        while time.monotonic() < deadline:
+            self._check()
+            now = time.monotonic()
+            fast, slow = self._count("fast"), self._count("slow")
+            used = None
+            if now >= next_store:
+                used = self._store_used()
+                next_store = now + SAMPLE_INTERVAL
+            self.samples.append(Sample(now - self.t0, fast, slow, used))
+            bar.update(slow - bar.n)
+            if fast >= n and slow >= n:
+                break
+            time.sleep(0.05)
+        bar.close()
+        source = self.procs["source"]
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            source.proc.wait(timeout=25)  # its last line: the in-flight maximum
+        return self._verdict()
+
+    def _rows(self, which: str) -> list[int]:
+        out = []
+        if self.logs[which].exists():
+            for line in self.logs[which].read_text().splitlines():
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    out.append(int(json.loads(line)["sqn"]))
+        return out
+
+    def _done_at(self, attr: str) -> float | None:
+        return next((s.t for s in self.samples if getattr(s, attr) >= self.messages), None)
+
+    def _verdict(self) -> int:
+        n, size = self.messages, RPP_PAYLOAD
+        expected = list(range(n))
+        failures = []
+        for which in ("fast", "slow"):
+            sqns = self._rows(which)
+            if sqns != expected:
+                missing = sorted(set(expected) - set(sqns))
+                dupes = len(sqns) - len(set(sqns))
+                failures.append(f"the {which} receiver: {len(missing)} missing (first "
+                                f"{missing[:10]}), {dupes} duplicates")
+        fast_done, slow_done = self._done_at("fast"), self._done_at("slow")
+        needed = (n - (self.limit + self.flight) / size) / self.consume_rate
+        ahead = max((s.fast - s.slow for s in self.samples), default=0)
+        ahead_bound = (self.limit + self.flight) / size + self.consume_rate * 0.1
+        said = self.procs["source"].log_since_start()
+        peak = re.search(r"in-flight bytes max (\d+)", said)
+        inflight = int(peak.group(1)) if peak else None
+        used = [s.used for s in self.samples if s.used is not None]
+        low_room = [u for u in used if self.limit - u <= self.flight]
+        episodes = sum(1 for a, b in itertools.pairwise(used)
+                       if self.limit - a > self.flight >= self.limit - b)
+        if fast_done is not None:
+            rate = n / fast_done if fast_done else float("inf")
+            slow_text = "never" if slow_done is None else f"at {slow_done:.1f} s"
+            print(f"ump demo: source paced by the slow receiver: {n} msgs in {fast_done:.1f} s "
+                  f"({rate:.0f} msg/s; the slow receiver consumes {self.consume_rate:.0f} "
+                  f"msg/s and had every message {slow_text}, the fast one at "
+                  f"{fast_done:.1f} s; so paced, it needs at least {needed:.1f} s)")
+            if fast_done < 0.8 * needed:
+                failures.append(f"the source was not paced: it sent all {n} messages in "
+                                f"{fast_done:.1f} s; paced by {self.consume_rate:.0f} msg/s it "
+                                f"needs at least {needed:.1f} s")
+        print(f"ump demo: in-flight bytes max "
+              f"{'(not reported)' if inflight is None else inflight} <= ume_flight_size_bytes "
+              f"{self.flight}; the fast receiver was at most {ahead} messages ({ahead * size} "
+              f"bytes) ahead of the slow one (repository size limit {self.limit} + one flight "
+              f"{self.flight} bytes); the store's room was below one flight size in "
+              f"{len(low_room)} of {len(used)} web monitor samples (stability withheld; it "
+              f"fell there {episodes} time{'' if episodes == 1 else 's'}), its repository "
+              f"held at most {max(used, default=0)} bytes")
+        if inflight is None:
+            failures.append("the source did not report its in-flight bytes maximum")
+        elif inflight > self.flight:
+            failures.append(f"in-flight bytes {inflight} exceeded ume_flight_size_bytes "
+                            f"{self.flight}")
+        if ahead > ahead_bound:
+            failures.append(f"the fast receiver got {ahead} messages ahead of the slow one; "
+                            f"the repository and one flight hold {ahead_bound:.0f}")
+        if used and max(used) > self.limit:
+            failures.append(f"the repository held {max(used)} bytes, above its size limit "
+                            f"{self.limit}")
+        if failures:
+            print(f"ump demo: FAIL: {'; '.join(failures)}; logs in {self.dir}")
+            return 1
+        print(f"ump demo: PASS: both blocking receivers got every message 0..{n - 1} once and "
+              f"in order, and the source was paced by the slow one")
+        return 0
+
+
 #: What a demo run leaves in its work directory that the next run must not inherit: the store's
 #: journal and cache (a store restored from them would hold the last run's sources and
 #: receivers) and the delivery log the verdict is read from.  Configuration files and logs are
 #: rewritten by each run.
-PREVIOUS_RUN = ("deliveries.jsonl", "state", "cache")
+PREVIOUS_RUN = ("deliveries.jsonl", "deliveries-fast.jsonl", "deliveries-slow.jsonl", "state",
+                "cache")
 
 
 def clear_previous_run(base: Path) -> None:
@@ -469,13 +729,17 @@ def clear_previous_run(base: Path) -> None:
 def run_demo(*, messages: int = 3000, workdir: str | None = None,
              store_port: int | None = None, resolver_port: int | None = None,
              capture: str | None = None, profile: str = "current",
-             transport: str = "tcp") -> int:
+             transport: str = "tcp", rpp: bool = False) -> int:
     """Run the demo; ports ``None`` = the default of the module docstring, 0 = a free one."""
     for option, port in (("--store-port", store_port), ("--resolver-port", resolver_port)):
         if port is not None and not 0 <= port <= 65535:
             print(f"ump demo: {option} must be a port number 0-65535, not {port}",
                   file=sys.stderr)
             return 2
+    if rpp and messages < RPP_MIN_MESSAGES:
+        print(f"ump demo: --rpp needs at least {RPP_MIN_MESSAGES} messages (--messages), "
+              f"more than the repository and one flight hold, not {messages}", file=sys.stderr)
+        return 2
     if workdir is None:
         base = Path(tempfile.mkdtemp(prefix="ump-demo-"))
     else:
@@ -485,7 +749,8 @@ def run_demo(*, messages: int = 3000, workdir: str | None = None,
         store_port = WELL_KNOWN_STORE_PORT if capture else 0
     if resolver_port is None:
         resolver_port = WELL_KNOWN_RESOLVER_PORT if capture else 0
-    demo = Demo(messages, base, store_port, profile, transport, resolver_port)
+    demo = (RppDemo if rpp else Demo)(messages, base, store_port, profile, transport,
+                                      resolver_port)
     if capture is None:
         return demo.run()
     from reference_impl.capture import CaptureError, LoopbackCapture

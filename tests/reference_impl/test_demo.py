@@ -10,6 +10,7 @@ well-known ports, do not collide with it.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -175,3 +176,86 @@ def test_a_capture_path_in_a_missing_directory_is_a_clear_error(tmp_path: Path) 
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert "no directory" in result.stderr
+
+
+# --- ump demo --rpp ----------------------------------------------------------------------------
+
+
+def test_rpp_demo_paces_the_source_by_the_slow_blocking_receiver(tmp_path: Path) -> None:
+    # README: ump demo --rpp, from a fresh directory, with a relative work directory
+    cwd = tmp_path / "fresh"
+    cwd.mkdir()
+    result = subprocess.run([*_ump(), "demo", "--rpp", "--workdir", "rpp", "--messages", "600"],
+                            cwd=cwd, capture_output=True, text=True, timeout=180)
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert "PASS: both blocking receivers got every message 0..599 once and in order, and " \
+           "the source was paced by the slow one" in out
+    work = cwd / "rpp"
+    for which in ("fast", "slow"):
+        rows = [json.loads(line) for line in
+                (work / f"deliveries-{which}.jsonl").read_text().splitlines()]
+        assert [r["sqn"] for r in rows] == list(range(600))
+    # paced: 600 messages at the slow receiver's 75 msg/s, of which the repository (250) and
+    # one flight (50) may run ahead, take at least 4 s; unpaced they take a fraction of one
+    paced = re.search(r"source paced by the slow receiver: 600 msgs in ([\d.]+) s .*slow "
+                      r"receiver consumes 75 msg/s", out)
+    assert paced is not None, out
+    assert float(paced.group(1)) >= 3.2
+    source_log = (work / "source.log").read_text()
+    peak = re.search(r"in-flight bytes max (\d+) \(ume_flight_size_bytes 3200\)", source_log)
+    assert peak is not None and 0 < int(peak.group(1)) <= 3200, source_log
+    ahead = re.search(r"at most (\d+) messages \(\d+ bytes\) ahead of the slow one", out)
+    assert ahead is not None and int(ahead.group(1)) <= 300 + 8
+    # the slow application consumed at its rate: 600 messages at 75 msg/s take 8 s
+    slow = re.search(r"had every message at ([\d.]+) s", out)
+    assert slow is not None and float(slow.group(1)) >= 6.4, out
+    assert "ume_receiver_paced_persistence 1" in (work / "receiver.cfg").read_text()
+    assert "repository-allow-receiver-paced-persistence" in (work / "store.xml").read_text()
+
+
+def test_rpp_demo_needs_more_messages_than_the_repository_holds(tmp_path: Path) -> None:
+    result = subprocess.run([*_ump(), "demo", "--rpp", "--workdir", str(tmp_path / "w"),
+                             "--messages", "100"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "ump demo: --rpp needs at least 600 messages (--messages)" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def _judged(tmp_path: Path, fast_done: float, *, inflight: int = 3200,
+            lost: int | None = None) -> tuple[int, str]:
+    """The RPP demo's verdict on made-up observations (no processes): the fast receiver had
+    all 600 messages at ``fast_done`` s, the slow one 8 s in; ``lost`` is left out of the
+    slow receiver's log."""
+    import contextlib
+    import io
+    from types import SimpleNamespace
+
+    from reference_impl.demo import RppDemo, Sample
+
+    demo = RppDemo(600, tmp_path, 1, "current")
+    tmp_path.mkdir(exist_ok=True)
+    for which in ("fast", "slow"):
+        sqns = [s for s in range(600) if not (which == "slow" and s == lost)]
+        demo.logs[which].write_text("".join(json.dumps({"sqn": s}) + "\n" for s in sqns))
+    demo.samples = [Sample(fast_done * i / 10, 60 * i, min(60 * i, 45 * i), 6400)
+                    for i in range(11)] + [Sample(8.0, 600, 600, 0)]
+    demo.procs["source"] = SimpleNamespace(  # type: ignore[assignment]
+        log_since_start=lambda: f"ump source: in-flight bytes max {inflight} "
+                                f"(ume_flight_size_bytes 3200)\n")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        status = demo._verdict()
+    return status, printed.getvalue()
+
+
+def test_rpp_verdict_fails_an_unpaced_source_a_loss_and_an_overfull_flight(
+        tmp_path: Path) -> None:
+    status, out = _judged(tmp_path / "paced", 5.0)
+    assert status == 0, out
+    status, out = _judged(tmp_path / "unpaced", 0.5)
+    assert status == 1 and "the source was not paced: it sent all 600 messages in 0.5 s" in out
+    status, out = _judged(tmp_path / "lost", 5.0, lost=17)
+    assert status == 1 and "the slow receiver: 1 missing (first [17])" in out
+    status, out = _judged(tmp_path / "flight", 5.0, inflight=3264)
+    assert status == 1 and "in-flight bytes 3264 exceeded ume_flight_size_bytes 3200" in out
