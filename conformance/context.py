@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from conformance.evidence import Addr, Recorder
 from conformance.iut import ClientUnderTest, UmOptions
 from conformance.peers import HarnessReceiver, HarnessResolver, HarnessSource
+from conformance.profile import IutProfile
 from conformance.store_peer import HarnessStore, SourceTap
 from wire import lbmr
 
@@ -25,6 +26,10 @@ class CaseContext(Protocol):
 
     Attributes:
         iut_topic: the topic a source or receiver IUT is started for.
+        iut_version: the profile's UM version (``current`` or ``guide-5.3``), for cases whose
+            expectation differs between the guide and the current product.
+        iut_profile: the whole IUT profile (the RPP compatibility matrix reads its version
+            and, for a store reached at an address, its ``rpp_topic``/``spp_topic``).
         random: the case's random numbers, seeded from the run's seed and the case ID.
         recorder: the case's evidence (notes, traffic).
         resolver: the harness's resolver daemon (TQR answers, TIRs the IUT advertised).
@@ -32,6 +37,8 @@ class CaseContext(Protocol):
     """
 
     iut_topic: str
+    iut_version: str
+    iut_profile: IutProfile
     random: random.Random
     recorder: Recorder
     resolver: HarnessResolver
@@ -88,6 +95,10 @@ class CaseContext(Protocol):
         ...
 
     # --- peers --------------------------------------------------------------------------------
+
+    def topic(self) -> str:
+        """A fresh topic name matching the launched IUT's topic pattern (``conform.<case>...``)."""
+        ...
 
     def source(self, name: str = "source", topic: str | None = None,
                stores: tuple[HarnessStore, ...] = ()) -> HarnessSource:

@@ -66,6 +66,10 @@ class Harness:
         self.sources: list[HarnessSource] = []
         self.iut_topic = self.topic() if isinstance(iut, ClientUnderTest) else ""
         """The topic a source or receiver IUT is started for."""
+        self.iut_version = iut.profile.version
+        self.iut_profile = iut.profile
+        """The IUT's profile (its version, and the topics a store at an address offers)."""
+        """The profile's UM version (``current`` or ``guide-5.3``)."""
 
     # --- the IUT ------------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from conformance.evidence import Addr
 from conformance.profile import PLACEHOLDERS, IutProfile
 from conformance.verdicts import HarnessError, Unsupported
+from reference_impl import rpp
 from reference_impl.config.store_xml_writer import StoreXml, TopicXml, store_daemon_xml
 
 TOPIC_PATTERN = r"conform\..*"
@@ -51,6 +52,12 @@ BASE_TOPIC_OPTIONS: dict[str, str | int] = {
 }
 
 
+RPP_ALLOW = "repository-allow-receiver-paced-persistence"
+RPP_TOPIC_OPTIONS = frozenset([RPP_ALLOW, *(o.store_option for o in rpp.OVERRIDES)])
+"""The topic options of receiver-paced persistence: whether a topic allows it, and the RPP
+limits a source may lower (docs/semantics.md §2.2)."""
+
+
 @dataclass(frozen=True)
 class StoreSetup:
     """The options one IUT process runs with; equal setups can share a process."""
@@ -65,6 +72,14 @@ class StoreSetup:
     @property
     def custom(self) -> bool:
         return bool(self.store_options or self.topic_options)
+
+    @property
+    def rpp_only(self) -> bool:
+        """The setup only says whether the topic allows RPP (and with which RPP limits,
+        :data:`RPP_TOPIC_OPTIONS`): a store at an address offers such topics by name (profile
+        ``rpp_topic``/``spp_topic``), and a pre-5.3 store has none."""
+        names = {name for name, _ in self.topic_options}
+        return not self.store_options and RPP_ALLOW in names and names <= RPP_TOPIC_OPTIONS
 
 
 PORT_ATTEMPTS = 3
@@ -223,10 +238,15 @@ class StoreUnderTest(IutProcess):
     # --- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
+        if self.setup.rpp_only and self.profile.version == "pre-5.3":
+            raise Unsupported("the case needs a topic with an RPP option, which a pre-5.3 store "
+                              "does not know (the profile's version is pre-5.3)")
         if self.profile.address is not None:
-            if self.setup.custom:
+            if self.setup.custom and not self.setup.rpp_only:
                 raise Unsupported("the case needs store options the harness cannot set on a "
                                   "running IUT (give a launch command in the profile)")
+            # RPP-only topic options: the case uses the profile's rpp_topic / spp_topic
+            # instead (or is unsupported without them; conformance.suites.rpp_matrix)
             self._wait_port(self.profile.start_timeout * self.time_scale)
             return
         fresh = self.starts == 0  # a restart keeps its port: the clients come back to it

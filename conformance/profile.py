@@ -5,7 +5,8 @@ A profile is a small TOML file::
     [iut]
     name = "acme store 2.1"
     role = "store"                 # store | source | receiver
-    version = "current"            # UM defaults: "current" or "guide-5.3" (docs/semantics.md §8)
+    version = "current"            # UM defaults: "current", "guide-5.3" (docs/semantics.md §8)
+                                   # or "pre-5.3" (a UMP before 5.3: no RPP)
     # either start it for every case ...
     launch = "/opt/acme/bin/umestored {config}"
     ready = "ready to accept registrations"   # text its output prints once it serves
@@ -40,6 +41,17 @@ unsupported without it.
 A store IUT may also be reached at an ``address``; a source or receiver IUT must be launched,
 because its configuration names the peers the harness plays for the case.
 
+The RPP compatibility matrix (``--suite rpp-matrix``) needs two kinds of topic at a store: one
+that allows receiver-paced persistence and one that does not.  A launched store gets them from
+the case's topic options; a store reached at an ``address`` names them with ``rpp_topic`` and
+``spp_topic``: topic name prefixes the harness extends to ``<prefix>.<case id>.<n>.<random>``
+(so a topic pattern such as ``conform[.]rpp[.].*`` with ``rpp_topic = "conform.rpp"``), the first
+on a topic with ``repository-allow-receiver-paced-persistence`` 1 and RPP limits an RPP source
+can register with (size threshold above the flight size in bytes), the second with it 0.
+Without them the cases that need that kind of topic are ``unsupported``.  ``version =
+"pre-5.3"`` declares a store, source or receiver from before UMP 5.3 (it knows nothing of
+RPP): the matrix then runs its "Pre-ver. 5.3" column (store) or row (source, receiver) only.
+
 Without ``--iut`` the built-in profile runs the reference store (:data:`REFERENCE_STORE`);
 ``--iut source`` and ``--iut receiver`` name the reference source and receiver
 (:data:`BUILTIN_PROFILES`, :func:`resolve_profile`).
@@ -61,7 +73,9 @@ from typing import Any
 
 from conformance.verdicts import Role
 
-VERSIONS = ("current", "guide-5.3")
+VERSIONS = ("current", "guide-5.3", "pre-5.3")
+"""UM version profiles an IUT may declare (``{version}`` in ``launch``); "pre-5.3" is a UMP
+release before receiver-paced persistence."""
 
 
 class ProfileError(Exception):
@@ -92,6 +106,8 @@ class IutProfile:
     deregister_signal: signal.Signals | None = None
     cases: Mapping[str, CaseExpectation] = field(default_factory=dict)
     source: str = "<built-in>"
+    rpp_topic: str | None = None
+    spp_topic: str | None = None
 
     @property
     def launches(self) -> bool:
@@ -127,7 +143,7 @@ BUILTIN_PROFILES: dict[str, IutProfile] = {
 """Profile names ``--iut`` accepts besides a file: the reference implementation's processes."""
 
 _IUT_KEYS = ("name", "role", "version", "launch", "address", "ready", "start_timeout",
-             "stop_signal", "deregister_signal")
+             "stop_signal", "deregister_signal", "rpp_topic", "spp_topic")
 _CASE_KEYS = ("skip", "known_failure", "reason")
 
 
@@ -205,6 +221,20 @@ def parse_profile(data: Mapping[str, Any], source: str = "<profile>") -> IutProf
     ready = iut.get("ready")
     if ready is not None and not isinstance(ready, str):
         raise ProfileError(f"{where}: ready must be a text")
+    topics: dict[str, str | None] = {}
+    for key in ("rpp_topic", "spp_topic"):
+        value = iut.get(key)
+        if value is not None:
+            if role is not Role.STORE or address is None:
+                raise ProfileError(f"{where}: {key} is for a store IUT reached at an address "
+                                   f"(a launched store gets the harness's topic options)")
+            if not isinstance(value, str) or not value.strip() or value != value.strip():
+                raise ProfileError(f"{where}: {key} must be a topic name prefix such as "
+                                   f"\"conform.rpp\", not {value!r}")
+        topics[key] = value
+    if topics["rpp_topic"] is not None and topics["rpp_topic"] == topics["spp_topic"]:
+        raise ProfileError(f"{where}: rpp_topic and spp_topic must differ (one topic allows "
+                           f"RPP, the other does not)")
     name = iut.get("name", role.value)
     cases: dict[str, CaseExpectation] = {}
     raw_cases = data.get("cases", {})
@@ -225,7 +255,8 @@ def parse_profile(data: Mapping[str, Any], source: str = "<profile>") -> IutProf
     return IutProfile(name=str(name), role=role, version=version, launch=launch,
                       address=address, ready=ready, start_timeout=float(timeout),
                       stop_signal=stop_signal, deregister_signal=deregister_signal,
-                      cases=cases, source=source)
+                      cases=cases, source=source, rpp_topic=topics["rpp_topic"],
+                      spp_topic=topics["spp_topic"])
 
 
 def _signal(where: str, key: str, name: object) -> signal.Signals:

@@ -6,7 +6,9 @@ recovery suites too, told apart by role); robustness for source and receiver IUT
 :mod:`.robustness_clients` (the robustness suite, SRC-ROB-* and RCV-ROB-*).  The
 flight-size suite (source IUT, SRC-FLT-*): :mod:`.flight_size`; the proactive-retransmit suite
 (source IUT, SRC-PRX-*, and store IUT, PRX-STORE-*): :mod:`.proactive`; the durability suite
-(store IUT, DUR-STORE-*: acknowledged messages survive a SIGKILL): :mod:`.durability`.
+(store IUT, DUR-STORE-*: acknowledged messages survive a SIGKILL): :mod:`.durability`.  The
+rpp-matrix suite (the guide's "UMP Version RPP Compatibility Matrix", one case per cell and role:
+MTX-STORE-*, SRC-MTX-*, RCV-MTX-*): :mod:`.rpp_matrix`.
 """
 
 from conformance.suites import (
@@ -18,8 +20,9 @@ from conformance.suites import (
     registration,
     robustness,
     robustness_clients,
+    rpp_matrix,
     source,
 )
 
 __all__ = ["durability", "flight_size", "proactive", "receiver", "recovery", "registration",
-           "robustness", "robustness_clients", "source"]
+           "robustness", "robustness_clients", "rpp_matrix", "source"]
