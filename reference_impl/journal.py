@@ -83,6 +83,13 @@ _POLICY_POSITIVE = frozenset({"source_check_interval", "keepalive_interval",
 """Topic options the XML reader never lets be 0: they pace the store's timers and batches (a
 check interval of 0 would spin the store)."""
 _REPOSITORY_TYPES = ("memory", "disk")
+_OPTIONAL = {"source": frozenset({"rpp_values"}), "receiver": frozenset({"floor"})}
+"""Fields a record may lack: an RPP source's effective values (``rpp_values``) and a
+receiver's ``floor`` (the sequence number before its first low one) came later."""
+_RPP_FIELDS = ("flight_size_bytes", "write_delay", "ack_on_reception", "size_threshold",
+               "size_limit", "disk_file_size_limit")
+"""The fields of :class:`reference_impl.rpp.RppValues` (the journal imports none of the
+parties; tests/reference_impl/test_store_rpp.py checks the two agree)."""
 
 
 def _check_client(rec: object, policy_types: Mapping[str, type]) -> dict[str, Any]:
@@ -93,7 +100,9 @@ def _check_client(rec: object, policy_types: Mapping[str, type]) -> dict[str, An
     if role not in ("source", "receiver"):
         raise ValueError(f'client role must be "source" or "receiver", not {_short(role)}')
     wanted = _CLIENT_FIELDS | ({"policy"} if role == "source" else {"source_reg_id"})
-    missing, extra = sorted(wanted - rec.keys()), sorted(rec.keys() - wanted)
+    optional = _OPTIONAL[role]  # absent in journals written before RPP values were kept
+    missing = sorted(wanted - rec.keys())
+    extra = sorted(rec.keys() - wanted - optional)
     if missing:
         raise ValueError(f"{role} record without {', '.join(missing)}")
     if extra:
@@ -122,7 +131,12 @@ def _check_client(rec: object, policy_types: Mapping[str, type]) -> dict[str, An
             from None
     if role == "receiver":
         _int(rec["source_reg_id"], "source_reg_id", _U32)
+        floor = rec.get("floor")
+        if floor is not None and (type(floor) is not int or not -1 <= floor <= _U32):
+            raise ValueError(f"floor must be null or an integer -1..{_U32}, not "
+                             f"{_short(floor)}")
         return rec
+    _check_rpp_values(rec.get("rpp_values"), rec["rpp"])
     policy = rec["policy"]
     if not isinstance(policy, dict):
         raise ValueError(f"policy must be an object of topic options, not {_short(policy)}")
@@ -137,6 +151,22 @@ def _check_client(rec: object, policy_types: Mapping[str, type]) -> dict[str, An
         elif _int(value, f"policy option {name}", _U64) == 0 and name in _POLICY_POSITIVE:
             raise ValueError(f"policy option {name} must be at least 1, not 0")
     return rec
+
+
+def _check_rpp_values(values: object, rpp: int) -> None:
+    """A source record's ``rpp_values``: ``null`` (or absent) for an SPP source, else the six
+    effective RPP values (:class:`reference_impl.rpp.RppValues`), integers, ack on reception 0
+    or 1.  An RPP source journalled before the values were kept has none: the store restores
+    it with its topic's values, the only ones such a store ever applied."""
+    if values is None:
+        return
+    if not rpp:
+        raise ValueError("an SPP source record with rpp_values")
+    if not isinstance(values, dict) or sorted(values) != sorted(_RPP_FIELDS):
+        raise ValueError(f"rpp_values must be an object of {', '.join(_RPP_FIELDS)}, not "
+                         f"{_short(values)}")
+    for name in _RPP_FIELDS:
+        _int(values[name], f"rpp_values {name}", 1 if name == "ack_on_reception" else _U64)
 
 
 def apply_record(record: object, clients: dict[int, dict[str, Any]],

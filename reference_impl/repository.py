@@ -9,7 +9,12 @@ rules of the guide's "Repository Thresholds and Limits" (docs/semantics.md §1.1
   (an *intentional drop*, shown as "Drops" by the web monitor);
 * ``repository-age-threshold`` (seconds, 0 = off): older messages are released;
 * RPP: messages are kept until every required receiver consumed them (the store decides and
-  calls :meth:`Repository.release_through`); sizes then count the payload only.
+  calls :meth:`Repository.release_through`); sizes then count the payload only.  A store
+  whose RPP repository has no blocking receiver calls :meth:`Repository.release_to_threshold`
+  instead (the size threshold, as SPP).  ``write_delay`` (RPP, disk only: the source's
+  effective ``ume_write_delay``) keeps each message in memory that long before it goes to the
+  cache file (:meth:`Repository.write_due`); a message released meanwhile is never written
+  (counted in :attr:`Repository.disk_writes_skipped`, "Implementing RPP").
 
 SPP sizes count the whole message plus :data:`PER_MESSAGE_OVERHEAD` (the guide puts the
 store's state per message at about 72 bytes), so ``used_bytes`` compares with the web
@@ -312,6 +317,7 @@ class RetentionLimits:
     age_threshold: float = 0.0
     disk_file_size_limit: int = 104_857_600
     rpp: bool = False
+    write_delay: float = 0.0  # seconds a disk message waits in memory before it is written
 
 
 class AddResult(NamedTuple):
@@ -370,13 +376,16 @@ class Repository:
         self.file_offset = 0
         self.found_file = False  # the cache file existed when the repository was opened
         self.notes: list[str] = []  # what opening the cache file cut or discarded, for the log
+        # write_delay: messages held in memory, not yet given to the cache file (sqn -> time)
+        self._delayed: OrderedDict[int, float] = OrderedDict()
+        self.disk_writes_skipped = 0  # delayed messages released before they were written
         if cache_file is not None:
             self._open_cache(cache_file, new=new)
 
     # --- queries ---------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return len(self._disk) if self.kind == "disk" else len(self._mem)
+        return len(self._disk) + len(self._delayed) if self.kind == "disk" else len(self._mem)
 
     def __contains__(self, sqn: int) -> bool:
         return sqn in self._disk or sqn in self._mem
@@ -385,8 +394,22 @@ class Repository:
     def trail_sqn(self) -> int | None:
         """Lowest sequence number held (memory or disk)."""
         if self.kind == "disk" and self._disk:
-            return next(iter(self._disk)) if self._in_order else min(self._disk)
+            trail = next(iter(self._disk)) if self._in_order else min(self._disk)
+            if self._delayed:
+                trail = min(trail, min(self._delayed))
+            return trail
         return self.mem_trail_sqn
+
+    @property
+    def delayed(self) -> int:
+        """How many messages wait for their write delay to end (not yet in the cache file)."""
+        return len(self._delayed)
+
+    def next_write_at(self) -> float | None:
+        """When the oldest delayed message is due to be written (``None``: none waits)."""
+        if not self._delayed:
+            return None
+        return min(self._delayed.values()) + self.limits.write_delay
 
     @property
     def mem_trail_sqn(self) -> int | None:
@@ -409,7 +432,9 @@ class Repository:
         return self._fh.read(loc[1])
 
     def sqns(self) -> list[int]:
-        return sorted(self._disk) if self.kind == "disk" else list(self._mem)
+        if self.kind == "disk":
+            return sorted([*self._disk, *self._delayed]) if self._delayed else sorted(self._disk)
+        return list(self._mem)
 
     # --- updates ---------------------------------------------------------------------------
 
@@ -436,7 +461,10 @@ class Repository:
             # a disk repository keeps the message on disk and evicts from its memory cache
             self._evict_memory(limits.size_limit - size)
         if self._fh is not None:
-            self._append(sqn, raw)
+            if limits.write_delay > 0:
+                self._delayed[sqn] = now  # written by write_due, unless released first
+            else:
+                self._append(sqn, raw)
         mem[sqn] = (raw, now)
         self.used_bytes += size
         lead = self.lead_sqn
@@ -498,8 +526,9 @@ class Repository:
         """Release every message up to and including ``sqn`` (RPP consumption, deregistration).
 
         Called for every consumption ACK of an RPP repository: while the messages are held in
-        sequence order only the released ones are visited."""
-        if self._in_order:
+        sequence order only the released ones are visited.  A message still waiting for its
+        write delay is never written (counted in :attr:`disk_writes_skipped`)."""
+        if self._in_order and not self._delayed:
             out = []
             for s in self._disk if self.kind == "disk" else self._mem:
                 if s > sqn:
@@ -507,18 +536,51 @@ class Repository:
                 out.append(s)
         else:
             out = [s for s in self.sqns() if s <= sqn]
+        delayed = self._delayed
         for s in out:
             hit = self._mem.pop(s, None)
             if hit is not None:
                 self.used_bytes -= self._size(hit[0])
             self._disk.pop(s, None)
+            if delayed and delayed.pop(s, None) is not None:
+                self.disk_writes_skipped += 1
         self.released_total += len(out)
+        return out
+
+    def release_to_threshold(self) -> list[int]:
+        """RPP without a blocking receiver: release the oldest messages until the repository
+        is at or below its size threshold, as SPP does (the newest is always kept, and a
+        message still waiting for its write delay is not released: it is written first)."""
+        out: list[int] = []
+        mem = self._mem
+        while self.used_bytes > self.limits.size_threshold and len(mem) > 1:
+            sqn = next(iter(mem)) if self._in_order else min(mem)
+            if sqn in self._delayed:
+                break
+            raw, _ = mem.pop(sqn)
+            self.used_bytes -= self._size(raw)
+            self._disk.pop(sqn, None)
+            out.append(sqn)
+        self.released_total += len(out)
+        return out
+
+    def write_due(self, now: float) -> list[int]:
+        """Give the cache file every delayed message whose write delay has ended by ``now``
+        (the caller syncs before it calls them stable); their sequence numbers."""
+        due_before = now - self.limits.write_delay + 1e-9
+        out = [s for s, at in self._delayed.items() if at <= due_before]
+        for s in out:
+            del self._delayed[s]
+            hit = self._mem.get(s)
+            if hit is not None and self._fh is not None:
+                self._append(s, hit[0])
         return out
 
     def clear(self) -> None:
         """Forget everything (state deleted); a disk cache file is removed."""
         self._mem.clear()
         self._disk.clear()
+        self._delayed.clear()
         self._unwritten.clear()
         self._in_order = True
         self.used_bytes = 0
@@ -530,7 +592,11 @@ class Repository:
                 self.cache_file.unlink()
 
     def close(self) -> None:
+        """Write what is still unwritten (delayed messages too: a clean shutdown keeps them)
+        and close the cache file."""
         if self._fh is not None:
+            if self._delayed:
+                self.write_due(float("inf"))
             self.sync()
             self._fh.close()
             self._fh = None
@@ -681,7 +747,7 @@ class Repository:
             offset += len(raw)
         self.file_offset = offset
         self.released_total += gone
-        for sqn in [s for s in self._mem if s not in self._disk]:
+        for sqn in [s for s in self._mem if s not in self._disk and s not in self._delayed]:
             raw_mem, _ = self._mem.pop(sqn)
             self.used_bytes -= self._size(raw_mem)
         self._fh = self.cache_file.open("a+b")

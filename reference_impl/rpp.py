@@ -126,8 +126,10 @@ class RppValues:
 
 def store_values(policy: Any) -> RppValues:
     """The topic's own values (a ``TopicPolicy``, or anything with its attribute names): what
-    a source that overrides nothing gets."""
-    return RppValues(**{o.field: int(getattr(policy, o.policy_field)) for o in OVERRIDES})
+    a source that overrides nothing gets.  A permission (ack on reception) is not a value: a
+    source gets it only when it asks, so it is 0 here."""
+    return RppValues(**{o.field: 0 if o.flag else int(getattr(policy, o.policy_field))
+                        for o in OVERRIDES})
 
 
 def _integer(option: CfgOpt) -> int:
@@ -169,7 +171,7 @@ def effective_values(policy: Any, requested: Mapping[str, int], *, disk: bool) -
     values = base
     for name, value in requested.items():
         override = BY_OPTION[name]
-        limit = getattr(base, override.field)
+        limit = int(getattr(policy, override.policy_field))
         if override.disk_only and not disk:
             raise RppRefused(f"{name} {value} is for disk repositories only; the topic's "
                              f"repository is a memory one", name)

@@ -53,6 +53,7 @@ from reference_impl.config import (
     StoreAddress,
     load_client_config,
 )
+from reference_impl.config import profiles as config_profiles
 from reference_impl.config.store_xml import StoreConfig, StoreDaemonConfig, TopicOptions
 from reference_impl.context import ContextCore
 from reference_impl.events import (
@@ -95,8 +96,12 @@ def topic_policy(options: TopicOptions) -> TopicPolicy:
 
 
 def store_settings(store: StoreConfig, *, resolver: Addr, seed: int | None = None,
-                   base: Path | None = None) -> StoreSettings:
-    """A ``<store>`` element as the store core's settings (relative directories from ``base``)."""
+                   base: Path | None = None,
+                   profile: str = config_profiles.DEFAULT_PROFILE) -> StoreSettings:
+    """A ``<store>`` element as the store core's settings (relative directories from ``base``);
+    ``profile`` (the file's, :attr:`StoreDaemonConfig.profile`) says whether the store knows
+    RPP and where a late RPP receiver starts."""
+    era = config_profiles.get_profile(profile)
     ip = "127.0.0.1" if store.interface in ("0.0.0.0", "") else str(
         store.interface_network.network_address)
     root = base or Path.cwd()
@@ -107,7 +112,8 @@ def store_settings(store: StoreConfig, *, resolver: Addr, seed: int | None = Non
         disk_cache_directory=root / store.disk_cache_directory,
         disk_state_directory=root / store.disk_state_directory,
         retransmission_request_processing_rate=store.retransmission_request_processing_rate,
-        resolver=resolver, seed=seed)
+        resolver=resolver, seed=seed, rpp_supported=era.rpp_supported,
+        rpp_late_join_unconsumed=era.rpp_late_join_unconsumed)
 
 
 def source_config(client: ClientConfig) -> SourceConfig:
@@ -239,7 +245,8 @@ async def start_stores(host: AioHost, config: StoreDaemonConfig, *, resolver: Ad
     """Bind one store core per ``<store>``; the web monitor is the caller's business."""
     cores = []
     for store in config.stores:
-        settings = store_settings(store, resolver=resolver, seed=seed, base=base)
+        settings = store_settings(store, resolver=resolver, seed=seed, base=base,
+                                  profile=config.profile)
         for d in (settings.disk_cache_directory, settings.disk_state_directory):
             if d is not None:
                 d.mkdir(parents=True, exist_ok=True)

@@ -10,15 +10,14 @@ What it does follows the guide's "Operational View" and docs/semantics.md §1:
   re-registers gets the OLD flag and the highest sequence number the store holds, a receiver
   gets OLD and its low sequence number
   (last acknowledged + 1) or, if new, where ``receiver-new-registration-rollback`` puts it.
-  RPP follows the compatibility matrix of docs/semantics.md §2.1.
+  RPP follows docs/semantics.md §2.1 (see "Receiver-paced persistence" below).
 * **Persistence**: the store resolves the source's topic (TIR through the resolver), joins the
   source's LBT-TCP transport as an ordinary receiver, keeps each message in the source's
   :class:`~reference_impl.repository.Repository` and sends a stability ACK to the source
-  (batched by ``stability-ack-minimum-number``/``-interval``; withheld for RPP when less than
-  one flight size of room is left).  Duplicates are acknowledged again; proactive
-  retransmissions from the source are stored like live data.  The hot path decodes only the
-  data base header; the ACKs a received chunk earns leave in one write, after the chunk's
-  messages went to the repository file (disk) in one write.
+  (batched by ``stability-ack-minimum-number``/``-interval``; RPP below).  Duplicates are
+  acknowledged again; proactive retransmissions from the source are stored like live data.
+  The hot path decodes only the data base header; the ACKs a received chunk earns leave in
+  one write, after the chunk's messages went to the repository file (disk) in one write.
 * **Consumption ACKs** from receivers are cumulative (acknowledging N acknowledges everything up
   to N); in RPP they release messages once every blocking receiver consumed them.
 * **Retransmission requests** go to a worker paced at ``retransmission-request-processing-rate``
@@ -56,6 +55,67 @@ What it does follows the guide's "Operational View" and docs/semantics.md §1:
   others.  A store locks its state (:func:`~reference_impl.repository.lock_state`): a second
   process starting a store of the same name on the same state directory is refused, since
   each would compact the journal and then append to its own copy.
+
+**Receiver-paced persistence** (the guide's "Receiver-paced Persistence Operations";
+docs/semantics.md §1.13, §1.14, §2.1, §2.2).  The rules themselves are
+:mod:`reference_impl.rpp`'s; this store applies them:
+
+* "RPP Registration": a source's PREG with the RPP flag carries its overrides as
+  configuration options after the PREG (docs/wire-lbmc.md §2.3).  The store takes the
+  effective values from :func:`~reference_impl.rpp.effective_values` (each override at most
+  the topic's value, the consistency rules) and keeps them on the source
+  (:attr:`SourceState.rpp_values`) and in the state journal, so a restarted store compares
+  re-registrations with them too.  A topic without ``repository-allow-receiver-paced-
+  persistence``, an override above its maximum, ack on reception the topic does not allow, a
+  disk-only override on a memory repository, inconsistent values, garbled options and
+  options without the RPP flag (contradictory) are refused with code 6 (ECONFIG) and a
+  WARNING naming the option and both values; nothing changes for anyone.  A granted RPP
+  registration is answered with the RPP flag.
+* Re-registration (docs/semantics.md §2.1 last paragraph): a source or receiver switching
+  between SPP and RPP, a receiver switching between blocking and non-blocking, an RPP source
+  presenting other values: each refused (ECONFIG) with its own log line
+  (:func:`~reference_impl.rpp.reregistration_refusal`).
+* Receivers: the mode is :func:`~reference_impl.rpp.receiver_mode` (the flag, and ``ume_
+  receiver_paced_persistence 2`` for a non-blocking one); SPP receivers only on SPP
+  repositories, RPP receivers (either mode) only on RPP ones; RPP receivers are answered with
+  the RPP flag.
+* "RPP Normal Operations": the repository runs with the effective values (size threshold,
+  size limit, disk file limit; sizes count the payload only).  A stability ACK is withheld
+  while less than one *effective* flight size in bytes (``ume_flight_size_bytes``, not the
+  topic's maximum) of room is left below the size limit, and sent when releases make room.  A
+  memory repository acknowledges on reception.  A disk repository acknowledges after the
+  message is written - after its write delay (the effective ``ume_write_delay``, during
+  which the message is held in memory) - unless ack on reception is in effect (the topic
+  allows it and the source asked): then at once, and "durable before acknowledged" (see the
+  repository module) deliberately does not hold for that source.  "Receiver Acknowledgement":
+  a message every blocking receiver consumed before its write delay ended is never written
+  (counted, web monitor "Disk Writes Skipped") and its stability ACK goes at once.  Every
+  other stability ACK still waits for its message's write.
+* Release: a message is released when every *blocking* receiver consumed it (cumulative
+  ACKs; a new receiver counts as having consumed everything before its first low sequence
+  number).  Non-blocking receivers never hold messages back: a slow one is overrun, and its
+  retransmission requests for released messages get nothing.  *Choice*: an RPP repository
+  with no blocking receiver (none registered, or only non-blocking ones) releases its oldest
+  messages above the size threshold, as SPP does, so its source is never stopped for want of
+  room; a message waiting for its write delay is written before it is released so.
+* "Late Registering Receiver" (docs/semantics.md §1.14): a receiver whose first
+  registration comes after the repository's first message starts at the next message
+  (current product); with :attr:`StoreSettings.rpp_late_join_unconsumed` (profile
+  ``guide-5.3``) at the oldest message still held, i.e. not yet consumed by all blocking
+  receivers.  A receiver that registers again gets everything since its last ACK (since its
+  first registration when it acknowledged nothing yet).
+* "Early Exiting Receiver": a receiver whose activity timeout expired keeps holding every
+  message since its last ACK until its state lifetime expires; then its state is deleted and
+  what was held only for it is released.  Re-registering before then, it recovers them.
+  Without a state lifetime its state goes at its activity timeout.
+* "RPP Deregistration": a receiver's PREG with the deregister flag deletes its state and
+  re-runs the release at once (fewer ACKs needed); a source's deletes its retained messages
+  (repository cleared, cache file removed) and its state.  Both are answered with the
+  deregister flag.
+* A store without RPP (:attr:`StoreSettings.rpp_supported` false, profile ``pre-5.3``; the
+  column "Pre-ver. 5.3 Store" of the guide's "UMP Version RPP Compatibility Matrix") never
+  reads the RPP flag or options and never sets the flag in an answer: every source and
+  receiver is SPP and granted.
 
 **RegID ownership**, sources and receivers alike (the guide's "Registration Identifier": no
 two active sources or receivers may use one RegID at the same time; "Activity Timeout and
@@ -110,10 +170,9 @@ Choices where the fact sheets are silent (each tested in tests/reference_impl/te
 * A PREG carries a ``topicname`` header naming its topic, so a store can match its topic
   patterns before it has seen the source's TIR; without it the store waits for the TIR that
   names the PREG's request address and indexes, and refuses (code 1) after one activity timeout.
-* How RPP parameter overrides travel in a PREG is unknown (docs/semantics.md §1.13): this store
-  applies its own topic values to RPP sources, as if every override were 0 ("use the store's
-  value").
-* An RPP repository with no blocking receivers releases by the size threshold, like SPP.
+* "All RPP receivers" that must consume a message before its write delay ends, for it to
+  skip the disk, are the registered *blocking* receivers (non-blocking ones never hold
+  anything back); with none, the write delay simply delays the write.
 * Stability ACKs name the source's transport and topic index (``id_2``); ``rcv_reg_id`` is 0.
 * An LBT-RU source (TIR with an LBT-RU transport) is joined with an
   :class:`~reference_impl.lbtru_session.LbtruReceiverSession` from the store's ``lbtru_port``;
@@ -163,6 +222,19 @@ from reference_impl.repository import (
     lock_state,
     open_store_file,
     state_file,
+)
+from reference_impl.rpp import (
+    BLOCKING,
+    RPP_OPTION,
+    SPP,
+    RppRefused,
+    RppValues,
+    effective_values,
+    parse_options,
+    receiver_mode,
+    requested_overrides,
+    reregistration_refusal,
+    store_values,
 )
 from wire import lbmr
 from wire.lbmc import (
@@ -273,6 +345,13 @@ class StoreSettings:
         seed: seeds RegID assignment (deterministic tests and captures).
         lbtru_port: the UDP port it receives LBT-RU transports on (0: LBT-TCP sources only;
             advertisements of LBT-RU ones are ignored).
+        rpp_supported: the store knows receiver-paced persistence (profile ``pre-5.3``
+            clears it: the store then never reads the RPP flag or options of a registration
+            and never sets the flag in an answer; every client is SPP and granted).
+        rpp_late_join_unconsumed: a receiver whose first registration with an RPP
+            repository comes after its first message starts at the oldest message the
+            repository still holds (the guide's "Late Registering Receiver", profile
+            ``guide-5.3``) instead of the next one (the current product).
     """
 
     name: str
@@ -287,6 +366,8 @@ class StoreSettings:
     resolver: Addr | None = None
     seed: int | None = None
     lbtru_port: int = 0
+    rpp_supported: bool = True
+    rpp_late_join_unconsumed: bool = False
 
     def policy_for(self, topic: str) -> TopicPolicy | None:
         for rule in self.topics:
@@ -346,6 +427,10 @@ class SourceState(Client):
     ack_due: list[int] = field(default_factory=list)  # stability ACKs owed at chunk end
     touched: bool = False  # got data in the chunk being processed
     warned: set[int] = field(default_factory=set)  # receivers warned about early release
+    rpp_values: RppValues | None = None  # RPP: the effective values of its first registration
+    # RPP disk without ack on reception: messages whose stability ACK waits for their write
+    # (their write delay), in arrival order
+    awaiting_write: dict[int, None] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -355,6 +440,14 @@ class ReceiverState(Client):
     source_reg_id: int = 0
     last_ack: int | None = None
     rx_addr: Addr | None = None
+    floor: int | None = None  # RPP: the sequence number before its first low one
+
+    def consumed(self) -> int | None:
+        """Up to where this receiver needs nothing more held (RPP release): its newest
+        consumption ACK, else everything before its first low sequence number."""
+        if self.last_ack is None or self.floor is None:
+            return self.last_ack if self.last_ack is not None else self.floor
+        return max(self.last_ack, self.floor)
 
 
 @dataclass
@@ -727,9 +820,11 @@ class StoreCore(ContextCore):
                 self._reject(conn, preg, PregError.ETOPICNAME,
                              f"topic name {topic!r} contains a NUL byte")
                 return
-            self._register_source(conn, preg, topic, session_id, request_addr, life_hdr)
+            self._register_source(conn, message, preg, topic, session_id, request_addr,
+                                  life_hdr)
         else:
-            self._register_receiver(conn, preg, topic, session_id, request_addr, life_hdr)
+            self._register_receiver(conn, message, preg, topic, session_id, request_addr,
+                                    life_hdr)
 
     def _lifetimes(self, life: Header | None, timeout_ms: int,
                    lifetime_ms: int) -> tuple[float, float]:
@@ -742,14 +837,32 @@ class StoreCore(ContextCore):
                 lifetime = min(lifetime, life.lifetime) if lifetime else life.lifetime
         return activity / 1000, lifetime / 1000
 
-    def _register_source(self, conn: Connection, preg: Header, topic: str, session_id: int,
-                         request_addr: Addr, life: Header | None) -> None:
+    def _source_rpp(self, message: LbmcMessage, preg: Header,
+                    policy: TopicPolicy) -> RppValues | None:
+        """The effective RPP values a source registration asks for (``None``: SPP), by the
+        rules of :mod:`reference_impl.rpp`; :class:`RppRefused` for a registration they
+        refuse.  A store without RPP (profile ``pre-5.3``) reads neither flag nor options."""
+        if not self.settings.rpp_supported:
+            return None
+        options = parse_options(message)
+        if not preg.w_flag:
+            if options:
+                first = options[0]
+                raise RppRefused(f"contradictory RPP registration: option {first.name} "
+                                 f"{first.value} without the RPP flag", first.name)
+            return None
+        return effective_values(policy, requested_overrides(options),
+                                disk=policy.repository_type == "disk")
+
+    def _register_source(self, conn: Connection, message: LbmcMessage, preg: Header,
+                         topic: str, session_id: int, request_addr: Addr,
+                         life: Header | None) -> None:
         policy = self.settings.policy_for(topic)
         if policy is None:
             self._reject(conn, preg, PregError.ENOPATTERN,
                          f"no topic pattern of this store matches {topic!r}")
             return
-        rpp = bool(preg.w_flag)
+        rpp = bool(preg.w_flag) and self.settings.rpp_supported
         reg_id = preg.reg_id
         if preg.d_flag:
             self._deregister(conn, preg, self.sources.get(reg_id))
@@ -782,10 +895,16 @@ class StoreCore(ContextCore):
                 self._reject(conn, preg, PregError.ECONFIG,
                              "Session ID differs from the repository's")
                 return
-            if bool(existing.rpp) != rpp:
-                self._reject(conn, preg, PregError.ECONFIG,
-                             "previously RPP source re-registers as SPP" if existing.rpp else
-                             "previously SPP source re-registers as RPP")
+            try:
+                values = self._source_rpp(message, preg, existing.policy)
+            except RppRefused as exc:
+                self._reject(conn, preg, PregError.ECONFIG, str(exc))
+                return
+            refusal = reregistration_refusal(
+                role="source", old_mode=existing.rpp, new_mode=int(rpp),
+                old_values=existing.rpp_values, new_values=values)
+            if refusal is not None:
+                self._reject(conn, preg, PregError.ECONFIG, refusal)
                 return
             src = existing
             old = True
@@ -799,7 +918,13 @@ class StoreCore(ContextCore):
         else:
             if rpp and not policy.repository_allow_receiver_paced_persistence:
                 self._reject(conn, preg, PregError.ECONFIG,
-                             "registering as an RPP source but RPP is not allowed")
+                             "registering as an RPP source but RPP is not allowed "
+                             "(repository-allow-receiver-paced-persistence 0)")
+                return
+            try:
+                values = self._source_rpp(message, preg, policy)
+            except RppRefused as exc:
+                self._reject(conn, preg, PregError.ECONFIG, str(exc))
                 return
             if not reg_id:
                 reg_id = self._new_reg_id()
@@ -807,7 +932,7 @@ class StoreCore(ContextCore):
                                                  policy.source_state_lifetime)
             src = SourceState("source", reg_id, topic, session_id, preg.transport_idx,
                               preg.topic_idx, request_addr, activity, lifetime,
-                              policy=policy, rpp=int(rpp))
+                              policy=policy, rpp=int(rpp), rpp_values=values)
             try:
                 src.repo = self._new_repository(src, new=True)
             except StoreFileError as exc:  # the store keeps serving everyone else
@@ -919,9 +1044,16 @@ class StoreCore(ContextCore):
         or of a restored one; what opening its cache file cut or discarded is logged.  Raises
         :class:`StoreFileError` when the cache file cannot be used."""
         p = src.policy
-        limits = RetentionLimits(p.repository_size_threshold, p.repository_size_limit,
-                                 float(p.repository_age_threshold),
-                                 p.repository_disk_file_size_limit, rpp=bool(src.rpp))
+        values = src.rpp_values
+        if src.rpp and values is not None:  # RPP: the source's effective values
+            limits = RetentionLimits(
+                values.size_threshold, values.size_limit, float(p.repository_age_threshold),
+                values.disk_file_size_limit, rpp=True,
+                write_delay=values.write_delay / 1000 if p.repository_type == "disk" else 0.0)
+        else:
+            limits = RetentionLimits(p.repository_size_threshold, p.repository_size_limit,
+                                     float(p.repository_age_threshold),
+                                     p.repository_disk_file_size_limit, rpp=bool(src.rpp))
         cache = None
         if p.repository_type == "disk":
             base = self.settings.disk_cache_directory or Path("umestored-cache")
@@ -931,8 +1063,8 @@ class StoreCore(ContextCore):
             self.log(Level.WARNING, f"source RegID {src.reg_id}: {note}")
         return repo
 
-    def _register_receiver(self, conn: Connection, preg: Header, topic: str | None,
-                           session_id: int, request_addr: Addr,
+    def _register_receiver(self, conn: Connection, message: LbmcMessage, preg: Header,
+                           topic: str | None, session_id: int, request_addr: Addr,
                            life: Header | None) -> None:
         src = self.sources.get(preg.src_reg_id)
         if src is None:
@@ -942,14 +1074,13 @@ class StoreCore(ContextCore):
         if preg.d_flag:
             self._deregister(conn, preg, self.receivers.get(preg.reg_id))
             return
-        mode = 1 if preg.w_flag else 0
-        if src.rpp and not mode:
-            self._reject(conn, preg, PregError.ECONFIG,
-                         "non-RPP receiver attempting to register to an RPP topic")
-            return
-        if mode and not src.rpp:
-            self._reject(conn, preg, PregError.ECONFIG, "RPP receiver on an SPP repository")
-            return
+        mode = SPP
+        if self.settings.rpp_supported:  # a pre-5.3 store reads neither flag nor options
+            try:
+                mode = receiver_mode(preg.w_flag, parse_options(message))
+            except RppRefused as exc:
+                self._reject(conn, preg, PregError.ECONFIG, str(exc))
+                return
         reg_id = preg.reg_id
         if session_id:
             reg_id = self._sessions.get(("receiver", src.topic, session_id, src.reg_id), reg_id)
@@ -973,9 +1104,21 @@ class StoreCore(ContextCore):
                 self._refuse_held(conn, preg, existing, request_addr,
                                   f"RegID {reg_id} is in use by another receiver")
                 return
-            if bool(existing.rpp) != bool(mode):
-                self._reject(conn, preg, PregError.ECONFIG, "receiver changed its RPP mode")
+            refusal = reregistration_refusal(role="receiver", old_mode=existing.rpp,
+                                             new_mode=mode)
+            if refusal is not None:
+                self._reject(conn, preg, PregError.ECONFIG, refusal)
                 return
+        if src.rpp and not mode:
+            self._reject(conn, preg, PregError.ECONFIG,
+                         "non-RPP receiver attempting to register to an RPP topic")
+            return
+        if mode and not src.rpp:
+            kind = "blocking" if mode == BLOCKING else "non-blocking"
+            self._reject(conn, preg, PregError.ECONFIG,
+                         f"{kind} RPP receiver ({RPP_OPTION} {mode}) on an SPP repository")
+            return
+        if existing is not None:
             rcv = existing
             old = True
             rcv.request_addr = request_addr
@@ -1000,13 +1143,20 @@ class StoreCore(ContextCore):
         trail = repo.trail_sqn if repo is not None else None
         if old and rcv.last_ack is not None:
             low = rcv.last_ack + 1
+        elif old and rcv.floor is not None:
+            low = rcv.floor + 1  # RPP: everything since its first registration
         elif lead is None:
             low = 0
         elif src.rpp:
-            low = lead + 1  # RPP: nothing sent before the initial registration
+            # "Late Registering Receiver": nothing sent before its first registration, or
+            # (guide profile) what the repository still holds, not yet consumed by all
+            low = trail if self.settings.rpp_late_join_unconsumed and trail is not None \
+                else lead + 1
         else:
             rollback = policy.receiver_new_registration_rollback
             low = max(trail if trail is not None else 0, lead + 1 - rollback)
+        if mode and rcv.floor is None:
+            rcv.floor = low - 1
         self._respond(conn, preg, reg_id=reg_id, old=old, low=low, high=lead or 0,
                       rpp=bool(mode))
         rcv.last_sent = self.now
@@ -1058,18 +1208,49 @@ class StoreCore(ContextCore):
         high = src.high_received
         if high is None or sqn > high:
             src.high_received = sqn
-        if src.rpp or src.policy.stability_ack_minimum_number > 1:
+        if src.rpp:
+            self._rpp_received(src, repo, sqn, result.duplicate)
+        elif src.policy.stability_ack_minimum_number > 1:
             self._stable(src, sqn)
         else:
             src.ack_due.append(sqn)  # the common case: one ACK per message, sent per chunk
 
+    def _rpp_received(self, src: SourceState, repo: Repository, sqn: int,
+                      duplicate: bool) -> None:
+        """An RPP message was kept ("RPP Normal Operations"): with no blocking receiver the
+        repository releases by its size threshold; the stability ACK goes now (memory, no
+        write delay, or ack on reception) or once the message is written (a disk repository
+        with a write delay; sooner if every blocking receiver consumed it before)."""
+        if not any(r.rpp == BLOCKING for r in src.receivers.values()):
+            repo.release_to_threshold()
+        if sqn in src.awaiting_write:
+            return  # a duplicate of a message still waiting for its write: ACKed then
+        delay = repo.limits.write_delay
+        if delay > 0 and repo.kind == "disk":
+            self.set_timer_if_later(f"write {src.reg_id}", self.now + delay)
+            values = src.rpp_values
+            if not duplicate and not (values is not None and values.ack_on_reception):
+                src.awaiting_write[sqn] = None
+                return
+        self._stable(src, sqn)
+
+    def _flight_bytes(self, src: SourceState) -> int:
+        """The flight size in bytes an RPP source's stability ACKs are withheld by: its
+        effective ``ume_flight_size_bytes``, not the topic's maximum."""
+        values = src.rpp_values
+        return values.flight_size_bytes if values is not None else \
+            src.policy.source_flight_size_bytes_maximum
+
+    def _room(self, src: SourceState) -> bool:
+        """At least one flight size of room is left below the size limit (RPP)."""
+        repo = src.repo
+        return repo is None or repo.limits.size_limit - repo.used_bytes >= self._flight_bytes(src)
+
     def _stable(self, src: SourceState, sqn: int) -> None:
         p = src.policy
-        if src.rpp and src.repo is not None:
-            room = src.repo.limits.size_limit - src.repo.used_bytes
-            if room <= p.source_flight_size_bytes_maximum or src.unacked:
-                src.unacked.append(sqn)  # withheld: less than one flight size of room left
-                return
+        if src.rpp and src.repo is not None and (src.unacked or not self._room(src)):
+            src.unacked.append(sqn)  # withheld: less than one flight size of room left
+            return
         if p.stability_ack_minimum_number > 1:
             src.unacked.append(sqn)
             if len(src.unacked) >= p.stability_ack_minimum_number:
@@ -1116,9 +1297,33 @@ class StoreCore(ContextCore):
     def _release_withheld(self, src: SourceState) -> None:
         if not src.unacked or src.repo is None:
             return
-        room = src.repo.limits.size_limit - src.repo.used_bytes
-        if room > src.policy.source_flight_size_bytes_maximum:
+        if self._room(src):
             self._flush_acks(src)
+
+    def _send_due(self, src: SourceState) -> None:
+        """Send the stability ACKs owed now, outside the chunk of the source's data (a write
+        delay ended, receivers consumed messages): the repository is written out first."""
+        if src.ack_due:
+            sqns, src.ack_due = src.ack_due, []
+            if src.repo is not None:
+                src.repo.sync()
+            self._send_client(src, self._stable_acks(src, sqns))
+
+    def _write_delayed(self, src: SourceState) -> None:
+        """The write delay of some of ``src``'s messages ended: write them, then send the
+        stability ACKs that waited for the write."""
+        repo = src.repo
+        if repo is None:
+            return
+        written = repo.write_due(self.now)
+        repo.sync()
+        for sqn in written:
+            if src.awaiting_write.pop(sqn, 0) is None:
+                self._stable(src, sqn)
+        self._send_due(src)
+        due = repo.next_write_at()
+        if due is not None:
+            self.set_timer(f"write {src.reg_id}", due)
 
     def _warn_unconsumed(self, src: SourceState, released: tuple[int, ...]) -> None:
         newest = released[-1]
@@ -1148,14 +1353,28 @@ class StoreCore(ContextCore):
             self._rpp_release(src)
 
     def _rpp_release(self, src: SourceState) -> None:
-        blocking = [r for r in src.receivers.values() if r.rpp == 1]
-        if not blocking or src.repo is None:
+        """Release what every blocking receiver consumed (consumption is cumulative; non-
+        blocking receivers hold nothing back); with no blocking receiver, release by the size
+        threshold.  A message released while it waited for its write delay is never written,
+        and its stability ACK goes at once ("Receiver Acknowledgement")."""
+        repo = src.repo
+        if repo is None:
             return
-        if any(r.last_ack is None for r in blocking):
+        consumed = [r.consumed() for r in src.receivers.values() if r.rpp == BLOCKING]
+        if not consumed:
+            released = repo.release_to_threshold()
+        elif any(c is None for c in consumed):
             return
-        floor = min(r.last_ack for r in blocking if r.last_ack is not None)
-        if src.repo.release_through(floor):
-            self._release_withheld(src)
+        else:
+            released = repo.release_through(min(c for c in consumed if c is not None))
+        if not released:
+            return
+        if src.awaiting_write:
+            for sqn in released:
+                if src.awaiting_write.pop(sqn, 0) is None:
+                    self._stable(src, sqn)
+            self._send_due(src)
+        self._release_withheld(src)
 
     def _on_keepalive(self, conn: Connection, ka: Header, size: int) -> None:
         client: Client | None = conn.tag if isinstance(conn.tag, Client) else None
@@ -1245,6 +1464,10 @@ class StoreCore(ContextCore):
             src = self.sources.get(int(name.split()[1]))
             if src is not None:
                 self._flush_acks(src)
+        elif name.startswith("write "):
+            src = self.sources.get(int(name.split()[1]))
+            if src is not None:
+                self._write_delayed(src)
 
     def _check_clients(self) -> None:
         now = self.now
@@ -1273,7 +1496,9 @@ class StoreCore(ContextCore):
             for rcv in list(client.receivers.values()):
                 self.receivers.pop(rcv.reg_id, None)
             if client.repo is not None:
-                client.repo.clear()
+                client.repo.clear()  # RPP too: "RPP Deregistration" deletes them at once
+            client.awaiting_write.clear()
+            self.cancel_timer(f"write {client.reg_id}")
             self._drop_routes(client)
             key = ("source", client.topic, client.session_id, 0)
         else:
@@ -1327,10 +1552,14 @@ class StoreCore(ContextCore):
         record["request_addr"] = list(client.request_addr)
         if isinstance(client, SourceState):
             record["policy"] = asdict(client.policy)
+            record["rpp_values"] = None if client.rpp_values is None else \
+                client.rpp_values.as_dict()
             if client.policy.repository_type != "disk":
                 return None  # memory repositories do not survive a restart
         else:
-            src = self.sources.get(client.source_reg_id)  # type: ignore[attr-defined]
+            assert isinstance(client, ReceiverState)
+            record["floor"] = client.floor
+            src = self.sources.get(client.source_reg_id)
             if src is None or src.policy.repository_type != "disk":
                 return None
         return {"client": record}
@@ -1406,7 +1635,11 @@ class StoreCore(ContextCore):
                       last_activity=self.now, active=False)
         if rec["role"] == "source":
             policy = TopicPolicy(**rec["policy"])
-            src = SourceState(**common, policy=policy)
+            values = rec.get("rpp_values")
+            # an RPP source journalled before its values were kept ran with the topic's
+            rpp_values = RppValues(**values) if values is not None else \
+                store_values(policy) if rec["rpp"] else None
+            src = SourceState(**common, policy=policy, rpp_values=rpp_values)
             try:
                 src.repo = self._new_repository(src, new=False)
             except StoreFileError as exc:
@@ -1424,7 +1657,7 @@ class StoreCore(ContextCore):
             owner = self.sources.get(rec["source_reg_id"])
             if owner is None:
                 return  # its source's state was deleted (receivers are not journalled then)
-            rcv = ReceiverState(**common, source_reg_id=owner.reg_id)
+            rcv = ReceiverState(**common, source_reg_id=owner.reg_id, floor=rec.get("floor"))
             rcv.last_ack = acks.get(rcv.reg_id)
             self.receivers[rcv.reg_id] = rcv
             owner.receivers[rcv.reg_id] = rcv
@@ -1470,6 +1703,7 @@ class StoreCore(ContextCore):
                            src.policy.repository_size_limit],
                 "age_threshold": src.policy.repository_age_threshold,
                 "drops": repo.intentional_drops if repo else 0,
+                "disk_writes_skipped": repo.disk_writes_skipped if repo else 0,
                 "offsets": [0, repo.file_offset if repo else 0,
                             src.policy.repository_disk_file_size_limit],
                 # the transport it is received on: (lbmr.TransportType, "ip:port", session ID),
