@@ -249,6 +249,37 @@ class SourceDeregistered:
     store: StoreInfo | None
 
 
+@dataclass(frozen=True)
+class RppNotAcknowledged:
+    """"Granted - Source Error" or "Granted - Receiver Error" (the guide's "UMP Version RPP
+    Compatibility Matrix", docs/semantics.md §2.1): a store granted an RPP client's
+    registration without acknowledging RPP (the RPP flag clear in a successful PREG_RESP), as
+    a store that predates RPP (5.3) does.  The client keeps the registration (the store
+    granted it, holds state for it and counts on its keepalives) and counts it like any other;
+    this event, and an ERROR log line with the same phrase, tell the application that this
+    store does not pace the source by its receivers, so that it can deregister or stop.
+
+    Attributes:
+        role: ``"source"`` or ``"receiver"``: who registered.
+        store: the store that granted without the acknowledgement.
+        text: what happened, starting with the matrix's phrase (:attr:`outcome`).
+        source: for a receiver, the source the registration was for (its source string);
+            empty for a source.
+    """
+
+    role: str
+    store: StoreInfo
+    text: str
+    source: str = ""
+
+    @property
+    def outcome(self) -> str:
+        """The matrix cell's wording: ``Granted - Source Error`` / ``Granted - Receiver
+        Error``."""
+        return "Granted - Source Error" if self.role == "source" else \
+            "Granted - Receiver Error"
+
+
 # --- receiver events (guide: "Receiver Events") -------------------------------------------------
 
 
@@ -289,18 +320,40 @@ class ReceiverRegistrationComplete:
 
 @dataclass(frozen=True)
 class ReceiverRegistrationError:
-    """"Store Registration Error" (or "RPP Receiver Registration Failure").
+    """"Store Registration Error" (or "RPP Receiver Registration Failure" when ``rpp``).
 
     Attributes:
         store: the store that refused, or None when registration failed before any store
             answered (e.g. ``ume_sri_request_maximum`` SRI requests went unanswered).
         code: the PREG_RESP error code, or -1 when no store was involved.
         text: what happened.
+        rpp: an RPP receiver refused with code 6 (source and store configuration
+            incompatible): the store's repository is not RPP, or the receiver's mode differs
+            from its first registration's.
     """
 
     store: StoreInfo | None
     code: int
     text: str
+    rpp: bool = False
+
+
+@dataclass(frozen=True)
+class ReceiverDeregistered:
+    """"RPP Receiver Deregistration Success" (per store) or "... Complete" (``store`` is
+    None): the receiver's :meth:`~reference_impl.receiver.ReceiverCore.deregister` was
+    confirmed by a store (a PREG_RESP with the deregister flag), or by every store it had
+    registered with.  Mirrors :class:`SourceDeregistered`.
+
+    Attributes:
+        store: the store that confirmed (an index into that source's SRI store list), or None
+            once every store of every source confirmed.
+        source: the source the confirmed registration was for (its source string); empty
+            for the final event.
+    """
+
+    store: StoreInfo | None
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -405,7 +458,7 @@ Event = (
     LogRecord | InputDropped | SourceRegistrationSuccess | SourceRegistrationComplete
     | SourceRegistrationError | StoreUnresponsive | MessageStable | MessageNotStable
     | DeliveryConfirmation | MessageReclaimed | FlightSizeNotification | SourceDeregistered
-    | ReceiverRegistrationSuccess | ReceiverRegistrationComplete | ReceiverRegistrationError
-    | RegistrationChange | MessageDelivered | UnrecoverableLoss | ClientRegistered
-    | ClientRejected | ClientStateDeleted
+    | RppNotAcknowledged | ReceiverRegistrationSuccess | ReceiverRegistrationComplete
+    | ReceiverRegistrationError | ReceiverDeregistered | RegistrationChange | MessageDelivered
+    | UnrecoverableLoss | ClientRegistered | ClientRejected | ClientStateDeleted
 )

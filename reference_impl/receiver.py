@@ -30,6 +30,21 @@ Flow (guide "Receiver Registration", "Persistent Receiver Recovery"; docs/semant
    ``ume_explicit_ack_only``), and to the source when its SRI asks for delivery confirmation.
    Every ``ume_proactive_keepalive_interval`` the latest ACK is re-sent as a keepalive.
 
+Receiver-paced persistence (guide "RPP Registration", "RPP Deregistration"; docs/semantics.md
+§1.13, §2.1): a blocking RPP receiver (``ume_receiver_paced_persistence`` 1) sets the PREG's
+RPP flag, a non-blocking one (2) also follows the PREG with the option
+``ume_receiver_paced_persistence 2`` (:func:`reference_impl.rpp.receiver_options`,
+docs/wire-lbmc.md §2.3).  A code 6 refusal of an RPP registration is "RPP Receiver
+Registration Failure" (:class:`~reference_impl.events.ReceiverRegistrationError` with
+``rpp``); a grant whose RPP flag is clear is "Granted - Receiver Error"
+(:class:`~reference_impl.events.RppNotAcknowledged`, an ERROR line; the registration is kept
+and counted).  A non-blocking receiver never holds its source back: what the store released
+before the receiver asked for it is simply not answered, and the request's
+``retransmit_request_message_timeout`` turns it into an
+:class:`~reference_impl.events.UnrecoverableLoss`, after which delivery goes on.  Under a
+profile without RPP (``pre-5.3``) nothing of RPP is sent or read.
+:meth:`ReceiverCore.deregister` leaves every store (see there).
+
 An LBT-RU source (its TIR carries an LBT-RU transport, and the receiver has an ``lbtru_port``)
 is received through an :class:`~reference_impl.lbtru_session.LbtruReceiverSession` from that
 port; its payloads enter the LBMC path the LBT-TCP transport uses (the session's stand-in
@@ -98,10 +113,12 @@ from reference_impl.events import (
     Addr,
     Level,
     MessageDelivered,
+    ReceiverDeregistered,
     ReceiverRegistrationComplete,
     ReceiverRegistrationError,
     ReceiverRegistrationSuccess,
     RegistrationChange,
+    RppNotAcknowledged,
     StoreInfo,
     UnrecoverableLoss,
 )
@@ -114,6 +131,7 @@ from reference_impl.lbtru_session import (
     SourceTimedOut,
 )
 from reference_impl.lbtru_session import Event as LbtruEvent
+from reference_impl.rpp import BLOCKING, NON_BLOCKING, SPP, receiver_options
 from reference_impl.source import _consensus
 from wire import lbmr
 from wire.fields import ipv4_to_int
@@ -159,7 +177,15 @@ RecoveryCallback = Callable[[int, int], int]
 
 @dataclass(frozen=True)
 class ReceiverConfig:
-    """The receiver options the core uses; names are the UM option names, times in ms."""
+    """The receiver options the core uses; names are the UM option names, times in ms.
+
+    ``ume_receiver_paced_persistence``: 0 SPP, 1 blocking RPP, 2 non-blocking RPP (the guide's
+    receivers know 0 and 1: the configuration layer checks a profile's modes).
+    ``rpp_supported`` is the profile's
+    :attr:`~reference_impl.config.profiles.Profile.rpp_supported`: False (profile
+    ``pre-5.3``) makes a receiver that never sets, sends or reads anything of RPP, and
+    refuses a non-zero mode.
+    """
 
     ume_session_id: int = 0
     reg_id: int = 0  # what the registration callback would return: 0 = let the store assign
@@ -181,6 +207,21 @@ class ReceiverConfig:
     retransmit_request_maximum: int = 0
     retransmit_request_message_timeout: int = 10_000
     resolver_query_interval: int = 1000
+    rpp_supported: bool = True
+
+    def __post_init__(self) -> None:
+        modes = (SPP, BLOCKING, NON_BLOCKING) if self.rpp_supported else (SPP,)
+        if self.ume_receiver_paced_persistence not in modes:
+            raise ValueError(f"receiver ume_receiver_paced_persistence "
+                             f"{self.ume_receiver_paced_persistence}: expected one of "
+                             f"{', '.join(map(str, modes))}"
+                             + ("" if self.rpp_supported else
+                                " (the profile predates receiver-paced persistence, 5.3)"))
+
+    @property
+    def rpp_mode(self) -> int:
+        """The RPP mode the receiver registers with (0 SPP, 1 blocking, 2 non-blocking)."""
+        return self.ume_receiver_paced_persistence if self.rpp_supported else SPP
 
 
 @dataclass(eq=False)
@@ -198,6 +239,7 @@ class StoreReg:
     next_attempt: float = 0.0
     failed: bool = False
     last_heard: float = 0.0
+    leaving: bool = False  # a deregistration is owed to this store until it confirms
 
 
 @dataclass
@@ -433,6 +475,8 @@ class ReceiverCore(ContextCore):
         self._idle = SourceSession(0, (("0.0.0.0", 0), 0), "")  # before any source is joined
         self._cur = self._idle
         self._request_idx = 0
+        self.deregistering = False  # deregister() was called; not every store confirmed yet
+        self.deregistered = False  # every store confirmed the deregistration
         self.stats.update(delivered=0, retransmissions=0, duplicates=0, requests=0, lost=0,
                           unconfirmed=0)
         self.set_timer("resolve", now)
@@ -546,6 +590,96 @@ class ReceiverCore(ContextCore):
             self._send_acks()
         finally:
             self._rest()
+
+    @property
+    def left(self) -> bool:
+        """:meth:`deregister` was called (whether or not every store confirmed it yet)."""
+        return self.deregistering or self.deregistered
+
+    def deregister(self) -> None:
+        """Deregister from every store of every source (``lbm_rcv_ume_deregister``; guide
+        "RPP Deregistration").
+
+        A PREG with the deregister flag goes to every store a registration was granted by;
+        each confirmation (a PREG_RESP with the deregister flag) gives a
+        :class:`~reference_impl.events.ReceiverDeregistered` for that store, and the last one
+        a final ``ReceiverDeregistered(None)`` ("Deregistration Complete"), each with a log
+        line.  From the call on, as the guide says, the receiver still receives (and
+        delivers) what its sources send, but it no longer acknowledges consumption (no ACKs
+        to the stores, none to the source, no keepalives) and never registers again (a
+        restarted receiver does); what it still missed is unrecoverable at once
+        (:class:`~reference_impl.events.UnrecoverableLoss`), and so is any gap after that.
+
+        Choices where the guide is silent: an unconfirmed deregistration is repeated every
+        ``ume_registration_interval`` (as the source does); a store that refuses it (it no
+        longer knows us) counts as left, with a warning and no success event; a registration
+        granted after the call is undone at once (a deregistration follows); a source first
+        seen after the call is received without persistence, from its first message, like a
+        streaming source.  With no registration granted at all there is nothing to wait for:
+        deregistered at once."""
+        if self.left:
+            return
+        self.deregistering = True
+        try:
+            for st in list(self.sessions.values()):
+                self._use(st)
+                for timer in ("ack", "keepalive", "sri-request"):
+                    self.cancel_timer(self._t(timer))
+                for reg in st.stores.values():
+                    if reg.registered:
+                        self._send_deregistration(reg)
+                self._lose_unrecovered()
+                self._stream_unregistered()
+        finally:
+            self._rest()
+        owed = sum(1 for st in self.sessions.values() for r in st.stores.values() if r.leaving)
+        self.log(Level.INFO, f"deregistering from {owed} store registration"
+                             f"{'' if owed == 1 else 's'}")
+        self._check_deregistered()
+
+    def _send_deregistration(self, reg: StoreReg) -> None:
+        """The current session's deregistration PREG to ``reg``'s store (repeated by the
+        register timer until confirmed)."""
+        reg.leaving = True
+        reg.next_attempt = self.now + self.config.ume_registration_interval / 1000
+        self.set_timer_if_later(self._t("register"), reg.next_attempt)
+        self._to_store(reg, control(self._preg(reg, deregister=True)))
+
+    def _check_deregistered(self) -> None:
+        """"Deregistration Complete" once no store owes a confirmation."""
+        if not self.deregistering or any(
+                reg.leaving for st in self.sessions.values() for reg in st.stores.values()):
+            return
+        self.deregistering, self.deregistered = False, True
+        self.emit(ReceiverDeregistered(None))
+        self.log(Level.INFO, "deregistration complete: every store confirmed")
+
+    def _lose_unrecovered(self) -> None:
+        """After :meth:`deregister` nothing is recovered (guide: "Any messages not yet
+        confirmed for that receiver are unrecoverable"): what the current session still
+        asks for or misses is lost at once, and delivery steps over it."""
+        st = self._cur
+        nxt = st.next_sqn
+        wanted = set(st.requests)
+        for lo, hi in st.missing.ranges:
+            wanted.update(range(lo, hi))
+        st.requests.clear()
+        st.missing = Gaps()
+        lost = sorted(sqn for sqn in wanted
+                      if sqn not in st.held and (nxt is None or sqn >= nxt))
+        if lost:
+            self._give_up(lost)
+
+    def _stream_unregistered(self) -> None:
+        """A session that never completed registration when the receiver deregistered is
+        received without persistence from here on (see :meth:`deregister`): what it holds is
+        delivered in order from its lowest sequence number."""
+        st = self._cur
+        if st.complete:
+            return
+        st.complete = True
+        st.next_sqn = min(st.held) if st.held else None
+        self._drain()
 
     @property
     def registered_stores(self) -> list[StoreReg]:
@@ -967,6 +1101,9 @@ class ReceiverCore(ContextCore):
                                    reg_id=known.reg_id if known is not None and same else 0)
                     self.stores[header.store_idx] = reg
                     changed.append(reg)
+        if self.left:
+            self._stream_unregistered()  # a new source after deregister(): see there
+            return
         if changed and self.complete:
             self.emit(RegistrationChange(
                 f"SRI version {sri.version}: re-registering with stores "
@@ -980,29 +1117,44 @@ class ReceiverCore(ContextCore):
         says "a store"; which session a message from it is for is decided per message)."""
         self.send_to(reg.info.addr, data, tag=reg)
 
-    def _register(self, reg: StoreReg) -> None:
+    def _preg(self, reg: StoreReg, deregister: bool = False) -> Header:
+        """The PREG for ``reg``: the RPP flag for a blocking or non-blocking RPP receiver
+        (never under a profile without RPP), the deregister flag when leaving."""
         cfg = self.config
         src = self.source
         assert src is not None
         reg_id = reg.reg_id or cfg.reg_id
-        headers: list[object] = [
-            UmePreg(s_flag=0, w_flag=int(bool(cfg.ume_receiver_paced_persistence)),
-                    marker=self._cur.sid,
-                    reg_id=0 if cfg.ume_session_id and not reg.reg_id else reg_id,
-                    transport_idx=src.transport_idx, topic_idx=src.topic_idx,
-                    src_reg_id=reg.source_reg_id, resp_port=self.request_addr[1],
-                    resp_ip=self.request_addr[0]),
-            Topicname(topic=self.topic)]
+        return UmePreg(s_flag=0, w_flag=int(cfg.rpp_mode != SPP), d_flag=int(deregister),
+                       marker=self._cur.sid,
+                       reg_id=0 if cfg.ume_session_id and not reg.reg_id else reg_id,
+                       transport_idx=src.transport_idx, topic_idx=src.topic_idx,
+                       src_reg_id=reg.source_reg_id, resp_port=self.request_addr[1],
+                       resp_ip=self.request_addr[0])
+
+    def _register(self, reg: StoreReg) -> None:
+        if self.left:
+            return  # a deregistered receiver never registers again (see deregister)
+        cfg = self.config
+        headers: list[object] = [self._preg(reg), Topicname(topic=self.topic)]
         if cfg.ume_session_id:
             headers.append(UmeSid(sid=cfg.ume_session_id))
         if cfg.ume_activity_timeout or cfg.ume_state_lifetime:
             headers.append(UmeClientLifetime(activity_tmo=cfg.ume_activity_timeout,
                                              lifetime=cfg.ume_state_lifetime))
+        # a non-blocking receiver says so with an option after the PREG (docs/wire-lbmc.md
+        # §2.3); a blocking one needs none
+        headers.extend(option.header() for option in receiver_options(cfg.rpp_mode))
         reg.next_attempt = self.now + cfg.ume_registration_interval / 1000
         self.set_timer_if_later(self._t("register"), reg.next_attempt)
         self._to_store(reg, control(*headers))
 
     def _on_preg_resp(self, reg: StoreReg, resp: Header) -> None:
+        if resp.d_flag and not resp.e_flag:
+            self._left_store(reg, confirmed=True)
+            return
+        if resp.e_flag and reg.leaving:
+            self._left_store(reg, confirmed=False)
+            return
         if resp.e_flag:
             code = resp.error_code
             # "RegID in use" passes once the holder's activity timeout at the store ran out
@@ -1015,7 +1167,13 @@ class ReceiverCore(ContextCore):
                    f"(code {code}" + (f", {_IN_USE[code]}: asking again every "
                                       f"{self.config.ume_registration_interval} ms)"
                                       if retried else ")")
-            self.emit(ReceiverRegistrationError(reg.info, code, text))
+            about_rpp = self.config.rpp_mode != SPP and code == PregError.ECONFIG
+            if about_rpp:
+                text = (f"RPP Receiver Registration Failure: {text}: source and store "
+                        f"configuration incompatible (the source's repository is not RPP, or "
+                        f"this receiver's mode differs from its first registration's; the "
+                        f"store's log says which)")
+            self.emit(ReceiverRegistrationError(reg.info, code, text, rpp=about_rpp))
             self.log(Level.ERROR, text)
             return
         if reg.registered:
@@ -1023,12 +1181,47 @@ class ReceiverCore(ContextCore):
         reg.registered, reg.old = True, bool(resp.o_flag)
         reg.reg_id, reg.low, reg.high = resp.reg_id, resp.low_seqnum, resp.high_seqnum
         reg.last_heard = self.now
+        # a pre-5.3 receiver does not know the flag: whatever the bit says, it is not read
+        acknowledged = self.config.rpp_supported and bool(resp.w_flag)
         self.emit(ReceiverRegistrationSuccess(reg.info, resp.reg_id, reg.source_reg_id,
-                                              reg.old, resp.low_seqnum, bool(resp.w_flag)))
+                                              reg.old, resp.low_seqnum, acknowledged))
+        if self.config.rpp_mode != SPP and not acknowledged:
+            self._rpp_not_acknowledged(reg)
+        if self.left:
+            # granted after deregister(): undone at once (see deregister)
+            self.deregistering, self.deregistered = True, False
+            self._send_deregistration(reg)
+            return
         if not self.complete:
             self._check_complete()
         elif self.acked is not None:
             self._send_ack_to(reg, self.acked)
+
+    def _rpp_not_acknowledged(self, reg: StoreReg) -> None:
+        """The matrix's "Granted - Receiver Error" (docs/semantics.md §2.1): the store granted
+        without acknowledging RPP.  *Choice*, as for the source: the registration is kept and
+        counted (the guide calls the cell "Granted"), and the application is told, once per
+        registration, with an event and an ERROR line."""
+        text = (f"Granted - Receiver Error: {self._cur.name}: store {reg.info.index} "
+                f"{reg.info.addr} granted the RPP registration without acknowledging RPP "
+                f"(its repository is not receiver-paced; a store before 5.3?)")
+        self.emit(RppNotAcknowledged("receiver", reg.info, text, self._cur.name))
+        self.log(Level.ERROR, text)
+
+    def _left_store(self, reg: StoreReg, *, confirmed: bool) -> None:
+        """A store answered our deregistration: confirmed ("Deregistration Success"), or
+        refused because it no longer knows us (counted as left, see :meth:`deregister`)."""
+        if not reg.leaving:
+            return  # an answer to a repeated deregistration, or one we never sent
+        reg.leaving = reg.registered = False
+        where = f"{self._cur.name}: store {reg.info.index} {reg.info.addr}"
+        if confirmed:
+            self.emit(ReceiverDeregistered(reg.info, self._cur.name))
+            self.log(Level.INFO, f"{where}: deregistration confirmed")
+        else:
+            self.log(Level.WARNING, f"{where} refused the deregistration (it holds no "
+                                    f"registration of ours); counted as left")
+        self._check_deregistered()
 
     def _check_complete(self) -> None:
         groups = self.group_sizes or {0: len(self.stores)}
@@ -1065,6 +1258,8 @@ class ReceiverCore(ContextCore):
 
     def _arm_ack_timers(self) -> None:
         cfg = self.config
+        if self.left:
+            return
         if cfg.ume_use_ack_batching and not cfg.ume_explicit_ack_only:
             self.set_timer(self._t("ack"), self.now + cfg.ume_ack_batching_interval / 1000)
         if cfg.ume_proactive_keepalive_interval:
@@ -1172,6 +1367,9 @@ class ReceiverCore(ContextCore):
         asked for (whenever a request is outstanding the "rx" timer is armed already)."""
         missing, requests = self.missing, self.requests
         if not missing.ranges or self.next_sqn is None:
+            return
+        if self.deregistering or self.deregistered:
+            self._lose_unrecovered()  # nothing is recovered any more (see deregister)
             return
         limit = self.config.retransmit_request_outstanding_maximum or sys.maxsize
         if len(requests) >= limit:
@@ -1301,8 +1499,9 @@ class ReceiverCore(ContextCore):
     # --- acknowledgements -------------------------------------------------------------------
 
     def _send_acks(self) -> None:
-        if self.consumed is None or (self.acked is not None and self.consumed <= self.acked):
-            return
+        if self.consumed is None or (self.acked is not None and self.consumed <= self.acked) \
+                or self.left:
+            return  # (a deregistered receiver acknowledges nothing: see deregister)
         self.acked = self.consumed
         for store in self.registered_stores:
             self._send_ack_to(store, self.consumed)
@@ -1316,6 +1515,8 @@ class ReceiverCore(ContextCore):
                 flags=0x08 if self.config.ume_explicit_ack_only else 0))
 
     def _send_ack_to(self, store: StoreReg, sqn: int) -> None:
+        if self.left:
+            return
         src = self.source
         assert src is not None
         self._to_store(store, _ACK.pack(
@@ -1324,8 +1525,8 @@ class ReceiverCore(ContextCore):
 
     def _keepalive(self, store: StoreReg) -> None:
         src = self.source
-        if src is None:
-            return
+        if src is None or self.left:
+            return  # a deregistered receiver keeps no store alive (not even when asked)
         if self.acked is not None:
             self._send_ack_to(store, self.acked)
         else:
@@ -1359,6 +1560,15 @@ class ReceiverCore(ContextCore):
         cfg = self.config
         if kind == "sri-request":
             self._sri_request()
+        elif kind == "register" and self.left:
+            # only unconfirmed deregistrations repeat (see deregister)
+            owed = [reg for reg in self.stores.values() if reg.leaving]
+            for reg in owed:
+                if self.now >= reg.next_attempt:
+                    self._send_deregistration(reg)
+            if owed:
+                self.set_timer_if_later(self._t("register"),
+                                        min(r.next_attempt for r in owed))
         elif kind == "register":
             waiting = [reg for reg in self.stores.values()
                        if not reg.registered and not reg.failed]
@@ -1383,7 +1593,8 @@ class ReceiverCore(ContextCore):
     def _sri_request(self) -> None:
         cfg = self.config
         src = self.source
-        if src is None or (self.stores and self._cur.confirmed) or src.request_addr is None:
+        if src is None or (self.stores and self._cur.confirmed) or src.request_addr is None \
+                or self.left:
             return
         if self._sri_requests >= cfg.ume_sri_request_maximum:
             self.failed = True

@@ -51,6 +51,7 @@ from reference_impl.config import (
     ReceiverOptions,
     SourceOptions,
     StoreAddress,
+    get_profile,
     load_client_config,
 )
 from reference_impl.config import profiles as config_profiles
@@ -137,6 +138,8 @@ def source_config(client: ClientConfig) -> SourceConfig:
     for key, value in list(values.items()):
         if isinstance(value, bool):
             values[key] = int(value)
+    # the profile reaches the core here: a pre-5.3 source knows nothing of RPP
+    values["rpp_supported"] = get_profile(client.profile).rpp_supported
     return SourceConfig(**values)
 
 
@@ -151,6 +154,7 @@ def receiver_config(client: ClientConfig, reg_id: int = 0) -> ReceiverConfig:
     for key, value in list(values.items()):
         if isinstance(value, bool):
             values[key] = int(value)
+    values["rpp_supported"] = get_profile(client.profile).rpp_supported  # (as for a source)
     return ReceiverConfig(**values)
 
 

@@ -34,6 +34,18 @@ Flow (guide "Operational View", docs/semantics.md §1.1-1.12):
    use" refusal is retried (it clears when the holder's activity timeout at the store runs
    out); every other refusal is final.
 
+Receiver-paced persistence (guide "RPP Registration", "Implementing RPP"; docs/semantics.md
+§1.13, §2): an RPP source (``ume_receiver_paced_persistence`` 1) sets the PREG's RPP flag and
+follows every registration PREG, first or repeated, with its non-zero overrides as EXTOPT
+configuration options (:func:`reference_impl.rpp.source_options`, docs/wire-lbmc.md §2.3).  A
+code 6 refusal of an RPP registration is "RPP Source Registration Failure"
+(:class:`~reference_impl.events.SourceRegistrationError` with ``rpp``; final, like every
+refusal but "RegID in use").  A grant whose RPP flag is clear is the compatibility matrix's
+"Granted - Source Error" (:class:`~reference_impl.events.RppNotAcknowledged` and an ERROR
+line; the registration is kept and counted).  Under a profile without RPP (``pre-5.3``,
+``SourceConfig.rpp_supported`` False) the source never sets the flag, never sends the options
+and never reads the flag in an answer.
+
 Choices where the fact sheets are silent: the context-information port of a store's
 advertisement is its store port (where registrations go); a name not resolved within
 ``ume_store_activity_timeout`` makes the store unresponsive ("store 0 [NAME] unresponsive -
@@ -77,6 +89,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from reference_impl import rpp
 from reference_impl.context import Connection, ContextCore, LbtruBinding, control
 from reference_impl.events import (
     Addr,
@@ -87,6 +100,7 @@ from reference_impl.events import (
     MessageNotStable,
     MessageReclaimed,
     MessageStable,
+    RppNotAcknowledged,
     SourceDeregistered,
     SourceRegistrationComplete,
     SourceRegistrationError,
@@ -154,6 +168,18 @@ class SourceConfig:
 
     Defaults are the current product's (docs/semantics.md §1.16); ``profile="guide-5.3"`` values
     come from :mod:`reference_impl.config` when a configuration file is read.
+
+    Receiver-paced persistence (guide "RPP Registration", "Implementing RPP"):
+    ``ume_receiver_paced_persistence`` 1 asks the stores for an RPP repository, and the RPP
+    overrides ``ume_flight_size_bytes``, ``ume_write_delay`` (ms),
+    ``ume_repository_ack_on_reception`` (0/1), ``ume_repository_size_threshold``,
+    ``ume_repository_size_limit`` and ``ume_repository_disk_file_size_limit`` (bytes) lower
+    the store's values for this source; 0 means "the store's value" and is not sent
+    (:func:`reference_impl.rpp.source_options`, docs/semantics.md §2.2).  An SPP source sends
+    none of them (``ume_flight_size_bytes`` still bounds its own flight).  ``rpp_supported``
+    is the profile's :attr:`~reference_impl.config.profiles.Profile.rpp_supported`: False
+    (profile ``pre-5.3``) makes a source that never sets, sends or reads anything of RPP, and
+    refuses ``ume_receiver_paced_persistence`` 1.
     """
 
     ume_store: tuple[StoreSpec, ...] = ()
@@ -177,6 +203,12 @@ class SourceConfig:
     ume_activity_timeout: int = 0
     ume_state_lifetime: int = 0
     ume_receiver_paced_persistence: int = 0
+    ume_write_delay: int = 0
+    ume_repository_ack_on_reception: int = 0
+    ume_repository_size_threshold: int = 0
+    ume_repository_size_limit: int = 0
+    ume_repository_disk_file_size_limit: int = 0
+    rpp_supported: bool = True
     ume_proactive_keepalive_interval: int = 3000
     retransmit_retention_size_limit: int = 25_165_824
     retransmit_retention_size_threshold: int = 0
@@ -189,6 +221,18 @@ class SourceConfig:
         if self.transport.lower() not in TRANSPORTS:
             raise ValueError(f"source transport {self.transport!r}: the reference source "
                              f"speaks tcp or lbt-ru")
+        modes = (0, 1) if self.rpp_supported else (0,)
+        if self.ume_receiver_paced_persistence not in modes:
+            raise ValueError(f"source ume_receiver_paced_persistence "
+                             f"{self.ume_receiver_paced_persistence}: expected one of "
+                             f"{', '.join(map(str, modes))}"
+                             + ("" if self.rpp_supported else
+                                " (the profile predates receiver-paced persistence, 5.3)"))
+
+    @property
+    def rpp(self) -> bool:
+        """The source asks for receiver-paced persistence (and its profile knows RPP)."""
+        return self.rpp_supported and bool(self.ume_receiver_paced_persistence)
 
     @property
     def lbtru(self) -> bool:
@@ -420,6 +464,9 @@ class SourceCore(ContextCore):
         self._stability_memo: dict[tuple[int, int], tuple[bool, StableFlags, StableFlags]] \
             | None = None if "all-active" in behaviours else {}
         self.stats.update(sent=0, proactive_retransmissions=0, stable=0)
+        # the RPP overrides every registration carries (fixed: a re-registration must
+        # present the same values, docs/semantics.md §2.1)
+        self._rpp_options = rpp.source_options(config) if config.rpp else []
         for link in self.links:
             if link.resolved:
                 self._register(link)
@@ -533,7 +580,9 @@ class SourceCore(ContextCore):
         # the hot path of every application: checks in the documented order, nothing twice
         cfg = self.config
         if self.deregistered or self.deregistering:
-            raise SendError(SendErrorCode.DEREGISTERED, "source deregistered")
+            raise SendError(SendErrorCode.DEREGISTERED,
+                            "the source deregistered from its stores and cannot send any more "
+                            "(guide \"RPP Deregistration\"); create it again to register anew")
         persistent = self._persistent
         if persistent and not self.complete:
             raise SendError(SendErrorCode.NOT_REGISTERED,
@@ -612,8 +661,11 @@ class SourceCore(ContextCore):
     # --- registration -------------------------------------------------------------------------
 
     def _preg(self, link: StoreLink, deregister: bool = False) -> Header:
+        """The PREG for ``link``; an RPP source sets the RPP flag in every one (its
+        deregistrations too: the flag says what the source is, and a pre-5.3 source never
+        sets it)."""
         return UmePreg(s_flag=1, marker=0, d_flag=int(deregister),
-                       w_flag=int(bool(self.config.ume_receiver_paced_persistence)),
+                       w_flag=int(self.config.rpp),
                        reg_id=link.reg_id, transport_idx=self.transport_idx,
                        topic_idx=self.topic_idx, resp_port=self.request_addr[1],
                        resp_ip=self.request_addr[0])
@@ -627,6 +679,8 @@ class SourceCore(ContextCore):
         if cfg.ume_activity_timeout or cfg.ume_state_lifetime:
             headers.append(UmeClientLifetime(activity_tmo=cfg.ume_activity_timeout,
                                              lifetime=cfg.ume_state_lifetime))
+        if cfg.rpp:  # its overrides, in every registration and re-registration alike
+            headers.extend(option.header() for option in self._rpp_options)
         if link.first_attempt is None:
             link.first_attempt = self.now
         link.next_attempt = self.now + cfg.ume_registration_interval / 1000
@@ -732,8 +786,10 @@ class SourceCore(ContextCore):
             # other refusal is final
             link.failed = code != PregError.EACTIVE
             text = _PREG_ERRORS.get(code, f"error code {code}")
-            self.emit(SourceRegistrationError(link.info, code, text,
-                                              rpp=bool(self.config.ume_receiver_paced_persistence)))
+            about_rpp = self.config.rpp and code == PregError.ECONFIG
+            if about_rpp:
+                text = f"RPP Source Registration Failure: {text} ({RPP_REFUSAL})"
+            self.emit(SourceRegistrationError(link.info, code, text, rpp=about_rpp))
             self.log(Level.ERROR, f"store {link.info.index} refused registration: {text}")
             return
         if link.registered and link.reg_id == resp.reg_id:
@@ -741,7 +797,10 @@ class SourceCore(ContextCore):
         link.registered, link.unresponsive = True, False
         link.reg_id, link.old = resp.reg_id, bool(resp.o_flag)
         link.high_seqnum = resp.high_seqnum
-        link.rpp = bool(resp.w_flag)
+        # a pre-5.3 source does not know the flag: whatever the bit says, it is not read
+        link.rpp = self.config.rpp_supported and bool(resp.w_flag)
+        if self.config.rpp and not link.rpp:
+            self._rpp_not_acknowledged(link)
         link.version += 1
         link.joined = resp.reg_id in self._joined_ids
         if not link.joined:
@@ -755,6 +814,17 @@ class SourceCore(ContextCore):
             self._resend_unstable(link)
             return
         self._check_complete()
+
+    def _rpp_not_acknowledged(self, link: StoreLink) -> None:
+        """The matrix's "Granted - Source Error" (docs/semantics.md §2.1): the store granted
+        without acknowledging RPP.  *Choice*: the registration is kept and counted (the store
+        granted it and holds state for us; the guide calls the cell "Granted"), and the
+        application is told, once per registration, with an event and an ERROR line."""
+        text = (f"Granted - Source Error: store {link.info.index} [{link.label}] granted the "
+                f"RPP registration without acknowledging RPP (its repository is not "
+                f"receiver-paced; a store before 5.3?)")
+        self.emit(RppNotAcknowledged("source", link.info, text))
+        self.log(Level.ERROR, text)
 
     def _group_ok(self, group: int, members: set[int]) -> bool:
         size = self.group_sizes.get(group, 0)
@@ -1207,6 +1277,13 @@ def _consensus(values: list[int], behaviour: str) -> int:
         return ordered[len(ordered) - need]
     return ordered[-1]
 
+
+RPP_REFUSAL = ("the store refused the RPP registration: RPP not allowed for the topic, an "
+               "override above its maximum or for the wrong repository type, inconsistent "
+               "RPP values, or values or mode that differ from the repository's first "
+               "registration; the store's log names the option")
+"""What a code 6 refusal of an RPP registration means (docs/semantics.md §2.1, §2.2),
+appended to the error's text: the PREG_RESP carries only the code."""
 
 _PREG_ERRORS = {
     PregError.ENOPATTERN: "store has no matching topic pattern",

@@ -355,11 +355,17 @@ def _store_behavior(text: str, ctx: _ValueContext) -> str:
 
 
 def _rpp_mode(text: str, ctx: _ValueContext) -> int:
-    modes = (0, 1) if ctx.scope == "source" else ctx.profile.receiver_rpp_modes
+    """``ume_receiver_paced_persistence``: a source is 0 or 1, a receiver what its profile
+    allows (:attr:`Profile.receiver_rpp_modes`); a profile without RPP (``pre-5.3``,
+    :attr:`Profile.rpp_supported`) allows only 0 for both, and the error names the profile."""
+    if ctx.scope == "source":
+        modes: tuple[int, ...] = (0, 1) if ctx.profile.rpp_supported else (0,)
+    else:
+        modes = ctx.profile.receiver_rpp_modes
     value = decimal_in_range(text, 0, max(modes))
     if value not in modes:
-        what = "source" if ctx.scope == "source" else f"receiver (profile {ctx.profile.name!r})"
-        raise _BadValue(f"one of {', '.join(map(str, modes))} for a {what}")
+        raise _BadValue(f"one of {', '.join(map(str, modes))} for a {ctx.scope} "
+                        f"(profile {ctx.profile.name!r})")
     return value
 
 
