@@ -37,7 +37,10 @@ per-transport messages, bytes, duplicates or NAKs.  "Sync" is derived: disk writ
 reach the OS before the store acknowledges, so the completed and submitted sync SQNs are both
 the newest SQN held (for a memory repository "held" is all the persistence there is), and
 ``contig_sqn`` is the end of the gap-free run starting at the trail.  "Drops" shows
-``0 / total``: intentional drops happen synchronously, so none is ever in progress.  Memory
+``0 / total``: intentional drops happen synchronously, so none is ever in progress.  "Disk
+Writes Skipped" (JSON ``disk_writes_skipped``) is this store's own line, not the product's: the
+RPP messages that every blocking receiver consumed before their write delay ended, so they
+were never written to the cache file (the guide's "Receiver Acknowledgement").  Memory
 repositories show a two-value Window ``[trail, lead]`` as the product does; disk repositories
 show ``[trail, mem_trail, lead]``.  "Last Activity" converts the core's clock to wall-clock time
 of day (``HH:MM:SS.ffffff``, local time).  Source and receiver pages add a ``State:
@@ -603,6 +606,7 @@ class WebMonitor:
             "sync": _sync(repo, lead),
             "offsets": {"start": start, "offset": offset, "max": max_offset},
             "drops": {"active": 0, "total": src["drops"]},
+            "disk_writes_skipped": src["disk_writes_skipped"],
             "source_string": None if transport is None else source_string(*transport),
             "receivers": [{"reg_id": r["reg_id"], "session_id": r["session_id"],
                            "href": f"/stores/{index}/{reg_id}/{r['reg_id']}"}
@@ -630,6 +634,7 @@ class WebMonitor:
             f"<LI>Sync: {_sqn_list(data['sync'])}",
             f"<LI>Offsets: {offs['start']} / {offs['offset']} / {offs['max']}",
             f"<LI>Drops: {drops['active']} / {drops['total']}",
+            f"<LI>Disk Writes Skipped: {data['disk_writes_skipped']}",
             "</UL>",
             f"<DD>LBM Stats: [{esc(data['source_string'] or '-')}]",
             f"<DD>Receivers: {links}",

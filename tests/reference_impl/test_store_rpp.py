@@ -26,6 +26,7 @@ from reference_impl.repository import StoreFileError
 from reference_impl.rpp import OVERRIDES, RppValues
 from reference_impl.sim import ConnKey, StreamEvent, StreamEventKind, StreamWrite
 from reference_impl.store import StoreCore, StoreSettings, TopicPolicy, TopicRule
+from reference_impl.webmon import WebMonitor
 from wire import lbmr
 from wire.lbmc import (
     CFGOPT_SUBTYPE,
@@ -502,6 +503,11 @@ def test_messages_consumed_within_the_write_delay_never_reach_the_disk(tmp_path:
     sources: Any = bench.store.snapshot()["sources"]
     (shown,) = sources
     assert shown["disk_writes_skipped"] == 2
+    monitor = WebMonitor([bench.store], version="1", clock=lambda: bench.now)
+    page = monitor.render(f"/stores/0/{src.reg_id}").body.decode()
+    assert "<LI>Disk Writes Skipped: 2\n" in page
+    data = json.loads(monitor.render(f"/stores/0/{src.reg_id}?format=json").body)
+    assert data["disk_writes_skipped"] == 2
     bench.store.close()
 
 

@@ -231,6 +231,7 @@ def scrape_source(text: str, repository: str) -> dict[str, Any]:
                          sqns(field(text, r"<LI>Sync: \[([^\]]+)\]")), strict=True)),
         "offsets": triple(text, "Offsets", ("start", "offset", "max")),
         "drops": triple(text, "Drops", ("active", "total")),
+        "disk_writes_skipped": int(field(text, r"<LI>Disk Writes Skipped: (\d+)")),
         "source_string": None if stats == "-" else stats,
         "receivers": links(field(text, r"<DD>Receivers: (.*)")),
     }
