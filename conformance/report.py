@@ -3,7 +3,10 @@
 The HTML report needs no network and no script: per case it shows the verdict, the
 requirement (guide section and sentence), expected vs observed, the packet timeline, the IUT's
 log for the case and a link to the case's pcap (relative, so the output directory can be
-copied or attached to a CI run as a whole).
+copied or attached to a CI run as a whole).  When the run has cases of the rpp-matrix suite, the
+page also draws the guide's "UMP Version RPP Compatibility Matrix" as a grid per IUT role that
+ran (rows: client kinds, columns: store kinds), each cell the case's verdict and the guide's
+outcome (:func:`matrix_html`); the JSON names each such case's cell (``rpp_cell``).
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from conformance.model import Verdict
+from conformance.model import Role, Verdict
 from conformance.runner import CaseResult, RunResult
+from conformance.suites.rpp_matrix import CASE_OF, CELL_OF
+from reference_impl import rpp
 
 _COLORS = {
     Verdict.PASS: "#1a7f37", Verdict.FAIL: "#cf222e", Verdict.NON_STRICT: "#9a6700",
@@ -42,6 +47,8 @@ def case_json(r: CaseResult, out: Path) -> dict[str, Any]:
         "store_port": r.iut_port,
         "store_ports": r.store_ports,
         "timeline": r.timeline,
+        "rpp_cell": ({"client": cell.client, "store": cell.store, "expected": cell.label}
+                     if (cell := CELL_OF.get(spec.id)) is not None else None),
     }
 
 
@@ -102,6 +109,7 @@ details{border:1px solid #d0d7de;border-radius:6px;margin:8px 0;padding:6px 10px
 summary{cursor:pointer}pre{background:#f6f8fa;padding:8px;overflow:auto;max-height:300px;
 font-size:12px}.iut{color:#cf222e}.h{color:#0969da}.note{color:#6e7781;font-style:italic}
 .req{border-left:4px solid #d0d7de;padding-left:8px;margin:6px 0}
+table.matrix{width:auto}table.matrix td{text-align:center;min-width:11em}
 """
 
 
@@ -121,6 +129,48 @@ def _timeline_rows(r: CaseResult) -> str:
                     f"<td>{arrow}</td><td>{html.escape(where)}</td>"
                     f'<td>{html.escape(e["text"])}</td></tr>')
     return "".join(rows)
+
+
+def matrix_html(results: list[CaseResult]) -> str:
+    """The guide's "UMP Version RPP Compatibility Matrix" as one grid per IUT role with
+    rpp-matrix results: a row per client kind the role's cases cover, a column per store kind;
+    each cell links the case and shows its verdict and the guide's outcome (``data-case`` and
+    ``data-verdict`` name them for tools).  Empty when the run has no such case."""
+    by_role: dict[Role, dict[tuple[str, str], CaseResult]] = {}
+    for r in results:
+        cell = CELL_OF.get(r.spec.id)
+        if cell is not None:
+            by_role.setdefault(r.spec.role, {})[cell.client, cell.store] = r
+    if not by_role:
+        return ""
+    grids = []
+    for role in Role:
+        ran = by_role.get(role)
+        if ran is None:
+            continue
+        covered = CASE_OF.get(role, {})
+        rows = [k for k in rpp.CLIENT_KINDS if any((k, s) in covered for s in rpp.STORE_KINDS)]
+        head = "".join(f"<th>{html.escape(s)}</th>" for s in rpp.STORE_KINDS)
+        body = []
+        for client in rows:
+            tds = []
+            for store in rpp.STORE_KINDS:
+                guide = html.escape(rpp.cell(client, store).label)
+                found = ran.get((client, store))
+                if found is None:
+                    tds.append(f'<td class="mtx" data-verdict="not run">not run<br>'
+                               f"<small>guide: {guide}</small></td>")
+                    continue
+                tds.append(f'<td class="mtx" data-case="{found.spec.id}" '
+                           f'data-verdict="{found.verdict.value}"><a href="#{found.spec.id}">'
+                           f"{_badge(found.verdict)}</a> <small>{found.spec.id}</small><br>"
+                           f"<small>guide: {guide}</small></td>")
+            body.append(f"<tr><th>{html.escape(client)}</th>{''.join(tds)}</tr>")
+        grids.append(f'<h3>{role.value} IUT</h3><table class="matrix" data-role="{role.value}">'
+                     f"<tr><th>client \\ store</th>{head}</tr>{''.join(body)}</table>")
+    return ("<h2>UMP Version RPP Compatibility Matrix</h2><p>The guide's outcome per cell, and "
+            "the verdict of the case that checks it (* the guide's asterisk: a source "
+            "re-registering onto an existing repository).</p>" + "".join(grids))
 
 
 def write_html(run: RunResult, path: Path) -> None:
@@ -170,6 +220,7 @@ def write_html(run: RunResult, path: Path) -> None:
 ({'no MUST case failed' if run.exit_code == 0 else 'a MUST case failed or errored'}).</p>
 <table id="index"><tr><th>case</th><th>verdict</th><th>strength</th><th>suite</th>
 <th>title</th><th>time</th></tr>{''.join(index)}</table>
+{matrix_html(run.results)}
 <h2>Cases</h2>{''.join(blocks)}
 </body></html>"""
     path.write_text(page, encoding="utf-8")

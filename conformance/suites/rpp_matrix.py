@@ -94,6 +94,9 @@ SETTLE = 1.5
 CELL_OF: dict[str, rpp.Cell] = {}
 """Case ID -> the matrix cell it checks (the HTML report draws the grid from it)."""
 
+CASE_OF: dict[Role, dict[tuple[str, str], str]] = {}
+"""IUT role -> (client kind, store kind) -> the ID of the case checking that cell."""
+
 
 def _is_source(kind: str) -> bool:
     return kind.endswith("source")
@@ -436,6 +439,7 @@ def _register(case_id: str, cell: rpp.Cell, role: Role,
     case(case_id, suite=SUITE, role=role, section=SECTION, title=_title(cell),
          requirement=_requirement(cell), **extra)(run)
     CELL_OF[case_id] = cell
+    CASE_OF.setdefault(role, {})[cell.client, cell.store] = case_id
 
 
 def _store_doc(cell: rpp.Cell) -> str:
