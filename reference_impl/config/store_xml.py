@@ -1193,6 +1193,14 @@ class _Builder:
     def warn(self, node: _Node, message: str) -> None:
         self.warnings.append(ConfigWarning(self.filename, node.line, message, node.column))
 
+    def note_without_rpp(self, node: _Node, name: str) -> None:
+        """Under a profile without RPP (``pre-5.3``) the RPP switch of a topic does nothing:
+        say so instead of letting the operator believe RPP is on."""
+        if name == "repository-allow-receiver-paced-persistence" \
+                and not self.profile.rpp_supported:
+            self.warn(node, f"{name} has no effect: profile {self.profile.name!r} knows no "
+                            "receiver-paced persistence (every source and receiver is SPP)")
+
     @staticmethod
     def text(node: _Node) -> str:
         raw = node.raw_text()
@@ -1412,6 +1420,7 @@ class _Builder:
                         self.put(store_values, opt_name, typed, duplicate)
                     elif opt_name in _TOPIC_OPTIONS:
                         typed = self.typed_value(option, opt_name, value, _TOPIC_OPTIONS[opt_name])
+                        self.note_without_rpp(option, opt_name)
                         self.put(topic_defaults, opt_name, typed, duplicate)
                     else:
                         raise self.unknown_option(option, opt_name)
@@ -1497,6 +1506,7 @@ class _Builder:
                     self.put(lbm_receiver, name, value, duplicate)
                 elif name in _TOPIC_OPTIONS:
                     typed = self.typed_value(option, name, value, _TOPIC_OPTIONS[name])
+                    self.note_without_rpp(option, name)
                     self.put(explicit, name, typed, duplicate)
                 elif name in _STORE_OPTIONS:
                     raise self.error(

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from reference_impl import journal, rpp
+from reference_impl import journal, rpp, runtime
+from reference_impl.config.store_xml import parse_store_config
 from reference_impl.context import control
 from reference_impl.events import ClientRejected, Level, LogRecord
 from reference_impl.fastmsg import data_message
@@ -701,3 +702,44 @@ def test_a_journal_with_bad_rpp_values_is_refused(values: object, words: str,
     state.write_text(json.dumps(record) + "\n")
     with pytest.raises(StoreFileError, match=words):
         Bench(DISK, tmp_path)
+
+
+# --- the profile reaches the store ---------------------------------------------------------------
+
+PROFILE_XML = """<?xml version="1.0"?>
+<ume-store version="1.2">
+  <daemon><web-monitor>127.0.0.1:15404</web-monitor></daemon>
+  <stores>
+    <store name="s" port="14667">
+      <ume-attributes>
+        <option type="store" name="disk-cache-directory" value="cache"/>
+        <option type="store" name="disk-state-directory" value="state"/>
+      </ume-attributes>
+      <topics>
+        <topic pattern=".*" type="PCRE">
+          <ume-attributes>
+            <option type="store" name="repository-type" value="memory"/>
+            <option type="store" name="repository-allow-receiver-paced-persistence"
+                    value="1"/>
+          </ume-attributes>
+        </topic>
+      </topics>
+    </store>
+  </stores>
+</ume-store>
+"""
+
+
+@pytest.mark.parametrize(("profile", "supported", "late", "warned"), [
+    ("current", True, False, False), ("guide-5.3", True, True, False),
+    ("pre-5.3", False, False, True)])
+def test_store_settings_take_rpp_from_the_profile(profile: str, supported: bool, late: bool,
+                                                  warned: bool, tmp_path: Path) -> None:
+    config = parse_store_config(PROFILE_XML, "s.xml", profile=profile)
+    notes = [w.message for w in config.warnings if "receiver-paced" in w.message]
+    assert bool(notes) == warned
+    if warned:
+        assert "has no effect" in notes[0] and "pre-5.3" in notes[0]
+    settings = runtime.store_settings(config.stores[0], resolver=RESOLVER, base=tmp_path,
+                                      profile=config.profile)
+    assert (settings.rpp_supported, settings.rpp_late_join_unconsumed) == (supported, late)
