@@ -28,6 +28,7 @@ from reference_impl.events import (
     FlightSizeNotification,
     MessageDelivered,
     MessageStable,
+    ReceiverDeregistered,
     SourceDeregistered,
 )
 from reference_impl.repository import StoreFileError, directory_problem, state_file
@@ -102,6 +103,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the application consumes at most R messages per second and "
                         "acknowledges each once consumed (ume_explicit_ack_only 1; default 0: "
                         "at once)")
+    p.add_argument("--deregister", action="store_true",
+                   help="deregister from every store once --count messages were delivered, "
+                        "then exit (SIGUSR1 deregisters at any time; the receiver then goes on "
+                        "receiving without acknowledging)")
     p.set_defaults(handler=cmd_receiver)
 
     p = sub.add_parser("demo", parents=[common],
@@ -359,7 +364,16 @@ def _receiver_out(name: str | None, dedupe: bool) -> tuple[runtime.DeliveryFloor
 
 
 def cmd_receiver(args: argparse.Namespace) -> int:
+    """Run a receiver.  Deregistration (guide "RPP Deregistration") mirrors ``ump source``:
+    SIGUSR1 deregisters at any time and the receiver goes on delivering (the guide: it still
+    receives but no longer acknowledges), saying so when every store confirmed;
+    ``--deregister`` deregisters after ``--count`` deliveries and exits, 0 when every store
+    confirmed within 10 s, else 1."""
     if _topic_refused("receiver", args.topic):
+        return 2
+    if args.deregister and args.count <= 0:
+        print("ump receiver: --deregister needs --count (deregister after that many "
+              "deliveries); SIGUSR1 deregisters at any time", file=sys.stderr)
         return 2
     try:
         client = runtime.load_client(args.config, args.profile)
@@ -378,18 +392,52 @@ def cmd_receiver(args: argparse.Namespace) -> int:
     if args.consume_rate:  # the application acknowledges what it consumed, nothing else
         client = consumer.explicit_ack_only(client)
 
+    status = {"code": 0}
+
     async def setup(host: AioHost) -> None:
         receiver = await runtime.start_receiver(host, args.topic, client, reg_id=args.reg_id)
         writer = runtime.DeliveryLog(out)
         skipped = {"n": 0}
+        left: set[tuple[str, int]] = set()  # (source, store) that confirmed our leaving
+        finishing: list[bool] = []  # --deregister: the leaving has started
+        loop = asyncio.get_running_loop()
+
+        def deregister() -> None:
+            if not host.closed and not receiver.left:
+                print("ump receiver: deregistering from every store", file=sys.stderr,
+                      flush=True)
+                host.call(receiver, lambda now: receiver.deregister())
+
+        async def finish() -> None:  # --deregister: leave after --count deliveries, exit
+            deregister()
+            try:
+                await host.wait_until(lambda: receiver.deregistered, timeout=10)
+            except TimeoutError:
+                print("ump receiver: not every store confirmed the deregistration within "
+                      "10 s", file=sys.stderr)
+                status["code"] = 1
+            host.close()
 
         def handle(core: Any, event: Any) -> None:
             if isinstance(event, MessageDelivered) and floors.seen(event):
                 skipped["n"] += 1
                 return
             writer(core, event)
+            if isinstance(event, ReceiverDeregistered):
+                if event.store is not None:
+                    left.add((event.source, event.store.index))
+                else:
+                    print(f"ump receiver: deregistered from {len(left)} "
+                          f"store{'' if len(left) == 1 else 's'}", file=sys.stderr, flush=True)
             if args.count and writer.count >= args.count:
-                host.close()
+                if not args.deregister:
+                    host.close()
+                elif not finishing:  # once; not from inside this call into the core
+                    finishing.append(True)
+                    loop.call_soon(lambda: host.closed or host.spawn(finish(),
+                                                                     name="ump receiver"))
+        # SIGUSR1: deregister, between two calls into the core
+        loop.add_signal_handler(signal.SIGUSR1, lambda: loop.call_soon(deregister))
         if args.consume_rate:  # deliveries wait for the slow application, then are ACKed
             paced = consumer.PacedConsumer(host, receiver, args.consume_rate,
                                            lambda event: handle(receiver, event))
@@ -399,7 +447,7 @@ def cmd_receiver(args: argparse.Namespace) -> int:
         else:
             runtime.handle_events(host, [receiver], handle)
     try:
-        return _run(setup, args.verbose)
+        return _run(setup, args.verbose) or status["code"]
     finally:
         if out is not sys.stdout:
             out.close()
