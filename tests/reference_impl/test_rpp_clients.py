@@ -12,7 +12,11 @@ whose store no longer holds what it asks for reports the loss and goes on.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +28,7 @@ from reference_impl.deployment import SimDeployment
 from reference_impl.receiver import ReceiverConfig
 from reference_impl.source import SourceConfig
 from reference_impl.store import StoreCore, TopicPolicy, TopicRule
+from tests.reference_impl.loopback import ROOT, loopback
 from wire.lbmc import CfgOpt, CfgScope, Header, LbmcMessage, PregError, UmePreg, cfgopts
 from wire.lbttcp import LbttcpStream
 
@@ -347,3 +352,36 @@ def test_the_profile_and_the_overrides_reach_the_cores() -> None:
     assert not runtime.receiver_config(old).rpp_supported
     assert not runtime.source_config(runtime.load_client(None, "pre-5.3")).rpp_supported
     assert runtime.receiver_config(runtime.load_client(None, "guide-5.3")).rpp_supported
+
+
+# --- the profile through the command line -------------------------------------------------------
+
+
+def test_ump_source_and_receiver_run_under_the_pre53_profile(tmp_path: Path) -> None:
+    with loopback(tmp_path) as lb:
+        cfg = lb.client_config("client.cfg")
+        out = tmp_path / "rcv.jsonl"
+        receiver = lb.start("receiver", "--profile", "pre-5.3", "-c", str(cfg), "--topic",
+                            TOPIC, "--out", str(out), "--count", "20")
+        source = lb.start("source", "--profile", "pre-5.3", "-c", str(cfg), "--topic", TOPIC,
+                          "--count", "100000", "--rate", "200")
+        try:
+            assert receiver.finish(30) == 0, receiver.stderr + source.stderr
+            lines = out.read_text().splitlines()
+            assert len(lines) >= 20 and '"sqn": 0,' in lines[0]
+        finally:
+            receiver.stop()
+            source.stop()
+
+
+@pytest.mark.parametrize("role", ["source", "receiver"])
+def test_ump_clients_refuse_rpp_under_the_pre53_profile_in_one_line(
+        tmp_path: Path, role: str) -> None:
+    cfg = tmp_path / "rpp.cfg"
+    cfg.write_text(f"{role} ume_receiver_paced_persistence 1\n")
+    proc = subprocess.run([sys.executable, "-m", "ump", role, "--profile", "pre-5.3", "-c",
+                           str(cfg), "--topic", TOPIC], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"ump {role}: ") and "profile 'pre-5.3'" in line and "rpp.cfg:1" in line
