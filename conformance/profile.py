@@ -134,8 +134,10 @@ sees the first data message within one registration round and is never short of 
 REFERENCE_RECEIVER = IutProfile(
     name="ump-harness reference receiver", role=Role.RECEIVER,
     launch=("{python}", "-m", "ump", "receiver", "-c", "{lbm_config}", "--topic", "{topic}",
-            "--out", "{deliveries}", "--profile", "{version}"))
-"""This project's receiver; it reports every delivered message in ``{deliveries}``."""
+            "--out", "{deliveries}", "--profile", "{version}"),
+    deregister_signal=signal.SIGUSR1)
+"""This project's receiver; it reports every delivered message in ``{deliveries}`` and
+deregisters on SIGUSR1."""
 
 BUILTIN_PROFILES: dict[str, IutProfile] = {
     "default": REFERENCE_STORE, "store": REFERENCE_STORE, "source": REFERENCE_SOURCE,

@@ -20,9 +20,10 @@ from conformance.suites import (
     registration,
     robustness,
     robustness_clients,
+    rpp,
     rpp_matrix,
     source,
 )
 
 __all__ = ["durability", "flight_size", "proactive", "receiver", "recovery", "registration",
-           "robustness", "robustness_clients", "rpp_matrix", "source"]
+           "robustness", "robustness_clients", "rpp", "rpp_matrix", "source"]
