@@ -57,7 +57,8 @@ def test_junit_lists_every_case_without_failures(
     assert len(cases) == len(all_cases(Role.STORE))
     assert not root.findall(".//failure") and not root.findall(".//error")
     assert {s.get("name") for s in root.findall("testsuite")} == {
-        "registration", "recovery", "robustness", "proactive-retransmit", "durability"}
+        "registration", "recovery", "robustness", "proactive-retransmit", "durability",
+        "rpp-matrix", "rpp"}
 
 
 @pytest.mark.oracle
