@@ -43,7 +43,10 @@ page cache belongs to the kernel), which is the crash the guide's "Persistent St
 Tolerance" and the conformance case DUR-STORE-001 are about.  A power loss or kernel crash can
 still lose the page cache; ``Repository(fsync=True)`` adds an ``fsync`` to every write-out (and
 to the compacted file before it replaces the old one) for that, at the price of one device
-flush per received chunk, so it is off by default.  ``tests/reference_impl/test_durable_ack.py``
+flush per received chunk, so it is off by default.  The one exception is deliberate: an RPP
+source with *ack on reception* (the topic allows it and the source asked, the guide's
+"Acknowledge on Reception") is acknowledged before its messages are written (their write
+delay may still be running).  ``tests/reference_impl/test_durable_ack.py``
 checks the rule at the moment each ACK is written.
 
 Files are the only I/O a core performs, through this class; the store core stays free of

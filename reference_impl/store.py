@@ -87,10 +87,16 @@ docs/semantics.md §1.13, §1.14, §2.1, §2.2).  The rules themselves are
   message is written - after its write delay (the effective ``ume_write_delay``, during
   which the message is held in memory) - unless ack on reception is in effect (the topic
   allows it and the source asked): then at once, and "durable before acknowledged" (see the
-  repository module) deliberately does not hold for that source.  "Receiver Acknowledgement":
-  a message every blocking receiver consumed before its write delay ended is never written
-  (counted, web monitor "Disk Writes Skipped") and its stability ACK goes at once.  Every
-  other stability ACK still waits for its message's write.
+  repository module) deliberately does not hold for that source.  *Choice*: the guide's
+  "Acknowledge on Reception" adds "if the disk write has not already been initiated, UMP does
+  not write the message to disk", the sentence of "Receiver Acknowledgement"; read literally
+  it would keep an acknowledged message out of the disk repository for good, so this store
+  still writes it when its write delay ends, unless every blocking receiver consumed it
+  first.  The guide's flight size is "in both messages and bytes"; a registration carries no
+  message count (``ume_flight_size``), so this store withholds by bytes only.
+  "Receiver Acknowledgement": a message every blocking receiver consumed before its write
+  delay ended is never written (counted, web monitor "Disk Writes Skipped") and its
+  stability ACK goes at once.  Every other stability ACK still waits for its message's write.
 * Release: a message is released when every *blocking* receiver consumed it (cumulative
   ACKs; a new receiver counts as having consumed everything before its first low sequence
   number).  Non-blocking receivers never hold messages back: a slow one is overrun, and its
