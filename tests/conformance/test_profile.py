@@ -39,6 +39,19 @@ def test_a_full_profile_parses() -> None:
     assert source.deregister_signal is not None and source.deregister_signal.name == "SIGUSR2"
 
 
+def test_pre53_version_and_the_rpp_topics_of_a_store_at_an_address() -> None:
+    """``version = "pre-5.3"`` declares an IUT from before RPP (any role); a store reached at an
+    address names its RPP and non-RPP topics (the rpp-matrix suite's 5.3 columns)."""
+    for role in ("store", "source", "receiver"):
+        assert parse_profile({"iut": {"role": role, "launch": "x", "version": "pre-5.3"}},
+                             "p.toml").version == "pre-5.3"
+    p = parse_profile({"iut": {"role": "store", "address": "10.0.0.5:14567",
+                               "rpp_topic": "conform.rpp", "spp_topic": "conform.spp"}}, "p.toml")
+    assert (p.rpp_topic, p.spp_topic) == ("conform.rpp", "conform.spp")
+    plain = parse_profile({"iut": {"role": "store", "address": "h:1"}}, "p.toml")
+    assert (plain.rpp_topic, plain.spp_topic) == (None, None)
+
+
 @pytest.mark.parametrize("data, message", [
     ({}, "needs an [iut] table"),
     ({"iut": {"role": "broker", "address": "h:1"}}, "role must be one of"),
@@ -61,6 +74,15 @@ def test_a_full_profile_parses() -> None:
     ({"iut": {"role": "source", "launch": "s", "deregister_signal": "USR9"}}, "not a signal"),
     ({"iut": {"role": "store", "launch": "x", "deregister_signal": "SIGUSR1"}},
      "for a source or receiver"),
+    ({"iut": {"role": "store", "launch": "x", "rpp_topic": "a"}},
+     "rpp_topic is for a store IUT reached at an address"),
+    ({"iut": {"role": "source", "launch": "x", "spp_topic": "a"}},
+     "spp_topic is for a store IUT reached at an address"),
+    ({"iut": {"role": "store", "address": "h:1", "rpp_topic": " a"}}, "topic name prefix"),
+    ({"iut": {"role": "store", "address": "h:1", "spp_topic": 3}}, "topic name prefix"),
+    ({"iut": {"role": "store", "address": "h:1", "rpp_topic": "a", "spp_topic": "a"}},
+     "must differ"),
+    ({"iut": {"role": "store", "address": "h:1", "rpp_topc": "a"}}, "did you mean 'rpp_topic'"),
 ])
 def test_profile_mistakes_are_named(data: dict[str, object], message: str) -> None:
     with pytest.raises(ProfileError, match=message.replace("[", r"\[").replace("{", r"\{")):
