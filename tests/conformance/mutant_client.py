@@ -251,6 +251,83 @@ def no_consumption_ack() -> None:
     ReceiverCore._send_ack_to = lambda self, store, sqn: None  # type: ignore[method-assign]
 
 
+# --- receiver-paced persistence (guide "Receiver-paced Persistence Operations") ----------------
+
+
+def source_omits_overrides() -> None:
+    """An RPP source that sets the RPP flag but sends none of its overrides (guide "RPP
+    Registration", "Implementing RPP": the source's ``ume_flight_size_bytes``,
+    ``ume_repository_size_threshold`` ... travel with its registration, docs/semantics.md §2.2,
+    docs/wire-lbmc.md §2.3)."""
+    source.rpp.source_options = lambda config: []
+
+
+def source_ignores_rpp_ack() -> None:
+    """An RPP source that takes a grant without the RPP flag for a good one: no "Granted -
+    Source Error" (the guide's "UMP Version RPP Compatibility Matrix", 5.3 RPP source with a
+    pre-5.3 store; docs/semantics.md §2.1)."""
+    SourceCore._rpp_not_acknowledged = lambda self, link: None  # type: ignore[method-assign]
+
+
+def pre53_sets_rpp_flag() -> None:
+    """A pre-5.3 source (profile ``pre-5.3``) that still sets the RPP flag in its PREG (a
+    product before 5.3 knows nothing of RPP: the matrix's "Pre-ver. 5.3" rows)."""
+    preg = SourceCore._preg
+
+    def patched(self: SourceCore, link: StoreLink, deregister: bool = False) -> Any:
+        header = preg(self, link, deregister)
+        if not self.config.rpp_supported:
+            header.w_flag = 1
+        return header
+    SourceCore._preg = patched  # type: ignore[method-assign]
+
+
+def receiver_ignores_rpp_ack() -> None:
+    """An RPP receiver that takes a grant without the RPP flag for a good one: no "Granted -
+    Receiver Error" (the guide's "UMP Version RPP Compatibility Matrix", 5.3 RPP receiver with
+    a pre-5.3 store; docs/semantics.md §2.1)."""
+    ReceiverCore._rpp_not_acknowledged = lambda self, reg: None  # type: ignore[method-assign]
+
+
+def receiver_nonblocking_as_blocking() -> None:
+    """A non-blocking RPP receiver (``ume_receiver_paced_persistence`` 2) that registers as a
+    blocking one: the RPP flag without its ``ume_receiver_paced_persistence 2`` option
+    (docs/semantics.md §1.13; docs/wire-lbmc.md §2.3), so the store waits for it."""
+    receiver.receiver_options = lambda mode: []
+
+
+def receiver_acks_after_deregistration() -> None:
+    """A receiver that goes on acknowledging consumption and keeping its stores alive after it
+    deregistered (guide "RPP Deregistration": receivers "can still receive messages after
+    deregistering, but cannot acknowledge message consumption")."""
+    def unguarded(original: Callable[..., Any]) -> Callable[..., Any]:
+        def patched(self: ReceiverCore, *args: Any) -> Any:
+            saved = self.deregistering, self.deregistered
+            self.deregistering = self.deregistered = False
+            try:
+                return original(self, *args)
+            finally:
+                self.deregistering, self.deregistered = saved
+        return patched
+    for name in ("_send_acks", "_send_ack_to", "_keepalive", "_arm_ack_timers"):
+        setattr(ReceiverCore, name, unguarded(getattr(ReceiverCore, name)))
+    left_store = ReceiverCore._left_store
+
+    def still_counted(self: ReceiverCore, reg: Any, *, confirmed: bool) -> None:
+        left_store(self, reg, confirmed=confirmed)
+        reg.registered = True  # so its ACKs and keepalives still go there
+    ReceiverCore._left_store = still_counted  # type: ignore[method-assign]
+    deregister = ReceiverCore.deregister
+
+    def deregister_keeping_timers(self: ReceiverCore) -> None:
+        deregister(self)
+        for st in list(self.sessions.values()):
+            self._use(st)
+            self._arm_ack_timers()
+        self._rest()
+    ReceiverCore.deregister = deregister_keeping_timers  # type: ignore[method-assign]
+
+
 MUTANTS: dict[str, tuple[str, Callable[[], None]]] = {
     "ignores-store-sqn": ("source", ignores_store_sqn),
     "sends-before-quorum": ("source", sends_before_quorum),
@@ -277,6 +354,12 @@ MUTANTS: dict[str, tuple[str, Callable[[], None]]] = {
     "hasty-rerequest": ("receiver", hasty_rerequest),
     "no-consumption-ack": ("receiver", no_consumption_ack),
     "delivers-unrequested-rx": ("receiver", delivers_unrequested_rx),
+    "source-omits-overrides": ("source", source_omits_overrides),
+    "source-ignores-rpp-ack": ("source", source_ignores_rpp_ack),
+    "pre53-sets-rpp-flag": ("source", pre53_sets_rpp_flag),
+    "receiver-ignores-rpp-ack": ("receiver", receiver_ignores_rpp_ack),
+    "receiver-nonblocking-as-blocking": ("receiver", receiver_nonblocking_as_blocking),
+    "receiver-acks-after-deregistration": ("receiver", receiver_acks_after_deregistration),
 }
 
 

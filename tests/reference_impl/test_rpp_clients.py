@@ -12,6 +12,7 @@ whose store no longer holds what it asks for reports the loss and goes on.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -385,3 +386,91 @@ def test_ump_clients_refuse_rpp_under_the_pre53_profile_in_one_line(
     assert proc.returncode == 2
     (line,) = proc.stderr.splitlines()
     assert line.startswith(f"ump {role}: ") and "profile 'pre-5.3'" in line and "rpp.cfg:1" in line
+
+
+# --- the RPP client mutants of tests/conformance/mutant_client.py break what they say ---------
+
+
+def _scenario_source_omits_overrides() -> object:
+    d = SimDeployment(seed=3)
+    store = add_store(d)
+    d.add_source("src", TOPIC, **RPP_SOURCE, ume_repository_size_threshold=900)
+    d.run(2)
+    (message,) = pregs(d, store, source=True)
+    return [preg_of(message).w_flag, len(cfgopts(message))]
+
+
+def _scenario_ignores_rpp_ack(role: str) -> object:
+    d = SimDeployment(seed=3)
+    add_store(d, rpp_supported=False)
+    d.add_source("src", TOPIC, **(RPP_SOURCE if role == "source" else {}))
+    if role == "receiver":
+        d.add_receiver("rcv", TOPIC, ume_receiver_paced_persistence=1)
+    d.run(5)
+    return len(d.events("src" if role == "source" else "rcv", ev.RppNotAcknowledged))
+
+
+def _scenario_pre53_sets_rpp_flag() -> object:
+    d = SimDeployment(seed=3)
+    store = add_store(d)
+    d.add_source("src", TOPIC, rpp_supported=False)
+    d.run(2)
+    return [preg_of(m).w_flag for m in pregs(d, store, source=True)]
+
+
+def _scenario_nonblocking_as_blocking() -> object:
+    d = SimDeployment(seed=3)
+    store = add_store(d)
+    d.add_source("src", TOPIC, **RPP_SOURCE)
+    d.add_receiver("rcv", TOPIC, ume_receiver_paced_persistence=2)
+    d.run(5)
+    return [[o.name, o.value] for m in pregs(d, store, source=False) for o in cfgopts(m)]
+
+
+def _scenario_acks_after_deregistration() -> object:
+    d = SimDeployment(seed=3)
+    store = add_store(d)
+    src = d.add_source("src", TOPIC)
+    rcv = d.add_receiver("rcv", TOPIC)
+    d.run(5)
+    src.send(b"before")
+    d.run(2)
+    rcv.deregister()
+    d.run(2)
+    count = len(d.net.trace)
+    src.send(b"after")
+    d.run(10)
+    acks = 0
+    for packet in d.net.trace[count:]:
+        if packet.proto == "tcp" and packet.kind == "data" and packet.dst == store.addr \
+                and packet.src[0] == d.ips["rcv"]:
+            acks += 1
+    return acks
+
+
+SCENARIOS: dict[str, tuple[Callable[[], object], object]] = {
+    "source-omits-overrides": (_scenario_source_omits_overrides, [1, 2]),
+    "source-ignores-rpp-ack": (lambda: _scenario_ignores_rpp_ack("source"), 1),
+    "receiver-ignores-rpp-ack": (lambda: _scenario_ignores_rpp_ack("receiver"), 1),
+    "pre53-sets-rpp-flag": (_scenario_pre53_sets_rpp_flag, [0]),
+    "receiver-nonblocking-as-blocking": (_scenario_nonblocking_as_blocking,
+                                         [[rpp.RPP_OPTION, "2"]]),
+    "receiver-acks-after-deregistration": (_scenario_acks_after_deregistration, 0),
+}
+"""Mutant name -> (a scenario observing the rule it breaks, what the reference shows)."""
+
+
+@pytest.mark.parametrize("mutant", sorted(SCENARIOS))
+def test_each_rpp_client_mutant_breaks_its_rule(mutant: str) -> None:
+    scenario, reference = SCENARIOS[mutant]
+    assert scenario() == reference
+    code = ("import json, sys\n"
+            f"sys.path.insert(0, {str(ROOT / 'tests' / 'conformance')!r})\n"
+            "import mutant_client\n"
+            f"mutant_client.MUTANTS[{mutant!r}][1]()\n"
+            "from tests.reference_impl import test_rpp_clients as t\n"
+            f"print(json.dumps(t.SCENARIOS[{mutant!r}][0]()))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) != reference
