@@ -1,8 +1,9 @@
-"""Store throughput and recovery rate: ``python -m benchmarks.store [--quick] [--json PATH]``.
+"""Store throughput (SPP and RPP) and recovery rate:
+``python -m benchmarks.store [--quick] [--json PATH]``.
 
-Three figures, each on real loopback sockets, with the store daemon in its own process
-(``python -m ump store -c store.xml``, a generated XML) so that the store and the
-application do not share one interpreter's core:
+Four figures (the fourth, **rpp**, below), each on real loopback sockets, with the store
+daemon in its own process (``python -m ump store -c store.xml``, a generated XML) so that the
+store and the application do not share one interpreter's core:
 
 * **memory** and **disk** throughput: one source (in this process) sends N 64-byte messages
   to one store, ``ume_flight_size`` large enough never to block; the clock runs from the first
@@ -29,6 +30,17 @@ Ports: store 14767, resolver 15480 by default (not the product defaults, so a ru
 does not interfere); ``--store-port`` and ``--resolver-port`` move them, so the benchmark can run
 beside tests that use fixed ports.  The source takes its ports from the reference runtime's
 ranges (the first free ones).  ``--only memory,disk`` measures some of the figures.
+
+**rpp** (receiver-paced persistence, guide "RPP Normal Operations", docs/semantics.md §1.13),
+measured in the same run beside the SPP **memory** figure: a memory repository whose topic
+allows RPP, an RPP source (``ume_flight_size_bytes`` :data:`RPP_FLIGHT_BYTES`, the topic
+allowing as much, size threshold twice and size limit four times that) and two *blocking* RPP
+receivers that consume and acknowledge as fast as they can (default ACK batching).  The
+receivers register before the first message (an RPP receiver registering later gets nothing
+sent before it) and run in this process, beside the source, so the figure includes their work
+in the client's CPU; the clock runs until every message is stable *and* both receivers have
+it.  The store keeps each message until both receivers consumed it, so it holds more and
+acknowledges only while a flight's room is left; the printed RPP/SPP ratio is what that costs.
 """
 
 from __future__ import annotations
@@ -62,12 +74,15 @@ PAYLOAD_SIZE = 64
 FLIGHT_SIZE = 100_000
 OUTSTANDING_REQUESTS = 4000
 
-TARGETS = {"memory": 100_000.0, "disk": 50_000.0, "recovery": 100_000.0}
-"""Messages per second the issue asks for, per figure."""
+TARGETS = {"memory": 100_000.0, "disk": 50_000.0, "recovery": 100_000.0, "rpp": 100_000.0}
+"""Messages per second the issue asks for, per figure (RPP: the memory figure's)."""
 
 DEFAULT_COUNTS = {"throughput": 200_000, "recovery": 1_000_000}
 QUICK_COUNTS = {"throughput": 20_000, "recovery": 50_000}
-FIGURES = ("memory", "disk", "recovery")
+FIGURES = ("memory", "disk", "recovery", "rpp")
+RPP_FLIGHT_BYTES = FLIGHT_SIZE * PAYLOAD_SIZE
+"""The RPP source's ``ume_flight_size_bytes``: as many messages as the SPP source's flight."""
+RPP_RECEIVERS = 2
 
 
 @dataclass(frozen=True)
@@ -82,19 +97,26 @@ class BenchError(Exception):
     """The store process could not be started; printed without a traceback."""
 
 
-def store_xml(repository: str, port: int = STORE_PORT) -> str:
-    """The umestored configuration of one store whose ``bench.*`` topics use ``repository``."""
+def store_xml(repository: str, port: int = STORE_PORT, *, rpp: bool = False) -> str:
+    """The umestored configuration of one store whose ``bench.*`` topics use ``repository``
+    (``rpp``: allowing receiver-paced persistence, sized for :data:`RPP_FLIGHT_BYTES`)."""
+    topic: dict[str, str | int] = {} if not rpp else {
+        "repository-allow-receiver-paced-persistence": 1,
+        "source-flight-size-bytes-maximum": RPP_FLIGHT_BYTES,
+        "repository-size-threshold": 2 * RPP_FLIGHT_BYTES,
+        "repository-size-limit": 4 * RPP_FLIGHT_BYTES}
     return disk_store_xml("bench-store", port, r"bench\..*", repository=repository,
-                          store_options={"retransmission-request-processing-rate": 10_000_000})
+                          store_options={"retransmission-request-processing-rate": 10_000_000},
+                          topic_options=topic)
 
 
 @contextlib.contextmanager
 def store_process(workdir: Path, repository: str, *, port: int = STORE_PORT,
-                  resolver_port: int = RESOLVER_PORT,
-                  timeout: float = 20.0) -> Iterator[subprocess.Popen[bytes]]:
+                  resolver_port: int = RESOLVER_PORT, timeout: float = 20.0,
+                  rpp: bool = False) -> Iterator[subprocess.Popen[bytes]]:
     """Run ``ump store`` in ``workdir`` until the block ends; wait for its ready line first."""
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "store.xml").write_text(store_xml(repository, port))
+    (workdir / "store.xml").write_text(store_xml(repository, port, rpp=rpp))
     log_path = workdir / "store.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
@@ -234,6 +256,48 @@ async def _throughput(name: str, count: int, limit: float, ports: Ports = Ports(
     return Figure(name, count, completed, seconds, TARGETS[name], client_cpu, store_cpu)
 
 
+async def _rpp_throughput(count: int, limit: float, ports: Ports = Ports(),
+                          store_pid: int | None = None) -> Figure:
+    """The **rpp** figure (module docstring)."""
+    meter = _CpuMeter(store_pid)
+    topic = "bench.rpp"
+    async with AioHost() as host:
+        await runtime.run_resolver(host, ("127.0.0.1", ports.resolver))
+        delivered = [0] * RPP_RECEIVERS
+        receivers = []
+        for i in range(RPP_RECEIVERS):
+            receiver = await runtime.start_receiver(host, topic, _client(ports, receiver={
+                "ume_receiver_paced_persistence": 1}))
+
+            def tally(core: Any, event: Event, i: int = i) -> None:
+                if isinstance(event, MessageDelivered):
+                    delivered[i] += 1
+            runtime.handle_events(host, [receiver], tally)
+            receivers.append(receiver)
+        source = await runtime.start_source(host, topic, _client(ports, source={
+            "ume_store": [f"127.0.0.1:{ports.store}"], "ume_flight_size": FLIGHT_SIZE,
+            "ume_receiver_paced_persistence": 1, "ume_flight_size_bytes": RPP_FLIGHT_BYTES}))
+        runtime.handle_events(host, [source], lambda core, event: None)
+        try:
+            await host.wait_until(lambda: source.complete and all(r.complete for r in receivers),
+                                  timeout=20)
+        except TimeoutError:
+            raise BenchError(f"rpp: the source and {RPP_RECEIVERS} RPP receivers did not all "
+                             f"register with the store on port {ports.store} within 20 s") \
+                from None
+        meter.start()
+        start = time.perf_counter()
+        await runtime.send_messages(host, source, count, size=PAYLOAD_SIZE, timeout=limit)
+        with contextlib.suppress(TimeoutError):
+            await host.wait_until(lambda: _fully_stable(source, count)
+                                  and min(delivered) >= count,
+                                  timeout=max(0.1, limit - (time.perf_counter() - start)))
+        seconds = time.perf_counter() - start
+        client_cpu, store_cpu = meter.stop()
+        completed = min(count, source.stats["stable"], *delivered)
+    return Figure("rpp", count, completed, seconds, TARGETS["rpp"], client_cpu, store_cpu)
+
+
 async def _recovery(count: int, limit: float, ports: Ports = Ports(),
                     store_pid: int | None = None) -> Figure:
     meter = _CpuMeter(store_pid)
@@ -278,26 +342,34 @@ def run(*, quick: bool = False, throughput_count: int | None = None,
     m = recovery_count or counts["recovery"]
     figures = []
     with tempfile.TemporaryDirectory(prefix="ump-bench-store-") as tmp:
-        for name in ("memory", "disk", "recovery"):
+        for name in FIGURES:
             if name not in only:
                 continue
-            repository = "memory" if name == "recovery" else name
+            repository = "disk" if name == "disk" else "memory"
             with store_process(Path(tmp) / name, repository, port=ports.store,
-                               resolver_port=ports.resolver) as proc:
+                               resolver_port=ports.resolver, rpp=name == "rpp") as proc:
                 measure = _recovery(m, limit, ports, proc.pid) if name == "recovery" else \
+                    _rpp_throughput(n, limit, ports, proc.pid) if name == "rpp" else \
                     _throughput(name, n, limit, ports, proc.pid)
                 try:
                     figures.append(asyncio.run(measure))
                 except HostError as exc:  # the resolver port is taken, typically
                     raise BenchError(str(exc)) from None
             print(_line(figures[-1]), flush=True)
+    by_name = {f.name: f for f in figures}
+    if "rpp" in by_name and "memory" in by_name and by_name["memory"].per_second:
+        spp, rpp = by_name["memory"], by_name["rpp"]
+        print(f"{'RPP / SPP, memory repository':<38} {rpp.per_second:,.0f} / "
+              f"{spp.per_second:,.0f} msg/s = ratio {rpp.per_second / spp.per_second:.2f} "
+              f"(RPP: {RPP_RECEIVERS} blocking receivers in the client process)", flush=True)
     return figures
 
 
 def _line(fig: Figure) -> str:
     label = {"memory": "source -> store, memory repository",
              "disk": "source -> store, disk repository",
-             "recovery": "receiver recovery from the store"}[fig.name]
+             "recovery": "receiver recovery from the store",
+             "rpp": f"RPP source -> store, {RPP_RECEIVERS} blocking rcvs"}[fig.name]
     done = "" if fig.finished else f"  (time limit: {fig.completed:,}/{fig.count:,} done)"
     client, store = fig.cpu_per_message("client"), fig.cpu_per_message("store")
     cpu = "" if client is None else \
@@ -310,7 +382,8 @@ def _line(fig: Figure) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.store",
-                                     description="Store throughput and recovery rate.")
+                                     description="Store throughput (SPP and RPP) and recovery "
+                                                 "rate.")
     parser.add_argument("--quick", action="store_true",
                         help="20,000 messages for throughput, 50,000 for recovery")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON here")
