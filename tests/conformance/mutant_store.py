@@ -97,6 +97,209 @@ def acks_before_writing() -> None:
     Repository.close = closing  # type: ignore[method-assign]
 
 
+# --- receiver-paced persistence (reference_impl/store.py, "Receiver-paced persistence") ----------
+
+
+def grants_rpp_not_allowed() -> None:
+    """Grants an RPP source on a topic that does not allow RPP (``repository-allow-receiver-
+    paced-persistence`` 0; docs/semantics.md §2.1: refused)."""
+    import dataclasses
+
+    from reference_impl.store import StoreSettings, TopicPolicy
+
+    policy_for = StoreSettings.policy_for
+
+    def patched(self: StoreSettings, topic: str) -> TopicPolicy | None:
+        policy = policy_for(self, topic)
+        if policy is None:
+            return None
+        return dataclasses.replace(policy, repository_allow_receiver_paced_persistence=1)
+    StoreSettings.policy_for = patched  # type: ignore[method-assign]
+
+
+def releases_on_any_ack() -> None:
+    """Releases an RPP message once ANY blocking receiver consumed it, though another blocking
+    receiver still needs it (the guide: held until every RPP receiver acknowledged it)."""
+    from reference_impl.rpp import BLOCKING
+    from reference_impl.store import SourceState
+
+    release = StoreCore._rpp_release
+
+    def patched(self: StoreCore, src: SourceState) -> None:
+        blocking = [r for r in src.receivers.values() if r.rpp == BLOCKING]
+        known = [c for c in (r.consumed() for r in blocking) if c is not None]
+        saved = [(r, r.floor) for r in blocking]
+        for r in blocking if known else ():
+            r.floor = max(known)  # everyone counts as far as the furthest one
+        try:
+            release(self, src)
+        finally:
+            for r, floor in saved:
+                r.floor = floor
+    StoreCore._rpp_release = patched  # type: ignore[method-assign]
+
+
+def ignores_override_maximum() -> None:
+    """Grants RPP overrides above the topic's maximum (docs/semantics.md §2.2: refused), the
+    consistency rules still checked."""
+    import dataclasses
+
+    from reference_impl import store
+    from reference_impl.rpp import OVERRIDES, RppValues
+
+    effective = store.effective_values
+
+    def patched(policy: Any, requested: Any, *, disk: bool) -> RppValues:
+        raised = dataclasses.replace(policy, **{
+            o.policy_field: max(getattr(policy, o.policy_field), requested.get(o.option, 0))
+            for o in OVERRIDES if not o.flag})
+        return effective(raised, requested, disk=disk)
+    store.effective_values = patched
+
+
+def ignores_consistency() -> None:
+    """Grants RPP values that are inconsistent (threshold above the limit, the limit above
+    90 % of the disk file limit, the threshold not above the flight size; docs/semantics.md
+    §2.2: refused)."""
+    import dataclasses
+
+    from reference_impl import store
+    from reference_impl.rpp import BY_OPTION, RppRefused, RppValues, store_values
+
+    effective = store.effective_values
+
+    def patched(policy: Any, requested: Any, *, disk: bool) -> RppValues:
+        try:
+            return effective(policy, requested, disk=disk)
+        except RppRefused as exc:
+            if not str(exc).startswith("inconsistent"):
+                raise
+            return dataclasses.replace(store_values(policy), **{
+                BY_OPTION[name].field: value for name, value in requested.items()})
+    store.effective_values = patched
+
+
+def accepts_changed_rpp_values() -> None:
+    """Grants an RPP source's re-registration with values other than its first registration's
+    (docs/semantics.md §2.1: refused); the repository keeps its old values."""
+    from reference_impl import store
+
+    refusal = store.reregistration_refusal
+
+    def patched(**kw: Any) -> str | None:
+        kw.pop("old_values", None)
+        kw.pop("new_values", None)
+        return refusal(**kw)
+    store.reregistration_refusal = patched
+
+
+def acks_rpp_without_room() -> None:
+    """Never withholds an RPP stability ACK, however little room is left below the size limit
+    (the guide's "RPP Normal Operations": withheld while less than one flight size is left)."""
+    StoreCore._room = lambda self, src: True  # type: ignore[method-assign]
+
+
+def writes_despite_consumed() -> None:
+    """Writes a delayed RPP message to disk even when every receiver consumed it before its
+    write delay ended (the guide's "Receiver Acknowledgement": it is never written)."""
+    from reference_impl.repository import Repository
+
+    release = Repository.release_through
+
+    def patched(self: Repository, sqn: int) -> list[int]:
+        for early in [s for s in self._delayed if s <= sqn]:
+            del self._delayed[early]
+            self._append(early, self._mem[early][0])
+        self.sync()
+        return release(self, sqn)
+    Repository.release_through = patched  # type: ignore[method-assign]
+
+
+def blocking_is_non_blocking() -> None:
+    """Treats non-blocking RPP receivers as blocking ones: they hold messages back (docs/
+    semantics.md §1.13: only blocking receivers do; a slow non-blocking one is overrun)."""
+    from reference_impl.rpp import BLOCKING, NON_BLOCKING
+    from reference_impl.store import SourceState
+
+    def holding(method: Callable[..., None]) -> Callable[..., None]:
+        def patched(self: StoreCore, src: SourceState, *args: Any) -> None:
+            flipped = [r for r in src.receivers.values() if r.rpp == NON_BLOCKING]
+            for r in flipped:
+                r.rpp = BLOCKING
+            try:
+                method(self, src, *args)
+            finally:
+                for r in flipped:
+                    r.rpp = NON_BLOCKING
+        return patched
+    StoreCore._rpp_release = holding(StoreCore._rpp_release)  # type: ignore[method-assign]
+    StoreCore._rpp_received = holding(StoreCore._rpp_received)  # type: ignore[method-assign]
+
+
+def late_receiver_gets_history() -> None:
+    """Starts a late RPP receiver at the oldest message held under the current profile too
+    (the current docs: nothing sent before its first registration; docs/semantics.md §1.14)."""
+    settings = runtime.store_settings
+
+    def patched(*args: Any, **kw: Any) -> Any:
+        import dataclasses
+
+        return dataclasses.replace(settings(*args, **kw), rpp_late_join_unconsumed=True)
+    runtime.store_settings = patched
+
+
+def forgets_early_exiter() -> None:
+    """Deletes an RPP receiver, and the messages held for it, when its activity timeout
+    expires instead of when its state lifetime does (the guide's "Early Exiting Receiver")."""
+    from reference_impl.store import ReceiverState
+
+    lifetime_over = ReceiverState.lifetime_over
+
+    def patched(self: ReceiverState, now: float) -> bool:
+        if self.rpp:
+            return now - self.last_activity > self.activity_timeout
+        return lifetime_over(self, now)
+    ReceiverState.lifetime_over = patched  # type: ignore[method-assign, assignment]
+
+
+def keeps_deregistered_receiver() -> None:
+    """Answers an RPP receiver's deregistration but still waits for its ACKs: what it had not
+    consumed is never released (the guide's "RPP Deregistration": the number of ACKs
+    required is updated)."""
+    from reference_impl.store import Client, ReceiverState
+
+    delete = StoreCore._delete_client
+
+    def patched(self: StoreCore, client: Client, reason: str) -> None:
+        if not (isinstance(client, ReceiverState) and client.rpp and reason == "deregistered"):
+            delete(self, client, reason)
+            return
+        src = self.sources.get(client.source_reg_id)
+        self._rpp_release = lambda src: None  # type: ignore[method-assign]
+        try:
+            delete(self, client, reason)
+        finally:
+            del self._rpp_release
+        if src is not None:
+            src.receivers[client.reg_id] = client  # a ghost the release still waits for
+    StoreCore._delete_client = patched  # type: ignore[method-assign]
+
+
+def keeps_deregistered_source_messages() -> None:
+    """Answers an RPP source's deregistration but keeps its state and retained messages, so
+    its receivers still recover them (the guide's "RPP Deregistration": deleted at once)."""
+    from reference_impl.store import Client, SourceState
+
+    deregister = StoreCore._deregister
+
+    def patched(self: StoreCore, conn: Any, preg: Any, client: Client | None) -> None:
+        if isinstance(client, SourceState) and client.rpp:
+            self._respond(conn, preg, reg_id=client.reg_id)
+            return
+        deregister(self, conn, preg, client)
+    StoreCore._deregister = patched  # type: ignore[method-assign]
+
+
 MUTANTS: dict[str, Callable[[], None]] = {
     "grants-active-regid": grants_active_regid,
     "forgets-old-flag": forgets_old_flag,
@@ -104,6 +307,18 @@ MUTANTS: dict[str, Callable[[], None]] = {
     "ignores-rate-limit": ignores_rate_limit,
     "drops-duplicate": drops_duplicate,
     "acks-before-writing": acks_before_writing,
+    "grants-rpp-not-allowed": grants_rpp_not_allowed,
+    "releases-on-any-ack": releases_on_any_ack,
+    "ignores-override-maximum": ignores_override_maximum,
+    "ignores-consistency": ignores_consistency,
+    "accepts-changed-rpp-values": accepts_changed_rpp_values,
+    "acks-rpp-without-room": acks_rpp_without_room,
+    "writes-despite-consumed": writes_despite_consumed,
+    "blocking-is-non-blocking": blocking_is_non_blocking,
+    "late-receiver-gets-history": late_receiver_gets_history,
+    "forgets-early-exiter": forgets_early_exiter,
+    "keeps-deregistered-receiver": keeps_deregistered_receiver,
+    "keeps-deregistered-source-messages": keeps_deregistered_source_messages,
 }
 
 
