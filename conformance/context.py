@@ -52,6 +52,11 @@ class CaseContext(Protocol):
         ...
 
     @property
+    def web_monitor(self) -> Addr | None:
+        """Where the store IUT's web monitor listens (profile ``web_monitor``), else None."""
+        ...
+
+    @property
     def client_iut(self) -> ClientUnderTest:
         """The source or receiver IUT (source and receiver cases only)."""
         ...

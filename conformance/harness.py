@@ -82,6 +82,11 @@ class Harness:
         return self.iut.addr
 
     @property
+    def web_monitor(self) -> Addr | None:
+        """Where the store IUT's web monitor listens (a profile with ``web_monitor``)."""
+        return self.iut.web_monitor if isinstance(self.iut, StoreUnderTest) else None
+
+    @property
     def client_iut(self) -> ClientUnderTest:
         if not isinstance(self.iut, ClientUnderTest):
             raise HarnessError("the case needs a source or receiver IUT")

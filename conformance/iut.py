@@ -209,6 +209,9 @@ class StoreUnderTest(IutProcess):
             self.addr: Addr = profile.address
         else:
             self.addr = ("127.0.0.1", free_port())
+        self.web_monitor: Addr | None = \
+            ("127.0.0.1", free_port()) if profile.web_monitor and profile.launches else None
+        """Where the store's web monitor listens (profile ``web_monitor``), else None."""
 
     # --- configuration ------------------------------------------------------------------------
 
@@ -224,7 +227,9 @@ class StoreUnderTest(IutProcess):
         xml = store_daemon_xml([StoreXml("conformance-store", self.addr[1], self.addr[0],
                                          options=store,
                                          topics=[TopicXml(TOPIC_PATTERN, topic)])],
-                               lbm_config="lbm.cfg")
+                               lbm_config="lbm.cfg",
+                               web_monitor=None if self.web_monitor is None else
+                               f"{self.web_monitor[0]}:{self.web_monitor[1]}")
         path = self.workdir / "store.xml"
         path.write_text(xml)
         return path

@@ -38,6 +38,10 @@ runs in its work directory (``<out>/iut/<n>/``), where the files the harness wri
 deregister from its stores (``lbm_src_ume_deregister``); the deregistration cases are
 unsupported without it.
 
+``web_monitor = true`` (a launched store) has the harness give the store a ``<web-monitor>``
+on a free port in its XML; cases that judge what only the store's own statistics show (the
+RPP suite's skipped disk writes) read its JSON pages there and do not judge it without one.
+
 A store IUT may also be reached at an ``address``; a source or receiver IUT must be launched,
 because its configuration names the peers the harness plays for the case.
 
@@ -108,6 +112,7 @@ class IutProfile:
     source: str = "<built-in>"
     rpp_topic: str | None = None
     spp_topic: str | None = None
+    web_monitor: bool = False
 
     @property
     def launches(self) -> bool:
@@ -120,8 +125,9 @@ class IutProfile:
 REFERENCE_STORE = IutProfile(
     name="ump-harness reference store", role=Role.STORE,
     launch=("{python}", "-m", "ump", "store", "-c", "{config}", "--profile", "{version}"),
-    ready="ready to accept registrations")
-"""The default IUT: this project's store, started per case like any third-party store."""
+    ready="ready to accept registrations", web_monitor=True)
+"""The default IUT: this project's store, started per case like any third-party store (with
+its web monitor)."""
 
 REFERENCE_SOURCE = IutProfile(
     name="ump-harness reference source", role=Role.SOURCE,
@@ -145,7 +151,7 @@ BUILTIN_PROFILES: dict[str, IutProfile] = {
 """Profile names ``--iut`` accepts besides a file: the reference implementation's processes."""
 
 _IUT_KEYS = ("name", "role", "version", "launch", "address", "ready", "start_timeout",
-             "stop_signal", "deregister_signal", "rpp_topic", "spp_topic")
+             "stop_signal", "deregister_signal", "rpp_topic", "spp_topic", "web_monitor")
 _CASE_KEYS = ("skip", "known_failure", "reason")
 
 
@@ -220,6 +226,12 @@ def parse_profile(data: Mapping[str, Any], source: str = "<profile>") -> IutProf
         if role == Role.STORE:
             raise ProfileError(f"{where}: deregister_signal is for a source or receiver IUT")
         deregister_signal = _signal(where, "deregister_signal", iut["deregister_signal"])
+    web_monitor = iut.get("web_monitor", False)
+    if not isinstance(web_monitor, bool):
+        raise ProfileError(f"{where}: web_monitor must be true or false")
+    if web_monitor and (role is not Role.STORE or launch is None):
+        raise ProfileError(f"{where}: web_monitor is for a launched store IUT (the harness "
+                           f"writes its <web-monitor> into the store's XML)")
     ready = iut.get("ready")
     if ready is not None and not isinstance(ready, str):
         raise ProfileError(f"{where}: ready must be a text")
@@ -258,7 +270,7 @@ def parse_profile(data: Mapping[str, Any], source: str = "<profile>") -> IutProf
                       address=address, ready=ready, start_timeout=float(timeout),
                       stop_signal=stop_signal, deregister_signal=deregister_signal,
                       cases=cases, source=source, rpp_topic=topics["rpp_topic"],
-                      spp_topic=topics["spp_topic"])
+                      spp_topic=topics["spp_topic"], web_monitor=web_monitor)
 
 
 def _signal(where: str, key: str, name: object) -> signal.Signals:

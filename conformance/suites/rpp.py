@@ -33,9 +33,10 @@ What a black box shows and what it does not:
 * *acknowledged on reception*: the stability ACK comes (memory), and for a disk topic with a
   long write delay it comes long before the delay ends; whether the message was written to
   disk is not visible on the wire;
-* *write delay skips the disk*: only a store's own statistics show it (the reference store's
-  web monitor counts skipped disk writes); the harness reaches no web monitor of the IUT, so
-  that case is ``unsupported`` until a profile can name one.
+* *write delay skips the disk*: only a store's own statistics show it; with a profile that
+  gives the store a web monitor (``web_monitor = true``, the reference store's profile) the
+  case reads its JSON count of skipped disk writes, without one that part is noted, not
+  judged (the stability ACK right after the consumption is judged either way).
 
 **Source IUT** (``SRC-RPP-NNN``; the harness plays the store with
 :class:`~conformance.store_peer.HarnessStore`, which records every PREG): the PREG carries the
@@ -57,6 +58,8 @@ deregistered source's messages are gone when a receiver's RXREQ for them goes un
 from __future__ import annotations
 
 import functools
+import json
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -681,9 +684,9 @@ def write_delay_skips_disk(h: CaseContext) -> None:
     receiver are not acknowledged for 0.7 s (a disk repository acknowledges once written, and
     the delay holds the write); the receiver consumes 4: the ACKs for 0..4 come at once.
     That the messages then never reach the disk is visible only in the store's statistics:
-    judged when the harness reaches a web monitor of the IUT whose JSON counts skipped disk
-    writes (``disk_writes_skipped``, the reference store's), otherwise noted as not
-    observable."""
+    judged when the profile gives the store a web monitor whose JSON source page counts
+    skipped disk writes (``disk_writes_skipped``, the reference store's: 5), otherwise noted
+    as not observable."""
     src = _rpp_source(h)
     rcv = _receiver(h, src)
     _send(src, range(5))
@@ -697,10 +700,35 @@ def write_delay_skips_disk(h: CaseContext) -> None:
             "the store did not acknowledge at once what every receiver consumed before its "
             "write", expected="stability ACKs for 0..4 within 1 s of the consumption",
             observed=f"up to {_stable(src)}")
-    monitor = getattr(h, "web_monitor", None)
+    skipped = _disk_writes_skipped(h, src)
+    if skipped is not None:
+        h.check(skipped >= 5, "the store wrote messages to disk that every receiver consumed "
+                "within the write delay", expected="5 disk writes skipped (web monitor JSON "
+                "disk_writes_skipped)", observed=skipped)
+
+
+def _disk_writes_skipped(h: CaseContext, src: HarnessSource) -> int | None:
+    """The store's count of skipped disk writes for ``src`` from its web monitor's JSON source
+    page (``/stores/0/<regid>?format=json``, key ``disk_writes_skipped``); None, with a note,
+    when the harness reaches no web monitor or the page has no such count."""
+    monitor = h.web_monitor
     if monitor is None:
-        h.note("not judged: whether the messages were written (the harness reaches no web "
-               "monitor of the IUT; the wire does not show disk writes)")
+        h.note("not judged: whether the messages were written (the profile gives no web "
+               "monitor; the wire does not show disk writes)")
+        return None
+    url = f"http://{monitor[0]}:{monitor[1]}/stores/0/{src.reg_id}?format=json"
+    try:
+        with urllib.request.urlopen(url, timeout=h.scaled(2.0)) as reply:
+            page = json.loads(reply.read())
+    except (OSError, ValueError) as exc:
+        h.note(f"not judged: the web monitor's {url} gave no JSON ({exc})")
+        return None
+    value = page.get("disk_writes_skipped") if isinstance(page, dict) else None
+    if not isinstance(value, int):
+        h.note(f"not judged: the web monitor's {url} shows no disk_writes_skipped count")
+        return None
+    h.note(f"web monitor: {value} disk write(s) skipped")
+    return value
 
 
 # --- store: release, non-blocking, late and early receivers, deregistration -----------------

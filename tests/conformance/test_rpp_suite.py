@@ -111,3 +111,21 @@ def test_withholding_expectations() -> None:
     assert suite._roomy(3000, flight, 20) == 14
     with pytest.raises(AssertionError):
         suite._roomy(4096, 1024, 30)  # 4096 - 128 * 24 == 1024: a boundary message
+
+
+def test_web_monitor_is_for_launched_stores_and_the_reference_store_has_one() -> None:
+    """RPP-STORE-035 judges skipped disk writes through the web monitor the profile asks the
+    harness to give a launched store (the reference store's profile does)."""
+    from conformance.profile import REFERENCE_STORE, ProfileError, parse_profile
+
+    assert REFERENCE_STORE.web_monitor
+    store = {"role": "store", "launch": "umestored {config}", "web_monitor": True}
+    assert parse_profile({"iut": store}).web_monitor
+    assert not parse_profile({"iut": {**store, "web_monitor": False}}).web_monitor
+    for bad, text in (({**store, "web_monitor": "yes"}, "true or false"),
+                      ({"role": "store", "address": "127.0.0.1:1", "web_monitor": True},
+                       "launched store"),
+                      ({"role": "source", "launch": "x {topic}", "web_monitor": True},
+                       "launched store")):
+        with pytest.raises(ProfileError, match=text):
+            parse_profile({"iut": bad})
