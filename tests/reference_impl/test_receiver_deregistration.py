@@ -17,9 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from reference_impl import events as ev
 from reference_impl.deployment import SimDeployment
 from reference_impl.receiver import ReceiverCore
+from reference_impl.source import SendError, SendErrorCode
 from reference_impl.store import StoreCore, TopicPolicy, TopicRule
 from tests.reference_impl.loopback import loopback
 from wire.lbmc import LbmcMessage, UmeAck, UmeKeepalive, UmePreg
@@ -234,3 +237,18 @@ def test_ump_receiver_deregister_without_count_is_a_one_line_error(tmp_path: Pat
         assert receiver.finish(20) == 2
         (line,) = receiver.stderr.splitlines()
         assert line.startswith("ump receiver: --deregister needs --count")
+
+
+def test_a_send_after_the_source_deregistered_fails_with_a_clear_error() -> None:
+    """The source side of the guide's "RPP Deregistration" ("the source is blocked after
+    deregistering"): ``send`` and ``send_many`` both refuse, saying why and what to do."""
+    d, _rcv = deployment()
+    src = d.sources["src"]
+    src.deregister()
+    assert d.run_until(lambda: src.deregistered, 5)
+    for send in (lambda: src.send(b"x"), lambda: src.send_many([b"y", b"z"])):
+        with pytest.raises(SendError) as info:
+            send()
+        assert info.value.code is SendErrorCode.DEREGISTERED
+        assert "deregistered from its stores and cannot send" in str(info.value)
+        assert "create it again" in str(info.value)
