@@ -8,6 +8,13 @@ Spark decoder and tshark have a realistic, deterministic file to agree on.  The 
 *behaviour* they show (which RegIDs a store grants, when it acknowledges) is illustrative; the
 behavioural reference is the reference implementation's own captures.
 
+``ume-rpp.pcap`` is the same exchange with receiver-paced persistence (guide
+"Receiver-paced Persistence Operations", docs/semantics.md §1.13): the source's PREG carries the
+RPP flag and its overrides as EXTOPT configuration options (docs/wire-lbmc.md §2.3, built by
+:func:`reference_impl.rpp.source_options`), every PREG-RESP confirms RPP, a second, non-blocking
+receiver says its mode the same way, and at the end both receivers and the source deregister
+("RPP Deregistration": PREG and PREG-RESP with the D flag).
+
 ``python -m captures.reference [OUT_DIR]`` rewrites the committed files; a test proves the
 committed bytes equal a fresh generation and that tshark decodes them with no disagreement.
 """
@@ -16,7 +23,9 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+from reference_impl import rpp
 from wire import lbmr, lbtru
 from wire.lbmc import (
     AckType,
@@ -49,6 +58,10 @@ SOURCE_REQUEST_PORT, RECEIVER_REQUEST_PORT = 14391, 14392
 SESSION_ID = 0x1234
 TOPIC_IDX, TRANSPORT_IDX = 1, 1
 SOURCE_REGID, RECEIVER_REGID = 1000, 2000
+NON_BLOCKING_REGID = 2001
+"""The RPP reference's second receiver (non-blocking)."""
+RPP_OVERRIDES = SimpleNamespace(ume_flight_size_bytes=4096, ume_repository_size_limit=1_048_576)
+"""The RPP source's overrides in the RPP reference (below the store's defaults, §2.2)."""
 SESSION = 0x5E55_1011_0000_0001
 MESSAGES = 8
 
@@ -81,6 +94,17 @@ def _lbtru_data(sqn: int, dport: int, messages: list[LbmcMessage], rx: bool = Fa
 
 def basic_exchange() -> list[tuple[float, bytes]]:
     """One source, one store, one receiver on loopback; LBT-RU transport; LBT-TCP control."""
+    return _exchange(rpp_mode=False)
+
+
+def rpp_exchange() -> list[tuple[float, bytes]]:
+    """:func:`basic_exchange` with receiver-paced persistence (module docstring)."""
+    return _exchange(rpp_mode=True)
+
+
+def _exchange(*, rpp_mode: bool) -> list[tuple[float, bytes]]:
+    w = int(rpp_mode)
+    overrides = [o.header() for o in rpp.source_options(RPP_OVERRIDES)] if rpp_mode else []
     rec = _Recorder()
     # Topic resolution through the unicast resolver daemon (lbmrd) port.
     tqr = lbmr.LbmrPacket(tqrs=[lbmr.Tqr(name=TOPIC)])
@@ -107,11 +131,11 @@ def basic_exchange() -> list[tuple[float, bytes]]:
     rec.extend(src.handshake())
     rec.add(src.send(True, _control(
         UmePreg(s_flag=1, marker=1, reg_id=0, transport_idx=TRANSPORT_IDX, topic_idx=TOPIC_IDX,
-                resp_port=SOURCE_REQUEST_PORT, resp_ip=HOST),
-        UmeCapability(qc_flag=1), UmeSid(sid=SESSION))))
+                resp_port=SOURCE_REQUEST_PORT, resp_ip=HOST, w_flag=w),
+        UmeCapability(qc_flag=1), UmeSid(sid=SESSION), *overrides)))
     rec.add(src.send(False, _control(
         UmePregResp(reg_id=SOURCE_REGID, s_flag=1, marker=1, transport_idx=TRANSPORT_IDX,
-                    topic_idx=TOPIC_IDX, low_seqnum=0, high_seqnum=0),
+                    topic_idx=TOPIC_IDX, low_seqnum=0, high_seqnum=0, w_flag=w),
         UmeStoreid(store_id=1))))
 
     # The receiver joins the LBT-RU session; the source then sends SRI over the transport.
@@ -137,10 +161,22 @@ def basic_exchange() -> list[tuple[float, bytes]]:
     rec.add(rcv.send(True, _control(
         UmePreg(s_flag=0, marker=1, reg_id=0, src_reg_id=SOURCE_REGID,
                 transport_idx=TRANSPORT_IDX, topic_idx=TOPIC_IDX,
-                resp_port=RECEIVER_REQUEST_PORT, resp_ip=HOST))))
+                resp_port=RECEIVER_REQUEST_PORT, resp_ip=HOST, w_flag=w))))
     rec.add(rcv.send(False, _control(
         UmePregResp(reg_id=RECEIVER_REGID, s_flag=0, marker=1, transport_idx=TRANSPORT_IDX,
-                    topic_idx=TOPIC_IDX, low_seqnum=0, high_seqnum=0))))
+                    topic_idx=TOPIC_IDX, low_seqnum=0, high_seqnum=0, w_flag=w))))
+    other = TcpConversation((HOST, 50003), (HOST, STORE_PORT), isn=(500, 1100))
+    if rpp_mode:  # a second receiver, non-blocking: its mode travels as an option
+        rec.extend(other.handshake())
+        rec.add(other.send(True, _control(
+            UmePreg(s_flag=0, marker=1, reg_id=0, src_reg_id=SOURCE_REGID,
+                    transport_idx=TRANSPORT_IDX, topic_idx=TOPIC_IDX,
+                    resp_port=RECEIVER_REQUEST_PORT + 1, resp_ip=HOST, w_flag=1),
+            *[o.header() for o in rpp.receiver_options(rpp.NON_BLOCKING)])))
+        rec.add(other.send(False, _control(
+            UmePregResp(reg_id=NON_BLOCKING_REGID, s_flag=0, marker=1,
+                        transport_idx=TRANSPORT_IDX, topic_idx=TOPIC_IDX, low_seqnum=0,
+                        high_seqnum=0, w_flag=1))))
 
     # Data to the receiver and to the store's own LBT-RU receiver; stability and consumption.
     for sqn in range(MESSAGES):
@@ -179,12 +215,32 @@ def basic_exchange() -> list[tuple[float, bytes]]:
     rec.add(rcv.send(True, _control(UmeKeepalive(
         type=KeepaliveType.RECEIVER, transport_idx=TRANSPORT_IDX, topic_idx=TOPIC_IDX,
         reg_id=RECEIVER_REGID))))
+    if rpp_mode:  # "RPP Deregistration": the receivers, then the source
+        for conn, reg_id, port in ((rcv, RECEIVER_REGID, RECEIVER_REQUEST_PORT),
+                                   (other, NON_BLOCKING_REGID, RECEIVER_REQUEST_PORT + 1)):
+            rec.add(conn.send(True, _control(
+                UmePreg(s_flag=0, marker=1, reg_id=reg_id, src_reg_id=SOURCE_REGID,
+                        transport_idx=TRANSPORT_IDX, topic_idx=TOPIC_IDX, resp_port=port,
+                        resp_ip=HOST, w_flag=1, d_flag=1))))
+            rec.add(conn.send(False, _control(
+                UmePregResp(reg_id=reg_id, s_flag=0, marker=1, transport_idx=TRANSPORT_IDX,
+                            topic_idx=TOPIC_IDX, d_flag=1, w_flag=1),
+                UmeStoreid(store_id=1))))
+        rec.add(src.send(True, _control(
+            UmePreg(s_flag=1, marker=1, reg_id=SOURCE_REGID, transport_idx=TRANSPORT_IDX,
+                    topic_idx=TOPIC_IDX, resp_port=SOURCE_REQUEST_PORT, resp_ip=HOST, w_flag=1,
+                    d_flag=1), *overrides)))
+        rec.add(src.send(False, _control(
+            UmePregResp(reg_id=SOURCE_REGID, s_flag=1, marker=1, transport_idx=TRANSPORT_IDX,
+                        topic_idx=TOPIC_IDX, d_flag=1, w_flag=1),
+            UmeStoreid(store_id=1))))
+        rec.extend(other.close())
     rec.extend(rcv.close())
     rec.extend(src.close())
     return rec.frames
 
 
-REFERENCES = {"ume-basic.pcap": basic_exchange}
+REFERENCES = {"ume-basic.pcap": basic_exchange, "ume-rpp.pcap": rpp_exchange}
 """Reference captures by file name; each needs ``--store-port 14567`` (tshark has no default)."""
 
 

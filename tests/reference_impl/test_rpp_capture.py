@@ -153,3 +153,30 @@ def test_a_captured_rpp_run_shows_the_rpp_exchange_and_tshark_agrees(tmp_path: P
     leaving = [o for o in pregs if _field(o, "lbmc.ume_preg.flags.d_flag") == 1]
     assert leaving and all(_field(o, "lbmc.ume_preg.s_flag") == 0 for o in leaving)
     assert any(_field(o, "lbmc.ume_preg_resp.code.d_flag") == 1 for o in responses)
+
+
+@pytest.mark.oracle
+def test_the_rpp_reference_capture_shows_registration_options_and_deregistration() -> None:
+    """``captures/reference/ume-rpp.pcap`` (``captures.reference.rpp_exchange``): what tshark
+    shows of its RPP registrations and deregistrations."""
+    from captures.reference import RPP_OVERRIDES, STORE_PORT
+
+    path = Path(__file__).resolve().parents[2] / "captures" / "reference" / "ume-rpp.pcap"
+    frames = read_frames(path, PortMap(store_ports=[STORE_PORT]))
+    messages = [m for f in frames for m in f.occurrences("lbmc")]
+
+    def flag(m: list[tuple[str, str]], name: str) -> str | None:
+        return next((v for k, v in m if k == name), None)
+    pregs = [m for m in messages if flag(m, "lbmc.ume_preg.s_flag") is not None]
+    responses = [m for m in messages if flag(m, "lbmc.ume_preg_resp.s_flag") is not None]
+    assert all(flag(m, "lbmc.ume_preg.flags.w_flag") == "1" for m in pregs)
+    assert all(flag(m, "lbmc.ume_preg_resp.code.w_flag") == "1" for m in responses)
+    source = [m for m in pregs if flag(m, "lbmc.ume_preg.s_flag") == "1"]
+    overrides = [(1, "ume_flight_size_bytes", str(RPP_OVERRIDES.ume_flight_size_bytes)),
+                 (1, "ume_repository_size_limit", str(RPP_OVERRIDES.ume_repository_size_limit))]
+    assert [_cfgopts(m) for m in source] == [overrides, overrides]  # register, deregister
+    receivers = [_cfgopts(m) for m in pregs if flag(m, "lbmc.ume_preg.s_flag") == "0"]
+    assert [(2, "ume_receiver_paced_persistence", "2")] in receivers
+    leaving = [m for m in pregs if flag(m, "lbmc.ume_preg.flags.d_flag") == "1"]
+    assert len(leaving) == 3  # both receivers, then the source
+    assert sum(flag(m, "lbmc.ume_preg_resp.code.d_flag") == "1" for m in responses) == 3
