@@ -1608,6 +1608,9 @@ class StoreCore(ContextCore):
                     raise StoreFileError(path, f"{exc}{journal.REFUSED}", line=line_no) from None
         for rec in sorted(clients.values(), key=lambda r: r["role"] != "source"):
             self._restore_client(rec, acks)
+        for src in self.sources.values():
+            if src.rpp:  # what the receivers had consumed is still in the cache file
+                self._rpp_release(src)
         self._rewrite_journal()
         self.log(Level.INFO, f"restored {len(self.sources)} sources and {len(self.receivers)} "
                              f"receivers from disk state")

@@ -743,3 +743,50 @@ def test_store_settings_take_rpp_from_the_profile(profile: str, supported: bool,
     settings = runtime.store_settings(config.stores[0], resolver=RESOLVER, base=tmp_path,
                                       profile=config.profile)
     assert (settings.rpp_supported, settings.rpp_late_join_unconsumed) == (supported, late)
+
+
+def test_a_restarted_store_releases_what_was_consumed_before(tmp_path: Path) -> None:
+    policy = dataclasses.replace(DISK, repository_disk_write_delay=0)
+    bench = rpp_source(policy, tmp_path)
+    key, resp = bench.receiver(1)
+    bench.data(0, 1, 2, 3)
+    bench.consume(key, resp.reg_id, 1)
+    assert bench.held() == [2, 3]
+    bench.store.close()
+    again = Bench(policy, tmp_path)  # the cache file still has 0 and 1: released again
+    assert again.held() == [2, 3]
+    assert again.store.receivers[resp.reg_id].last_ack == 1
+    again.store.close()
+
+
+def test_an_rpp_source_journalled_without_its_values_gets_the_topic_s(tmp_path: Path) -> None:
+    bench = rpp_source(DISK, tmp_path)
+    bench.receiver(1)
+    bench.store.close()
+    state = next((tmp_path / "state").glob("*.state"))
+    records = [json.loads(line) for line in state.read_text().splitlines()]
+    for record in records:
+        record.get("client", {}).pop("rpp_values", None)
+        record.get("client", {}).pop("floor", None)
+    state.write_text("".join(json.dumps(r) + "\n" for r in records))
+    again = Bench(DISK, tmp_path)
+    (src,) = again.store.sources.values()
+    assert src.rpp_values == rpp.store_values(DISK)
+    (rcv,) = again.store.receivers.values()
+    assert rcv.floor is None
+    again.store.close()
+
+
+@pytest.mark.parametrize("floor", ["x", -2, 1 << 40, 1.5])
+def test_a_journal_with_a_bad_receiver_floor_is_refused(floor: object, tmp_path: Path) -> None:
+    bench = rpp_source(DISK, tmp_path)
+    bench.receiver(1)
+    bench.store.close()
+    state = next((tmp_path / "state").glob("*.state"))
+    records = [json.loads(line) for line in state.read_text().splitlines()]
+    for record in records:
+        if record.get("client", {}).get("role") == "receiver":
+            record["client"]["floor"] = floor
+    state.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(StoreFileError, match="floor must be"):
+        Bench(DISK, tmp_path)
