@@ -216,8 +216,9 @@ def writes_despite_consumed() -> None:
 
 
 def blocking_is_non_blocking() -> None:
-    """Treats non-blocking RPP receivers as blocking ones: they hold messages back (docs/
-    semantics.md §1.13: only blocking receivers do; a slow non-blocking one is overrun)."""
+    """Treats non-blocking RPP receivers as blocking ones: they hold messages back
+    (docs/semantics.md §1.13: only blocking receivers do; a slow non-blocking one is
+    overrun)."""
     from reference_impl.rpp import BLOCKING, NON_BLOCKING
     from reference_impl.store import SourceState
 
