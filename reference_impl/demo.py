@@ -55,6 +55,8 @@ the store's web monitor JSON while it runs, and checks
    limit plus one flight (plus the slow consumer's one-tick ACK lag);
 4. the source's own figure (its ``in-flight bytes max`` line) is at most its
    ``ume_flight_size_bytes``;
+5. both receivers, sent SIGUSR1 once they consumed everything, deregister ("RPP
+   Deregistration") within 10 s;
 
 and prints how the source was paced.  Exit status as above: 1 when a check fails.
 """
@@ -545,6 +547,8 @@ class RppDemo(Demo):
         self.logs = {"fast": self.dir / "deliveries-fast.jsonl",
                      "slow": self.dir / "deliveries-slow.jsonl"}
         self.samples: list[Sample] = []
+        self.left: list[str] = []
+        """The receivers that deregistered at the end (:meth:`_deregister_receivers`)."""
         self.source_href: str | None = None
         self.t0 = 0.0
 
@@ -634,7 +638,25 @@ class RppDemo(Demo):
         source = self.procs["source"]
         with contextlib.suppress(subprocess.TimeoutExpired):
             source.proc.wait(timeout=25)  # its last line: the in-flight maximum
+        if self._count("fast") >= n and self._count("slow") >= n:
+            self.left = self._deregister_receivers()
         return self._verdict()
+
+    def _deregister_receivers(self) -> list[str]:
+        """"RPP Deregistration": SIGUSR1 to both receivers, once they consumed everything;
+        the receivers that said every store confirmed it within 10 s."""
+        names = ["receiver-fast", "receiver-slow"]
+        for name in names:
+            self.procs[name].proc.send_signal(signal.SIGUSR1)
+        deadline, left = time.monotonic() + 10, []
+        while names and time.monotonic() < deadline:
+            for name in list(names):
+                if "ump receiver: deregistered from 1 store" in \
+                        self.procs[name].log_since_start():
+                    names.remove(name)
+                    left.append(name)
+            time.sleep(0.05)
+        return left
 
     def _rows(self, which: str) -> list[int]:
         out = []
@@ -699,6 +721,10 @@ class RppDemo(Demo):
         if used and max(used) > self.limit:
             failures.append(f"the repository held {max(used)} bytes, above its size limit "
                             f"{self.limit}")
+        if len(self.left) == 2:
+            print("ump demo: both receivers deregistered from the store (RPP Deregistration)")
+        else:
+            failures.append(f"{2 - len(self.left)} receiver(s) did not deregister within 10 s")
         if failures:
             print(f"ump demo: FAIL: {'; '.join(failures)}; logs in {self.dir}")
             return 1

@@ -212,6 +212,7 @@ def test_rpp_demo_paces_the_source_by_the_slow_blocking_receiver(tmp_path: Path)
     assert slow is not None and float(slow.group(1)) >= 6.4, out
     assert "ume_receiver_paced_persistence 1" in (work / "receiver.cfg").read_text()
     assert "repository-allow-receiver-paced-persistence" in (work / "store.xml").read_text()
+    assert "both receivers deregistered from the store (RPP Deregistration)" in out
 
 
 def test_rpp_demo_needs_more_messages_than_the_repository_holds(tmp_path: Path) -> None:
@@ -240,6 +241,7 @@ def _judged(tmp_path: Path, fast_done: float, *, inflight: int = 3200,
         demo.logs[which].write_text("".join(json.dumps({"sqn": s}) + "\n" for s in sqns))
     demo.samples = [Sample(fast_done * i / 10, 60 * i, min(60 * i, 45 * i), 6400)
                     for i in range(11)] + [Sample(8.0, 600, 600, 0)]
+    demo.left = ["receiver-fast", "receiver-slow"]
     demo.procs["source"] = SimpleNamespace(  # type: ignore[assignment]
         log_since_start=lambda: f"ump source: in-flight bytes max {inflight} "
                                 f"(ume_flight_size_bytes 3200)\n")
