@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reference_impl import journal, rpp, runtime
 from reference_impl.config.store_xml import parse_store_config
@@ -790,3 +793,42 @@ def test_a_journal_with_a_bad_receiver_floor_is_refused(floor: object, tmp_path:
     state.write_text("".join(json.dumps(r) + "\n" for r in records))
     with pytest.raises(StoreFileError, match="floor must be"):
         Bench(DISK, tmp_path)
+
+
+steps = st.lists(st.one_of(
+    st.tuples(st.just("data"), st.integers(1, 4)),
+    st.tuples(st.just("consume"), st.integers(0, 1)),
+    st.tuples(st.just("tick"), st.sampled_from([0.1, 0.3, 0.6]))), min_size=1, max_size=25)
+
+
+@settings(max_examples=40, deadline=None)
+@given(script=steps, delay=st.sampled_from([0, 200]))
+def test_rpp_disk_acks_only_written_or_consumed_messages(script: list[tuple[str, Any]],
+                                                         delay: int) -> None:
+    """Durable before acknowledged, RPP edition: without ack on reception, every message a
+    disk store called stable is in its cache file, or every blocking receiver consumed it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        policy = dataclasses.replace(DISK, repository_disk_write_delay=delay,
+                                     receiver_activity_timeout=600_000)
+        bench = rpp_source(policy, Path(tmp))
+        receivers = [bench.receiver(1), bench.receiver(1)]
+        (src,) = bench.store.sources.values()
+        assert src.repo is not None and src.repo.cache_file is not None
+        sent = 0
+        for what, arg in script:
+            if what == "data":
+                bench.data(*range(sent, sent + arg))
+                sent += arg
+            elif what == "consume" and sent:
+                key, resp = receivers[arg]
+                bench.consume(key, resp.reg_id, sent - 1)
+            elif what == "tick":
+                bench.tick(bench.now + arg)
+            on_disk = {i.message.sqn for i in
+                       LbttcpStream().feed(src.repo.cache_file.read_bytes()) if i.message}
+            marks = [bench.store.receivers[r.reg_id].consumed() for _, r in receivers]
+            consumed = min(-1 if m is None else m for m in marks)
+            assert all(s in on_disk or s <= consumed for s in bench.stable)
+        bench.tick(bench.now + 1)
+        assert sorted(bench.stable) == list(range(sent))  # each acknowledged in the end
+        bench.store.close()
