@@ -636,9 +636,9 @@ def memory_acks_on_reception(h: CaseContext) -> None:
     src = _rpp_source(h)
     _receiver(h, src)
     _send(src, range(5))
-    h.check(h.wait_until(_stable_reaches(src, 4), 1.0, "stability ACKs for 0..4"),
+    h.check(h.wait_until(_stable_reaches(src, 4), 3.0, "stability ACKs for 0..4"),
             "the memory repository did not acknowledge on reception",
-            expected="stability ACKs for 0..4 within 1 s", observed=f"up to {_stable(src)}")
+            expected="stability ACKs for 0..4 within 3 s", observed=f"up to {_stable(src)}")
 
 
 DISK_DELAY: dict[str, str | int] = {
@@ -658,15 +658,15 @@ DISK_DELAY: dict[str, str | int] = {
                   "acknowledgement to the source immediately upon reception.")
 def disk_ack_on_reception(h: CaseContext) -> None:
     """Disk topic, write delay 10 s, ack on reception allowed; the source asks for it and a
-    blocking receiver consumes nothing: the ACKs for 0..4 must come within 1 s (a store
+    blocking receiver consumes nothing: the ACKs for 0..4 must come within 3 s (a store
     acknowledging after the write would take 10 s).  Whether the message reaches the disk
     is not visible on the wire and not judged."""
     src = _rpp_source(h, options=[_opt("ume_repository_ack_on_reception", 1)])
     _receiver(h, src)
     _send(src, range(5))
-    h.check(h.wait_until(_stable_reaches(src, 4), 1.0, "stability ACKs for 0..4"),
+    h.check(h.wait_until(_stable_reaches(src, 4), 3.0, "stability ACKs for 0..4"),
             "the disk repository did not acknowledge on reception",
-            expected="stability ACKs for 0..4 within 1 s (write delay 10 s)",
+            expected="stability ACKs for 0..4 within 3 s (write delay 10 s)",
             observed=f"up to {_stable(src)}")
 
 
@@ -696,9 +696,9 @@ def write_delay_skips_disk(h: CaseContext) -> None:
             "(write delay 10 s) nor consumed", expected="no stability ACK before consumption",
             observed=f"ACKs up to {_stable(src)}")
     rcv.ack(4)
-    h.check(h.wait_until(_stable_reaches(src, 4), 1.0, "stability ACKs after consumption"),
+    h.check(h.wait_until(_stable_reaches(src, 4), 3.0, "stability ACKs after consumption"),
             "the store did not acknowledge at once what every receiver consumed before its "
-            "write", expected="stability ACKs for 0..4 within 1 s of the consumption",
+            "write", expected="stability ACKs for 0..4 within 3 s of the consumption",
             observed=f"up to {_stable(src)}")
     skipped = _disk_writes_skipped(h, src)
     if skipped is not None:
@@ -749,7 +749,7 @@ def released_after_every_blocking(h: CaseContext) -> None:
     h.wait_until(_stable_reaches(src, 4), 2.0, "stability of 0..4")
     a.ack(4)
     h.wait_until(lambda: False, 0.3, "the store taking A's consumption")
-    missing = [sqn for sqn in range(5) if not _served(b, sqn, 1.0, h)]
+    missing = [sqn for sqn in range(5) if not _served(b, sqn, 2.0, h)]
     h.check(not missing, "the store released messages receiver B had not consumed",
             expected="retransmissions of 0..4 to B after only A consumed them",
             observed=f"not served: {missing}")
@@ -813,12 +813,12 @@ def late_registering_receiver(h: CaseContext) -> None:
                   "deletes all messages being held solely for this receiver.")
 def early_exiting_receiver(h: CaseContext) -> None:
     """Size limit 4000, flight 1000 bytes.  Receiver A consumes everything; receiver B
-    (activity timeout 300 ms, state lifetime 2 s) consumes nothing and goes away.  29
+    (activity timeout 300 ms, state lifetime 3 s) consumes nothing and goes away.  29
     messages of 128 bytes: ACKs stop at 22 and stay stopped past B's activity timeout (1 s);
-    once its lifetime ended the store releases B's messages and the ACKs come (by 5 s)."""
+    once its lifetime ended the store releases B's messages and the ACKs come (by 6 s)."""
     src = _rpp_source(h)
     a = _receiver(h, src, "receiver A")
-    b = _receiver(h, src, "receiver B", activity_timeout=300, state_lifetime=2000)
+    b = _receiver(h, src, "receiver B", activity_timeout=300, state_lifetime=3000)
     count, last = 29, _roomy(int(SMALL["repository-size-limit"]),
                              int(SMALL["source-flight-size-bytes-maximum"]), 29)
     _send(src, range(count))
@@ -831,9 +831,9 @@ def early_exiting_receiver(h: CaseContext) -> None:
                  "stability past the room within B's state lifetime (must not come)")
     h.check(_stable(src) == last, "the store released an early exiting receiver's messages "
             "before its state lifetime ended",
-            expected=f"no stability ACK past {last} within 1 s (lifetime 2 s)",
+            expected=f"no stability ACK past {last} within 1 s (lifetime 3 s)",
             observed=f"up to {_stable(src)}")
-    h.wait_until(_stable_reaches(src, count - 1), 5.0, "stability after B's state lifetime")
+    h.wait_until(_stable_reaches(src, count - 1), 6.0, "stability after B's state lifetime")
     h.check(_stable_at_least(src, count - 1), "the store kept the early exiting receiver's "
             "messages after its state lifetime ended",
             expected=f"stability ACKs up to {count - 1}", observed=f"up to {_stable(src)}")
@@ -880,7 +880,7 @@ def source_deregistration(h: CaseContext) -> None:
     rcv = _receiver(h, src)
     _send(src, range(5))
     h.wait_until(_stable_reaches(src, 4), 2.0, "stability of 0..4")
-    h.check(_served(rcv, 2, 1.0, h), "the store did not retransmit a held message",
+    h.check(_served(rcv, 2, 2.0, h), "the store did not retransmit a held message",
             expected="a retransmission of 2 before the deregistration", observed="none")
     src.connect().send(src.preg(reg_id=src.reg_id, rpp=True, deregister=True))
     h.note("the source deregisters")
