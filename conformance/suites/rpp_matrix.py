@@ -53,12 +53,12 @@ from types import SimpleNamespace
 from typing import Any
 
 from conformance.context import CaseContext
-from conformance.model import HarnessError, NonStrict, Role, Unsupported, case
+from conformance.model import Failed, HarnessError, NonStrict, Role, Unsupported, case
 from conformance.peers import HarnessSource
 from conformance.store_peer import HarnessStore, Seen
 from conformance.suites.source import FAST_REGISTRATION
 from reference_impl import rpp
-from wire.lbmc import CfgOpt, PregError
+from wire.lbmc import CfgOpt, PregError, UmePreg
 
 SUITE = "rpp-matrix"
 SECTION = "UMP Version RPP Compatibility Matrix"
@@ -287,9 +287,8 @@ def _check_client_preg(h: CaseContext, store: HarnessStore, seen: Seen, kind: st
             f"RPP (W) flag", expected=f"W flag {'set' if wants else 'clear'}",
             observed=f"W flag {'set' if w_flag else 'clear'}")
     if isinstance(options, str):
-        h.check(False, f"the {kind}'s PREG carries garbled options: {options}",
-                expected="well-formed configuration options", observed=options)
-        return soft
+        raise Failed(f"the {kind}'s PREG carries garbled options: {options}",
+                     expected="well-formed configuration options", observed=options)
     shown = [f"{o.name} {o.value}" for o in options]
     if _is_source(kind):
         if not wants:
@@ -299,9 +298,8 @@ def _check_client_preg(h: CaseContext, store: HarnessStore, seen: Seen, kind: st
         try:
             got = rpp.requested_overrides(options)
         except rpp.RppRefused as exc:
-            h.check(False, f"the RPP source's options are not RPP overrides: {exc}",
-                    expected="RPP override options", observed=shown)
-            raise AssertionError from None  # not reached: check raised
+            raise Failed(f"the RPP source's options are not RPP overrides: {exc}",
+                         expected="RPP override options", observed=shown) from None
         expected = {"ume_flight_size_bytes": FLIGHT_BYTES}
         if not got:
             soft.append("the RPP source's PREG carries none of the overrides it was configured "
@@ -313,9 +311,8 @@ def _check_client_preg(h: CaseContext, store: HarnessStore, seen: Seen, kind: st
     try:
         mode = rpp.receiver_mode(w_flag, options)
     except rpp.RppRefused as exc:
-        h.check(False, f"the {kind}'s PREG is contradictory: {exc}",
-                expected="a receiver mode the store can read", observed=shown)
-        raise AssertionError from None  # not reached
+        raise Failed(f"the {kind}'s PREG is contradictory: {exc}",
+                     expected="a receiver mode the store can read", observed=shown) from None
     h.check_equal(mode, rpp.BLOCKING if wants else rpp.SPP, f"the mode the {kind}'s PREG asks for")
     return soft
 
@@ -403,6 +400,11 @@ def _source_iut_cell(h: CaseContext, cell: rpp.Cell) -> None:
     h.start_iut(store, reg_ids=reg_ids,
                 options={**FAST_REGISTRATION, **_client_options(cell.client)})
     seen = _first_preg(h, store, cell.client)
+    if cell.reregistration:
+        asked = seen.message.header(UmePreg)
+        assert asked is not None
+        h.check_equal(asked.reg_id, reg_ids[store], "the RegID the source re-registers with "
+                      "(its ume_store line)")
     soft = _check_client_preg(h, store, seen, cell.client)
     _judge_client(h, cell, store, None, soft)
 
