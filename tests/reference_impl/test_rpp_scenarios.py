@@ -5,7 +5,9 @@ Each test builds a :class:`SimDeployment` (resolver, stores, an RPP source, bloc
 non-blocking RPP receivers on a simulated network with a virtual clock), drives it through the
 flow and checks the application events and the store's state; wherever a blocking receiver is
 involved it checks that nothing was lost for it.  The RPP rules themselves (override table,
-consistency, refusals) are :mod:`reference_impl.rpp`'s; these tests only use its names.
+consistency, refusals) are :mod:`reference_impl.rpp`'s; these tests only use its names.  The
+last test runs, for each RPP store mutant of ``tests/conformance/mutant_store.py`` the simulator
+can play, the scenario that must catch it, and checks that it does.
 
 Sizes (payload bytes; RPP counts payload only): 100-byte messages, the source's
 ``ume_flight_size_bytes`` 10 messages, the topic's maximum 20, size threshold 30 and size limit
@@ -244,6 +246,53 @@ def test_an_override_above_the_topic_maximum_is_refused_and_others_are_served() 
     d.run(1)
     assert good.stats["stable"] == 5
     assert sqns(d, "rcv") == list(range(5))
+
+
+def test_an_rpp_source_is_refused_where_rpp_is_not_allowed() -> None:
+    """"RPP Registration" / §2.1: a topic without ``repository-allow-receiver-paced-persistence``
+    refuses an RPP source (ECONFIG), and keeps nothing of it."""
+    d = deployment(policy=replace(RPP_TOPIC, repository_allow_receiver_paced_persistence=0))
+    src = rpp_source(d)
+    d.run(3)
+    errors = of(d, "src", ev.SourceRegistrationError)
+    assert errors and {e.code for e in errors} == {PregError.ECONFIG} and errors[0].rpp
+    assert not src.complete and d.stores["store0"].sources == {}
+
+
+def test_inconsistent_effective_values_are_refused() -> None:
+    """§2.2: the effective values must be consistent; a size threshold (lowered by the source)
+    that is not above the flight size in bytes is refused, with a log line naming it."""
+    d = deployment()
+    src = rpp_source(d, ume_repository_size_threshold=FLIGHT)
+    d.run(3)
+    assert {e.code for e in of(d, "src", ev.SourceRegistrationError)} == {PregError.ECONFIG}
+    assert not src.complete and d.stores["store0"].sources == {}
+    assert any("not above the flight size" in e.text for e in of(d, "store0", ev.LogRecord)
+               if e.level is ev.Level.WARNING)
+
+
+def test_a_restarted_rpp_source_must_present_the_same_values() -> None:
+    """§2.1, last paragraph: an RPP source re-registering on its repository (same Session ID)
+    with another flight size is refused; with the same values it is granted as old and
+    resumes its sequence numbers."""
+    d = deployment()
+    src = rpp_source(d, ume_session_id=0x5E)
+    rpp_receiver(d, "rcv")
+    assert d.run_until(lambda: registered(d, "src", "rcv"), 15)
+    assert send_all(d, src, 5) == 5
+    d.run(1)
+    changed = d.restart("src", ume_flight_size_bytes=FLIGHT // 2)
+    assert isinstance(changed, SourceCore)
+    d.run(3)
+    assert not changed.complete
+    assert {e.code for e in of(d, "src", ev.SourceRegistrationError)} == {PregError.ECONFIG}
+    same = d.restart("src", ume_flight_size_bytes=FLIGHT)
+    assert isinstance(same, SourceCore)
+    assert d.run_until(lambda: same.complete, 15)
+    assert of(d, "src", ev.SourceRegistrationSuccess)[-1].old
+    assert send_all(d, same, 5) == 5
+    d.run(1)
+    assert sqns(d, "rcv") == list(range(10))
 
 
 # --- "RPP Normal Operations" -------------------------------------------------------------------
@@ -527,3 +576,51 @@ def test_two_store_rpp_deployment_paced_by_the_slow_receiver() -> None:
     assert src.inflight == 0
     for store in d.stores.values():
         assert held(only_source(store)) == 0
+
+
+# --- each RPP store mutant breaks a scenario ---------------------------------------------------
+
+CAUGHT_BY = {
+    "grants-rpp-not-allowed": "test_an_rpp_source_is_refused_where_rpp_is_not_allowed",
+    "releases-on-any-ack": "test_the_slowest_blocking_receiver_paces_the_source_and_loses_nothing",
+    "ignores-override-maximum":
+        "test_an_override_above_the_topic_maximum_is_refused_and_others_are_served",
+    "ignores-consistency": "test_inconsistent_effective_values_are_refused",
+    "accepts-changed-rpp-values": "test_a_restarted_rpp_source_must_present_the_same_values",
+    "acks-rpp-without-room":
+        "test_the_slowest_blocking_receiver_paces_the_source_and_loses_nothing",
+    "writes-despite-consumed": "test_ack_on_reception_and_write_delay_on_a_disk_repository",
+    "blocking-is-non-blocking": "test_a_non_blocking_receiver_never_holds_the_source_back",
+    "forgets-early-exiter":
+        "test_early_exiting_receiver_holds_messages_until_its_state_lifetime_ends",
+    "keeps-deregistered-receiver": "test_receiver_deregistration_stops_it_holding_messages",
+    "keeps-deregistered-source-messages":
+        "test_source_deregistration_deletes_its_retained_messages",
+}
+"""The store mutants of ``tests/conformance/mutant_store.py`` that the simulator can play (the
+late-receiver one patches the daemon's settings, which the simulator does not use), and the
+scenario that must fail under each."""
+
+RUN_UNDER_MUTANT = """
+import inspect, sys, tempfile
+from pathlib import Path
+from tests.conformance import mutant_store
+from tests.reference_impl import test_rpp_scenarios as scenarios
+mutant_store.MUTANTS[sys.argv[1]]()
+test = getattr(scenarios, sys.argv[2])
+try:
+    test(*[Path(tempfile.mkdtemp())] if inspect.signature(test).parameters else [])
+except AssertionError:
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("mutant", sorted(CAUGHT_BY))
+def test_the_scenario_fails_under_each_rpp_store_mutant(mutant: str) -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run([sys.executable, "-c", RUN_UNDER_MUTANT, mutant, CAUGHT_BY[mutant]],
+                            cwd=root, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 3, result.stdout + result.stderr  # an assertion, not a crash
