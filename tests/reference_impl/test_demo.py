@@ -261,3 +261,12 @@ def test_rpp_verdict_fails_an_unpaced_source_a_loss_and_an_overfull_flight(
     assert status == 1 and "the slow receiver: 1 missing (first [17])" in out
     status, out = _judged(tmp_path / "flight", 5.0, inflight=3264)
     assert status == 1 and "in-flight bytes 3264 exceeded ume_flight_size_bytes 3200" in out
+
+
+def test_a_negative_consume_rate_is_a_clear_error(tmp_path: Path) -> None:
+    # ump receiver --consume-rate R (the slow application of ump demo --rpp)
+    result = subprocess.run([*_ump(), "receiver", "--topic", "demo.x", "--consume-rate", "-5"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "ump receiver: --consume-rate must be positive (0: at once), not -5.0" in result.stderr
+    assert "Traceback" not in result.stderr
