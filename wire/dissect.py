@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import lbmr, lbtrm, lbtru
+from . import lbmc, lbmr, lbtrm, lbtru
 from .errors import WireError
 from .fields import text_bytes
 from .lbmc import LbmcMessage
@@ -123,7 +123,11 @@ UdpDecoder = Callable[[bytes], list[Occurrence]]
 
 def _transport_occurrences(packet: lbtru.LbtruPacket | lbtrm.LbtrmPacket) -> list[Occurrence]:
     out = [Occurrence(packet.protocol, packet.info(), packet.tshark_fields())]
-    out += [lbmc_occurrence(m, True) for m in packet.messages()]
+    for message in packet.messages():
+        thrown = lbmc.tshark_exception(message)
+        if thrown is not None:  # tshark marks the datagram Malformed, as we do
+            raise WireError("lbmc.extopt", 0, thrown)
+        out.append(lbmc_occurrence(message, True))
     return out
 
 
@@ -276,6 +280,9 @@ class Dissector:
                 transport = _in(seg.sport, self.ports.lbttcp_source) or _in(
                     seg.dport, self.ports.lbttcp_source)
                 report.occurrences.append(lbmc_occurrence(item.message, transport))
+                thrown = lbmc.tshark_exception(item.message)
+                if thrown is not None:
+                    problems.append(thrown)
             elif item.error is not None:
                 problems.append(str(item.error.shifted(item.offset)))
         if problems:

@@ -45,6 +45,7 @@ from .fields import (
     Bit,
     IPv4,
     bit_views,
+    bytes_text,
     cstring,
     field,
     fixed_size,
@@ -254,6 +255,8 @@ class Header(StructRecord):
 
     def _export(self, values: Mapping[str, Any]) -> list[tuple[str, Any]]:
         out = super()._export(values)
+        if self.kind.code == EXTOPT_CODE and values.get("subtype") == CFGOPT_SUBTYPE:
+            out += cfgopt_fields(bytes(values.get("data") or b""))
         quirk = self.kind.flags16_quirk
         if quirk:
             # tshark shows the one-byte flags as a 16-bit item that also covers ``quirk``
@@ -714,7 +717,8 @@ TcpSid = _register(0x6B, "tcp_sid", "TCP session ID", _fixed(_flags16(), field("
 
 
 EXTOPT_HEAD_SIZE = 8
-Extopt = _register(0xFE, "extopt", "Extended option", cs.Struct(
+EXTOPT_CODE = 0xFE
+Extopt = _register(EXTOPT_CODE, "extopt", "Extended option", cs.Struct(
     field("next_hdr", U8),
     field("hdr_len", Auto(U8, lambda ctx: EXTOPT_HEAD_SIZE + len(ctx.data))),
     field("flags", U8, bits={"ignore": 0x80, "ignore_subtype": 0x40, "more_fragments": 0x20}),
@@ -1235,6 +1239,53 @@ class CfgOpt:
         if EXTOPT_HEAD_SIZE + len(data) > 0xFF:
             raise ValueError(f"configuration option {self.name!r} does not fit one header")
         return Extopt(subtype=CFGOPT_SUBTYPE, data=data)
+
+
+def shown_cfgopts(data: bytes) -> tuple[list[CfgOpt], str | None]:
+    """The configuration options tshark 4.0 shows for a CFGOPT extended option's ``data``,
+    and why it then throws a Malformed exception (None when it does not).
+
+    tshark walks records while more than two bytes are left: scope, one byte, a NUL-terminated
+    name, a NUL-terminated value; a name or value without its NUL throws.  So several options
+    may share one header, and one or two bytes left over are ignored silently.  (What *we*
+    accept as an RPP registration's option is stricter: :func:`parse_cfgopt`.)"""
+    out: list[CfgOpt] = []
+    pos = 0
+    while len(data) - pos > 2:
+        name_end = data.find(b"\0", pos + 2)
+        value_end = data.find(b"\0", name_end + 1) if name_end >= 0 else -1
+        if value_end < 0:
+            return out, (f"configuration option at data offset {pos}: name or value is not "
+                         f"NUL-terminated")
+        out.append(CfgOpt(data[pos], bytes_text(data[pos + 2 : name_end]),
+                          bytes_text(data[name_end + 1 : value_end]), data[pos + 1]))
+        pos = value_end + 1
+    return out, None
+
+
+def cfgopt_fields(data: bytes) -> list[tuple[str, Any]]:
+    """tshark's fields for the options of a CFGOPT extended option (see
+    :func:`shown_cfgopts`; ``parent`` shows the scope byte's value)."""
+    out: list[tuple[str, Any]] = []
+    for option in shown_cfgopts(data)[0]:
+        out += [("lbmc.extopt.cfgopt.scope", option.scope),
+                ("lbmc.extopt.cfgopt.parent", option.scope),
+                ("lbmc.extopt.cfgopt.name", option.name),
+                ("lbmc.extopt.cfgopt.value", option.value)]
+    return out
+
+
+def tshark_exception(message: LbmcMessage) -> str | None:
+    """Why tshark throws a Malformed exception inside this (parsed) message, or None: the
+    content checks :func:`parse_message` leaves to the headers' consumers (a configuration
+    option without its NULs)."""
+    for header in message.headers:
+        if isinstance(header, Header) and header.kind.code == EXTOPT_CODE \
+                and header.subtype == CFGOPT_SUBTYPE:
+            problem = shown_cfgopts(bytes(header.data))[1]
+            if problem is not None:
+                return f"lbmc.extopt.cfgopt: {problem}"
+    return None
 
 
 def parse_cfgopt(header: Header) -> CfgOpt:

@@ -90,3 +90,32 @@ def test_any_data_parses_or_raises_wire_error(data: bytes) -> None:
     except WireError:
         return
     assert option.header().data == data
+
+
+SHAPES = [b"", b"\x01", b"\x01\x00", b"\x01\x00\x00", b"\x01\x00\x00\x00",
+          b"\x01\x00name", b"\x01\x00ume_flight_size_bytes\x001000",
+          b"\x01\x00a\x00b\x00\x02\x00c\x00d\x00", b"\x01\x00a\x00b\x00\x02",
+          b"\x01\x00a\x00b\x00\x02\x00", b"\x01\x00a\x00b\x00junk", b"\x09\x07a\x00b\x00"]
+
+
+def test_ump_dissect_agrees_with_tshark_on_garbled_options(tmp_path: Path) -> None:
+    """Our dissector shows the options tshark shows and calls Malformed exactly the frames
+    tshark throws on (a name or value without its NUL), whole or garbled; several options may
+    share one header, one or two bytes left over are ignored (wire.lbmc.shown_cfgopts)."""
+    from tests.wire.test_lbmc_oracle import PORTS
+    from wire.dissect import check_against_tshark, dissect_file
+    from wire.tshark import read_frames
+
+    capture = Capture()
+    capture.connect()
+    frames = [capture.send_messages([LbmcMessage(headers=[UmePreg(s_flag=1, w_flag=1),
+                                                          garbled(data)])])
+              for data in SHAPES]
+    path = capture.write(tmp_path / "garbled.pcap")
+    reports = {r.number: r for r in dissect_file(path, PORTS)}
+    assert check_against_tshark(path, list(reports.values()), PORTS) == []
+    theirs = {f.number: f for f in read_frames(path, PORTS)}
+    for data, number in zip(SHAPES, frames, strict=True):
+        thrown = lbmc.shown_cfgopts(data)[1] is not None
+        assert bool(theirs[number].malformed) == thrown, data
+        assert (reports[number].status == "malformed") == thrown, data
