@@ -889,6 +889,28 @@ def source_deregistration(h: CaseContext) -> None:
             "source's messages", expected="no retransmission of 3", observed="retransmitted")
 
 
+@_case("RPP-STORE-042", suite=SUITE, role=Role.STORE,
+      title="A new RPP source is refused on a topic that does not allow RPP; an SPP one is not",
+      section=S_IMPLEMENTING,
+      topic_options={"repository-allow-receiver-paced-persistence": 0},
+      requirement="Set repository-allow-receiver-paced-persistence = 1 for the repository in "
+                  "the umestored XML configuration file (docs/semantics.md §2.1: store allows "
+                  "0, source RPP 1: refused, RPP not allowed).")
+def rpp_not_allowed(h: CaseContext) -> None:
+    """A topic with ``repository-allow-receiver-paced-persistence 0``: a first registration
+    asking RPP (flag and a flight size override) is refused with code 6 - the source decides a
+    new repository's mode, and this topic may not have an RPP one; an SPP source is granted
+    without the RPP flag."""
+    src = h.source("RPP source")
+    _refused(h, src.register(reg_id=0, rpp=True, options=[_opt("ume_flight_size_bytes", 1000)]),
+             "a new RPP source on a topic that does not allow RPP")
+    spp = h.source("SPP source")
+    resp = spp.register(reg_id=0)
+    _granted(h, resp, "an SPP source", rpp_mode=False)
+    h.check(not resp.w_flag, "the store acknowledged RPP to an SPP source",
+            expected="PREG_RESP without the RPP flag", observed=repr(resp))
+
+
 # --- source IUT --------------------------------------------------------------------------------
 
 SOURCE_OVERRIDES: dict[str, int] = {
