@@ -131,7 +131,7 @@ from reference_impl.lbtru_session import (
     SourceTimedOut,
 )
 from reference_impl.lbtru_session import Event as LbtruEvent
-from reference_impl.rpp import BLOCKING, NON_BLOCKING, SPP, receiver_options
+from reference_impl.rpp import SPP, check_mode, receiver_options
 from reference_impl.source import _consensus
 from wire import lbmr
 from wire.fields import ipv4_to_int
@@ -210,13 +210,7 @@ class ReceiverConfig:
     rpp_supported: bool = True
 
     def __post_init__(self) -> None:
-        modes = (SPP, BLOCKING, NON_BLOCKING) if self.rpp_supported else (SPP,)
-        if self.ume_receiver_paced_persistence not in modes:
-            raise ValueError(f"receiver ume_receiver_paced_persistence "
-                             f"{self.ume_receiver_paced_persistence}: expected one of "
-                             f"{', '.join(map(str, modes))}"
-                             + ("" if self.rpp_supported else
-                                " (the profile predates receiver-paced persistence, 5.3)"))
+        check_mode("receiver", self.ume_receiver_paced_persistence, self.rpp_supported)
 
     @property
     def rpp_mode(self) -> int:

@@ -223,6 +223,18 @@ def reregistration_refusal(*, role: str, old_mode: int, new_mode: int,
     return None
 
 
+def check_mode(role: str, value: int, rpp_supported: bool) -> None:
+    """A source's or receiver's ``ume_receiver_paced_persistence`` must be a mode its product
+    knows: sources 0 or 1, receivers 0, 1 or 2; 0 only before 5.3.  ValueError otherwise."""
+    modes = ((SPP, BLOCKING, NON_BLOCKING) if role == "receiver" else (SPP, BLOCKING)) \
+        if rpp_supported else (SPP,)
+    if value not in modes:
+        raise ValueError(f"{role} {RPP_OPTION} {value}: expected one of "
+                         f"{', '.join(map(str, modes))}"
+                         + ("" if rpp_supported else
+                            " (the profile predates receiver-paced persistence, 5.3)"))
+
+
 def receiver_mode(w_flag: int, options: Iterable[CfgOpt]) -> int:
     """A receiver registration's mode: the RPP flag, and for a non-blocking receiver its
     ``ume_receiver_paced_persistence 2`` option.  :class:`RppRefused` for garbled or

@@ -221,13 +221,7 @@ class SourceConfig:
         if self.transport.lower() not in TRANSPORTS:
             raise ValueError(f"source transport {self.transport!r}: the reference source "
                              f"speaks tcp or lbt-ru")
-        modes = (0, 1) if self.rpp_supported else (0,)
-        if self.ume_receiver_paced_persistence not in modes:
-            raise ValueError(f"source ume_receiver_paced_persistence "
-                             f"{self.ume_receiver_paced_persistence}: expected one of "
-                             f"{', '.join(map(str, modes))}"
-                             + ("" if self.rpp_supported else
-                                " (the profile predates receiver-paced persistence, 5.3)"))
+        rpp.check_mode("source", self.ume_receiver_paced_persistence, self.rpp_supported)
 
     @property
     def rpp(self) -> bool:
