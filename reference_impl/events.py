@@ -188,6 +188,28 @@ class MessageNotStable:
     sequence_number: int
 
 
+@dataclass(frozen=True)
+class MessageNacked:
+    """A store answered a message with a stability NACK (docs/semantics.md §1.8: "a stability
+    ACK carrying the NAK flag", docs/wire-lbmc.md §2.1): it declared the message unrecoverably
+    lost (e.g. an LBT-RU gap it could not repair) and will never hold it.  The source stops
+    proactively retransmitting the message to that store.
+
+    Attributes:
+        sequence_number: the message.
+        store: the store that NACKed it.
+        abandoned: the stores that did not NACK it can no longer make it stable under the
+            group rules (always so with one store): the source stopped waiting for it, took it
+            out of flight (as "Store Message Not Stable" does at the end of
+            ``ume_message_stability_lifetime``) and reclaimed it, forced
+            (:class:`MessageReclaimed` follows).  False: it stays in flight for the others.
+    """
+
+    sequence_number: int
+    store: StoreInfo
+    abandoned: bool
+
+
 @dataclass(slots=True, unsafe_hash=True)
 class DeliveryConfirmation:
     """"Delivery Confirmation": a receiver confirmed it consumed a message.
@@ -457,6 +479,7 @@ class ClientStateDeleted:
 Event = (
     LogRecord | InputDropped | SourceRegistrationSuccess | SourceRegistrationComplete
     | SourceRegistrationError | StoreUnresponsive | MessageStable | MessageNotStable
+    | MessageNacked
     | DeliveryConfirmation | MessageReclaimed | FlightSizeNotification | SourceDeregistered
     | RppNotAcknowledged | ReceiverRegistrationSuccess | ReceiverRegistrationComplete
     | ReceiverRegistrationError | ReceiverDeregistered | RegistrationChange | MessageDelivered

@@ -97,6 +97,7 @@ from reference_impl.events import (
     FlightSizeNotification,
     FlightState,
     Level,
+    MessageNacked,
     MessageNotStable,
     MessageReclaimed,
     MessageStable,
@@ -119,6 +120,7 @@ from reference_impl.lbtru_session import (
 from reference_impl.lbtru_session import Event as LbtruEvent
 from wire import lbmr
 from wire.lbmc import (
+    ACK_NAK,
     DATA_BASE,
     NHDR_DATA,
     AckType,
@@ -222,6 +224,17 @@ class SourceConfig:
             raise ValueError(f"source transport {self.transport!r}: the reference source "
                              f"speaks tcp or lbt-ru")
         rpp.check_mode("source", self.ume_receiver_paced_persistence, self.rpp_supported)
+        # the flight size is what a send is judged by: a value that makes no sense is refused
+        # here, in one line, as the configuration file reader refuses it
+        if self.ume_flight_size < 1:
+            raise ValueError(f"source ume_flight_size {self.ume_flight_size}: at least 1 "
+                             f"message")
+        if self.ume_flight_size_bytes < 0:
+            raise ValueError(f"source ume_flight_size_bytes {self.ume_flight_size_bytes}: "
+                             f"0 (off) or more bytes")
+        if self.ume_flight_size_behavior.lower() not in FLIGHT_SIZE_BEHAVIORS:
+            raise ValueError(f"source ume_flight_size_behavior "
+                             f"{self.ume_flight_size_behavior!r}: block or notify")
 
     @property
     def rpp(self) -> bool:
@@ -236,6 +249,9 @@ class SourceConfig:
 
 TRANSPORTS = {"tcp": "tcp", "lbt-ru": "lbt-ru", "lbtru": "lbt-ru"}
 """The ``transport`` values the source accepts, and what each means."""
+
+FLIGHT_SIZE_BEHAVIORS = ("block", "notify")
+"""``ume_flight_size_behavior`` values (docs/semantics.md §1.7), compared lower-case."""
 
 
 def lbtru_session_id(ip: str, port: int, transport_idx: int) -> int:
@@ -275,6 +291,7 @@ _ACK_RCV_REG_ID = _ACK.index("rcv_reg_id")
 _ACK_EXPLICIT = _ACK.view("e_flag")
 _ACK_HEAD = len(_ACK.head)
 _ACK_RUN_TYPE, _ACK_RUN_SEQNUM = _ACK.full_index("type"), _ACK.full_index("seqnum")
+_ACK_FLAGS, _ACK_RUN_FLAGS = _ACK.index("flags"), _ACK.full_index("flags")
 _STABLE, _CDELV = int(AckType.STABLE), int(AckType.CDELV)
 _DATA_PACK, _DATA_SIZE = DATA_BASE.codec.pack, DATA_BASE.size
 _MESSAGE = int(MessageType.MESSAGE)
@@ -344,13 +361,14 @@ class Retained:
     it) and the set of confirming receivers is only made by the first confirmation.
     """
 
-    __slots__ = ("_confirmed", "first_sent", "inflight", "payload", "sent_at", "stable",
-                 "stable_mask")
+    __slots__ = ("_confirmed", "first_sent", "inflight", "nack_mask", "payload", "sent_at",
+                 "stable", "stable_mask")
 
     def __init__(self, payload: bytes, now: float) -> None:
         self.payload = payload
         self.first_sent = self.sent_at = now
         self.stable_mask = 0  # bit i: store index i acknowledged it
+        self.nack_mask = 0  # bit i: store index i NACKed it (declared it lost)
         self.stable = False
         self.inflight = True
         self._confirmed: set[int] | None = None
@@ -486,6 +504,23 @@ class SourceCore(ContextCore):
         for conn in self._transport_conns:
             self.write(conn, raw)
         return sqn
+
+    def try_send(self, payload: bytes) -> int | SendError:
+        """:meth:`send` for a non-blocking application (the product's non-blocking send,
+        docs/semantics.md §1.7): the message's sequence number, or the refusal as a value,
+        never raised.  With ``ume_flight_size_behavior`` block and a full flight that is
+        :attr:`SendErrorCode.WOULD_BLOCK` ("would block"): the message is not sent, numbered,
+        retained or counted, and the same call succeeds once stability ACKs (or NACKs) bring
+        the flight back under its size; with notify the send succeeds and the source raises
+        :class:`~reference_impl.events.FlightSizeNotification`.
+
+        Why a value: the core has no blocking send of its own (a blocking application waits
+        for :meth:`can_send`, as :func:`reference_impl.runtime.send_messages` does), and a
+        non-blocking one tests every send's result anyway."""
+        try:
+            return self.send(payload)
+        except SendError as refusal:
+            return refusal
 
     def send_many(self, payloads: Iterable[bytes]) -> int:
         """Send payloads in order, as :meth:`send` would one by one, until one is refused;
@@ -699,7 +734,10 @@ class SourceCore(ContextCore):
                 break
             pos += size
             if values[_ACK_RUN_TYPE] == _STABLE:
-                on_stable(link, values[_ACK_RUN_SEQNUM])
+                if values[_ACK_RUN_FLAGS] & ACK_NAK:
+                    self._on_nack(link, values[_ACK_RUN_SEQNUM], size)
+                else:
+                    on_stable(link, values[_ACK_RUN_SEQNUM])
         if pos:
             link.last_heard = self.now
         return pos
@@ -713,7 +751,10 @@ class SourceCore(ContextCore):
             if isinstance(link, StoreLink):
                 link.last_heard = self.now
                 if values[_ACK_TYPE] == _STABLE:
-                    self._on_stable(link, values[_ACK_SEQNUM])
+                    if values[_ACK_FLAGS] & ACK_NAK:
+                        self._on_nack(link, values[_ACK_SEQNUM], len(raw))
+                    else:
+                        self._on_stable(link, values[_ACK_SEQNUM])
                 return
             if values[_ACK_TYPE] == _CDELV:
                 position, bit = _ACK_EXPLICIT
@@ -730,7 +771,10 @@ class SourceCore(ContextCore):
                 if isinstance(header, UmePregResp):
                     self._on_preg_resp(link, header)
                 elif isinstance(header, UmeAck) and header.type == AckType.STABLE:
-                    self._on_stable(link, header.seqnum)
+                    if header.flags & ACK_NAK:
+                        self._on_nack(link, header.seqnum, len(raw))
+                    else:
+                        self._on_stable(link, header.seqnum)
                 elif isinstance(header, UmeKeepalive) and header.r_flag:
                     self._keepalive(link)
             return
@@ -1158,8 +1202,43 @@ class SourceCore(ContextCore):
 
     def _resend_unstable(self, link: StoreLink) -> None:
         for sqn, msg in self.retained.items():
-            if not msg.stable and not msg.stable_mask >> link.info.index & 1:
+            if not msg.stable and not (msg.stable_mask | msg.nack_mask) >> link.info.index & 1:
                 self._proactive(link, sqn, msg)
+
+    def _on_nack(self, link: StoreLink, sqn: int, size: int) -> None:
+        """A stability NACK (the ACK's NAK bit, docs/wire-lbmc.md §2.1): the store declared
+        message ``sqn`` unrecoverably lost and will never hold it (docs/semantics.md §1.8).
+
+        The source stops retransmitting it to that store and says so (:class:`MessageNacked`,
+        a WARNING line).  *Choice* (the guide is silent on several stores): when the stores
+        that did not NACK it can no longer make it stable under the group rules - at once with
+        one store - the message is abandoned as at the end of its stability lifetime: out of
+        flight (a blocked send may go on) and reclaimed, forced; otherwise it stays in flight
+        for them.  A NACK for a message the source does not hold (never sent, already
+        reclaimed), or from a store that acknowledged it, is bad input: logged and dropped,
+        nothing changes; a repeated NACK changes nothing either."""
+        msg = self.retained.get(sqn)
+        bit = 1 << link.info.index
+        if msg is None or msg.stable_mask & bit:
+            why = "does not hold (never sent or already reclaimed)" if msg is None else \
+                "had acknowledged before"
+            self.drop(link.info.addr, f"stability NACK from store {link.info.index} for "
+                                      f"message {sqn}, which it {why}", size)
+            return
+        if msg.nack_mask & bit:
+            return  # said before
+        msg.nack_mask |= bit
+        everyone = (1 << len(self.links)) - 1
+        abandoned = not msg.stable and \
+            not self._groups_ok(set(_indexes(everyone & ~msg.nack_mask)))[0]
+        self.emit(MessageNacked(sqn, link.info, abandoned))
+        self.log(Level.WARNING,
+                 f"store {link.info.index} [{link.label}] NACKed message {sqn} (it declared "
+                 f"it lost): "
+                 + ("no other store can make it stable; no longer retransmitted, reclaimed"
+                    if abandoned else "no longer retransmitted to this store"))
+        if abandoned:
+            self._reclaim(sqn, msg, forced=True)
 
     def _proactive(self, link: StoreLink, sqn: int, msg: Retained) -> None:
         self.send_to(link.info.addr, data_message(self.topic_idx, sqn, msg.payload,
@@ -1254,8 +1333,9 @@ class SourceCore(ContextCore):
                 continue
             if self.now - msg.sent_at >= timeout:
                 msg.sent_at = self.now
+                done = msg.stable_mask | msg.nack_mask
                 for link in self.links:
-                    if link.registered and not msg.stable_mask >> link.info.index & 1:
+                    if link.registered and not done >> link.info.index & 1:
                         self._proactive(link, sqn, msg)
 
 

@@ -16,6 +16,18 @@ What it does follows the guide's "Operational View" and docs/semantics.md §1:
   :class:`~reference_impl.repository.Repository` and sends a stability ACK to the source
   (batched by ``stability-ack-minimum-number``/``-interval``; RPP below).  Duplicates are
   acknowledged again; proactive retransmissions from the source are stored like live data.
+* **Stability NACK** (docs/semantics.md §1.8, docs/wire-lbmc.md §2.1): messages the store
+  declared unrecoverably lost are answered with a stability ACK carrying the NAK bit
+  (``wire.lbmc.ACK_NAK``) and not stored.  The store declares a loss when its LBT-RU session
+  gives up datagrams (``Lost``: the store does not recover from the source): the topic
+  sequence numbers between the last message it got and the next live one are then lost
+  (LBT-RU delivers in order; the lost datagrams may also have been SRIs, then nothing is);
+  :meth:`StoreCore.declare_lost` does the same for any source.  *Choice* (the guide is
+  silent): a late copy (the source's proactive retransmission, or a retransmission) of a
+  message declared lost is NACKed, not stored - the loss was logged, counted and told to
+  receivers that asked (they got nothing for it), and the store keeps one answer per
+  sequence number; the source then stops sending it (another store of its group may hold
+  it).  Declarations live in memory only: a restarted store stores such a copy again.
   The hot path decodes only the data base header; the ACKs a received chunk earns leave in
   one write, after the chunk's messages went to the repository file (disk) in one write.
 * **Consumption ACKs** from receivers are cumulative (acknowledging N acknowledges everything up
@@ -267,6 +279,9 @@ from wire.lbmc import (
 )
 
 MAX_REGID = 0xFFFFFFFF
+MAX_LOST = 65536
+"""Most sequence numbers one source's loss declarations keep (the newest are kept): a lost
+range larger than the source's flight size cannot be proactively retransmitted anyway."""
 JOIN_WAIT = 2.0
 """Seconds a store holds a source's PREG_RESP while it joins the source's transport."""
 _TQRS_PER_QUERY = 8  # topic queries per LBMR packet the store sends
@@ -437,6 +452,10 @@ class SourceState(Client):
     # RPP disk without ack on reception: messages whose stability ACK waits for their write
     # (their write delay), in arrival order
     awaiting_write: dict[int, None] = field(default_factory=dict)
+    # stability NACK (docs/semantics.md §1.8): sequence numbers declared unrecoverably lost,
+    # and whether the transport just lost datagrams (the next live message shows which)
+    lost: set[int] = field(default_factory=set)
+    loss_pending: bool = False
 
 
 @dataclass(eq=False)
@@ -1039,6 +1058,9 @@ class StoreCore(ContextCore):
             # receivers that ask for it get nothing from this store (another may have it)
             self.stats["lbtru_lost"] = self.stats.get("lbtru_lost", 0) + \
                 event.last - event.first + 1
+            for (transport, _), src in self._routes.items():
+                if transport == conn.remote:
+                    src.loss_pending = True  # the next live message shows which (NACK)
             self.log(Level.WARNING, f"LBT-RU transport {conn.remote[0]}:{conn.remote[1]} lost "
                                     f"sqn {event.first}..{event.last} ({event.reason})")
         elif isinstance(event, SourceTimedOut | ConnectFailed):
@@ -1201,6 +1223,11 @@ class StoreCore(ContextCore):
             return
         now = self.now
         src.last_activity = now
+        if src.lost and sqn in src.lost:
+            self._nack(src, sqn)
+            return
+        if src.loss_pending:
+            self._loss_gap(src, sqn, raw)
         result = repo.add(sqn, raw, now)
         if not src.touched:
             src.touched = True
@@ -1220,6 +1247,44 @@ class StoreCore(ContextCore):
             self._stable(src, sqn)
         else:
             src.ack_due.append(sqn)  # the common case: one ACK per message, sent per chunk
+
+    def _loss_gap(self, src: SourceState, sqn: int, raw: bytes) -> None:
+        """The transport lost datagrams before this message: when it is live data, the
+        sequence numbers between the last message received and it are lost."""
+        if raw[0] & _TYPE_MASK != MessageType.MESSAGE:
+            return  # a proactive retransmission or retransmission says nothing of the gap
+        src.loss_pending = False
+        high = src.high_received
+        if high is not None and sqn > high + 1:
+            self.declare_lost(src, high + 1, sqn - 1)
+
+    def declare_lost(self, src: SourceState, first: int, last: int) -> int:
+        """Declare ``src``'s messages ``first``..``last`` unrecoverably lost (those the
+        repository does not hold): their late copies are NACKed from now on.  Returns how many
+        were declared; logs a WARNING and counts them (``declared_lost``)."""
+        repo = src.repo
+        new = [sqn for sqn in range(max(first, last - MAX_LOST + 1), last + 1)
+               if sqn not in src.lost and (repo is None or sqn not in repo)]
+        if not new:
+            return 0
+        src.lost.update(new)
+        if len(src.lost) > MAX_LOST:
+            src.lost = set(sorted(src.lost)[-MAX_LOST:])
+        self.stats["declared_lost"] = self.stats.get("declared_lost", 0) + len(new)
+        self.log(Level.WARNING, f"source RegID {src.reg_id}: messages {new[0]}..{new[-1]} "
+                                f"declared unrecoverably lost ({len(new)}); a late copy of "
+                                f"them is NACKed")
+        return len(new)
+
+    def _nack(self, src: SourceState, sqn: int) -> None:
+        """Answer a copy of a message declared lost with a stability NACK (the ACK's NAK bit),
+        at once: NACKs are rare and need no batching."""
+        self.stats["nacks"] = self.stats.get("nacks", 0) + 1
+        self._send_client(src, control(UmeAck(
+            n_flag=1, type=AckType.STABLE, transport_idx=src.transport_idx,
+            id_2=src.topic_idx, seqnum=sqn)))
+        self.log(Level.INFO, f"source RegID {src.reg_id}: message {sqn} was declared lost; "
+                             f"its copy NACKed")
 
     def _rpp_received(self, src: SourceState, repo: Repository, sqn: int,
                       duplicate: bool) -> None:
