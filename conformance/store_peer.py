@@ -60,6 +60,7 @@ from conformance.peer_env import PeerEnv
 from reference_impl import rpp
 from wire import lbmr
 from wire.lbmc import (
+    ACK_NAK,
     AckType,
     CfgOpt,
     Header,
@@ -131,6 +132,10 @@ class HarnessStore:
             (``None``: OLD for a RegID already registered here, the highest message held).
         ack: whether a message that arrives is acknowledged as stable; a function of the
             sequence number chooses per message.
+        nack: a function of the sequence number, or None: a proactive retransmission it says
+            True for is answered with a stability NACK (the ACK with the NAK bit,
+            ``wire.lbmc.ACK_NAK``) instead of :attr:`ack`'s answer, as a store that declared
+            the message lost does (docs/semantics.md §1.8); :attr:`nacked` records each.
         receiver_low, receiver_high: the low/high sequence numbers a receiver's PREG_RESP
             carries (``None``: the oldest / newest message held).
         serve_rxreq: answer RXREQs with retransmissions from the repository.
@@ -164,6 +169,8 @@ class HarnessStore:
         self.old: bool | None = None
         self.high_seqnum: int | None = None
         self.ack: bool | Callable[[int], bool] = True
+        self.nack: Callable[[int], bool] | None = None
+        self.nacked: list[tuple[float, int]] = []  # (when, sqn) of every NACK sent
         self.receiver_low: int | None = None
         self.receiver_high: int | None = None
         self.serve_rxreq = True
@@ -320,6 +327,14 @@ class HarnessStore:
                 return  # data from elsewhere (a receiver has no reason to send any)
             self.repository.setdefault(message.sqn, bytes(message.payload or b""))
         if src is None or self.silent:
+            return
+        if message.type == MessageType.PRORX and self.nack is not None and \
+                self.nack(message.sqn):
+            with self._lock:
+                self.nacked.append((seen.at, message.sqn))
+            src.link.send(LBMC() / LBMC_UmeAck(flags=ACK_NAK, type=int(AckType.STABLE),
+                                              transport_idx=src.transport_idx,
+                                              id_2=src.topic_idx, seqnum=message.sqn))
             return
         wanted = self.ack(message.sqn) if callable(self.ack) else self.ack
         if wanted:

@@ -12,9 +12,16 @@ source resends precisely because it never saw the first ACK.
 Source IUT (SRC-PRX-*): the harness store withholds ACKs and watches the proactive
 retransmissions (data with the PRORX type on the registration connection).  The Message Not
 Stable event reaches the application only, so it is not judged; what is judged is that the
-retransmissions stop.  Store IUT (PRX-STORE-*): the harness source loses a message on the
-transport, or sends again a message already acknowledged, as a retransmission on its
-registration connection, and waits for the store's ACK.
+retransmissions stop.  SRC-PRX-004: the harness store answers a proactive retransmission with
+a stability NACK (the ACK with the NAK bit, docs/wire-lbmc.md §2.1), as a store that declared
+the message unrecoverably lost does (docs/semantics.md §1.8); the source must stop resending it.
+
+Store IUT (PRX-STORE-*): the harness source loses a message on the transport, or sends again a
+message already acknowledged, as a retransmission on its registration connection, and waits for
+the store's ACK.  There is no store case for the NACK: a store declares a message lost only
+when its own transport gave up on it (the reference store: its LBT-RU session's unrecoverable
+loss), which a black-box harness cannot bring about in an arbitrary store over LBT-TCP; the
+reference store's NACK is tested on its core (tests/reference_impl/test_stability_nack.py).
 """
 
 from __future__ import annotations
@@ -166,6 +173,44 @@ def lifetime_stops_resending(h: CaseContext) -> None:
     logged = "not stable" in h.client_iut.log_since(0).lower().replace("notstable", "not stable")
     h.note("the IUT log " + ("mentions" if logged else "does not mention")
            + " a Message Not Stable event (informational)")
+
+
+@case("SRC-PRX-004", suite=SUITE, role=Role.SOURCE,
+      title="A message the store NACKs is no longer retransmitted",
+      section=SECTION,
+      requirement="A store answers a copy of a message it holds as unrecoverably lost with a "
+                  "stability ACK carrying the NAK flag, and the source stops re-sending it "
+                  "(docs/semantics.md §1.8).",
+      timeout=12.0)
+def nack_stops_resending(h: CaseContext) -> None:
+    """Stability timeout 300 ms, lifetime 0 (never), checked every 100 ms.  The store does not
+    acknowledge every third message (sqn % 3 == 1) and answers its first proactive
+    retransmission with a stability NACK.  No NACKed message may come back later than 0.15 s
+    after its NACK (a retransmission already on its way when the NACK left), although the
+    timeout would resend it every 300 ms; the other messages are acknowledged as usual."""
+    store = h.store()
+    lost = {sqn for sqn in range(10_000) if sqn % 3 == 1}
+    store.ack = lambda sqn: sqn not in lost
+    store.nack = lambda sqn: sqn in lost
+    h.start_iut(store, options={**FAST_REGISTRATION,
+                                "source ume_message_stability_timeout": 300,
+                                "source ume_message_stability_lifetime": 0,
+                                "source ume_store_check_interval": 100})
+    _wait_first(h, store)
+    h.wait_until(lambda: False, 2.5, "proactive retransmissions and their NACKs")
+    nacked = dict((sqn, at) for at, sqn in reversed(list(store.nacked)))  # the first NACK
+    h.check(bool(nacked), "the source never retransmitted an unacknowledged message, so "
+            "nothing was NACKed", expected="proactive retransmissions after 300 ms",
+            observed=f"{len(store.snapshot(store.prorx))} retransmission(s)")
+    resent = _prorx_by_sqn(store)
+    again = {sqn: [round(s.at - at, 3) for s in resent.get(sqn, [])
+                   if s.at - at > h.scaled(0.15)]
+             for sqn, at in nacked.items()}
+    again = {sqn: times for sqn, times in again.items() if times}
+    h.check(not again, "the source kept retransmitting messages the store NACKed",
+            expected="no retransmission of a message after its stability NACK",
+            observed={k: again[k][:3] for k in sorted(again)[:5]})
+    h.note(f"{len(nacked)} message(s) NACKed, {len(store.nacked)} NACK(s) sent")
 
 
 # --- store IUT ------------------------------------------------------------------------------------

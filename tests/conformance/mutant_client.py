@@ -363,6 +363,18 @@ MUTANTS: dict[str, tuple[str, Callable[[], None]]] = {
 }
 
 
+
+def ignores_nack() -> None:
+    """Ignores stability NACKs (the ACK's NAK bit): keeps resending a message the store
+    declared lost (docs/semantics.md §1.8)."""
+    def patched(self: SourceCore, link: StoreLink, sqn: int, size: int) -> None:
+        return None
+    SourceCore._on_nack = patched  # type: ignore[method-assign]
+
+
+MUTANTS["ignores-nack"] = ("source", ignores_nack)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0] not in MUTANTS or argv[1] != MUTANTS[argv[0]][0]:
         print(f"usage: mutant_client.py {{{','.join(MUTANTS)}}} source|receiver ARGS...",

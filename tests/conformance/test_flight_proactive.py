@@ -35,7 +35,7 @@ def test_the_suites_hold_their_cases_for_each_role() -> None:
     assert flight == [f"SRC-FLT-00{i}" for i in range(1, 8)]
     prx = sorted(c.id for c in all_cases() if c.suite == "proactive-retransmit")
     assert prx == ["PRX-STORE-001", "PRX-STORE-002", "SRC-PRX-001", "SRC-PRX-002",
-                   "SRC-PRX-003"]
+                   "SRC-PRX-003", "SRC-PRX-004"]
     assert ("flight-size", Role.STORE) not in by_suite
     sections = {c.section for c in all_cases() if c.suite in ("flight-size",
                                                               "proactive-retransmit")}
@@ -58,7 +58,7 @@ def test_ump_conform_takes_the_suite_names() -> None:
     listed = [line.split()[0] for line in out.stdout.splitlines() if line[:1].isalnum()]
     assert listed == ["SRC-FLT-001", "SRC-FLT-002", "SRC-FLT-003", "SRC-FLT-004",
                       "SRC-FLT-005", "SRC-FLT-006", "SRC-FLT-007", "SRC-PRX-001", "SRC-PRX-002",
-                      "SRC-PRX-003"]
+                      "SRC-PRX-003", "SRC-PRX-004"]
 
 
 # --- the reference source's flight size --------------------------------------------------------
