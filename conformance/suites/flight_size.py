@@ -14,6 +14,15 @@ limit allows, and exactly the ones the limit allows must appear (a source that s
 sends too little, which is a failure of its own).  The OVER/UNDER notifications of ``notify``
 reach the application only, so the notify case judges what is on the wire (sends go on past the
 limit) and does not judge the events.  Each case sets every option that decides its verdict.
+
+No case judges the non-blocking send's "would block" (docs/semantics.md §1.7): a blocking and a
+non-blocking source put the same messages on the wire under ``block`` (the one waits, the other
+is refused and tries again), and the refusal reaches the application only; a source IUT that
+printed it would need a command-line mode of its own, which ``ump source`` does not have (it
+waits for room).  The reference source's non-blocking send
+(:meth:`~reference_impl.source.SourceCore.try_send`: "would block" returned as a value, the
+message neither sent nor counted) is tested on its core, tests/reference_impl/
+test_would_block.py.
 """
 
 from __future__ import annotations

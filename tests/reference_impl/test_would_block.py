@@ -1,0 +1,134 @@
+"""The non-blocking send and the flight size (docs/semantics.md §1.7, guide "UMP Flight Size"):
+with ``ume_flight_size_behavior`` block a full flight makes :meth:`SourceCore.try_send` return
+"would block" as a value (never raised), and the message is neither sent nor numbered nor
+counted; bad flight-size options are one-line configuration errors, in the configuration file
+and in :class:`SourceConfig` alike.
+
+The reference ``ump source`` has no non-blocking mode on its command line (it waits for room),
+so the flight-size suite has no would-block case: this is checked here, on the core.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import reference_impl.cli
+from reference_impl.config.client import ConfigError, parse_client_config
+from reference_impl.events import FlightSizeNotification, FlightState
+from reference_impl.source import SendError, SendErrorCode, SourceConfig, SourceCore
+from tests.reference_impl.test_source_fastpath import ACK, Harness
+from ump.cli import main
+from wire.lbmc import ACK_NAK, AckType
+
+
+def _state(h: Harness) -> tuple[object, ...]:
+    src = h.source
+    return (src.next_sqn, src.stats["sent"], src.inflight, src.inflight_bytes,
+            list(src.retained), src.retained_bytes)
+
+
+def test_a_full_flight_returns_would_block_and_takes_nothing() -> None:
+    h = Harness.start(SourceCore, (0,), ume_flight_size=2)
+    assert h.source.try_send(b"a") == 0
+    assert h.source.try_send(b"b") == 1
+    h.collect()
+    h.written.clear()
+    before = _state(h)
+    for _ in range(3):  # asking again does not change it either
+        refused = h.source.try_send(b"c")
+        assert isinstance(refused, SendError)
+        assert refused.code is SendErrorCode.WOULD_BLOCK
+        assert str(refused) == "send would block because of flight size"
+    h.collect()
+    assert _state(h) == before
+    assert not h.written.get(h.transport_key)  # nothing went out
+    assert not [e for e in h.events if isinstance(e, FlightSizeNotification)]
+    # a stability ACK makes room: the same call now succeeds, with the next number
+    h.feed(h.store_keys[0], [ACK.pack(type=AckType.STABLE, seqnum=0)])
+    assert h.source.try_send(b"c") == 2
+    h.collect()
+    assert h.written.get(h.transport_key)
+
+
+def test_a_nack_makes_room_too() -> None:
+    h = Harness.start(SourceCore, (0,), ume_flight_size=1)
+    assert h.source.try_send(b"a") == 0
+    assert isinstance(h.source.try_send(b"b"), SendError)
+    h.feed(h.store_keys[0], [ACK.pack(flags=ACK_NAK, type=AckType.STABLE, seqnum=0)])
+    assert h.source.try_send(b"b") == 1
+
+
+def test_the_byte_limit_would_block_as_well() -> None:
+    h = Harness.start(SourceCore, (0,), ume_flight_size=10, ume_flight_size_bytes=10)
+    assert h.source.try_send(b"x" * 6) == 0
+    refused = h.source.try_send(b"x" * 5)
+    assert isinstance(refused, SendError) and refused.code is SendErrorCode.WOULD_BLOCK
+    assert h.source.try_send(b"x" * 4) == 1  # fits exactly
+    too_big = h.source.try_send(b"x" * 11)
+    assert isinstance(too_big, SendError) and too_big.code is SendErrorCode.TOO_BIG
+
+
+def test_notify_sends_and_tells_instead() -> None:
+    h = Harness.start(SourceCore, (0,), ume_flight_size=1, ume_flight_size_behavior="Notify")
+    assert h.source.try_send(b"a") == 0
+    assert h.source.try_send(b"b") == 1
+    h.collect()
+    assert [e for e in h.events if isinstance(e, FlightSizeNotification)] == \
+        [FlightSizeNotification(FlightState.OVER, 2)]
+
+
+def test_other_refusals_are_values_too() -> None:
+    h = Harness.start(SourceCore, (0,))
+    h.source.deregister()
+    refused = h.source.try_send(b"a")
+    assert isinstance(refused, SendError) and refused.code is SendErrorCode.DEREGISTERED
+    with pytest.raises(SendError):  # send itself still raises, as before
+        h.source.send(b"a")
+
+
+# --- bad flight-size options -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"ume_flight_size": 0}, ["ume_flight_size 0", "at least 1"]),
+    ({"ume_flight_size": -3}, ["ume_flight_size -3", "at least 1"]),
+    ({"ume_flight_size_bytes": -1}, ["ume_flight_size_bytes -1"]),
+    ({"ume_flight_size_behavior": "wait"}, ["ume_flight_size_behavior 'wait'", "block or notify"]),
+])
+def test_the_core_refuses_bad_flight_options_in_one_line(options: dict[str, object],
+                                                         words: list[str]) -> None:
+    with pytest.raises(ValueError) as caught:
+        SourceConfig(**options)  # type: ignore[arg-type]
+    text = str(caught.value)
+    assert "\n" not in text and all(w in text for w in words), text
+
+
+@pytest.mark.parametrize("line, words", [
+    ("source ume_flight_size 0", ["ume_flight_size"]),
+    ("source ume_flight_size -5", ["ume_flight_size"]),
+    ("source ume_flight_size many", ["ume_flight_size"]),
+    ("source ume_flight_size_behavior wait", ["block or notify"]),
+    ("source ume_flight_size_behavior", ["ume_flight_size_behavior"]),
+])
+def test_the_configuration_file_refuses_them_in_one_line(line: str, words: list[str]) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_client_config(line, "client.cfg")
+    text = str(caught.value)
+    assert "\n" not in text and "client.cfg" in text and all(w in text for w in words), text
+
+
+def test_ump_source_says_so_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    def started(*_: object) -> int:
+        raise AssertionError("the source would start")
+
+    monkeypatch.setattr(reference_impl.cli, "_run", started)
+    cfg = tmp_path / "lbm.cfg"
+    cfg.write_text("source ume_flight_size 0\n")
+    code = main(["source", "-c", str(cfg), "--topic", "t", "--count", "1"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and err.splitlines() == [err.rstrip("\n")], err
+    assert "ume_flight_size" in err
