@@ -265,7 +265,7 @@ async def start_stores(host: AioHost, config: StoreDaemonConfig, *, resolver: Ad
             settings = dataclasses.replace(settings, port=any_free_tcp_port(listen_ip))
         core = StoreCore(settings, now=host.now())
         await host.bind_udp(core, (settings.ip, 0), name=f"store {store.name}")
-        await host.bind_udp(core, (settings.ip, settings.lbtru_port))
+        await _bind_store_lbtru(host, core)
         try:
             await host.listen_tcp(core, (listen_ip, settings.port))
         except OSError as exc:
@@ -275,6 +275,22 @@ async def start_stores(host: AioHost, config: StoreDaemonConfig, *, resolver: Ad
         log.info('Store "%s" ready to accept registrations on %s:%d', store.name,
                  settings.ip, settings.port)
     return cores
+
+
+async def _bind_store_lbtru(host: AioHost, core: StoreCore) -> None:
+    """Bind the store's LBT-RU receiver port.  Another process may take the port chosen
+    (:func:`free_udp_port` checks, the bind comes later): then the next free one of the range,
+    a few times, the core told each time (:meth:`StoreCore.use_lbtru_port`).  The core is
+    made only once, because making it takes the state directory's lock."""
+    for attempt in range(BIND_ATTEMPTS):
+        port = core.settings.lbtru_port
+        try:
+            await host.bind_udp(core, (core.settings.ip, port))
+            return
+        except HostError:
+            if attempt == BIND_ATTEMPTS - 1:
+                raise
+            core.use_lbtru_port(free_udp_port(core.settings.ip, LBTRU_RECEIVER_PORTS))
 
 
 LBTRU_RECEIVER_PORTS = (14360, 14379)

@@ -215,7 +215,7 @@ import stat
 import tempfile
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -541,6 +541,13 @@ class StoreCore(ContextCore):
         self.set_timer("check", now + self._check_interval())
         self.set_timer("resolve", now)
         self._advertise_name()  # "Store sends ads at startup and in response to queries"
+
+    def use_lbtru_port(self, port: int) -> None:
+        """Receive LBT-RU transports on ``port`` instead (before anything was joined: the
+        driver found the chosen port taken when it came to bind it)."""
+        self.lbtru_ports.discard(self.settings.lbtru_port)
+        self.settings = replace(self.settings, lbtru_port=port)
+        self.lbtru_ports.add(port)
 
     # --- small helpers ------------------------------------------------------------------------
 

@@ -203,3 +203,33 @@ def test_a_store_on_port_0_listens_on_and_names_a_real_port(tmp_path: Path) -> N
             writer.close()
 
     asyncio.run(main())
+
+
+def test_a_store_whose_lbtru_port_is_taken_before_it_binds_takes_the_next_free_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The LBT-RU port is chosen free, then bound later: a port another process took in
+    between must not stop the store (a CI run once failed with "cannot bind UDP 14360")."""
+    config = parse_store_config(disk_store_xml("race", 0, r"runtime\..*", repository="memory"))
+    taken = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    taken.bind(("127.0.0.1", 0))
+    stolen = taken.getsockname()[1]
+    real = runtime.free_udp_port
+    calls: list[int] = []
+
+    def racing(ip: str, ports: tuple[int, int]) -> int:
+        calls.append(1)
+        return stolen if len(calls) == 1 else real(ip, ports)
+    monkeypatch.setattr(runtime, "free_udp_port", racing)
+
+    async def main() -> int:
+        async with AioHost() as host:
+            (store,) = await runtime.start_stores(host, config, resolver=("127.0.0.1", 9),
+                                                  base=tmp_path)
+            return store.settings.lbtru_port
+
+    try:
+        port = asyncio.run(main())
+    finally:
+        taken.close()
+    assert port != stolen and len(calls) == 2
+    assert runtime.LBTRU_RECEIVER_PORTS[0] <= port <= runtime.LBTRU_RECEIVER_PORTS[1]
