@@ -123,6 +123,7 @@ from reference_impl.events import (
     UnrecoverableLoss,
 )
 from reference_impl.fastmsg import ControlTemplate, data_fields
+from reference_impl.fragments import FragmentPiece, Reassembly
 from reference_impl.lbtru_session import (
     Connected,
     ConnectFailed,
@@ -139,6 +140,7 @@ from wire.lbmc import (
     DATA_BASE,
     VER_TYPE_BITS,
     AckType,
+    Frag,
     Header,
     KeepaliveType,
     LbmcMessage,
@@ -359,6 +361,8 @@ class SourceSession:
     _sri_requests: int = 0
     _rr: int = 0
     _chunk_work: bool = False  # messages of the current chunk await on_chunk_done
+    assembling: Reassembly | None = None  # the fragmented message being delivered
+    frag_ends: dict[int, int] = field(default_factory=dict)  # delivered: first -> last sqn
 
     def store_at(self, addr: Addr) -> StoreReg | None:
         """Our registration with the store at ``addr``, if its SRI names it."""
@@ -377,6 +381,10 @@ DORMANT_LIFETIME = 300.0
 the same or another transport, goes on in it); then it is forgotten, its timers (keepalives
 to the stores) stop, and the stores' receiver activity timeout frees its RegIDs.  At
 :data:`MAX_SOURCES` the session down longest gives way to a new source at once."""
+
+MAX_FRAGMENT_ENDS = 10_000
+"""Most delivered fragmented messages whose last fragment a receiver remembers for
+:meth:`ReceiverCore.ack` (the oldest is forgotten first)."""
 
 UNCONFIRMED_MAXIMUM = 10_000
 """Most live messages a session keeps while its source is not vouched for; more are dropped
@@ -579,6 +587,7 @@ class ReceiverCore(ContextCore):
             raise ValueError(f"no source {source!r} on topic {self.topic!r}")
         self._use(st)
         try:
+            sqn = self._fragments_consumed(sqn)
             if self.consumed is None or sqn > self.consumed:
                 self.consumed = sqn
             self._send_acks()
@@ -908,8 +917,11 @@ class ReceiverCore(ContextCore):
 
     def on_message(self, conn: Connection, message: LbmcMessage, raw: bytes) -> None:
         if message.is_data_type:
-            self._data(conn, int(message.type), message.tidx, message.sqn, message.payload,
-                       len(raw))
+            payload = message.payload
+            frag = message.header(Frag)
+            if frag is not None:  # one fragment of a large message (reference_impl/fragments)
+                payload = FragmentPiece(payload, frag.first_sqn, frag.offset, frag.len)
+            self._data(conn, int(message.type), message.tidx, message.sqn, payload, len(raw))
             return
         sri = message.header(Sri)
         if sri is not None:
@@ -1295,6 +1307,10 @@ class ReceiverCore(ContextCore):
         if st.complete:
             st._chunk_work = True  # drain, acknowledge and ask for more once per chunk
             if sqn == nxt:  # the common case: in order, deliver at once
+                if isinstance(payload, FragmentPiece):
+                    st.next_sqn = sqn + 1
+                    self._fragment_delivered(st, sqn, payload, retransmission)
+                    return
                 self.emit(MessageDelivered(sqn, payload, retransmission, st.name))
                 self.stats["delivered"] += 1
                 st.next_sqn = sqn + 1
@@ -1334,7 +1350,14 @@ class ReceiverCore(ContextCore):
         delivered, last = 0, None
         while True:
             item = held.pop(nxt, None)
-            if item is not None:
+            if item is not None and isinstance(item.payload, FragmentPiece):
+                requests.pop(nxt, None)
+                abandoned.discard(nxt)
+                if self._fragment_delivered(self._cur, nxt, item.payload, item.retransmission,
+                                            count=False):
+                    delivered += 1
+                    last = nxt
+            elif item is not None:
                 emit(MessageDelivered(nxt, item.payload, item.retransmission, name))
                 requests.pop(nxt, None)
                 delivered += 1
@@ -1353,6 +1376,52 @@ class ReceiverCore(ContextCore):
         cfg = self.config
         if not cfg.ume_use_ack_batching and not cfg.ume_explicit_ack_only:
             self._send_acks()
+
+    def _fragment_delivered(self, st: SourceSession, sqn: int, piece: FragmentPiece,
+                            retransmission: bool, *, count: bool = True) -> bool:
+        """Fragment ``sqn`` reached delivery (in sequence-number order, like every message):
+        it joins its message, which is delivered once, when complete; returns whether it was.
+
+        Choices (issue 17; docs where the guide is silent): the message is delivered with
+        its *first* fragment's sequence number (as the product numbers a reassembled
+        message), as a retransmission when any of its fragments was one; the consumption
+        point moves to its *last* fragment, so the ACK covers every fragment (and
+        :meth:`ack` of the delivered sequence number does the same).  A message one of whose
+        fragments was lost for good, or whose start came before this receiver's first
+        sequence number, cannot be completed: it is dropped, with a WARNING, when the next
+        message begins; the loss itself was reported (:class:`UnrecoverableLoss`)."""
+        work = st.assembling
+        if work is None or work.first_sqn != piece.first_sqn or work.total != piece.total:
+            if work is not None and not work.complete:
+                self.log(Level.WARNING, f"{st.name}: fragmented message {work.first_sqn} "
+                                        f"incomplete ({work.have} of {work.total} bytes: a "
+                                        f"fragment was lost), not delivered")
+            work = st.assembling = Reassembly(piece.first_sqn, piece.total)
+        if not work.add(piece.offset, bytes(piece)):
+            self.log(Level.WARNING, f"{st.name}: fragment {sqn} of message {piece.first_sqn} "
+                                    f"overruns its {piece.total}-byte total: dropped")
+            return False
+        work.retransmission = work.retransmission or retransmission
+        if not work.complete:
+            return False
+        st.assembling = None
+        self.emit(MessageDelivered(work.first_sqn, work.payload(), work.retransmission,
+                                   st.name))
+        if count:
+            self.stats["delivered"] += 1
+        if work.first_sqn != sqn:
+            ends = st.frag_ends
+            ends[work.first_sqn] = sqn
+            if len(ends) > MAX_FRAGMENT_ENDS:
+                ends.pop(next(iter(ends)))
+        if not self.config.ume_explicit_ack_only:
+            st.consumed = sqn
+        return True
+
+    def _fragments_consumed(self, sqn: int) -> int:
+        """What the application's :meth:`ack` of ``sqn`` consumes: a delivered fragmented
+        message's last fragment when ``sqn`` is its (first) sequence number."""
+        return self._cur.frag_ends.get(sqn, sqn)
 
     def _request_more(self) -> None:
         """Ask for the lowest missing sequence numbers, up to the outstanding maximum.

@@ -93,7 +93,15 @@ from typing import BinaryIO, NamedTuple
 from urllib.parse import unquote_to_bytes
 
 from wire.errors import WireError
-from wire.lbmc import CONTROL_BASE, DATA_BASE, DATA_TYPES, NHDR_DATA, VER_TYPE_BITS, MessageType
+from wire.lbmc import (
+    CONTROL_BASE,
+    DATA_BASE,
+    DATA_TYPES,
+    NHDR_DATA,
+    VER_TYPE_BITS,
+    Frag,
+    MessageType,
+)
 from wire.lbttcp import LbttcpStream
 
 PER_MESSAGE_OVERHEAD = 72
@@ -673,7 +681,7 @@ class Repository:
                     raise StoreFileError(path, str(stored_message_problem(raw)),
                                          offset=item.offset)
                 ver_type, next_hdr, _, _, sqn = _DATA_UNPACK(raw, 0)
-                if next_hdr != NHDR_DATA or ver_type & _TYPE_MASK not in _STORED_TYPES:
+                if next_hdr not in _STORED_CHAINS or ver_type & _TYPE_MASK not in _STORED_TYPES:
                     raise StoreFileError(path, str(stored_message_problem(raw)),
                                          offset=item.offset)
                 disk[sqn] = (item.offset, len(raw))
@@ -760,13 +768,16 @@ _READ_CHUNK = 1 << 20
 _DATA_UNPACK = DATA_BASE.codec.unpack_from
 _TYPE_MASK = VER_TYPE_BITS["type"].mask
 _STORED_TYPES = frozenset(int(t) for t in DATA_TYPES)
+_STORED_CHAINS = frozenset((NHDR_DATA, Frag.kind.code))
+"""How a stored data message's header chain starts: in DATA, or with the FRAG header of a
+fragment of a large message (each fragment is stored as a message of its own)."""
 
 
 def _header_problem(ver_type: int, next_hdr: int, msglen: int) -> str | None:
     """Why a message with this base header is not one a store keeps, else ``None`` (the
     store keeps data messages, whose header chain starts in DATA, exactly as received)."""
     mtype = ver_type & _TYPE_MASK
-    if mtype not in _STORED_TYPES or next_hdr != NHDR_DATA:
+    if mtype not in _STORED_TYPES or next_hdr not in _STORED_CHAINS:
         return f"not a stored data message (type {mtype:#x}, next header {next_hdr:#04x})"
     if msglen < _DATA_SIZE:
         return (f"a {msglen}-byte message is shorter than the {_DATA_SIZE}-byte data "

@@ -89,7 +89,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from reference_impl import rpp
+from reference_impl import fragments, rpp
 from reference_impl.context import Connection, ContextCore, LbtruBinding, control
 from reference_impl.events import (
     Addr,
@@ -218,12 +218,16 @@ class SourceConfig:
     transport: str = "tcp"  # "tcp" or "lbt-ru" ("lbtru" too)
     transport_lbtru_session_id: int = 0  # 0: derived (see :func:`lbtru_session_id`)
     transport_lbtru_transmission_window_size: int = 25_165_824
+    # the largest datagram of each transport; longer messages go out as fragments
+    transport_tcp_datagram_max_size: int = fragments.DATAGRAM_DEFAULTS["tcp"]
+    transport_lbtru_datagram_max_size: int = fragments.DATAGRAM_DEFAULTS["lbt-ru"]
 
     def __post_init__(self) -> None:
         if self.transport.lower() not in TRANSPORTS:
             raise ValueError(f"source transport {self.transport!r}: the reference source "
                              f"speaks tcp or lbt-ru")
         rpp.check_mode("source", self.ume_receiver_paced_persistence, self.rpp_supported)
+        fragments.piece_size(self.transport_kind, self.datagram_max)  # refuses a bad maximum
         # the flight size is what a send is judged by: a value that makes no sense is refused
         # here, in one line, as the configuration file reader refuses it
         if self.ume_flight_size < 1:
@@ -245,6 +249,20 @@ class SourceConfig:
     def lbtru(self) -> bool:
         """The data transport is LBT-RU."""
         return TRANSPORTS[self.transport.lower()] == "lbt-ru"
+
+    @property
+    def transport_kind(self) -> str:
+        """The data transport: "tcp" or "lbt-ru"."""
+        return TRANSPORTS[self.transport.lower()]
+
+    @property
+    def datagram_max(self) -> int:
+        """The largest datagram of the source's transport (its ``transport_*_datagram_max_
+        size``): a message that does not fit goes out as fragments (:mod:`reference_impl.
+        fragments`)."""
+        if self.lbtru:
+            return self.transport_lbtru_datagram_max_size
+        return self.transport_tcp_datagram_max_size
 
 
 TRANSPORTS = {"tcp": "tcp", "lbt-ru": "lbt-ru", "lbtru": "lbt-ru"}
@@ -396,6 +414,34 @@ class Retained:
         return len(self._confirmed) if self._confirmed is not None else 0
 
 
+class FragmentedRetained(Retained):
+    """A message sent as fragments (:mod:`reference_impl.fragments`), kept under its first
+    fragment's sequence number: it counts once against the flight size (guide "UMP Flight
+    Size": "per message basis, not a per fragment basis"; the byte limit counts its payload
+    once) and is stable when every fragment is stable under the group rules.  ``masks[i]``
+    says which stores acknowledged fragment ``i``; :attr:`stable_mask` is what every fragment
+    has (a store missing any fragment gets the missing ones proactively)."""
+
+    __slots__ = ("count", "first", "fragment_stable", "masks", "piece", "stable_count")
+
+    def __init__(self, payload: bytes, now: float, first: int, piece: int) -> None:
+        super().__init__(payload, now)
+        self.first, self.piece = first, piece
+        self.count = fragments.fragment_count(len(payload), piece)
+        self.masks = [0] * self.count
+        self.fragment_stable = [False] * self.count
+        self.stable_count = 0
+
+    @property
+    def last(self) -> int:
+        """The last fragment's sequence number."""
+        return (self.first + self.count - 1) & 0xFFFFFFFF
+
+    def sqns(self) -> list[int]:
+        """Every fragment's sequence number, in order."""
+        return [(self.first + i) & 0xFFFFFFFF for i in range(self.count)]
+
+
 def _indexes(mask: int) -> frozenset[int]:
     """The bit positions set in ``mask``: store indexes from a :attr:`Retained.stable_mask`."""
     return frozenset(i for i in range(mask.bit_length()) if mask >> i & 1)
@@ -475,7 +521,13 @@ class SourceCore(ContextCore):
                       config.ume_retention_intergroup_stability_behavior.lower())
         self._stability_memo: dict[tuple[int, int], tuple[bool, StableFlags, StableFlags]] \
             | None = None if "all-active" in behaviours else {}
-        self.stats.update(sent=0, proactive_retransmissions=0, stable=0)
+        self.stats.update(sent=0, proactive_retransmissions=0, stable=0, fragments=0)
+        # fragmentation: a payload longer than _whole goes out in _piece-byte fragments, and
+        # each fragment's sequence number names its message here while it is retained
+        kind = config.transport_kind
+        self._piece = fragments.piece_size(kind, config.datagram_max)
+        self._whole = fragments.whole_size(kind, config.datagram_max)
+        self._fragment_of: dict[int, FragmentedRetained] = {}
         # the RPP overrides every registration carries (fixed: a re-registration must
         # present the same values, docs/semantics.md §2.1)
         self._rpp_options = rpp.source_options(config) if config.rpp else []
@@ -499,7 +551,7 @@ class SourceCore(ContextCore):
         """Send one message now; returns its sequence number or raises :class:`SendError`."""
         sqn, raw = self._take(payload)
         if self.lbtru_session is not None:
-            self.lbtru_session.send(raw, self.now)
+            self._lbtru_send(raw)
             return sqn
         for conn in self._transport_conns:
             self.write(conn, raw)
@@ -524,25 +576,27 @@ class SourceCore(ContextCore):
 
     def send_many(self, payloads: Iterable[bytes]) -> int:
         """Send payloads in order, as :meth:`send` would one by one, until one is refused;
-        returns how many were sent (sequence numbers consecutive from :attr:`next_sqn` at the
-        call).  The refusal is raised only when the first payload is refused, as
-        ``socket.send`` reports a partial send.
+        returns how many messages were sent (their sequence numbers consecutive from
+        :attr:`next_sqn` at the call; a fragmented message takes one per fragment).  The
+        refusal is raised only when the first payload is refused, as ``socket.send`` reports
+        a partial send.
 
         Why: the messages go out as one stream write, where :meth:`send` costs a write command
         (and on real sockets, unless the host merges them, a system call) per message.  Taking
         a message queues no stream command, so the bytes on the wire are the same.
         """
         first = self.next_sqn
+        taken = self.stats["sent"]  # messages, not sequence numbers: a long one takes several
         parts: list[bytes] = []
         session = self.lbtru_session
         if session is not None:  # one datagram per message: nothing to batch
             try:
                 for payload in payloads:
-                    session.send(self._take(payload)[1], self.now)
+                    self._lbtru_send(self._take(payload)[1])
             except SendError:
                 if self.next_sqn == first:
                     raise
-            return (self.next_sqn - first) & 0xFFFFFFFF
+            return self.stats["sent"] - taken
         try:
             if self._batch_ready():
                 self._take_batch(payloads, parts)
@@ -557,7 +611,7 @@ class SourceCore(ContextCore):
                 data = b"".join(parts)
                 for conn in self._transport_conns:
                     self.write(conn, data)
-        return (self.next_sqn - first) & 0xFFFFFFFF
+        return self.stats["sent"] - taken
 
     def _batch_ready(self) -> bool:
         """The state in which :meth:`_take_batch` may stand in for :meth:`_take`: a registered
@@ -583,11 +637,15 @@ class SourceCore(ContextCore):
         now = self.now
         pack, base, tidx = _DATA_PACK, _DATA_SIZE, self.topic_idx
         add = parts.append
+        whole = self._whole
         for payload in payloads:
             size = len(payload)
             if block and self.inflight >= flight:  # one more message would exceed it
                 raise SendError(SendErrorCode.WOULD_BLOCK,
                                 "send would block because of flight size")
+            if size > whole:  # fragments: the rare long message, checked as send does
+                add(self._take_fragmented(payload)[1])
+                continue
             sqn = self.next_sqn
             self.next_sqn = (sqn + 1) & 0xFFFFFFFF
             add(pack(_MESSAGE, NHDR_DATA, base + size, tidx, sqn))
@@ -622,6 +680,8 @@ class SourceCore(ContextCore):
         if persistent and self._flight_would_exceed(size) \
                 and cfg.ume_flight_size_behavior.lower() == "block":
             raise SendError(SendErrorCode.WOULD_BLOCK, "send would block because of flight size")
+        if size > self._whole:
+            return self._take_fragmented(payload)
         sqn = self.next_sqn
         self.next_sqn = (sqn + 1) & 0xFFFFFFFF
         raw = data_message(self.topic_idx, sqn, payload)
@@ -1086,6 +1146,11 @@ class SourceCore(ContextCore):
     # --- stability, confirmation, retention ------------------------------------------------
 
     def _on_stable(self, link: StoreLink, sqn: int) -> None:
+        if self._fragment_of:
+            whole = self._fragment_of.get(sqn)
+            if whole is not None:
+                self._on_fragment_stable(link, sqn, whole)
+                return
         msg = self.retained.get(sqn)
         if msg is None:
             return
@@ -1129,6 +1194,8 @@ class SourceCore(ContextCore):
             start = next(iter(self.retained))  # a receiver's first ACK: from what we hold
         for sqn in range(max(start, seqnum - MAX_CONFIRMATION_EVENTS + 1), seqnum + 1):
             msg = self.retained.get(sqn)
+            if self._fragment_of and sqn in self._fragment_of:
+                msg = self._confirmable(sqn)
             count = 1
             if msg is not None:
                 count = msg.confirm(rcv)
@@ -1160,7 +1227,10 @@ class SourceCore(ContextCore):
                 and next(iter(retained)) == sqn:
             del retained[sqn]
             self.retained_bytes -= size
-            self._events.append(MessageReclaimed(sqn, False))
+            if msg.__class__ is Retained:
+                self._events.append(MessageReclaimed(sqn, False))
+            else:
+                self._fragments_reclaimed(msg, False)
             if self.inflight == len(retained) and self.retained_bytes <= limit:
                 return
         self._apply_retention()
@@ -1198,7 +1268,10 @@ class SourceCore(ContextCore):
             if self._over and not self._flight_exceeded():
                 self._over = False
                 self.emit(FlightSizeNotification(FlightState.UNDER, self.inflight))
-        self._events.append(MessageReclaimed(sqn, forced))
+        if msg.__class__ is Retained:
+            self._events.append(MessageReclaimed(sqn, forced))
+        else:
+            self._fragments_reclaimed(msg, forced)
 
     def _resend_unstable(self, link: StoreLink) -> None:
         for sqn, msg in self.retained.items():
@@ -1241,9 +1314,110 @@ class SourceCore(ContextCore):
             self._reclaim(sqn, msg, forced=True)
 
     def _proactive(self, link: StoreLink, sqn: int, msg: Retained) -> None:
+        if isinstance(msg, FragmentedRetained):
+            self._proactive_fragments(link, msg)
+            return
         self.send_to(link.info.addr, data_message(self.topic_idx, sqn, msg.payload,
                                                   MessageType.PRORX))
         self.stats["proactive_retransmissions"] += 1
+
+    # --- fragments (issue 17; reference_impl/fragments.py) --------------------------------------
+
+    def _take_fragmented(self, payload: bytes) -> tuple[int, bytes]:
+        """:meth:`_take` of a message longer than one datagram, after its checks: numbered as
+        consecutive fragments (returns the first's sequence number and every fragment's bytes
+        back to back), retained and counted once against the flight size."""
+        first, piece = self.next_sqn, self._piece
+        count = fragments.fragment_count(len(payload), piece)
+        self.next_sqn = (first + count) & 0xFFFFFFFF
+        raw = b"".join(fragments.fragment(self.topic_idx, first, payload, piece, i)
+                       for i in range(count))
+        self.stats["sent"] += 1
+        self.stats["fragments"] += count
+        if self._persistent:
+            msg = FragmentedRetained(payload, self.now, first, piece)
+            self.retained[first] = msg
+            for sqn in msg.sqns():
+                self._fragment_of[sqn] = msg
+            self.retained_bytes += len(payload)
+            self.inflight += 1
+            self.inflight_bytes += len(payload)
+            if not self._over and self._flight_exceeded():
+                self._over = True
+                self.emit(FlightSizeNotification(FlightState.OVER, self.inflight))
+            self._apply_retention()
+        return first, raw
+
+    def _lbtru_send(self, raw: bytes) -> None:
+        """Put one message, or the fragments of one back to back, on the LBT-RU session: one
+        datagram per LBMC message (each fits :attr:`SourceConfig.datagram_max`)."""
+        session = self.lbtru_session
+        assert session is not None
+        end = len(raw)
+        if end >= 4 and int.from_bytes(raw[2:4], "big") == end:
+            session.send(raw, self.now)  # the common case: one message
+            return
+        pos = 0
+        while pos < end:
+            size = int.from_bytes(raw[pos + 2:pos + 4], "big")
+            session.send(raw[pos:pos + size], self.now)
+            pos += size
+
+    def _on_fragment_stable(self, link: StoreLink, sqn: int, msg: FragmentedRetained) -> None:
+        """A stability ACK for one fragment: the fragment is stable under the group rules as
+        any message is; the message is stable (and may land) once every fragment is.  Each
+        ACK gives a :class:`MessageStable` naming the fragment's sequence number, as the
+        product reports stability per sequence number."""
+        index = (sqn - msg.first) & 0xFFFFFFFF
+        info = link.info
+        bit = 1 << info.index
+        mask = msg.masks[index]
+        if mask & bit:
+            return
+        mask |= bit
+        msg.masks[index] = mask
+        common = mask
+        for other in msg.masks:
+            common &= other
+        msg.stable_mask = common
+        ok, stable_flags, flags = self._stability(mask, info.group)
+        if ok and not msg.fragment_stable[index]:
+            msg.fragment_stable[index] = True
+            msg.stable_count += 1
+            flags = stable_flags
+        self._events.append(MessageStable(sqn, info, flags))
+        if msg.stable_count == msg.count and not msg.stable:
+            msg.stable = True
+            self.stats["stable"] += 1
+            self._maybe_land(msg.first, msg)
+
+    def _confirmable(self, sqn: int) -> FragmentedRetained | None:
+        """What a receiver's consumption of fragment ``sqn`` confirms: its message when
+        ``sqn`` is the message's last fragment (the receiver consumed all of it), else
+        nothing yet."""
+        msg = self._fragment_of.get(sqn)
+        return msg if msg is not None and sqn == msg.last else None
+
+    def _fragments_reclaimed(self, msg: Retained, forced: bool) -> None:
+        """A fragmented message left retention: one :class:`MessageReclaimed` per fragment
+        (the guide's "Mapping Your Message Numbers to UMS/UMP Sequence Numbers": a fragmented
+        message gives one release event per sequence number)."""
+        assert isinstance(msg, FragmentedRetained)
+        for sqn in msg.sqns():
+            if self._fragment_of.get(sqn) is msg:
+                del self._fragment_of[sqn]
+            self._events.append(MessageReclaimed(sqn, forced))
+
+    def _proactive_fragments(self, link: StoreLink, msg: FragmentedRetained) -> None:
+        """Proactive retransmission of a fragmented message: only the fragments ``link``'s
+        store has not acknowledged."""
+        bit = 1 << link.info.index
+        for index, mask in enumerate(msg.masks):
+            if not mask & bit:
+                self.send_to(link.info.addr, fragments.fragment(
+                    self.topic_idx, msg.first, msg.payload, msg.piece, index,
+                    MessageType.PRORX))
+                self.stats["proactive_retransmissions"] += 1
 
     # --- timers -------------------------------------------------------------------------------
 

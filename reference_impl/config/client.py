@@ -70,6 +70,7 @@ from reference_impl.config.values import (
     shown,
     stray_character,
 )
+from reference_impl.fragments import DATAGRAM_BOUNDS
 from wire.fields import members
 from wire.lbmc import UmeStoreExt, UmeStoreGroup
 
@@ -463,6 +464,10 @@ _OPTIONS: dict[str, tuple[tuple[str, ...], _Parser]] = {
     "transport": ((_SRC,), _transport),
     "transport_tcp_port": ((_SRC,), _port),
     "transport_lbtru_port": ((_SRC,), _port),
+    # the largest datagram of each transport: longer messages go out as fragments
+    # (reference_impl/fragments.py says what the bounds are and why)
+    "transport_tcp_datagram_max_size": ((_SRC,), _uint(*DATAGRAM_BOUNDS["tcp"], "bytes")),
+    "transport_lbtru_datagram_max_size": ((_SRC,), _uint(*DATAGRAM_BOUNDS["lbt-ru"], "bytes")),
     # receiver
     "ume_allow_confirmed_delivery": ((_RCV,), _flag),
     "ume_application_outstanding_maximum": ((_RCV,), _uint(0, _U32, "fragments")),
@@ -613,6 +618,8 @@ class SourceOptions:
     transport: Literal["tcp", "lbt-ru", "lbt-rm"]
     transport_tcp_port: int
     transport_lbtru_port: int
+    transport_tcp_datagram_max_size: int
+    transport_lbtru_datagram_max_size: int
     other: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod

@@ -275,6 +275,9 @@ _SOURCE_CURRENT: dict[str, object] = {
     "transport": "tcp",
     "transport_tcp_port": 0,  # 0 = pick from transport_tcp_port_low..high
     "transport_lbtru_port": 0,  # 0 = pick from transport_lbtru_port_low..high
+    # the largest datagram; longer messages are fragmented (reference_impl/fragments.py)
+    "transport_tcp_datagram_max_size": 65535,  # bytes (the most an LBMC msglen says)
+    "transport_lbtru_datagram_max_size": 8192,  # bytes
 }
 
 _SOURCE_GUIDE_5_3: dict[str, object] = _SOURCE_CURRENT | {
