@@ -256,6 +256,7 @@ from reference_impl.rpp import (
 )
 from wire import lbmr
 from wire.lbmc import (
+    ACK_NAK,
     DATA_BASE,
     NHDR_DATA,
     VER_TYPE_BITS,
@@ -1288,7 +1289,7 @@ class StoreCore(ContextCore):
         at once: NACKs are rare and need no batching."""
         self.stats["nacks"] = self.stats.get("nacks", 0) + 1
         self._send_client(src, control(UmeAck(
-            n_flag=1, type=AckType.STABLE, transport_idx=src.transport_idx,
+            flags=ACK_NAK, type=AckType.STABLE, transport_idx=src.transport_idx,
             id_2=src.topic_idx, seqnum=sqn)))
         self.log(Level.INFO, f"source RegID {src.reg_id}: message {sqn} was declared lost; "
                              f"its copy NACKed")

@@ -422,20 +422,16 @@ class AckType(IntEnum):
     STABLE = 1
 
 
-def _never(raw: int) -> bool:
-    """For a bit view tshark defines no item for: it shows the bit only in the flags value."""
-    return False
-
-
 ACK_NAK = 0x04
 """The stability NACK bit of ``ume_ack.flags`` (docs/wire-lbmc.md §2.1, docs/semantics.md §1.8:
 "a stability ACK carrying the NAK flag").  tshark 4.0 names the bits 0x80 (Ignore), 0x40 (O),
 0x20 (F), 0x10 (U) and 0x08 (E) and nothing below them; 0x04 is the highest free bit: tshark
-shows it in ``lbmc.ume_ack.flags`` (e.g. 0x04) with no item of its own and no expert info."""
+shows it in ``lbmc.ume_ack.flags`` (e.g. 0x04) with no item of its own and no expert info.
+A constant, not a bit view of ``UmeAck``: every bit view is a tshark field (the oracle checks
+each view's mask against tshark's), and tshark has none for this bit."""
 
 UmeAck = _register(0x14, "ume_ack", "UME acknowledgement", _fixed(
-    _flags8(o_flag=0x40, f_flag=0x20, u_flag=0x10, e_flag=0x08,
-            n_flag=Bit(ACK_NAK, when=_never)),
+    _flags8(o_flag=0x40, f_flag=0x20, u_flag=0x10, e_flag=0x08),
     field("type", U8),
     field("transport_idx", U32),
     field("id_2", U32),

@@ -37,14 +37,19 @@ def nack(sqn: int) -> bytes:
     return ACK.pack(flags=ACK_NAK, type=AckType.STABLE, seqnum=sqn)
 
 
-def test_the_nak_bit_is_a_view_of_the_ack_flags() -> None:
-    ack = UmeAck(n_flag=1, type=AckType.STABLE, seqnum=9)
-    assert ack.flags == ACK_NAK == 0x04 and ack.n_flag == 1
+def nak(ack: Header) -> int:
+    """1 when the ACK carries the NAK bit."""
+    return int(bool(ack.flags & ACK_NAK))
+
+
+def test_the_nak_bit_is_a_free_bit_of_the_ack_flags() -> None:
+    ack = UmeAck(flags=ACK_NAK, type=AckType.STABLE, seqnum=9)
+    assert ACK_NAK == 0x04 and nak(ack) == 1
+    named = [ack.o_flag, ack.f_flag, ack.u_flag, ack.e_flag, ack.ignore]
+    assert named == [0, 0, 0, 0, 0]  # no named flag shares it
     (back,) = parse_message(LbmcMessage(headers=[ack]).build())[0].headers
-    assert isinstance(back, UmeAck) and back.n_flag == 1 and back.e_flag == 0
+    assert isinstance(back, UmeAck) and nak(back) == 1 and back.seqnum == 9
     # tshark has no item for it: we export none either, only the flags value
-    names = [name for name, _ in ack.tshark_fields(0xFF)]
-    assert not [n for n in names if "n_flag" in n]
     assert ("lbmc.ume_ack.flags", ACK_NAK) in ack.tshark_fields(0xFF)
 
 
@@ -53,7 +58,7 @@ def test_tshark_shows_the_nack_as_meant_and_without_expert(tmp_path: Path) -> No
     the message labelled ACK; no malformed frame, no expert item."""
     capture = Capture()
     capture.connect()
-    ack = UmeAck(n_flag=1, type=AckType.STABLE, transport_idx=1, id_2=2, seqnum=77)
+    ack = UmeAck(flags=ACK_NAK, type=AckType.STABLE, transport_idx=1, id_2=2, seqnum=77)
     frame = capture.send_messages([LbmcMessage(headers=[ack])])
     result = run_oracle(capture, tmp_path / "nack.pcap")
     assert_clean(result, capture)
@@ -144,7 +149,7 @@ def test_a_nack_in_a_run_of_acks_and_in_another_shape_is_read_as_a_nack() -> Non
     run = ACK.pack(type=AckType.STABLE, seqnum=0) + nack(1) + ACK.pack(type=AckType.STABLE,
                                                                       seqnum=2)
     h.feed(h.store_keys[0], [run])
-    odd = LbmcMessage(headers=[UmeAck(n_flag=1, type=AckType.STABLE, seqnum=3)], version=1)
+    odd = LbmcMessage(headers=[UmeAck(flags=ACK_NAK, type=AckType.STABLE, seqnum=3)], version=1)
     h.feed(h.store_keys[0], [odd.build()])
     assert [e.sequence_number for e in _of(h, MessageNacked)] == [1, 3]
     assert [e.sequence_number for e in _of(h, MessageStable)] == [0, 2]
@@ -178,12 +183,12 @@ def test_the_store_nacks_a_late_copy_of_what_it_declared_lost_and_does_not_store
     assert store.declare_lost(src, 0, 2) == 0  # 0 is held; 1 and 2 declared already
     prorx = data_message(1, 1, b"m1", MessageType.PRORX)
     acks = _writes(_feed(store, SOURCE_CONN, prorx))
-    assert [(a.seqnum, a.n_flag, a.type) for a in acks] == [(1, 1, AckType.STABLE)]
+    assert [(a.seqnum, nak(a), a.type) for a in acks] == [(1, 1, AckType.STABLE)]
     assert src.repo is not None and 1 not in src.repo
     assert store.stats["nacks"] == 1 and store.stats["declared_lost"] == 2
     # a message not declared lost is still stored and acknowledged as before
     acks = _writes(_feed(store, SOURCE_CONN, data_message(1, 3, b"m3", MessageType.PRORX)))
-    assert [(a.seqnum, a.n_flag) for a in acks] == [(3, 0)]
+    assert [(a.seqnum, nak(a)) for a in acks] == [(3, 0)]
 
 
 def test_a_transport_loss_declares_the_gap_the_next_live_message_shows() -> None:
@@ -194,11 +199,11 @@ def test_a_transport_loss_declares_the_gap_the_next_live_message_shows() -> None
     store.on_lbtru_event(binding, Lost(10, 12, "ncf"))  # transport sequence numbers
     # a proactive retransmission of 1 first says nothing of the gap: stored
     acks = _writes(_feed(store, SOURCE_CONN, data_message(1, 1, b"m1", MessageType.PRORX)))
-    assert [(a.seqnum, a.n_flag) for a in acks] == [(1, 0)]
+    assert [(a.seqnum, nak(a)) for a in acks] == [(1, 0)]
     _feed(store, TRANSPORT_CONN, data_message(1, 4, b"m4"))  # live: 2 and 3 were lost
     assert src.lost == {2, 3}
     acks = _writes(_feed(store, SOURCE_CONN, control(UmeAck(type=AckType.STABLE)))
                    + _feed(store, SOURCE_CONN, data_message(1, 3, b"m3", MessageType.PRORX)))
-    assert [(a.seqnum, a.n_flag) for a in acks] == [(3, 1)]
+    assert [(a.seqnum, nak(a)) for a in acks] == [(3, 1)]
     _feed(store, TRANSPORT_CONN, data_message(1, 6, b"m6"))  # no loss since: a gap is a gap
     assert src.lost == {2, 3}
