@@ -35,7 +35,7 @@ from typing import Any
 from conformance.evidence import Addr, Recorder
 from conformance.iut import ClientUnderTest, IutProcess, StoreEntry, StoreUnderTest, UmOptions
 from conformance.model import CaseSpec, Failed, HarnessError, NonStrict, Unsupported
-from conformance.net import NoAnswer
+from conformance.net import DEFAULT_PORTS, NoAnswer, PortPlan
 from conformance.peer_env import PeerEnv
 from conformance.peers import HarnessReceiver, HarnessResolver, HarnessSource
 from conformance.store_peer import HarnessStore, SourceTap
@@ -46,7 +46,10 @@ class Harness:
     """One case's run: its IUT, the peers it plays, its evidence and its verdict helpers."""
 
     def __init__(self, spec: CaseSpec, iut: IutProcess, resolver: HarnessResolver,
-                 recorder: Recorder, *, time_scale: float = 1.0, seed: int = 0) -> None:
+                 recorder: Recorder, *, time_scale: float = 1.0, seed: int = 0,
+                 ports: PortPlan = DEFAULT_PORTS) -> None:
+        """``ports``: the ports the case's peers prefer (a parallel run's worker passes its
+        share, :meth:`PortPlan.share`)."""
         self.spec = spec
         self.iut = iut
         self.resolver = resolver
@@ -54,7 +57,7 @@ class Harness:
         self.time_scale = time_scale
         self.closers: list[Callable[[], None]] = []
         self.env = PeerEnv(recorder, time_scale, store_addr=lambda: self.store_addr,
-                           wait_tir=resolver.wait_tir, closers=self.closers)
+                           wait_tir=resolver.wait_tir, closers=self.closers, ports=ports)
         """What the peers get of the case (they hold no reference to the harness)."""
         self.random = random.Random(f"{seed}:{spec.id}")
         self._topics = itertools.count(1)

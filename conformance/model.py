@@ -63,6 +63,8 @@ class CaseSpec:
         topic_options: topic-level options the case needs for its topic pattern.
         needs_restart: the case restarts the IUT (needs a launch command).
         timeout: seconds the case may take at ``--time-scale 1``.
+        alone: the case must not run next to another case (``ump conform --jobs``): it uses a
+            fixed well-known port, or measures timing that other cases' load would distort.
         run: the check; it drives a :class:`~conformance.context.CaseContext` (the harness)
             and raises a :class:`Conclusion` (or returns for ``pass``).
     """
@@ -79,6 +81,7 @@ class CaseSpec:
     topic_options: dict[str, str | int] = field(default_factory=dict)
     needs_restart: bool = False
     timeout: float = 10.0
+    alone: bool = False
 
     @property
     def doc(self) -> str:
@@ -92,7 +95,7 @@ def case(id: str, *, title: str, suite: str, section: str, requirement: str,
          strength: Strength = Strength.MUST, role: Role = Role.STORE,
          store_options: dict[str, str | int] | None = None,
          topic_options: dict[str, str | int] | None = None,
-         needs_restart: bool = False, timeout: float = 10.0
+         needs_restart: bool = False, timeout: float = 10.0, alone: bool = False
          ) -> Callable[[Callable[[CaseContext], None]], Callable[[CaseContext], None]]:
     """Register the decorated function as a conformance case (IDs must be unique)."""
     def register(fn: Callable[[CaseContext], None]) -> Callable[[CaseContext], None]:
@@ -102,7 +105,7 @@ def case(id: str, *, title: str, suite: str, section: str, requirement: str,
             id=id, title=title, suite=suite, role=role, section=section,
             requirement=" ".join(requirement.split()), strength=strength, run=fn,
             store_options=dict(store_options or {}), topic_options=dict(topic_options or {}),
-            needs_restart=needs_restart, timeout=timeout)
+            needs_restart=needs_restart, timeout=timeout, alone=alone)
         return fn
     return register
 

@@ -13,6 +13,7 @@ Everything sent goes through :meth:`TcpLink.send`, which takes Scapy packets (bu
 from __future__ import annotations
 
 import contextlib
+import itertools
 import socket
 import threading
 import time
@@ -240,6 +241,56 @@ def _bind_first(kind: int, ip: str, ports: Sequence[int] | None) -> socket.socke
             continue
         return sock
     raise OSError(f"no free port on {ip}")
+
+
+class PortPlan:
+    """The ports one run (or one worker of a parallel run) prefers for its harness peers.
+
+    The defaults are tshark's default LBT-TCP transport ports (14371-14390), request ports
+    (14391-14395) and lbmrd port (15380), so the evidence pcaps dissect without preferences
+    (:func:`_bind_first` takes any free port when every preferred one is taken).
+
+    A parallel run (``ump conform --jobs N``) gives worker ``k`` of ``N`` the ports
+    ``range[k::N]`` of each range (:meth:`share`): workers never prefer the same port, so a
+    port one worker's case just closed (and its IUT may still hold a closing connection to, or
+    connect to again) is not taken at once by another worker's source.  Worker 0 (the run's
+    ``w1``) keeps the lowest of each range, so the lbmrd port 15380 is its own and the other
+    workers' resolvers take a free port (their LBMR decodes with ``ump dissect
+    --lbmr-resolver-port``).  A share with no port left (more workers than ports) means "any
+    free port".
+    """
+
+    def __init__(self, transport: range = range(14371, 14391),
+                 request: range = range(14391, 14396),
+                 resolver: range = range(15380, 15381)) -> None:
+        self.transport = transport
+        self.request = request
+        self.resolver = resolver
+        self._turns = itertools.count()
+
+    def share(self, worker: int, workers: int) -> PortPlan:
+        """Worker ``worker``'s share (of ``workers``): every ``workers``-th port of each range."""
+        if not 0 <= worker < workers:
+            raise ValueError(f"worker {worker} of {workers}")
+        return PortPlan(self.transport[worker::workers], self.request[worker::workers],
+                        self.resolver[worker::workers])
+
+    def rotated(self, ports: range) -> list[int]:
+        """``ports`` starting at a different place each call (a counter of this plan's own),
+        so consecutive sources (and cases) do not reuse a port the IUT may still hold a
+        closing connection to."""
+        if not ports:
+            return []
+        start = next(self._turns) % len(ports)
+        return [*ports[start:], *ports[:start]]
+
+    def __repr__(self) -> str:
+        return f"PortPlan(transport={self.transport}, request={self.request}, " \
+               f"resolver={self.resolver})"
+
+
+DEFAULT_PORTS = PortPlan()
+"""The whole of each range: a serial run's plan."""
 
 
 class Listener:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from conformance.evidence import Addr, Recorder
+from conformance.net import DEFAULT_PORTS, PortPlan
 from wire import lbmr
 
 
@@ -29,6 +30,7 @@ class PeerEnv:
         wait_tir: the TIR the harness resolver saw for a topic within a (scaled) timeout, or
             ``None``; the harness stores use it to join a source IUT's transport.
         closers: what to close when the case ends, last opened first (shared with the case).
+        ports: the ports the peers prefer (the run's, or its worker's share in a parallel run).
     """
 
     recorder: Recorder
@@ -36,6 +38,7 @@ class PeerEnv:
     store_addr: Callable[[], Addr]
     wait_tir: Callable[[str, float], lbmr.Tir | None]
     closers: list[Callable[[], None]] = field(default_factory=list)
+    ports: PortPlan = DEFAULT_PORTS
 
     def scaled(self, seconds: float) -> float:
         """``seconds`` at the run's time scale."""

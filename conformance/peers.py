@@ -21,7 +21,6 @@ What they do by themselves is only what the IUT needs to get on with the case:
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from scapy.packet import Packet
 
-from conformance.net import Datagram, Listener, TcpLink, UdpPort, connect, has
+from conformance.net import DEFAULT_PORTS, Datagram, Listener, TcpLink, UdpPort, connect, has
 from conformance.packets import (
     LBMC,
     LBMC_Extopt,
@@ -61,13 +60,11 @@ if TYPE_CHECKING:
     from conformance.store_peer import HarnessStore
 
 
-TRANSPORT_PORTS = range(14371, 14391)
-REQUEST_PORTS = range(14391, 14396)
-RESOLVER_PORTS = range(15380, 15381)
-"""tshark's default LBT-TCP transport, request and lbmrd ports (see :func:`net._bind_first`)."""
-
-
-_rotation = itertools.count()
+TRANSPORT_PORTS = DEFAULT_PORTS.transport
+REQUEST_PORTS = DEFAULT_PORTS.request
+RESOLVER_PORTS = DEFAULT_PORTS.resolver
+"""tshark's default LBT-TCP transport, request and lbmrd ports (:class:`net.PortPlan`; a
+parallel run gives each worker a share of them through :attr:`PeerEnv.ports`)."""
 
 
 def with_options(pkt: Packet, options: Sequence[CfgOpt]) -> Packet:
@@ -77,13 +74,6 @@ def with_options(pkt: Packet, options: Sequence[CfgOpt]) -> Packet:
         header = option.header()
         pkt = pkt / LBMC_Extopt(subtype=header.subtype, data=header.data)
     return pkt
-
-
-def rotated(ports: range) -> list[int]:
-    """``ports`` starting at a different place each call, so consecutive sources (and cases)
-    do not reuse a port the IUT may still hold a closing connection to."""
-    start = next(_rotation) % len(ports)
-    return [*ports[start:], *ports[:start]]
 
 
 class HarnessResolver:
@@ -189,9 +179,10 @@ class HarnessSource(_Client):
         self._sri_lock = threading.Lock()
         self._sri_requests: list[tuple[float, LbmcMessage]] = []
         self.transport = Listener("127.0.0.1", env.recorder, f"{name} transport",
-                                  ports=rotated(TRANSPORT_PORTS))
+                                  ports=env.ports.rotated(env.ports.transport))
         self.request = Listener("127.0.0.1", env.recorder, f"{name} request port",
-                                ports=rotated(REQUEST_PORTS), on_message=self._on_request)
+                                ports=env.ports.rotated(env.ports.request),
+                                on_message=self._on_request)
         self.link: TcpLink | None = None
         # in front of harness stores the source is "registered" with them already
         self.reg_id = self.stores[0].source_reg_id if self.stores else 0

@@ -13,6 +13,27 @@ configuration names those peers.
 A case that runs past its timeout (scaled) is an ``error``: its sockets are closed, which ends
 any wait it is blocked in, and the IUT is replaced for the next case.  An IUT that dies during
 a case makes the case ``fail`` (a crash is never conformant), with its log in the evidence.
+
+Parallel runs (``ump conform --jobs N``, :func:`run` with ``jobs``): ``N`` workers, each a
+:class:`Runner` of its own on a thread, take the next segment in case order from one
+:class:`_Schedule` until none is left; a segment (:func:`segments`) is the cases a serial run
+serves with one IUT process, so a parallel run starts no more IUT processes than a serial one.
+Every worker has its own resolver daemon, its own IUT processes (work directories
+``<out>/iut/w<k>-NNN``; a serial run keeps ``<out>/iut/NNN``) and its own share of the
+preferred ports (:meth:`conformance.net.PortPlan.share`: worker ``k`` of ``N`` prefers every
+``N``-th port of tshark's default ranges, so two workers never prefer the same port, and worker
+1 keeps the lbmrd port 15380).  Evidence was per case already (``<out>/cases/<ID>/``, one
+recorder per case), so nothing interleaves.  The results are put back in case order, and
+``progress`` is called in case order too (a case finished early waits for the ones before it),
+so the reports and the printed lines are those of a serial run; only times, ports and which IUT
+process served which case differ.  A case marked ``alone`` (:attr:`CaseSpec.alone`: a fixed
+well-known port, or a timing other cases' load would distort) starts only when no other case is
+running, and no case starts beside it.  Cases that restart or SIGKILL their IUT share nothing
+with other workers (the IUT is the worker's own), so they run in parallel.  A store reached at
+an ``address`` is one process for every case, and it names one resolver: against it cases
+always run one at a time.  The default is one job: a serial run is what a slow or
+single-instance IUT expects, and ``--jobs 2`` is the sensible setting on a two-core machine
+(each IUT is a process of its own; more jobs than cores only adds contention).
 """
 
 from __future__ import annotations
@@ -30,8 +51,8 @@ from conformance.evidence import Recorder
 from conformance.harness import Harness
 from conformance.iut import ClientUnderTest, IutProcess, StoreSetup, StoreUnderTest
 from conformance.model import CaseSpec, Conclusion, Role, Strength, Verdict, all_cases
-from conformance.net import NoAnswer, UdpPort
-from conformance.peers import RESOLVER_PORTS, HarnessResolver
+from conformance.net import DEFAULT_PORTS, NoAnswer, PortPlan, UdpPort
+from conformance.peers import HarnessResolver
 from conformance.profile import IutProfile
 
 
@@ -119,8 +140,13 @@ def _keyword(expr: str, text: str) -> bool:
 
 class Runner:
     def __init__(self, profile: IutProfile, out: Path, *, time_scale: float = 1.0,
-                 progress: Callable[[CaseResult], None] | None = None) -> None:
+                 progress: Callable[[CaseResult], None] | None = None,
+                 ports: PortPlan = DEFAULT_PORTS, iut_prefix: str = "") -> None:
+        """``ports`` and ``iut_prefix`` (of the IUT work directories' names) are a parallel
+        run's worker's own (see the module docstring)."""
         self.profile = profile
+        self.ports = ports
+        self.iut_prefix = iut_prefix
         # absolute once, here where the run directory is chosen: every path derived from it
         # (IUT work directories, configuration files, evidence) is handed to processes that
         # run in other directories, so a relative ``--out conform-out`` must not reach them
@@ -135,7 +161,7 @@ class Runner:
     def __enter__(self) -> Runner:
         self.out.mkdir(parents=True, exist_ok=True)
         self.resolver_port = UdpPort(("127.0.0.1", 0), Recorder(), "resolver",
-                                     ports=RESOLVER_PORTS)
+                                     ports=self.ports.resolver)
         self.resolver = HarnessResolver(self.resolver_port)
         return self
 
@@ -143,6 +169,10 @@ class Runner:
         self._retire_iut()
         if self.resolver_port is not None:
             self.resolver_port.close()
+
+    def retire_iut(self) -> None:
+        """Stop the IUT process this runner holds, if any."""
+        self._retire_iut()
 
     def _retire_iut(self) -> None:
         if self.iut is not None:
@@ -163,7 +193,7 @@ class Runner:
         if iut is None:
             assert self.resolver_port is not None
             self._iut_count += 1
-            workdir = self.out / "iut" / f"{self._iut_count:03d}"
+            workdir = self._workdir()
             if workdir.exists():
                 shutil.rmtree(workdir)
             iut = StoreUnderTest(self.profile, workdir, self.resolver_port.addr, setup,
@@ -177,7 +207,7 @@ class Runner:
         self._retire_iut()
         assert self.resolver_port is not None
         self._iut_count += 1
-        workdir = self.out / "iut" / f"{self._iut_count:03d}"
+        workdir = self._workdir()
         if workdir.exists():
             shutil.rmtree(workdir)
         workdir.mkdir(parents=True)
@@ -185,6 +215,10 @@ class Runner:
                               time_scale=self.time_scale)
         self.iut = iut
         return iut
+
+    def _workdir(self) -> Path:
+        """The next IUT process's work directory (``<out>/iut/<prefix>NNN``)."""
+        return self.out / "iut" / f"{self.iut_prefix}{self._iut_count:03d}"
 
     def _usable(self, iut: StoreUnderTest) -> bool:
         return self.profile.address is not None or iut.running
@@ -221,7 +255,8 @@ class Runner:
             self._retire_iut()
             return self._finish(result, recorder, evidence, None, 0, started)
         log_offset = iut.log_size()
-        harness = Harness(spec, iut, self.resolver, recorder, time_scale=self.time_scale)
+        harness = Harness(spec, iut, self.resolver, recorder, time_scale=self.time_scale,
+                          ports=self.ports)
         outcome: dict[str, BaseException | None] = {"exc": None}
 
         def body() -> None:
@@ -297,14 +332,144 @@ class Runner:
         return result
 
 
+def segments(cases: list[CaseSpec], role: Role) -> list[list[int]]:
+    """``cases`` (by index) cut where a serial run would start a fresh IUT process: a store
+    IUT serves consecutive cases of one :class:`StoreSetup` until a case that restarts it
+    (a source or receiver IUT gets a fresh process per case); an ``alone`` case is a segment
+    of its own.  A parallel run hands out whole segments, so it starts no more IUT processes
+    than a serial run (starting one is most of a short case's time)."""
+    out: list[list[int]] = []
+    previous: CaseSpec | None = None
+    for index, spec in enumerate(cases):
+        fresh = (previous is None or role is not Role.STORE or spec.alone or previous.alone
+                 or previous.needs_restart
+                 or StoreSetup.of(spec.store_options, spec.topic_options)
+                 != StoreSetup.of(previous.store_options, previous.topic_options))
+        if fresh:
+            out.append([])
+        out[-1].append(index)
+        previous = spec
+    return out
+
+
+class _Schedule:
+    """The cases of a parallel run, handed out a segment (:func:`segments`) at a time in case
+    order, and their results put back in case order (see the module docstring)."""
+
+    def __init__(self, cases: list[CaseSpec], role: Role,
+                 progress: Callable[[CaseResult], None] | None) -> None:
+        self.cases = cases
+        self.segments = segments(cases, role)
+        self.progress = progress
+        self.results: dict[int, CaseResult] = {}
+        self.failure: BaseException | None = None
+        self._next = 0
+        self._reported = 0
+        self._running = 0
+        self._alone_running = False
+        self._cond = threading.Condition()
+
+    def take(self) -> list[int] | None:
+        """The next segment to run, waiting while an ``alone`` case runs or (for an ``alone``
+        case) until nothing else does; None when no segment is left."""
+        with self._cond:
+            while True:
+                if self._next >= len(self.segments) or self.failure is not None:
+                    return None
+                segment = self.segments[self._next]
+                alone = self.cases[segment[0]].alone
+                if not self._alone_running and (not alone or self._running == 0):
+                    self._next += 1
+                    self._running += 1
+                    self._alone_running = alone
+                    return segment
+                self._cond.wait()
+
+    def done(self, index: int, result: CaseResult) -> None:
+        """Keep ``result`` and report every result that is now next in case order."""
+        with self._cond:
+            self.results[index] = result
+            while self._reported in self.results:
+                if self.progress is not None:
+                    self.progress(self.results[self._reported])
+                self._reported += 1
+
+    def segment_done(self, segment: list[int]) -> None:
+        with self._cond:
+            self._running -= 1
+            if self.cases[segment[0]].alone:
+                self._alone_running = False
+            self._cond.notify_all()
+
+    def fail(self, exc: BaseException) -> None:
+        """Stop handing out cases: a worker could not go on (the run then raises ``exc``)."""
+        with self._cond:
+            if self.failure is None:
+                self.failure = exc
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        """Hand out no further segment (the cases running finish)."""
+        with self._cond:
+            self._next = len(self.segments)
+            self._cond.notify_all()
+
+
+def _run_parallel(profile: IutProfile, out: Path, cases: list[CaseSpec], *, jobs: int,
+                  time_scale: float, progress: Callable[[CaseResult], None] | None
+                  ) -> list[CaseResult]:
+    """Run ``cases`` on ``jobs`` workers; the results in case order."""
+    schedule = _Schedule(cases, profile.role, progress)
+
+    def work(worker: int) -> None:
+        try:
+            with Runner(profile, out, time_scale=time_scale,
+                        ports=DEFAULT_PORTS.share(worker, jobs),
+                        iut_prefix=f"w{worker + 1}-") as runner:
+                while (segment := schedule.take()) is not None:
+                    try:
+                        for index in segment:
+                            schedule.done(index, runner.run_case(cases[index]))
+                    finally:
+                        schedule.segment_done(segment)
+                    # the next segment is not this one's continuation: a fresh IUT for it
+                    runner.retire_iut()
+        except BaseException as exc:  # re-raised by the main thread, as a serial run would
+            schedule.fail(exc)
+
+    workers = [threading.Thread(target=work, args=(k,), name=f"conform worker {k + 1}")
+               for k in range(min(jobs, len(schedule.segments)))]
+    for worker in workers:
+        worker.start()
+    try:
+        for worker in workers:
+            worker.join()
+    except KeyboardInterrupt:
+        schedule.stop()  # the running cases end (within their timeouts) and stop their IUTs
+        for worker in workers:
+            worker.join()
+        raise
+    if schedule.failure is not None:
+        raise schedule.failure
+    return [schedule.results[i] for i in range(len(cases))]
+
+
 def run(profile: IutProfile, out: Path, *, suites: Iterable[str] = (),
         keywords: Iterable[str] = (), time_scale: float = 1.0,
         progress: Callable[[CaseResult], None] | None = None,
-        cases: list[CaseSpec] | None = None) -> RunResult:
-    """Run the selected cases; the reports are the caller's business (:mod:`.report`)."""
+        cases: list[CaseSpec] | None = None, jobs: int = 1) -> RunResult:
+    """Run the selected cases, ``jobs`` at a time (see the module docstring); the reports are
+    the caller's business (:mod:`.report`)."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, not {jobs}")
     chosen = cases if cases is not None else select(all_cases(profile.role), suites=suites,
                                                     keywords=keywords)
     started = time.monotonic()
+    if jobs > 1 and len(chosen) > 1 and profile.address is None:
+        results = _run_parallel(profile, out, chosen, jobs=jobs, time_scale=time_scale,
+                                progress=progress)
+        return RunResult(profile, results, time.monotonic() - started, out.resolve(),
+                         time_scale)
     with Runner(profile, out, time_scale=time_scale, progress=progress) as runner:
         results = [runner.run_case(spec) for spec in chosen]
     return RunResult(profile, results, time.monotonic() - started, runner.out, time_scale)
