@@ -26,7 +26,10 @@ Flow (guide "Operational View", docs/semantics.md §1.1-1.12):
 5. Every ``ume_store_check_interval`` it checks store liveness (``ume_store_activity_timeout``;
    "(quorum lost)" when the rules fail, and sends fail with ``not_registered`` until the
    stores return), retransmits proactively what has not been stable for
-   ``ume_message_stability_timeout`` and gives up after ``ume_message_stability_lifetime``.
+   ``ume_message_stability_timeout`` and gives up after ``ume_message_stability_lifetime``;
+   a stability NACK (the ACK's NAK bit) from a store that declared a message lost ends its
+   retransmissions to that store (:meth:`SourceCore._on_nack`).  :meth:`SourceCore.try_send`
+   is the non-blocking send: "would block" comes back as a value.
    A closed connection to a registered store makes it unresponsive at once (the guide's
    Store Unresponsive event comes "due to failure or network disconnect") and the source
    registers again at once, then every ``ume_registration_interval``; when the stores are
