@@ -1292,7 +1292,13 @@ class SourceCore(ContextCore):
         flight (a blocked send may go on) and reclaimed, forced; otherwise it stays in flight
         for them.  A NACK for a message the source does not hold (never sent, already
         reclaimed), or from a store that acknowledged it, is bad input: logged and dropped,
-        nothing changes; a repeated NACK changes nothing either."""
+        nothing changes; a repeated NACK changes nothing either.  A NACK for any fragment of
+        a fragmented message is one for the whole message (it cannot be stable at that store
+        without every fragment), named by its first fragment's sequence number."""
+        if self._fragment_of:
+            whole = self._fragment_of.get(sqn)
+            if whole is not None:
+                sqn = whole.first
         msg = self.retained.get(sqn)
         bit = 1 << link.info.index
         if msg is None or msg.stable_mask & bit:

@@ -207,3 +207,15 @@ def test_a_transport_loss_declares_the_gap_the_next_live_message_shows() -> None
     assert [(a.seqnum, nak(a)) for a in acks] == [(3, 1)]
     _feed(store, TRANSPORT_CONN, data_message(1, 6, b"m6"))  # no loss since: a gap is a gap
     assert src.lost == {2, 3}
+
+
+def test_a_nack_for_any_fragment_lets_the_whole_message_go() -> None:
+    # a 600-byte payload under 200-byte datagrams: several fragments, one message
+    h = quick(transport_tcp_datagram_max_size=200)
+    first = h.source.try_send(b"f" * 600)
+    assert first == 0 and h.source.next_sqn > 2  # fragments 0, 1, 2, ...
+    h.feed(h.store_keys[0], [ACK.pack(type=AckType.STABLE, seqnum=0), nack(2)])
+    assert _of(h, MessageNacked) == [MessageNacked(0, h.source.links[0].info, True)]
+    assert not _of(h, InputDropped)
+    assert h.source.inflight == 0 and not h.source.retained
+    assert _resent(h, 0.5) == 0
