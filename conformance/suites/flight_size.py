@@ -35,7 +35,7 @@ from conformance.model import Role, case
 from conformance.packets import LBMC, LBMC_UmeAck
 from conformance.store_peer import HarnessStore
 from conformance.suites.source import FAST_REGISTRATION
-from wire.lbmc import AckType
+from wire.lbmc import AckType, Frag
 
 SUITE = "flight-size"
 
@@ -261,3 +261,96 @@ def inflight_until_intragroup_quorum(h: CaseContext) -> None:
     _blocked_at(h, c, [0, 1], "the messages sent while one store of three acknowledged")
     b.send_stable(0)
     _blocked_at(h, c, [0, 1, 2], "the messages sent once two stores of three acknowledged 0")
+
+
+FRAGMENT_DATAGRAM = 44
+"""``transport_tcp_datagram_max_size`` of SRC-FLT-008: 16 payload bytes per fragment (the LBMC
+data and FRAG headers take 28), so a 64-byte message is 4 fragments."""
+
+
+def _fragment_groups(store: HarnessStore
+                     ) -> tuple[dict[int, list[tuple[int, int, int, int]]], int]:
+    """The data messages the store saw as fragmented messages: first sequence number ->
+    [(sqn, offset, piece length, total length)], and how many carried no FRAG header."""
+    groups: dict[int, list[tuple[int, int, int, int]]] = {}
+    whole = 0
+    for seen in store.snapshot(store.data):
+        message = seen.message
+        frag = message.header(Frag)
+        if frag is None:
+            whole += 1
+            continue
+        groups.setdefault(frag.first_sqn, []).append(
+            (message.sqn, frag.offset, len(bytes(message.payload or b"")), frag.len))
+    return groups, whole
+
+
+def _complete(store: HarnessStore, first: int) -> bool:
+    """Every piece of the fragmented message ``first`` reached the store (the pieces at
+    distinct offsets add up to its total, as tshark reassembles, docs/wire-lbmc.md §3.1)."""
+    pieces = _fragment_groups(store)[0].get(first, [])
+    totals = {total for *_, total in pieces}
+    by_offset = {offset: length for _, offset, length, _ in pieces}
+    return len(totals) == 1 and sum(by_offset.values()) >= totals.pop()
+
+
+def _fragmented_at(h: CaseContext, store: HarnessStore, count: int, what: str) -> list[int]:
+    """The source sent exactly ``count`` whole fragmented messages (every fragment of each, no
+    fragment of a further one) and nothing more within half a second; their first sequence
+    numbers."""
+    def firsts() -> list[int]:
+        return sorted(_fragment_groups(store)[0])
+
+    h.wait_until(lambda: len(firsts()) >= count and _complete(store, firsts()[count - 1]),
+                 2.0, what)
+    h.wait_until(lambda: len(store.data_sqns()) > sum(
+        len(_fragment_groups(store)[0][f]) for f in firsts()[:count]), 0.5,
+        f"{what}: one fragment too many (must not come)")
+    groups, whole = _fragment_groups(store)
+    if whole and not groups:
+        h.check(False, f"{what}: the source did not fragment its messages",
+                expected=f"messages longer than transport_tcp_datagram_max_size "
+                         f"{FRAGMENT_DATAGRAM} sent as LBMC fragments (FRAG headers)",
+                observed=f"{whole} data message(s) without a FRAG header")
+    done = [first for first in sorted(groups) if _complete(store, first)]
+    sent = sorted(store.data_sqns())
+    shown = sent if len(sent) <= 16 else [*sent[:14], "...", sent[-1]]
+    h.check(len(groups) == count and done == sorted(groups),
+            f"{what}: {len(groups)} fragmented message(s) ({len(done)} complete, "
+            f"{len(sent)} fragments) where {count} may fly",
+            expected=f"every fragment of exactly {count} message(s)",
+            observed=f"messages starting at {sorted(groups)}, data sqns {shown}")
+    return sorted(groups)
+
+
+@case("SRC-FLT-008", suite=SUITE, role=Role.SOURCE,
+      title="A fragmented message counts once against ume_flight_size and flies until every "
+            "fragment is stable",
+      section="UMP Flight Size",
+      requirement="The UMP flight size mechanism operates on a per message basis, not a per "
+                  "fragment basis.",
+      timeout=15.0)
+def fragments_count_once(h: CaseContext) -> None:
+    """Flight size 2, ``transport_tcp_datagram_max_size`` 44 (the source's messages, longer
+    than 16 bytes, go out as k fragments each), no stability ACK: exactly the 2k fragments of
+    2 messages go out (a source counting fragments stops after one message, or inside it).
+    The harness then acknowledges every fragment of the first message but its last: still
+    nothing more; then the last: exactly one more message, all its fragments."""
+    store = h.store()
+    store.ack = False
+    h.start_iut(store, options={**FAST_REGISTRATION, "source ume_flight_size": 2,
+                                "source ume_flight_size_bytes": 0,
+                                "source ume_flight_size_behavior": "block",
+                                "source transport_tcp_datagram_max_size": FRAGMENT_DATAGRAM})
+    _settled(h, store, 0.5, 3.0, "sending fragmented messages with flight size 2")
+    firsts = _fragmented_at(h, store, 2, "the fragmented messages sent with flight size 2")
+    first = sorted(piece[0] for piece in _fragment_groups(store)[0][firsts[0]])
+    if len(first) < 2:
+        h.check(False, "the first message was not fragmented",
+                expected="at least 2 fragments", observed=first)
+    store.send_stable(*first[:-1])
+    _fragmented_at(h, store, 2, "the messages sent with one fragment of message "
+                                f"{firsts[0]} unstable")
+    store.send_stable(first[-1])
+    _fragmented_at(h, store, 3, f"the messages sent once every fragment of message "
+                                f"{firsts[0]} was stable")

@@ -18,7 +18,7 @@ from typing import Any
 
 from reference_impl import receiver, runtime, source
 from reference_impl.receiver import ReceiverCore
-from reference_impl.source import SourceCore, StoreLink
+from reference_impl.source import FragmentedRetained, SourceCore, StoreLink
 from wire.lbmc import UmePregResp
 
 # --- sources ------------------------------------------------------------------------------------
@@ -373,6 +373,30 @@ def ignores_nack() -> None:
 
 
 MUTANTS["ignores-nack"] = ("source", ignores_nack)
+
+
+def flight_counts_fragments() -> None:
+    """Counts every fragment of a fragmented message against ume_flight_size, not the
+    message once (guide "UMP Flight Size": "per message basis, not a per fragment basis")."""
+    take, land = SourceCore._take_fragmented, SourceCore._maybe_land
+
+    def patched_take(self: SourceCore, payload: bytes) -> tuple[int, bytes]:
+        sqn, raw = take(self, payload)
+        msg = self.retained.get(sqn)
+        if isinstance(msg, FragmentedRetained):
+            self.inflight += msg.count - 1  # one per fragment
+        return sqn, raw
+
+    def patched_land(self: SourceCore, sqn: int, msg: Any) -> None:
+        was = msg.inflight
+        land(self, sqn, msg)
+        if was and not msg.inflight and isinstance(msg, FragmentedRetained):
+            self.inflight -= msg.count - 1
+    SourceCore._take_fragmented = patched_take  # type: ignore[method-assign]
+    SourceCore._maybe_land = patched_land  # type: ignore[method-assign]
+
+
+MUTANTS["flight-counts-fragments"] = ("source", flight_counts_fragments)
 
 
 def main(argv: list[str]) -> int:

@@ -74,6 +74,7 @@ CLIENT_CATCHES = {
     "resends-with-timeout-zero": ("source", "SRC-PRX-002"),
     "resends-forever": ("source", "SRC-PRX-003"),
     "ignores-nack": ("source", "SRC-PRX-004"),
+    "flight-counts-fragments": ("source", "SRC-FLT-008"),
     "no-sri-request": ("receiver", "RCV-REG-001"),
     "ignores-low-sqn": ("receiver", "RCV-REG-004"),
     "never-rxreq": ("receiver", "RCV-REC-001"),
