@@ -57,7 +57,8 @@ def test_ump_conform_takes_the_suite_names() -> None:
     assert out.returncode == 0, out.stderr
     listed = [line.split()[0] for line in out.stdout.splitlines() if line[:1].isalnum()]
     assert listed == ["SRC-FLT-001", "SRC-FLT-002", "SRC-FLT-003", "SRC-FLT-004",
-                      "SRC-FLT-005", "SRC-FLT-006", "SRC-FLT-007", "SRC-PRX-001", "SRC-PRX-002",
+                      "SRC-FLT-005", "SRC-FLT-006", "SRC-FLT-007", "SRC-FLT-008", "SRC-PRX-001",
+                      "SRC-PRX-002",
                       "SRC-PRX-003", "SRC-PRX-004"]
 
 

@@ -76,8 +76,8 @@ def test_ten_percent_loss_every_message_once_in_order_and_intact(seed: int) -> N
 
 def test_fragments_the_transport_cannot_repair_come_from_the_store() -> None:
     """A transmission window of one datagram and 10% loss from the source to the receiver
-    only (a store that lost a fragment beyond the window would declare it lost, docs/
-    semantics.md §1.8): a lost fragment is beyond the source's repair at once, so the
+    only (a store that lost a fragment beyond the window would declare it lost,
+    docs/semantics.md §1.8): a lost fragment is beyond the source's repair at once, so the
     receiver asks the store for it (RXREQ) and reassembles retransmissions."""
     d = deployment(4, LinkConfig(), transport_lbtru_transmission_window_size=DATAGRAM)
     d.net.set_link("src", "rcv", LinkConfig(loss=0.1), both_ways=False)
