@@ -451,7 +451,7 @@ class Repository:
 
     def _size(self, raw: bytes) -> int:
         if self.limits.rpp:
-            return max(0, len(raw) - _DATA_SIZE)
+            return _payload_size(raw)
         return len(raw) + PER_MESSAGE_OVERHEAD
 
     def add(self, sqn: int, raw: bytes, now: float) -> AddResult:
@@ -461,7 +461,7 @@ class Repository:
             return _DUPLICATE
         limits = self.limits
         rpp = limits.rpp
-        size = max(0, len(raw) - _DATA_SIZE) if rpp else len(raw) + PER_MESSAGE_OVERHEAD
+        size = _payload_size(raw) if rpp else len(raw) + PER_MESSAGE_OVERHEAD
         released: list[int] | None = None
         if not rpp and limits.age_threshold > 0:
             released = self._release_by_age(now)
@@ -768,9 +768,20 @@ _READ_CHUNK = 1 << 20
 _DATA_UNPACK = DATA_BASE.codec.unpack_from
 _TYPE_MASK = VER_TYPE_BITS["type"].mask
 _STORED_TYPES = frozenset(int(t) for t in DATA_TYPES)
-_STORED_CHAINS = frozenset((NHDR_DATA, Frag.kind.code))
+_FRAG_CODE = Frag.kind.code
+_FRAG_SIZE = Frag.kind.fast.size if Frag.kind.fast is not None else 16
+_STORED_CHAINS = frozenset((NHDR_DATA, _FRAG_CODE))
 """How a stored data message's header chain starts: in DATA, or with the FRAG header of a
 fragment of a large message (each fragment is stored as a message of its own)."""
+
+
+def _payload_size(raw: bytes) -> int:
+    """The payload bytes of a stored data message (what RPP sizes count): without the data
+    header, and without the FRAG header of a fragment (issue 17: the source's
+    ``ume_flight_size_bytes`` counts a fragmented message's payload once, headers never)."""
+    if len(raw) > 1 and raw[1] == _FRAG_CODE:
+        return max(0, len(raw) - _DATA_SIZE - _FRAG_SIZE)
+    return max(0, len(raw) - _DATA_SIZE)
 
 
 def _header_problem(ver_type: int, next_hdr: int, msglen: int) -> str | None:

@@ -318,3 +318,25 @@ def test_ump_source_size_200000_reaches_a_real_store_and_receiver_intact(
         assert procs.procs["source"].wait(timeout=30) == 0, procs.log("source")[-3000:]
     finally:
         procs.stop()
+
+
+def test_a_store_keeps_fragments_in_its_disk_cache_and_counts_rpp_payload_only(
+        tmp_path: Path) -> None:
+    """Every fragment is a stored data message of its own: a disk cache file holding
+    fragments is read back at a restart, and an RPP repository counts a fragment's payload
+    without its FRAG header (sizes count payload only)."""
+    from reference_impl.repository import Repository, RetentionLimits
+
+    raws = [fragments.fragment(1, 10, b"x" * 100, 40, i) for i in range(3)]
+    repo = Repository(RetentionLimits(), cache_file=tmp_path / "c.cache")
+    for i, raw in enumerate(raws):
+        repo.add(10 + i, raw, 0.0)
+    repo.sync()
+    repo.close()
+    again = Repository(RetentionLimits(), cache_file=tmp_path / "c.cache")
+    assert [again.get(10 + i) for i in range(3)] == raws
+    again.close()
+    rpp = Repository(RetentionLimits(rpp=True))
+    for i, raw in enumerate(raws):
+        rpp.add(10 + i, raw, 0.0)
+    assert rpp.used_bytes == 100
