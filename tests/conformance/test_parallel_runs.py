@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -218,3 +219,34 @@ def test_jobs_must_be_a_positive_whole_number() -> None:
         assert proc.returncode == 2 and "--jobs" in proc.stderr, proc.stderr
     with pytest.raises(ValueError, match="jobs"):
         run(resolve_profile("store"), Path("unused"), jobs=0)
+
+
+def _other_role_cases(n: int) -> list[CaseSpec]:
+    """``n`` receiver cases: against a store IUT each ends ``unsupported`` at once, without
+    an IUT process (what the runner's scheduling is tested with below)."""
+    return all_cases(Role.RECEIVER)[:n]
+
+
+def test_a_parallel_run_puts_results_in_case_order(tmp_path: Path) -> None:
+    cases = _other_role_cases(7)
+    printed: list[str] = []
+    result = run(resolve_profile("store"), tmp_path / "out", cases=cases, jobs=3,
+                 progress=lambda r: printed.append(r.spec.id))
+    assert [r.spec.id for r in result.results] == [c.id for c in cases] == printed
+    assert {r.verdict for r in result.results} == {Verdict.UNSUPPORTED}
+
+
+def test_a_store_at_an_address_runs_its_cases_one_at_a_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One running store names one resolver: ``--jobs`` cannot give each worker its own."""
+    import conformance.runner
+
+    def parallel(*args: object, **kwargs: object) -> None:
+        raise AssertionError("ran in parallel")
+
+    monkeypatch.setattr(conformance.runner, "_run_parallel", parallel)
+    at_address = replace(resolve_profile("store"), launch=None, address=("127.0.0.1", 9))
+    result = run(at_address, tmp_path / "out", cases=_other_role_cases(3), jobs=2)
+    assert len(result.results) == 3
+    with pytest.raises(AssertionError, match="parallel"):
+        run(resolve_profile("store"), tmp_path / "out2", cases=_other_role_cases(3), jobs=2)
