@@ -25,6 +25,9 @@ Flow (guide "Receiver Registration", "Persistent Receiver Recovery"; docs/semant
    ``retransmit_request_message_timeout`` with :class:`~reference_impl.events.UnrecoverableLoss`.
    Live messages that arrive meanwhile wait, so the application sees every sequence number
    once and in order (:class:`~reference_impl.events.MessageDelivered`).
+   Fragments of a large message (a FRAG header, :mod:`reference_impl.fragments`) are ordered,
+   recovered and de-duplicated per sequence number like any message and delivered as one
+   message, once complete (see :meth:`ReceiverCore._fragment_delivered`).
 5. Acknowledge consumption to every store (cumulative; batched every
    ``ume_ack_batching_interval``, or at once, or only through :meth:`ReceiverCore.ack` with
    ``ume_explicit_ack_only``), and to the source when its SRI asks for delivery confirmation.

@@ -23,6 +23,11 @@ Flow (guide "Operational View", docs/semantics.md §1.1-1.12):
    keeps it until it is stable per the group rules
    and has ``ume_retention_unique_confirmations`` delivery confirmations.  The flight size
    (``ume_flight_size`` / ``_bytes``) blocks (:class:`SendError` ``would_block``) or notifies.
+   A message longer than the transport's maximum datagram (``transport_tcp_datagram_max_
+   size`` / ``transport_lbtru_datagram_max_size``) goes out as LBMC fragments, one sequence
+   number each (:mod:`reference_impl.fragments`): it counts once against the flight size
+   (:class:`FragmentedRetained`), is stable when every fragment is, and proactive
+   retransmission resends only the fragments a store lacks.
 5. Every ``ume_store_check_interval`` it checks store liveness (``ume_store_activity_timeout``;
    "(quorum lost)" when the rules fail, and sends fail with ``not_registered`` until the
    stores return), retransmits proactively what has not been stable for
