@@ -32,8 +32,12 @@ from reference_impl.events import (
     SourceDeregistered,
 )
 from reference_impl.repository import StoreFileError, directory_problem, state_file
+from reference_impl.source import SendError
 
 log = logging.getLogger("ump")
+WOULD_BLOCK_LINE = "send would block (flight size reached); retrying once the flight has room"
+"""What ``ump source --nonblocking`` prints (once, after ``ump source: ``) the first time a send
+returns "would block"; the reference source profile's ``would_block_text`` is part of it."""
 INTERRUPTED = 130
 """Exit status of ``ump source`` cut short by Ctrl-C (SIGINT), the shell's convention."""
 
@@ -77,13 +81,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--topic", required=True)
     p.add_argument("--count", type=int, default=1000, help="messages to send (default 1000)")
     p.add_argument("--until-sqn", type=int, default=None,
-                   help="send until this sequence number is reached (resumes after restarts)")
+                   help="send until the next sequence number is at or above this one "
+                        "(resumes after restarts; a fragmented message takes one number per "
+                        "fragment, and one that starts below it is sent whole)")
     p.add_argument("--rate", type=float, default=0.0, help="messages per second (0: max)")
     p.add_argument("--size", type=int, default=64, help="payload bytes (default 64)")
     p.add_argument("--linger", type=float, default=2.0,
                    help="seconds to wait for stability at the end (default 2)")
     p.add_argument("--deregister", action="store_true",
                    help="deregister from every store at the end (SIGUSR1 does it at any time)")
+    p.add_argument("--nonblocking", action="store_true",
+                   help="send like a non-blocking application: a send refused with \"would "
+                        "block\" (flight size reached, ume_flight_size_behavior block) is "
+                        "reported, counted and retried once the flight has room")
     p.add_argument("--wait-start", action="store_true",
                    help="once registered, send nothing until SIGUSR2 (lets receivers register "
                         "before the first message, which RPP requires)")
@@ -292,15 +302,23 @@ def cmd_source(args: argparse.Namespace) -> int:
                 await go.wait()
                 print("ump source: SIGUSR2: sending", file=sys.stderr, flush=True)
             count = args.count
-            if args.until_sqn is not None:
+            if args.until_sqn is not None:  # at most one message per sequence number
                 count = max(0, args.until_sqn - source.next_sqn)
             peak = {"bytes": 0}  # the most payload bytes in flight, right after a send
+            refused = {"n": 0}  # --nonblocking: sends that returned "would block"
 
             def sent_some(n: int) -> None:
                 peak["bytes"] = max(peak["bytes"], source.inflight_bytes)
+
+            def would_block(refusal: SendError) -> None:
+                if not refused["n"]:
+                    print(f"ump source: {WOULD_BLOCK_LINE}", file=sys.stderr, flush=True)
+                refused["n"] += 1
             sent = await runtime.send_messages(host, source, count, rate=args.rate,
                                                size=args.size, start=source.next_sqn,
-                                               progress=sent_some)
+                                               progress=sent_some, until_sqn=args.until_sqn,
+                                               nonblocking=args.nonblocking,
+                                               would_block=would_block)
             if not source.deregistering and not source.deregistered:
                 with contextlib.suppress(TimeoutError):
                     await host.wait_until(lambda: source.inflight == 0, timeout=args.linger)
@@ -309,7 +327,13 @@ def cmd_source(args: argparse.Namespace) -> int:
             if source.config.ume_flight_size_bytes:
                 print(f"ump source: in-flight bytes max {peak['bytes']} (ume_flight_size_bytes "
                       f"{source.config.ume_flight_size_bytes})", file=sys.stderr, flush=True)
-            status["code"] = 0 if sent == count else 1
+            if args.nonblocking:
+                print(f"ump source: {refused['n']} send{'' if refused['n'] == 1 else 's'} "
+                      f"returned would-block", file=sys.stderr, flush=True)
+            if args.until_sqn is not None:  # fragments: fewer messages than numbers
+                status["code"] = 0 if source.next_sqn >= args.until_sqn else 1
+            else:
+                status["code"] = 0 if sent == count else 1
             if args.deregister:
                 deregister()
             if source.deregistering or source.deregistered:

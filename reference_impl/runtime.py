@@ -41,7 +41,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -421,27 +421,51 @@ so one message per call costs a system call (and a wake-up of the peer) per mess
 gets a turn between batches, so ACKs are read in time."""
 
 
+WOULD_BLOCK_RETRY = 0.005
+"""Seconds a non-blocking :func:`send_messages` sleeps between two looks at
+:meth:`SourceCore.can_send` after a "would block" (the application's retry loop)."""
+
+
 async def send_messages(host: AioHost, source: SourceCore, count: int, *, rate: float = 0.0,
                         size: int = 64, start: int = 0,
                         progress: Callable[[int], None] | None = None,
-                        timeout: float = 60.0) -> int:
+                        timeout: float = 60.0, until_sqn: int | None = None,
+                        nonblocking: bool = False,
+                        would_block: Callable[[SendError], None] | None = None) -> int:
     """Send ``count`` messages numbered from ``start`` (payload ``"<number>:"`` padded to
     ``size`` bytes), waiting out flight size and registration; returns how many were sent
     (fewer when the source deregistered meanwhile).
 
     Up to :data:`SEND_BATCH` messages go into the source per call (with ``rate``: those whose
     time has come, at most that many).  Gives up when nothing could be sent for ``timeout``
-    seconds."""
+    seconds.
+
+    ``until_sqn``: also stop once the source's next sequence number is at or above it, checked
+    before every message (a fragmented message takes one sequence number per fragment, so
+    ``count`` messages may take more than ``count`` numbers).  Every message that starts below
+    ``until_sqn`` is sent; the last one's fragments may run past it.
+
+    ``nonblocking``: the application of a non-blocking send (docs/semantics.md §1.7): each
+    message goes through :meth:`SourceCore.try_send`, one call at a time, and a "would block"
+    comes back as a value; ``would_block`` is told of each such refusal (the message was not
+    sent), then the application waits until :meth:`SourceCore.can_send` (polling every
+    :data:`WOULD_BLOCK_RETRY` seconds) and sends the same message again.  A blocking
+    application (the default) never sees the refusal: it just waits for room."""
     sent = 0
     deadline = time.monotonic() + timeout
     interval = 1.0 / rate if rate > 0 else 0.0
     next_at = time.monotonic()
 
+    def payloads(first: int, wanted: int) -> Iterator[bytes]:
+        for number in range(first, first + wanted):
+            if until_sqn is not None and source.next_sqn >= until_sqn:
+                return
+            yield f"{number}:".encode().ljust(size, b".")
+
     def batch(first: int, wanted: int) -> Callable[[float], int]:
         def act(now: float) -> int:
             try:
-                return source.send_many(f"{number}:".encode().ljust(size, b".")
-                                        for number in range(first, first + wanted))
+                return source.send_many(payloads(first, wanted))
             except SendError as exc:
                 if exc.code in (SendErrorCode.WOULD_BLOCK, SendErrorCode.NOT_REGISTERED):
                     return 0
@@ -450,12 +474,42 @@ async def send_messages(host: AioHost, source: SourceCore, count: int, *, rate: 
                 raise
         return act
 
+    def one(first: int, wanted: int) -> Callable[[float], int | SendError]:
+        def act(now: float) -> int | SendError:
+            done = 0
+            for payload in payloads(first, wanted):
+                result = source.try_send(payload)
+                if isinstance(result, SendError):
+                    return done if done else result
+                done += 1
+            return done
+        return act
+
     while sent < count:
+        if until_sqn is not None and source.next_sqn >= until_sqn:
+            break
         wanted = min(count - sent, SEND_BATCH)
         if interval:
             due = int((time.monotonic() - next_at) / interval) + 1
             wanted = max(1, min(wanted, due))
-        done = host.call(source, batch(start + sent, wanted))
+        if nonblocking:
+            result = host.call(source, one(start + sent, wanted))
+            if isinstance(result, SendError):
+                if result.code == SendErrorCode.DEREGISTERED:
+                    break
+                if result.code not in (SendErrorCode.WOULD_BLOCK,
+                                       SendErrorCode.NOT_REGISTERED):
+                    raise result
+                if result.code == SendErrorCode.WOULD_BLOCK and would_block is not None:
+                    would_block(result)
+                while not source.can_send() and time.monotonic() <= deadline \
+                        and not (source.deregistering or source.deregistered):
+                    await asyncio.sleep(WOULD_BLOCK_RETRY)
+                done = 0
+            else:
+                done = result
+        else:
+            done = host.call(source, batch(start + sent, wanted))
         if done < 0:
             break
         if not done:

@@ -4,12 +4,17 @@ with ``ume_flight_size_behavior`` block a full flight makes :meth:`SourceCore.tr
 counted; bad flight-size options are one-line configuration errors, in the configuration file
 and in :class:`SourceConfig` alike.
 
-The reference ``ump source`` has no non-blocking mode on its command line (it waits for room),
-so the flight-size suite has no would-block case: this is checked here, on the core.
+``ump source --nonblocking`` sends through it (:func:`reference_impl.runtime.send_messages`
+with ``nonblocking``): it reports the first "would block" in one line, retries the same message
+once the flight has room and counts the refusals at the end; the flight-size suite's
+SRC-FLT-009 judges that from outside.  Also here: ``--until-sqn`` counts sequence numbers, so
+with fragmented messages it stops once the next sequence number is at or above it.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +23,7 @@ import reference_impl.cli
 from reference_impl.config.client import ConfigError, parse_client_config
 from reference_impl.events import FlightSizeNotification, FlightState
 from reference_impl.source import SendError, SendErrorCode, SourceConfig, SourceCore
+from tests.reference_impl.loopback import loopback
 from tests.reference_impl.test_source_fastpath import ACK, Harness
 from ump.cli import main
 from wire.lbmc import ACK_NAK, AckType
@@ -132,3 +138,97 @@ def test_ump_source_says_so_in_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert code == 2, err
     assert "Traceback" not in err and err.splitlines() == [err.rstrip("\n")], err
     assert "ume_flight_size" in err
+
+
+# --- ump source --nonblocking and --until-sqn, against a real store ----------------------------
+
+TOPIC = "would.block"
+
+
+def _deliveries(path: Path) -> list[dict[str, object]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _wait(predicate: object, timeout: float, message: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, message
+        time.sleep(0.05)
+
+
+def test_ump_source_nonblocking_reports_would_block_and_retries_the_same_message(
+        tmp_path: Path) -> None:
+    """Flight size 1 at full speed against a real store: nearly every send finds the flight
+    full.  The non-blocking source says so once, counts the refusals, and every message still
+    arrives once, in order, with its own payload (a refused message is retried, not
+    skipped)."""
+    with loopback(tmp_path) as lb:
+        cfg = lb.client_config("client.cfg", "source ume_flight_size 1",
+                               "source ume_flight_size_behavior block")
+        out = tmp_path / "rcv.jsonl"
+        receiver = lb.start("receiver", "-c", str(cfg), "--topic", TOPIC, "--out", str(out),
+                            "--count", "40")
+        source = lb.start("source", "-c", str(cfg), "--topic", TOPIC, "--count", "40",
+                          "--nonblocking", "--linger", "5")
+        try:
+            assert source.finish(60) == 0, source.stderr
+            err = source.stderr
+            assert err.count(reference_impl.cli.WOULD_BLOCK_LINE) == 1, err
+            assert "sent 40 messages, 0 still in flight" in err, err
+            (total,) = [line for line in err.splitlines() if "returned would-block" in line]
+            refused = int(total.split()[2])
+            assert refused >= 1, total
+            assert "Traceback" not in err
+            _wait(lambda: len(_deliveries(out)) >= 40, 20, receiver.stderr)
+            got = _deliveries(out)
+            assert [d["sqn"] for d in got] == list(range(40))
+            assert [str(d["payload"]).split(":")[0] for d in got] == \
+                [str(n) for n in range(40)]
+        finally:
+            receiver.stop()
+            source.stop()
+
+
+def test_ump_source_blocking_never_mentions_would_block(tmp_path: Path) -> None:
+    """The same run without --nonblocking: the blocking application waits silently."""
+    with loopback(tmp_path) as lb:
+        cfg = lb.client_config("client.cfg", "source ume_flight_size 1")
+        source = lb.start("source", "-c", str(cfg), "--topic", TOPIC, "--count", "20",
+                          "--linger", "5")
+        try:
+            assert source.finish(60) == 0, source.stderr
+            assert "would block" not in source.stderr and \
+                "would-block" not in source.stderr, source.stderr
+            assert "sent 20 messages" in source.stderr
+        finally:
+            source.stop()
+
+
+@pytest.mark.parametrize("until, messages, next_sqn", [(10, 3, 12), (8, 2, 8), (1, 1, 4)])
+def test_until_sqn_counts_sequence_numbers_of_fragmented_messages(
+        tmp_path: Path, until: int, messages: int, next_sqn: int) -> None:
+    """64-byte messages with a 44-byte maximum datagram are 4 fragments (4 sequence numbers)
+    each: ``--until-sqn N`` sends every message that starts below N and stops (it used to send
+    N messages, 4N sequence numbers).  The source started again with the same session ID
+    resumes where the store says it stopped, and has nothing left to send."""
+    with loopback(tmp_path) as lb:
+        cfg = lb.client_config("client.cfg", "source transport_tcp_datagram_max_size 44",
+                               "source ume_session_id 0x5E55177")
+        args = ("source", "-c", str(cfg), "--topic", TOPIC, "--until-sqn", str(until),
+                "--size", "64", "--linger", "5")
+        source = lb.start(*args)
+        try:
+            assert source.finish(60) == 0, source.stderr
+            assert f"sent {messages} messages, 0 still in flight" in source.stderr, \
+                source.stderr
+        finally:
+            source.stop()
+        again = lb.start(*args)
+        try:
+            assert again.finish(60) == 0, again.stderr
+            assert f"registered; next sequence number {next_sqn}" in again.stderr, again.stderr
+            assert "sent 0 messages" in again.stderr, again.stderr
+        finally:
+            again.stop()
