@@ -63,8 +63,16 @@ class CaseContext(Protocol):
 
     def start_iut(self, *stores: HarnessStore, reg_ids: dict[HarnessStore, int] | None = None,
                   groups: tuple[tuple[int, int], ...] = (),
-                  options: UmOptions | None = None) -> ClientUnderTest:
-        """Start the source or receiver IUT for :attr:`iut_topic` with these stores."""
+                  options: UmOptions | None = None,
+                  nonblocking: bool = False) -> ClientUnderTest:
+        """Start the source or receiver IUT for :attr:`iut_topic` with these stores (with
+        ``nonblocking``: sending without blocking, the profile's ``nonblocking_args``;
+        unsupported without them)."""
+        ...
+
+    def iut_output(self) -> str:
+        """What the source or receiver IUT printed since the case started it (a black box's
+        only report of what its application saw, such as a send returning "would block")."""
         ...
 
     def restart_iut(self, *, kill: bool = False) -> None:

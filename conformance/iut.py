@@ -193,6 +193,10 @@ class IutProcess:
             fh.seek(offset)
             return fh.read().decode("utf-8", "replace")
 
+    def output(self) -> str:
+        """What the IUT printed since its latest start (its log from the start marker on)."""
+        return self.log_since(max(0, self._start_offset()))
+
     def log_tail(self, lines: int = 20) -> str:
         text = self.log_since(0)
         return "\n".join(text.splitlines()[-lines:])
@@ -363,18 +367,29 @@ class ClientUnderTest(IutProcess):
         path.write_text("\n".join(lines) + "\n")
         return path
 
-    def argv(self, config: Path) -> list[str]:
+    def argv(self, config: Path, extra: tuple[str, ...] = ()) -> list[str]:
+        """The launch command with its placeholders filled, then ``extra`` (filled too)."""
         assert self.profile.launch is not None
         values = self.placeholders() | {
             "config": str(config), "topic": self.topic,
             "stores": ",".join(f"{s.addr[0]}:{s.addr[1]}" for s in self.stores),
             "deliveries": str(self.deliveries_path)}
-        return [arg.format(**values) for arg in self.profile.launch]
+        return [arg.format(**values) for arg in (*self.profile.launch, *extra)]
 
     def start(self, topic: str, *, stores: tuple[StoreEntry, ...] = (),
-              groups: tuple[tuple[int, int], ...] = (), options: UmOptions | None = None
-              ) -> None:
-        """Write the configuration and launch the IUT for ``topic``."""
+              groups: tuple[tuple[int, int], ...] = (), options: UmOptions | None = None,
+              nonblocking: bool = False) -> None:
+        """Write the configuration and launch the IUT for ``topic``; with ``nonblocking``,
+        with the profile's ``nonblocking_args`` after the launch command (unsupported
+        without them)."""
+        extra: tuple[str, ...] = ()
+        if nonblocking:
+            if self.profile.nonblocking_args is None or self.profile.would_block_text is None:
+                raise Unsupported("the case needs non-blocking sends, and the profile names "
+                                  "no nonblocking_args and would_block_text (how to run the "
+                                  "IUT with non-blocking sends, what it prints on \"would "
+                                  "block\")")
+            extra = self.profile.nonblocking_args
         if self.profile.launch is None:
             raise Unsupported(f"a {self.profile.role.value} IUT must be started by the harness "
                               f"(its configuration names the harness's peers): give a launch "
@@ -384,7 +399,7 @@ class ClientUnderTest(IutProcess):
         self.topic, self.stores = topic, stores
         self.deliveries_path.unlink(missing_ok=True)
         config = self.write_config(stores, groups, dict(options or {}))
-        self._launch(self.argv(config))
+        self._launch(self.argv(config, extra))
 
     def deliveries(self) -> list[dict[str, object]]:
         """What the IUT reported delivering so far (see the class docstring), oldest first."""

@@ -38,6 +38,13 @@ runs in its work directory (``<out>/iut/<n>/``), where the files the harness wri
 deregister from its stores (``lbm_src_ume_deregister``); the deregistration cases are
 unsupported without it.
 
+``nonblocking_args = ["--nonblocking"]`` and ``would_block_text = "would block"`` (a source
+IUT, both or neither) say how to run the IUT with non-blocking sends and what its output says
+when a send returns "would block" (docs/semantics.md §1.7): cases that need non-blocking sends
+(SRC-FLT-009) append ``nonblocking_args`` (a list of words, or a command line split like
+``launch``, placeholders allowed) to ``launch``, and look for ``would_block_text`` (matched
+without regard to case) in what the IUT printed.  Without them those cases are unsupported.
+
 ``web_monitor = true`` (a launched store) has the harness give the store a ``<web-monitor>``
 on a free port in its XML; cases that judge what only the store's own statistics show (the
 RPP suite's skipped disk writes) read its JSON pages there and do not judge it without one.
@@ -113,6 +120,8 @@ class IutProfile:
     rpp_topic: str | None = None
     spp_topic: str | None = None
     web_monitor: bool = False
+    nonblocking_args: tuple[str, ...] | None = None
+    would_block_text: str | None = None
 
     @property
     def launches(self) -> bool:
@@ -133,9 +142,12 @@ REFERENCE_SOURCE = IutProfile(
     name="ump-harness reference source", role=Role.SOURCE,
     launch=("{python}", "-m", "ump", "source", "-c", "{lbm_config}", "--topic", "{topic}",
             "--count", "100000000", "--rate", "50", "--linger", "0", "--profile", "{version}"),
-    deregister_signal=signal.SIGUSR1)
+    deregister_signal=signal.SIGUSR1, nonblocking_args=("--nonblocking",),
+    would_block_text="would block")
 """This project's source, sending 50 messages a second for as long as a case runs (a case
-sees the first data message within one registration round and is never short of traffic)."""
+sees the first data message within one registration round and is never short of traffic);
+``--nonblocking`` makes it send like a non-blocking application, which prints "send would
+block" the first time a send is refused."""
 
 REFERENCE_RECEIVER = IutProfile(
     name="ump-harness reference receiver", role=Role.RECEIVER,
@@ -151,7 +163,8 @@ BUILTIN_PROFILES: dict[str, IutProfile] = {
 """Profile names ``--iut`` accepts besides a file: the reference implementation's processes."""
 
 _IUT_KEYS = ("name", "role", "version", "launch", "address", "ready", "start_timeout",
-             "stop_signal", "deregister_signal", "rpp_topic", "spp_topic", "web_monitor")
+             "stop_signal", "deregister_signal", "rpp_topic", "spp_topic", "web_monitor",
+             "nonblocking_args", "would_block_text")
 _CASE_KEYS = ("skip", "known_failure", "reason")
 
 
@@ -249,6 +262,7 @@ def parse_profile(data: Mapping[str, Any], source: str = "<profile>") -> IutProf
     if topics["rpp_topic"] is not None and topics["rpp_topic"] == topics["spp_topic"]:
         raise ProfileError(f"{where}: rpp_topic and spp_topic must differ (one topic allows "
                            f"RPP, the other does not)")
+    nonblocking_args, would_block_text = _nonblocking(where, iut, role)
     name = iut.get("name", role.value)
     cases: dict[str, CaseExpectation] = {}
     raw_cases = data.get("cases", {})
@@ -270,7 +284,48 @@ def parse_profile(data: Mapping[str, Any], source: str = "<profile>") -> IutProf
                       address=address, ready=ready, start_timeout=float(timeout),
                       stop_signal=stop_signal, deregister_signal=deregister_signal,
                       cases=cases, source=source, rpp_topic=topics["rpp_topic"],
-                      spp_topic=topics["spp_topic"], web_monitor=web_monitor)
+                      spp_topic=topics["spp_topic"], web_monitor=web_monitor,
+                      nonblocking_args=nonblocking_args, would_block_text=would_block_text)
+
+
+def _nonblocking(where: str, iut: Mapping[str, Any], role: Role
+                 ) -> tuple[tuple[str, ...] | None, str | None]:
+    """``nonblocking_args`` and ``would_block_text`` (see the module docstring), checked: a
+    source's keys, both or neither (the one is no use without the other), a non-empty list of
+    words with known placeholders and a non-blank text."""
+    given = [key for key in ("nonblocking_args", "would_block_text") if key in iut]
+    if not given:
+        return None, None
+    if role is not Role.SOURCE:
+        raise ProfileError(f"{where}: {given[0]} is for a source IUT (non-blocking sends)")
+    if len(given) == 1:
+        missing = ({"nonblocking_args", "would_block_text"} - set(given)).pop()
+        raise ProfileError(f"{where}: {given[0]} needs {missing} as well (how to run the IUT "
+                           f"with non-blocking sends, and what it prints on \"would block\")")
+    raw = iut["nonblocking_args"]
+    args: tuple[str, ...]
+    if isinstance(raw, str):
+        try:
+            args = tuple(shlex.split(raw))
+        except ValueError as exc:
+            raise ProfileError(f"{where}: nonblocking_args: {exc}") from None
+    elif isinstance(raw, list) and all(isinstance(x, str) for x in raw):
+        args = tuple(raw)
+    else:
+        raise ProfileError(f"{where}: nonblocking_args must be a list of strings such as "
+                           f"[\"--nonblocking\"] or a command line, not {raw!r}")
+    if not args:
+        raise ProfileError(f"{where}: nonblocking_args is empty (the words that make the IUT "
+                           f"send without blocking)")
+    bad = _bad_placeholder(args)
+    if bad:
+        raise ProfileError(f"{where}: nonblocking_args uses unknown placeholder {{{bad}}} "
+                           f"(known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)})")
+    text = iut["would_block_text"]
+    if not isinstance(text, str) or not text.strip():
+        raise ProfileError(f"{where}: would_block_text must be the text the IUT prints when "
+                           f"a send returns \"would block\", not {text!r}")
+    return args, text
 
 
 def _signal(where: str, key: str, name: object) -> signal.Signals:

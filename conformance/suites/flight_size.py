@@ -15,13 +15,16 @@ sends too little, which is a failure of its own).  The OVER/UNDER notifications 
 reach the application only, so the notify case judges what is on the wire (sends go on past the
 limit) and does not judge the events.  Each case sets every option that decides its verdict.
 
-No case judges the non-blocking send's "would block" (docs/semantics.md §1.7): a blocking and a
-non-blocking source put the same messages on the wire under ``block`` (the one waits, the other
-is refused and tries again), and the refusal reaches the application only; a source IUT that
-printed it would need a command-line mode of its own, which ``ump source`` does not have (it
-waits for room).  The reference source's non-blocking send
+The non-blocking send's "would block" (docs/semantics.md §1.7) reaches the application only,
+and a blocking and a non-blocking source put the same messages on the wire under ``block``
+(the one waits, the other is refused and tries again).  So SRC-FLT-009 judges it through the
+IUT's output: the profile says how to run the source with non-blocking sends
+(``nonblocking_args``, ``ump source --nonblocking`` for the reference source) and what it
+prints when a send returns "would block" (``would_block_text``); without them the case is
+unsupported.  A source that waits silently instead (a blocking send in a non-blocking
+application) fails it.  The reference core's non-blocking send
 (:meth:`~reference_impl.source.SourceCore.try_send`: "would block" returned as a value, the
-message neither sent nor counted) is tested on its core, tests/reference_impl/
+message neither sent nor counted) is also tested on its own, tests/reference_impl/
 test_would_block.py.
 """
 
@@ -354,3 +357,41 @@ def fragments_count_once(h: CaseContext) -> None:
     store.send_stable(first[-1])
     _fragmented_at(h, store, 3, f"the messages sent once every fragment of message "
                                 f"{firsts[0]} was stable")
+
+
+@case("SRC-FLT-009", suite=SUITE, role=Role.SOURCE,
+      title="Behaviour block with non-blocking sends: a full flight returns would-block, the "
+            "messages on the wire are the same",
+      section="UMP Flight Size",
+      requirement="By default, when a source sends a message that exceeds it's flight size, "
+                  "the call to send blocks. ... If the source uses a non-blocking send, the "
+                  "send returns an LBM_EWOULD_BLOCK.",
+      timeout=12.0)
+def nonblocking_send_would_block(h: CaseContext) -> None:
+    """SRC-FLT-001 with non-blocking sends: flight size 3, no stability ACK, exactly 0..2 go
+    out; while the flight is full the IUT's output must report a "would block" result (the
+    profile's ``would_block_text``: a non-blocking send returns instead of waiting, and the
+    output is how a black box shows what its application got); the harness acknowledges 0 and
+    exactly one more message (3) may follow (the refused message is sent once there is
+    room)."""
+    text = h.iut_profile.would_block_text
+    store = h.store()
+    store.ack = False
+    h.start_iut(store, options={**FAST_REGISTRATION, "source ume_flight_size": 3,
+                                "source ume_flight_size_bytes": 0,
+                                "source ume_flight_size_behavior": "block"},
+                nonblocking=True)
+    assert text is not None  # (start_iut made the case unsupported without it)
+    _settled(h, store, 0.5, 3.0, "sending with flight size 3, non-blocking sends")
+    _blocked_at(h, store, [0, 1, 2], "the messages sent with flight size 3 and no ACK")
+
+    def reported() -> bool:
+        return text.lower() in h.iut_output().lower()
+    h.wait_until(reported, 2.0, f"the IUT to report {text!r}")
+    said = [line.strip() for line in h.iut_output().splitlines() if line.strip()]
+    h.check(reported(), "a non-blocking send into a full flight did not report \"would "
+            "block\" (did it wait like a blocking send?)",
+            expected=f"the IUT's output contains {text!r} (profile would_block_text)",
+            observed=said[-5:] or "no output")
+    store.send_stable(0)
+    _blocked_at(h, store, [0, 1, 2, 3], "the messages sent after message 0 became stable")

@@ -399,6 +399,21 @@ def flight_counts_fragments() -> None:
 MUTANTS["flight-counts-fragments"] = ("source", flight_counts_fragments)
 
 
+def nonblocking_waits() -> None:
+    """A non-blocking source (``ump source --nonblocking``) whose sends wait for room like
+    blocking ones: a full flight never returns "would block" to the application, which so
+    never reports it (docs/semantics.md §1.7; guide "UMP Flight Size")."""
+    send_messages = runtime.send_messages
+
+    async def patched(*args: Any, **kw: Any) -> int:
+        kw["nonblocking"] = False
+        return await send_messages(*args, **kw)
+    runtime.send_messages = patched
+
+
+MUTANTS["nonblocking-waits"] = ("source", nonblocking_waits)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0] not in MUTANTS or argv[1] != MUTANTS[argv[0]][0]:
         print(f"usage: mutant_client.py {{{','.join(MUTANTS)}}} source|receiver ARGS...",

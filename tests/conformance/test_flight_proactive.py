@@ -32,7 +32,7 @@ from wire.lbmc import AckType
 def test_the_suites_hold_their_cases_for_each_role() -> None:
     by_suite = {(c.suite, c.role): c.id for c in all_cases()}
     flight = sorted(c.id for c in all_cases(Role.SOURCE) if c.suite == "flight-size")
-    assert flight == [f"SRC-FLT-00{i}" for i in range(1, 9)]
+    assert flight == [f"SRC-FLT-00{i}" for i in range(1, 10)]
     prx = sorted(c.id for c in all_cases() if c.suite == "proactive-retransmit")
     assert prx == ["PRX-STORE-001", "PRX-STORE-002", "SRC-PRX-001", "SRC-PRX-002",
                    "SRC-PRX-003", "SRC-PRX-004"]
@@ -57,9 +57,8 @@ def test_ump_conform_takes_the_suite_names() -> None:
     assert out.returncode == 0, out.stderr
     listed = [line.split()[0] for line in out.stdout.splitlines() if line[:1].isalnum()]
     assert listed == ["SRC-FLT-001", "SRC-FLT-002", "SRC-FLT-003", "SRC-FLT-004",
-                      "SRC-FLT-005", "SRC-FLT-006", "SRC-FLT-007", "SRC-FLT-008", "SRC-PRX-001",
-                      "SRC-PRX-002",
-                      "SRC-PRX-003", "SRC-PRX-004"]
+                      "SRC-FLT-005", "SRC-FLT-006", "SRC-FLT-007", "SRC-FLT-008", "SRC-FLT-009",
+                      "SRC-PRX-001", "SRC-PRX-002", "SRC-PRX-003", "SRC-PRX-004"]
 
 
 # --- the reference source's flight size --------------------------------------------------------

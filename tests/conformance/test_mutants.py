@@ -88,6 +88,7 @@ CLIENT_CATCHES = {
     "receiver-ignores-rpp-ack": ("receiver", "RCV-MTX-002"),
     "receiver-nonblocking-as-blocking": ("receiver", "RCV-RPP-002"),
     "receiver-acks-after-deregistration": ("receiver", "RCV-RPP-003"),
+    "nonblocking-waits": ("source", "SRC-FLT-009"),
 }
 
 
@@ -141,6 +142,8 @@ def test_every_source_and_receiver_mutant_is_caught(mutant: str, tmp_path: Path)
         else ["--out", "{deliveries}"]
     iut: dict[str, object] = {"name": f"mutant {mutant}", "role": role, "launch": launch,
                               "deregister_signal": "SIGUSR1"}  # as the reference profiles say
+    if role == "source":  # non-blocking sends, as the reference source profile says
+        iut.update(nonblocking_args=["--nonblocking"], would_block_text="would block")
     if mutant in CLIENT_VERSION:
         iut["version"] = CLIENT_VERSION[mutant]
     profile = parse_profile({"iut": iut}, f"<mutant {mutant}>")

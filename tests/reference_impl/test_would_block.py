@@ -14,6 +14,7 @@ with fragmented messages it stops once the next sequence number is at or above i
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -168,11 +169,15 @@ def test_ump_source_nonblocking_reports_would_block_and_retries_the_same_message
         cfg = lb.client_config("client.cfg", "source ume_flight_size 1",
                                "source ume_flight_size_behavior block")
         out = tmp_path / "rcv.jsonl"
-        receiver = lb.start("receiver", "-c", str(cfg), "--topic", TOPIC, "--out", str(out),
-                            "--count", "40")
+        receiver = lb.start("receiver", "-v", "-c", str(cfg), "--topic", TOPIC, "--out",
+                            str(out), "--count", "40")
         source = lb.start("source", "-c", str(cfg), "--topic", TOPIC, "--count", "40",
-                          "--nonblocking", "--linger", "5")
+                          "--nonblocking", "--linger", "5", "--wait-start")
         try:
+            # the receiver joins before the first message (else it may never see the source)
+            receiver.wait_for("ReceiverRegistrationComplete", 20)
+            source.wait_for("registered; next sequence number 0")
+            source.proc.send_signal(signal.SIGUSR2)
             assert source.finish(60) == 0, source.stderr
             err = source.stderr
             assert err.count(reference_impl.cli.WOULD_BLOCK_LINE) == 1, err
