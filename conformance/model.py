@@ -111,7 +111,7 @@ def case(id: str, *, title: str, suite: str, section: str, requirement: str,
 
 
 SUITES = ("registration", "recovery", "robustness", "flight-size", "proactive-retransmit",
-          "durability", "rpp-matrix", "rpp")
+          "durability", "rpp-matrix", "rpp", "quorum")
 
 
 def all_cases(role: Role | None = None) -> list[CaseSpec]:

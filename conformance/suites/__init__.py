@@ -8,13 +8,17 @@ flight-size suite (source IUT, SRC-FLT-*): :mod:`.flight_size`; the proactive-re
 (source IUT, SRC-PRX-*, and store IUT, PRX-STORE-*): :mod:`.proactive`; the durability suite
 (store IUT, DUR-STORE-*: acknowledged messages survive a SIGKILL): :mod:`.durability`.  The
 rpp-matrix suite (the guide's "UMP Version RPP Compatibility Matrix", one case per cell and role:
-MTX-STORE-*, SRC-MTX-*, RCV-MTX-*): :mod:`.rpp_matrix`.
+MTX-STORE-*, SRC-MTX-*, RCV-MTX-*): :mod:`.rpp_matrix`.  The quorum suite: :mod:`.quorum_source`
+(SRC-QRM-*), :mod:`.quorum_receiver` (RCV-QRM-*) and :mod:`.quorum_store` (QRM-STORE-*).
 """
 
 from conformance.suites import (
     durability,
     flight_size,
     proactive,
+    quorum_receiver,
+    quorum_source,
+    quorum_store,
     receiver,
     recovery,
     registration,
@@ -25,5 +29,6 @@ from conformance.suites import (
     source,
 )
 
-__all__ = ["durability", "flight_size", "proactive", "receiver", "recovery", "registration",
+__all__ = ["durability", "flight_size", "proactive", "quorum_receiver",
+           "quorum_source", "quorum_store", "receiver", "recovery", "registration",
            "robustness", "robustness_clients", "rpp", "rpp_matrix", "source"]
