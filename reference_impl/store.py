@@ -35,7 +35,14 @@ What it does follows the guide's "Operational View" and docs/semantics.md §1:
 * **Retransmission requests** go to a worker paced at ``retransmission-request-processing-rate``
   with a queue of four times that rate; the excess is dropped and counted (web monitor "Drop").
   A receiver's run of requests and consumption ACKs is read straight out of the received chunk
-  (:meth:`StoreCore.on_message_run`), each as the message-by-message path reads it.
+  (:meth:`StoreCore.on_message_run`), each as the message-by-message path reads it.  A request
+  naming a RegID that is no receiver's here (never registered, a source's, or a receiver whose
+  state was deleted) gets nothing: the guide's "Registration Identifier" makes the RegID what
+  identifies a receiver to the store, so there is nobody to serve.  It is logged as one
+  WARNING line naming the RegID, the sequence number and the requester's address (the TCP
+  peer it came from) and counted as a dropped input; *choice*: it does not count as any
+  client's activity, and the requester's connection is kept (a receiver that lost its state
+  re-registers on it).
 * **Context name**: a store with a ``context-name`` advertises it with its address and store
   port (an LBMR context-information record) at startup and whenever a source queries for that
   name, so sources with ``ume_store_name`` find it; an advertisement of the same name from
@@ -44,6 +51,15 @@ What it does follows the guide's "Operational View" and docs/semantics.md §1:
   ``source-check-interval`` clients silent for longer than their activity timeout become
   inactive (their RegID may be reused) and their state is deleted when their state lifetime
   (the shorter of client and store value) runs out - at once when no lifetime is set.
+  Receivers follow the same rules as sources with the topic's ``receiver-activity-timeout``
+  and ``receiver-state-lifetime`` (guide "Activity Timeout and State Lifetime Options";
+  docs/semantics.md §1.11): the client's ``ume_activity_timeout`` (the PREG's client-lifetime
+  header) replaces the store's activity timeout, the shorter of the client's
+  ``ume_state_lifetime`` and the store's lifetime applies (either 0: the other), both are
+  fixed at the first registration, and the lifetime counts from the last thing heard, looked
+  at only once the activity timeout ran out (a lifetime shorter than the activity timeout
+  ends with it).  A receiver whose state was deleted is new when it registers again (no OLD
+  flag; its low sequence number as for any new receiver).
 * **Disk state**: with ``repository-type`` disk the messages go to cache files and
   registrations and acknowledgements to a state journal (one JSON record per line), so a
   restarted store knows its sources, receivers and messages.  A restarted store asks for the
@@ -861,6 +877,10 @@ class StoreCore(ContextCore):
 
     def _lifetimes(self, life: Header | None, timeout_ms: int,
                    lifetime_ms: int) -> tuple[float, float]:
+        """(activity timeout, state lifetime) in seconds for a new source or receiver, from
+        its client-lifetime header and the topic's values (docs/semantics.md §1.11): the
+        client's activity timeout replaces the store's; of the two state lifetimes the
+        shorter wins, 0 meaning none on either side."""
         activity = timeout_ms
         lifetime = lifetime_ms
         if life is not None:
@@ -1477,7 +1497,8 @@ class StoreCore(ContextCore):
     def _on_rxreq(self, conn: Connection, id_2: int, seqnum: int, size: int) -> None:
         rcv = self.receivers.get(id_2)
         if rcv is None:
-            self.drop(conn.remote, f"RXREQ from unknown receiver RegID {id_2}", size)
+            self.drop(conn.remote, f"RXREQ for sqn {seqnum} names unknown receiver RegID "
+                                   f"{id_2}: nothing retransmitted", size)
             return
         rcv.last_activity = self.now
         self.rx.received += 1
