@@ -24,9 +24,9 @@ The DataFrame path:
   null struct, so each row would carry all five tables' widths (about 1.5 KB);
 * **stage 2** (LBT-TCP) needs all segments of a connection direction together, whatever
   partition or file they came from: the ``tcp_segments`` parts are unpacked, repartitioned by
-  :data:`~spark_analysis.columnar.FLOW_KEY` (a hash shuffle: every segment of a flow lands in
+  :data:`~spark_analysis.schemas.FLOW_KEY` (a hash shuffle: every segment of a flow lands in
   the same partition) and each partition is reassembled at once by
-  :func:`~spark_analysis.columnar.reassemble_tcp` in ``mapInArrow``, which returns parts
+  :func:`~spark_analysis.reassembly.reassemble_tcp` in ``mapInArrow``, which returns parts
   again.  (``groupBy().applyInArrow`` gives the same result but also sorts by key and calls
   Python per flow: measured almost twice as slow.)  A partition's TCP payload is held in
   memory; ``spark.sql.shuffle.partitions`` bounds it (capture TCP bytes / partitions);
@@ -71,8 +71,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from . import columnar
-from .columnar import (
+from . import arrow_build, columnar, reassembly, schemas
+from .schemas import (
     ADVERTISEMENTS_SCHEMA,
     ALWAYS_SET,
     FLOW_KEY,
@@ -216,7 +216,7 @@ def _stage2(options: DecodeOptions) -> Callable[[Iterator[pa.RecordBatch]],
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         segments = list(batches)  # the whole partition: every segment of its flows
         if segments:
-            parts = pack(columnar.reassemble_tcp(pa.Table.from_batches(segments), options))
+            parts = pack(reassembly.reassemble_tcp(pa.Table.from_batches(segments), options))
             if parts.num_rows:
                 yield parts
     return run
@@ -275,12 +275,12 @@ def decode_frames(frames: DataFrame, options: DecodeOptions | None = None, *,
     missing = [c for c in INPUT_COLUMNS if c not in frames.columns]
     if missing:
         raise ValueError(f"frames DataFrame lacks column(s) {missing}; "
-                         f"expected {columnar.FRAME_SCHEMA.names}")
+                         f"expected {schemas.FRAME_SCHEMA.names}")
     stage1 = frames.select(*INPUT_COLUMNS).mapInArrow(_stage1(options), _SPARK_PARTS)
     if persist:
         stage1 = stage1.persist(StorageLevel.MEMORY_AND_DISK)
     segments = _table(stage1, "tcp_segments")
-    stage2 = (segments.repartition(*columnar.flow_key_columns(options))
+    stage2 = (segments.repartition(*schemas.flow_key_columns(options))
               .mapInArrow(_stage2(options), _SPARK_PARTS))
     if persist:
         stage2 = stage2.persist(StorageLevel.MEMORY_AND_DISK)
@@ -303,7 +303,7 @@ def decode_frames(frames: DataFrame, options: DecodeOptions | None = None, *,
 # =============================================================================================
 
 def _required(name: str, schema: pa.Schema) -> pa.Schema:
-    """``schema`` with the columns of :data:`~spark_analysis.columnar.ALWAYS_SET` not nullable
+    """``schema`` with the columns of :data:`~spark_analysis.schemas.ALWAYS_SET` not nullable
     (stored as required Parquet columns)."""
     always = ALWAYS_SET.get(name, frozenset())
     return pa.schema([f.with_nullable(False) if f.name in always else f for f in schema],
@@ -317,13 +317,13 @@ PARQUET_TABLES: dict[str, pa.Schema] = {
     **{name: _required(name, STORED_SCHEMAS[name]) for name in HEADER_TABLE_SCHEMAS},
 }
 """The tables :func:`decode_to_parquet` writes, one directory of Parquet files each.
-``messages`` is stored split (:func:`~spark_analysis.columnar.split_messages`): its core
+``messages`` is stored split (:func:`~spark_analysis.schemas.split_messages`): its core
 columns, and one ``lbmc_<header>`` table per typed header column holding the messages that
 carry that header; :meth:`ParquetTables.messages` joins them back.  The
-:data:`~spark_analysis.columnar.CATEGORICAL_COLUMNS` are stored from dictionary arrays (see
+:data:`~spark_analysis.schemas.CATEGORICAL_COLUMNS` are stored from dictionary arrays (see
 there why): Spark reads them as strings, pyarrow as dictionary arrays (pandas: categoricals);
 their Parquet column is a string column either way.  The columns the decoder always fills
-(:data:`~spark_analysis.columnar.ALWAYS_SET`: the frame's identity, the message key, counts
+(:data:`~spark_analysis.schemas.ALWAYS_SET`: the frame's identity, the message key, counts
 and lengths) are *required* Parquet columns: a required column has no definition levels, which
 made writing the LBT-TCP ``packets`` and ``messages`` of the benchmark capture 13-17%
 cheaper.  Spark reads every file column as nullable anyway; pyarrow shows
@@ -418,7 +418,7 @@ class _ParquetSink:
         for name, writer in self.writers.items():
             writer.close()
             files.append((name, f"{self.job.tmp}/{name}/{self.tag}.parquet", self.rows[name]))
-        return {"files": files, "skipped": columnar.merge_skipped(self.skipped).to_pylist()}
+        return {"files": files, "skipped": schemas.merge_skipped(self.skipped).to_pylist()}
 
 
 def _as_stored(name: str, table: pa.Table) -> pa.Table:
@@ -467,19 +467,19 @@ def _writer_options(name: str) -> dict[str, Any]:
 def flow_buckets(segments: pa.Table, buckets: int, separate_files: bool = False) -> np.ndarray:
     """The bucket (``0 <= b < buckets``) of each segment's connection direction.
 
-    A fixed integer hash of :data:`~spark_analysis.columnar.FLOW_KEY` (never Python's
+    A fixed integer hash of :data:`~spark_analysis.schemas.FLOW_KEY` (never Python's
     per-process ``hash``): every task must put a flow in the same bucket.  With
     ``separate_files`` the file name (its CRC-32) is part of the key, so the same 4-tuple in
     two captures usually lands in different buckets (stage 2 keeps them apart either way)."""
     mixed = np.zeros(segments.num_rows, np.uint64)
     if separate_files and segments.num_rows:
-        files = columnar.encode_files(segments.column("file"))
+        files = arrow_build.encode_files(segments.column("file"))
         crcs = np.array([zlib.crc32(name.encode()) for name in files.dictionary.to_pylist()],
                         np.uint64)
-        mixed = crcs[columnar.numpy_of(files.indices)] * np.uint64(0x9FB21C651E98DF25)
+        mixed = crcs[arrow_build.numpy_of(files.indices)] * np.uint64(0x9FB21C651E98DF25)
     for name, factor in zip(FLOW_KEY, (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F,
                                        0x165667B19E3779F9, 0x27D4EB2F165667C5), strict=True):
-        values = columnar.numpy_of(segments.column(name)).astype(np.uint64)
+        values = arrow_build.numpy_of(segments.column(name)).astype(np.uint64)
         mixed = (mixed ^ values) * np.uint64(factor)
     mixed ^= mixed >> np.uint64(29)
     return (mixed % np.uint64(buckets)).astype(np.int64)
@@ -507,8 +507,8 @@ class _BucketSink:
         cuts = np.flatnonzero(np.diff(sorted_buckets)) + 1
         bounds = [0, *cuts.tolist(), len(order)]
         if len(bounds) > 2 and (np.diff(order) != 1).any():  # one take, then zero-copy slices
-            segments = segments.take(columnar.arrow_array(order))
-        lengths = columnar.numpy_of(pc.binary_length(segments.column("payload")))
+            segments = segments.take(arrow_build.arrow_array(order))
+        lengths = arrow_build.numpy_of(pc.binary_length(segments.column("payload")))
         for lo, hi in itertools.pairwise(bounds):
             number = int(sorted_buckets[lo])
             self._writer(number).write_table(segments.slice(lo, hi - lo))
@@ -610,7 +610,7 @@ def _reassemble_buckets(job: _Job, items: Iterable[tuple[int, list[tuple[int, li
         for _bucket, paths in buckets:
             table = _read_segments(job, paths)
             segments += table.num_rows
-            sink.add(columnar.reassemble_tcp(table, job.options, stored=True))
+            sink.add(reassembly.reassemble_tcp(table, job.options, stored=True))
             del table
         yield {"stage": 2, "index": index, "segments": segments, **sink.close(),
                **_worker_stats(cpu, wall)}
@@ -722,7 +722,7 @@ def decode_to_parquet(spark: SparkSession, paths: str | Sequence[str], out: str,
        stay in the read buffer), decodes them (:func:`columnar.decode_chunk`) and writes the
        UDP and LBMR rows straight to Parquet with pyarrow; LBT-TCP segments go, grouped by
        flow, to Arrow IPC files of :data:`DEFAULT_BUCKETS` flow buckets under ``out``;
-    2. one task per group of buckets reassembles them (:func:`columnar.reassemble_tcp`) and
+    2. one task per group of buckets reassembles them (:func:`reassembly.reassemble_tcp`) and
        writes their rows.  Buckets are balanced over the tasks by estimated cost (segments,
        then payload bytes: :func:`_plan_stage2`).
 
@@ -841,7 +841,7 @@ def _commit(job: _Job, root: str, out: str, manifests: Sequence[Mapping[str, Any
             fs.move(path, f"{paths[name]}/part-{numbers[name]:05d}.parquet")
             numbers[name] += 1
             rows[name] += count
-    skipped = columnar.merge_skipped([pa.Table.from_pylist(m["skipped"], schema=SKIPPED_SCHEMA)
+    skipped = schemas.merge_skipped([pa.Table.from_pylist(m["skipped"], schema=SKIPPED_SCHEMA)
                                       for m in ordered])
     skipped = skipped.sort_by([("file", "ascending"), ("reason", "ascending")])
     pq.write_table(skipped, f"{paths['skipped']}/part-00000.parquet", filesystem=fs)

@@ -30,11 +30,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from spark_analysis import columnar
+from spark_analysis import arrow_build, columnar, schemas
 from spark_analysis.columnar import (
-    ADVERTISEMENT_OPTION_COLUMNS,
-    MESSAGE_HEADER_COLUMNS,
-    ColumnPart,
     DecodedTables,
     DecodeOptions,
     decode_batch,
@@ -42,6 +39,7 @@ from spark_analysis.columnar import (
     frames_batch,
     reassemble_tcp,
 )
+from spark_analysis.schemas import ADVERTISEMENT_OPTION_COLUMNS, MESSAGE_HEADER_COLUMNS, ColumnPart
 from wire import dissect, lbmc, lbmr, lbtrm, lbtru, pcap
 from wire.dissect import Dissector, FrameReport
 from wire.fields import bytes_text, text_bytes
@@ -266,12 +264,12 @@ def assert_matches_dissector(records: Sequence[CaptureRecord], tables: DecodedTa
 
 
 def assert_always_set(tables: DecodedTables) -> None:
-    """The columns :data:`columnar.ALWAYS_SET` names (stored as required Parquet columns) hold
+    """The columns :data:`schemas.ALWAYS_SET` names (stored as required Parquet columns) hold
     a value on every row, malformed packets and messages included."""
-    core, headers = columnar.split_messages(tables.messages)
+    core, headers = schemas.split_messages(tables.messages)
     for name, table in {"packets": tables.packets, "messages": core,
                         "advertisements": tables.advertisements, **headers}.items():
-        for column in columnar.ALWAYS_SET[name]:
+        for column in schemas.ALWAYS_SET[name]:
             assert table.column(column).null_count == 0, (name, column)
 
 
@@ -520,9 +518,9 @@ def test_chunks_decode_in_place_like_batches(chunk_size: int) -> None:
     reader = splits.SplitReader(split, chunk_size=chunk_size)
     chunks = list(reader.chunks())
     assert len(chunks) > (1 if chunk_size == 256 else 0)
-    in_place = columnar.concat_tables([columnar.decode_chunk(split.capture.name, chunk, options)
+    in_place = schemas.concat_tables([columnar.decode_chunk(split.capture.name, chunk, options)
                                        for chunk in chunks])
-    batches = columnar.concat_tables([
+    batches = schemas.concat_tables([
         decode_batch(batch, options)
         for batch in splits.SplitReader(split, chunk_size=chunk_size)])
     for name in ("packets", "messages", "advertisements", "skipped", "tcp_segments"):
@@ -539,9 +537,9 @@ def test_pcapng_chunks_decode_in_place_like_batches(tmp_path: Path) -> None:
     options = DecodeOptions(STORE_PORTS)
     for split in splits.plan(str(path), 4096, "scan"):
         reader = splits.SplitReader(split, chunk_size=1024)
-        in_place = columnar.concat_tables([columnar.decode_chunk(split.capture.name, c, options)
+        in_place = schemas.concat_tables([columnar.decode_chunk(split.capture.name, c, options)
                                            for c in reader.chunks()])
-        batches = columnar.concat_tables([decode_batch(b, options) for b in
+        batches = schemas.concat_tables([decode_batch(b, options) for b in
                                           splits.SplitReader(split, chunk_size=1024)])
         for name in ("packets", "skipped", "tcp_segments"):
             keys = [("reason", "ascending")] if name == "skipped" else [("file_offset",
@@ -781,7 +779,7 @@ def test_stage_two_is_order_and_grouping_independent() -> None:
     by_flow = [reassemble_tcp(shuffled.filter(pa.compute.equal(shuffled["src_port"], port)),
                               DecodeOptions(STORE_PORTS))
                for port in set(segments.column("src_port").to_pylist())]
-    merged = columnar.concat_tables(by_flow)
+    merged = schemas.concat_tables(by_flow)
     keys = [("file_offset", "ascending"), ("msg_index", "ascending")]
     assert whole.messages.sort_by(keys).equals(merged.messages.sort_by(keys))
     assert whole.packets.sort_by(keys[:1]).equals(merged.packets.sort_by(keys[:1]))
@@ -804,7 +802,7 @@ def test_gather_ranges_equals_slicing(lengths: str) -> None:
             lo, hi = {"any": (0, 40), "long": (13, 40), "inline": (0, 12)}[lengths]
             length = rng.integers(lo, hi + 1, n)
         start = np.array([rng.integers(0, size - k + 1) for k in length.tolist()])
-        values, offsets = columnar._gather_ranges(data, start, length)
+        values, offsets = arrow_build._gather_ranges(data, start, length)
         assert values.tobytes() == b"".join(
             data[a:a + k].tobytes() for a, k in zip(start.tolist(), length.tolist(), strict=True))
         assert offsets.dtype == np.int32
@@ -832,7 +830,7 @@ def test_separate_files_keep_a_reused_four_tuple_apart() -> None:
         per_file[row.pop("file")].append(row)
     want = [{k: v for k, v in r.items() if k != "file"} for r in alone.messages.to_pylist()]
     assert per_file == {"a.pcap": want, "b.pcap": want}
-    assert columnar.flow_key_columns(DecodeOptions(separate_files=True))[0] == "file"
+    assert schemas.flow_key_columns(DecodeOptions(separate_files=True))[0] == "file"
 
 
 def test_the_stored_form_gives_the_same_rows() -> None:
@@ -849,31 +847,31 @@ def test_the_stored_form_gives_the_same_rows() -> None:
     second_stored = reassemble_tcp(public.tcp_segments, options, stored=True)
     for a, b in ((public, stored), (second, second_stored)):
         assert b.stored and not a.stored and not a.headers
-        assert b.tcp_segments.schema.field("file").type == columnar.DICTIONARY_STRING
+        assert b.tcp_segments.schema.field("file").type == schemas.DICTIONARY_STRING
         for name in ("packets", "messages", "advertisements"):
             got: pa.Table = getattr(b, name)
-            for column in columnar.CATEGORICAL_COLUMNS & set(got.column_names):
-                assert got.schema.field(column).type == columnar.DICTIONARY_STRING, column
-        core, headers = columnar.split_messages(a.messages)
-        assert b.messages.schema == columnar.dictionary_schema(core.schema)
+            for column in schemas.CATEGORICAL_COLUMNS & set(got.column_names):
+                assert got.schema.field(column).type == schemas.DICTIONARY_STRING, column
+        core, headers = schemas.split_messages(a.messages)
+        assert b.messages.schema == schemas.dictionary_schema(core.schema)
         assert b.messages.cast(core.schema).equals(core)
         assert sorted(b.headers) == sorted(headers) and headers
         for name, table in headers.items():
-            assert b.headers[name].schema == columnar.dictionary_schema(table.schema), name
+            assert b.headers[name].schema == schemas.dictionary_schema(table.schema), name
             assert b.headers[name].cast(table.schema).equals(table), name
         public_again = b.public()
         for name in ("packets", "messages", "advertisements", "skipped", "tcp_segments"):
             assert getattr(public_again, name).equals(getattr(a, name)), name
     assert public.packets.num_rows and second.messages.num_rows
     assert "lbmc_ume_ack" in second_stored.headers
-    both = columnar.concat_tables([stored, second_stored])
+    both = schemas.concat_tables([stored, second_stored])
     assert both.headers["lbmc_ume_ack"].num_rows == (
         stored.headers.get("lbmc_ume_ack", pa.table({})).num_rows
         + second_stored.headers["lbmc_ume_ack"].num_rows)
     empty = reassemble_tcp(public.tcp_segments.slice(0, 0), options, stored=True)
-    assert empty.stored and empty.packets.schema == columnar.dictionary_schema(
-        columnar.PACKETS_SCHEMA)
-    names = columnar._dictionary_strings(np.array([0, 1, 2, 1]), ["a", None, "c"],
+    assert empty.stored and empty.packets.schema == schemas.dictionary_schema(
+        schemas.PACKETS_SCHEMA)
+    names = arrow_build._dictionary_strings(np.array([0, 1, 2, 1]), ["a", None, "c"],
                                          np.array([True, True, True, False]))
     assert names.to_pylist() == ["a", None, "c", None]
     records = records_of([udp_frame(SRC, 1234, RCV, 5678, b"hello"),
@@ -895,19 +893,19 @@ def test_encode_files_unifies_the_dictionaries_of_hand_over_streams() -> None:
                                             pa.array(["b.pcap", "a.pcap"]))
     for column in (pa.chunked_array([first, second]),
                    pa.chunked_array([first.cast(pa.string()), second.cast(pa.string())])):
-        encoded = columnar.encode_files(column)
+        encoded = arrow_build.encode_files(column)
         assert sorted(encoded.dictionary.to_pylist()) == ["a.pcap", "b.pcap"]
         assert encoded.to_pylist() == ["a.pcap", "a.pcap", "b.pcap", "a.pcap"]
 
 
 def test_schemas_document_every_column() -> None:
-    for schema in (columnar.PACKETS_SCHEMA, columnar.MESSAGES_SCHEMA,
-                   columnar.ADVERTISEMENTS_SCHEMA, columnar.SKIPPED_SCHEMA,
-                   columnar.TCP_SEGMENTS_SCHEMA):
+    for schema in (schemas.PACKETS_SCHEMA, schemas.MESSAGES_SCHEMA,
+                   schemas.ADVERTISEMENTS_SCHEMA, schemas.SKIPPED_SCHEMA,
+                   schemas.TCP_SEGMENTS_SCHEMA):
         for fld in schema:
             assert fld.metadata and fld.metadata.get(b"doc"), fld.name
     # header fields carry tshark's names, read off the wire definitions
-    preg = columnar.MESSAGES_SCHEMA.field("ume_preg").type
+    preg = schemas.MESSAGES_SCHEMA.field("ume_preg").type
     names = {preg.field(i).name: preg.field(i).metadata[b"tshark"].decode()
              for i in range(preg.num_fields) if preg.field(i).metadata}
     assert names["reg_id"] == "lbmc.ume_preg.reg_id"
@@ -934,7 +932,7 @@ def synthetic_frames(count: int, seed: int = 0) -> list[bytes]:
     seq = conv.next_seq[True]
     tcp_templates = [tcp_frame(RCV, 50060, SRC, 14567, seq, conv.next_seq[False],
                                pcap.TCP_ACK | pcap.TCP_PSH, ack * n) for n in (1, 2, 3)]
-    seq_at = pcap.ETH.size + pcap.IP4.size + columnar.member_at(pcap.TCP, "seq")[1]
+    seq_at = pcap.ETH.size + pcap.IP4.size + arrow_build.member_at(pcap.TCP, "seq")[1]
     while len(out) < count:
         pick = rng.random()
         if pick < 0.6:
@@ -964,7 +962,7 @@ def test_throughput_of_the_columnar_decode() -> None:
             pa.array([len(f) for f in chunk], pa.int32()),
             pa.array([len(f) for f in chunk], pa.int32()),
             pa.array([1] * len(chunk), pa.int32()), pa.array([0] * len(chunk), pa.int32()),
-            pa.array(chunk, pa.binary())], schema=columnar.FRAME_SCHEMA))
+            pa.array(chunk, pa.binary())], schema=schemas.FRAME_SCHEMA))
     options = DecodeOptions(STORE_PORTS)
     # CPU time, best of three: the figures should not depend on what else the machine runs
     stage1_cpu = stage2_cpu = float("inf")
@@ -972,7 +970,7 @@ def test_throughput_of_the_columnar_decode() -> None:
         started = time.process_time()
         stage1 = [decode_batch(b, options) for b in batches]
         stage1_cpu = min(stage1_cpu, time.process_time() - started)
-        first = columnar.concat_tables(stage1)  # (gathering segments is Spark's shuffle)
+        first = schemas.concat_tables(stage1)  # (gathering segments is Spark's shuffle)
         started = time.process_time()
         second = reassemble_tcp(first.tcp_segments, options)
         stage2_cpu = min(stage2_cpu, time.process_time() - started)
@@ -1001,31 +999,31 @@ def test_arrow_array_equals_pa_array(values: Any, step: int, masked: bool, data:
     values = values[::step + 1]  # strided views too
     mask = data.draw(hnp.arrays(bool, len(values))) if masked else None
     expected = pa.array(values, mask=mask)
-    got = columnar.arrow_array(values, mask=mask)
+    got = arrow_build.arrow_array(values, mask=mask)
     assert got.type == expected.type
     assert got.to_pylist() == expected.to_pylist()
     assert got.null_count == expected.null_count
     if expected.null_count == 0:
-        assert np.array_equal(columnar.numpy_of(got), values)
+        assert np.array_equal(arrow_build.numpy_of(got), values)
 
 
 def test_arrow_array_casts_to_the_type_asked_for() -> None:
     values = np.array([1, 0, 7], np.int64)
     for kind in (pa.int32(), pa.uint16(), pa.float32(), pa.float64(), pa.bool_()):
         expected = pa.array(values.astype(bool) if kind == pa.bool_() else values, kind)
-        assert columnar.arrow_array(values, kind).equals(expected)
-    assert columnar.arrow_array([3, 4], pa.int64()).equals(pa.array([3, 4], pa.int64()))
-    assert columnar.arrow_array([], pa.int32()).equals(pa.array([], pa.int32()))
+        assert arrow_build.arrow_array(values, kind).equals(expected)
+    assert arrow_build.arrow_array([3, 4], pa.int64()).equals(pa.array([3, 4], pa.int64()))
+    assert arrow_build.arrow_array([], pa.int32()).equals(pa.array([], pa.int32()))
     text = ["a", None, "é", ""]
-    assert columnar.arrow_array(text, pa.string()).equals(pa.array(text, pa.string()))
+    assert arrow_build.arrow_array(text, pa.string()).equals(pa.array(text, pa.string()))
     # numpy_of of a sliced boolean array reads its bits from the right offset
     bools = pa.array([True, False, True, True, False])[1:]
-    assert columnar.numpy_of(bools).tolist() == [False, True, True, False]
-    assert columnar.numpy_of(pa.chunked_array([[1, 2], [3]])).tolist() == [1, 2, 3]
+    assert arrow_build.numpy_of(bools).tolist() == [False, True, True, False]
+    assert arrow_build.numpy_of(pa.chunked_array([[1, 2], [3]])).tolist() == [1, 2, 3]
 
 
 def test_python_table_equals_from_pylist() -> None:
-    schema = columnar.ADVERTISEMENTS_SCHEMA
+    schema = schemas.ADVERTISEMENTS_SCHEMA
     nested = [f for f in schema if pa.types.is_struct(f.type) or pa.types.is_list(f.type)]
     assert nested  # the option columns: structs and lists of structs
     struct_field = next(f for f in nested if pa.types.is_struct(f.type))
@@ -1035,15 +1033,15 @@ def test_python_table_equals_from_pylist() -> None:
     first.update({f.name: True for f in struct_field.type if pa.types.is_boolean(f.type)})
     item = {f.name: (True if pa.types.is_boolean(f.type) else
                      "h" if pa.types.is_string(f.type) else 5) for f in list_field.type.value_type}
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"record": "tir", "topic": "a", "record_index": 0, "session_id": 2 ** 40,
          struct_field.name: first, list_field.name: [item, {**item, "grp_idx": None}]},
         {"record": "tqr", "topic": None, "record_index": 1, list_field.name: []},
         {"record": "tir", "topic": "ü", "source_port": 14371, struct_field.name: None},
     ]
-    got = columnar.python_table(rows, schema)
+    got = arrow_build.python_table(rows, schema)
     assert got.equals(pa.Table.from_pylist(rows, schema=schema))
-    assert columnar.empty_table(schema).equals(schema.empty_table())
+    assert arrow_build.empty_table(schema).equals(schema.empty_table())
 
 
 @given(names=st.lists(st.text(max_size=12) | st.binary(max_size=12), max_size=6))
@@ -1055,7 +1053,7 @@ def test_topic_names_are_read_as_the_wire_reads_them(names: list[str | bytes]) -
     data = np.frombuffer(b"".join(raws), dtype=np.uint8)
     lengths = np.array([len(r) for r in raws], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    got = columnar._text_array(data, starts, lengths).to_pylist()
+    got = arrow_build._text_array(data, starts, lengths).to_pylist()
     expected = [r.split(b"\0")[0].decode("utf-8", "replace") for r in raws]
     assert got == expected
     for raw, value in zip(raws, got, strict=True):

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from spark_analysis import columnar, decode
+from spark_analysis import columnar, decode, schemas
 from spark_analysis.columnar import DecodeOptions
 from spark_analysis.splits import CaptureError
 from tests.spark_analysis.test_columnar import (
@@ -127,7 +127,7 @@ def test_decode_to_parquet_matches_the_columnar_decode(spark: Any, captures: lis
         [columnar.frames_batch_from_capture(p) for p in captures], DecodeOptions(STORE_PORTS))
     assert result.frames == sum(columnar.frames_batch_from_capture(p).num_rows
                                 for p in captures)
-    core, headers = columnar.split_messages(expected.messages)
+    core, headers = schemas.split_messages(expected.messages)
     stored = {"packets": expected.packets, "messages": core,
               "advertisements": expected.advertisements, **headers}
     assert {"lbmc_ume_preg", "lbmc_ume_ack", "lbmc_ume_store"} <= set(headers)
@@ -160,7 +160,7 @@ def test_decode_to_parquet_matches_the_columnar_decode(spark: Any, captures: lis
     assert stored_packets.schema.field("malformed_reason").type == pa.string()
     for name in set(decode.PARQUET_TABLES) - set(stored) - {"skipped"}:
         assert result.rows[name] == 0 and not pq.read_table(out / name).num_rows, name
-    wide = columnar.join_headers(pq.read_table(out / "messages"),
+    wide = schemas.join_headers(pq.read_table(out / "messages"),
                                  {n: pq.read_table(out / n) for n in headers})
     by_key = ("file", "file_offset", "msg_index")
     assert _rows(wide, by_key) == _rows(expected.messages, by_key)
@@ -176,10 +176,10 @@ def test_decode_to_parquet_matches_the_columnar_decode(spark: Any, captures: lis
     assert tables["packets"].count() == result.rows["packets"]
     messages = result.messages(spark)
     assert messages.schema == decode._SPARK_SCHEMAS["messages"]
-    assert _rows(messages.toArrow().cast(columnar.MESSAGES_SCHEMA), by_key) == _rows(
+    assert _rows(messages.toArrow().cast(schemas.MESSAGES_SCHEMA), by_key) == _rows(
         expected.messages, by_key)
     narrow = result.messages(spark, ["ume_ack"])
-    assert narrow.columns == [*columnar.MESSAGE_CORE_SCHEMA.names, "ume_ack"]
+    assert narrow.columns == [*schemas.MESSAGE_CORE_SCHEMA.names, "ume_ack"]
     with pytest.raises(ValueError, match="no header column 'ume_akc'"):
         result.messages(spark, ["ume_akc"])
 
@@ -191,7 +191,7 @@ def test_a_null_in_an_always_set_column_is_refused_not_written() -> None:
     good = schema.empty_table()
     assert decode._as_stored("lbmc_ume_sid", good).schema == schema
     nulls = pa.Table.from_arrays([pa.nulls(1, f.type) for f in schema],
-                                 schema=columnar.STORED_SCHEMAS["lbmc_ume_sid"])
+                                 schema=schemas.STORED_SCHEMAS["lbmc_ume_sid"])
     with pytest.raises(RuntimeError, match=r"decoder bug: lbmc_ume_sid\.file has nulls"):
         decode._as_stored("lbmc_ume_sid", nulls)
 
@@ -209,13 +209,13 @@ def test_decode_to_parquet_separate_files(spark: Any, tmp_path: Path) -> None:
     alone = columnar.decode_batches([columnar.frames_batch_from_capture(files[0])], options)
     assert alone.messages.num_rows == len(story.messages)
     got = pq.read_table(tmp_path / "out" / "messages").to_pylist()
-    alone_core, _ = columnar.split_messages(alone.messages)
+    alone_core, _ = schemas.split_messages(alone.messages)
     for path in files:
         mine = pa.Table.from_pylist([r for r in got if r["file"] == str(path)])
         assert _rows(mine, ("ts_ns", "msg_index")) == _rows(
             alone_core, ("ts_ns", "msg_index")), path.name
     buckets = decode.flow_buckets(
-        pa.table({"file": ["a", "b"], **{k: [1, 1] for k in columnar.FLOW_KEY}}), 1 << 20,
+        pa.table({"file": ["a", "b"], **{k: [1, 1] for k in schemas.FLOW_KEY}}), 1 << 20,
         separate_files=True)
     assert buckets[0] != buckets[1]
 
@@ -255,7 +255,7 @@ def test_flow_buckets_are_stable_and_keep_each_direction_together() -> None:
     buckets = decode.flow_buckets(story, 5)
     assert ((buckets >= 0) & (buckets < 5)).all()
     flows: dict[tuple[int, ...], set[int]] = {}
-    for row, bucket in zip(story.select(list(columnar.FLOW_KEY)).to_pylist(), buckets.tolist(),
+    for row, bucket in zip(story.select(list(schemas.FLOW_KEY)).to_pylist(), buckets.tolist(),
                            strict=True):
         flows.setdefault(tuple(row.values()), set()).add(bucket)
     assert all(len(b) == 1 for b in flows.values())

@@ -1,6 +1,6 @@
 """The compiled header decode (spark_analysis/_netheaders.c) against the numpy version.
 
-``columnar._decode_network_numpy`` is the reference: the compiled decode must give the same
+``framing._decode_network_numpy`` is the reference: the compiled decode must give the same
 L4 view of every frame (protocol, addresses, ports, payload range, TCP sequence and flags,
 first-fragment flag) and skip the same frames for the same reasons.  Frames are generated
 header by header with the values the rules test (every supported link type, VLAN stacks,
@@ -21,7 +21,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from spark_analysis import columnar
+from spark_analysis import arrow_build, columnar, framing, schemas
 from spark_analysis.splits import SplitReader, plan
 from wire import pcap
 from wire.fastpath import FastLayout
@@ -40,28 +40,28 @@ LINKTYPES = (pcap.LINKTYPE_ETHERNET, pcap.LINKTYPE_LINUX_SLL, pcap.LINKTYPE_LINU
 def test_the_compiled_decode_is_built_and_used() -> None:
     """The decode's speed figures assume the compiled header decode: a missing build must
     fail here, not go unnoticed (``pip install -e .`` builds it; it needs a C compiler)."""
-    assert columnar.NETWORK_DECODE == "compiled"
-    assert columnar._compiled_network is netheaders.decode
+    assert framing.NETWORK_DECODE == "compiled"
+    assert framing._compiled_network is netheaders.decode
 
 
 def test_every_parameter_comes_from_python_by_name() -> None:
     """The C side names its parameters; Python provides exactly those (no drift either
     way), in the C order."""
-    params = columnar._network_params()
+    params = framing._network_params()
     assert set(params) == set(netheaders.PARAMS)
-    assert columnar._NETWORK_PARAM_ARRAY.tolist() == [params[n] for n in netheaders.PARAMS]
+    assert framing._NETWORK_PARAM_ARRAY.tolist() == [params[n] for n in netheaders.PARAMS]
 
 
 def test_every_skip_reason_has_a_text() -> None:
     assert netheaders.REASONS[0] == "decoded"
-    assert set(netheaders.REASONS[1:]) == set(columnar._NETWORK_SKIPS)
+    assert set(netheaders.REASONS[1:]) == set(framing._NETWORK_SKIPS)
     assert set(netheaders.OUTPUTS) == {*NETWORK_FIELDS, "status", "value"}
 
 
 def test_a_layout_read_with_another_width_is_refused() -> None:
     with pytest.raises(TypeError, match="big-endian 4-byte"):
-        columnar._be_member(pcap.TCP, "sport", 4)
-    assert columnar._be_member(pcap.TCP, "seq", 4) == 4
+        framing._be_member(pcap.TCP, "sport", 4)
+    assert framing._be_member(pcap.TCP, "seq", 4) == 4
 
 
 # --- frames ---------------------------------------------------------------------------------
@@ -143,7 +143,7 @@ def junk_frames(draw: st.DrawFn) -> tuple[int, bytes]:
     return draw(st.sampled_from(LINKTYPES)), draw(st.binary(max_size=70))
 
 
-def batch(items: list[tuple[int, bytes]], gaps: list[int]) -> columnar._Frames:
+def batch(items: list[tuple[int, bytes]], gaps: list[int]) -> framing._Frames:
     """The frames in one buffer with ``gaps`` bytes of filler between them (so the decode
     must keep to each frame's range)."""
     data, starts = bytearray(), []
@@ -152,18 +152,18 @@ def batch(items: list[tuple[int, bytes]], gaps: list[int]) -> columnar._Frames:
         starts.append(len(data))
         data += frame
     n = len(items)
-    binary = columnar._Binary(columnar.ByteView(np.frombuffer(bytes(data), np.uint8)),
+    binary = arrow_build._Binary(arrow_build.ByteView(np.frombuffer(bytes(data), np.uint8)),
                               np.array(starts, np.int64),
                               np.array([len(f) for _, f in items], np.int64))
-    return columnar._Frames(n, columnar._constant("f.pcap", n), np.arange(n, dtype=np.int64),
+    return framing._Frames(n, arrow_build._constant("f.pcap", n), np.arange(n, dtype=np.int64),
                             pa.array(range(n), pa.int64()),
                             np.array([lt for lt, _ in items], np.int64), binary, "f.pcap")
 
 
-def assert_same_decode(fr: columnar._Frames) -> None:
-    compiled_skips, numpy_skips = columnar._Skips(), columnar._Skips()
-    compiled = columnar._decode_network(fr, compiled_skips)
-    reference = columnar._decode_network_numpy(fr, numpy_skips)
+def assert_same_decode(fr: framing._Frames) -> None:
+    compiled_skips, numpy_skips = framing._Skips(), framing._Skips()
+    compiled = framing._decode_network(fr, compiled_skips)
+    reference = framing._decode_network_numpy(fr, numpy_skips)
     for name in NETWORK_FIELDS:
         assert getattr(compiled, name).tolist() == getattr(reference, name).tolist(), name
     assert compiled.first_fragment.dtype == reference.first_fragment.dtype
@@ -173,7 +173,7 @@ def assert_same_decode(fr: columnar._Frames) -> None:
 
 @st.composite
 def batches(draw: st.DrawFn, frame: st.SearchStrategy[tuple[int, bytes]],
-            ) -> columnar._Frames:
+            ) -> framing._Frames:
     items = draw(st.lists(frame, max_size=25))
     gaps = draw(st.lists(st.integers(0, 3), min_size=len(items), max_size=len(items)))
     return batch(items, gaps)
@@ -202,20 +202,20 @@ UDP_LENGTH = len(UDP_FRAME[1])
                  packed(pcap.ETH, ethertype=0x8100) + packed(pcap.VLAN, ethertype=0x0800))],
                [0]))  # a VLAN tag, then nothing
 @example(batch([(TCP_FRAME[0], TCP_FRAME[1][:-3])], [0]))  # no payload: data offset = end
-def test_same_as_numpy_on_header_by_header_frames(fr: columnar._Frames) -> None:
+def test_same_as_numpy_on_header_by_header_frames(fr: framing._Frames) -> None:
     assert_same_decode(fr)
 
 
 @settings(max_examples=200)
 @given(batches(junk_frames()))
-def test_same_as_numpy_on_arbitrary_bytes(fr: columnar._Frames) -> None:
+def test_same_as_numpy_on_arbitrary_bytes(fr: framing._Frames) -> None:
     assert_same_decode(fr)
 
 
 def test_known_frames() -> None:
     """Two frames decoded by hand: what both versions must give."""
     fr = batch([UDP_FRAME, TCP_FRAME], [0, 1])
-    net = columnar._decode_network(fr, columnar._Skips())
+    net = framing._decode_network(fr, framing._Skips())
     tcp_start = UDP_LENGTH + 1
     assert net.proto.tolist() == [17, 6]
     assert net.src.tolist() == [0x0A000001, 0x0A000001]
@@ -236,16 +236,16 @@ def test_the_whole_decode_is_the_same_with_the_numpy_version(
         name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A build without the C module (``_compiled_network`` is None) decodes every table of a
     real capture to the same rows."""
-    options = columnar.DecodeOptions(PortMap(store_ports=[14567]))
+    options = schemas.DecodeOptions(PortMap(store_ports=[14567]))
     chunks = [(s.capture.name, chunk) for s in plan([str(CORPUS / name)], 64 << 10)
               for chunk in SplitReader(s).chunks()]
     assert chunks
 
-    def decode_all() -> list[columnar.DecodedTables]:
+    def decode_all() -> list[schemas.DecodedTables]:
         return [columnar.decode_chunk(file, chunk, options) for file, chunk in chunks]
 
     compiled = decode_all()
-    monkeypatch.setattr(columnar, "_compiled_network", None)
+    monkeypatch.setattr(framing, "_compiled_network", None)
     reference = decode_all()
     for ours, theirs in zip(compiled, reference, strict=True):
         for table in ("packets", "messages", "advertisements", "skipped", "tcp_segments"):
@@ -254,7 +254,7 @@ def test_the_whole_decode_is_the_same_with_the_numpy_version(
 
 # --- arguments ------------------------------------------------------------------------------
 
-PARAMS = columnar._NETWORK_PARAM_ARRAY
+PARAMS = framing._NETWORK_PARAM_ARRAY
 
 
 def call(data: bytes, starts: list[int], lengths: list[int], linktypes: list[int],
