@@ -278,6 +278,7 @@ _SOURCE_CURRENT: dict[str, object] = {
     # the largest datagram; longer messages are fragmented (reference_impl/fragments.py)
     "transport_tcp_datagram_max_size": 65535,  # bytes (the most an LBMC msglen says)
     "transport_lbtru_datagram_max_size": 8192,  # bytes
+    "transport_lbtru_transmission_window_size": 25_165_824,  # bytes kept to answer NAKs
 }
 
 _SOURCE_GUIDE_5_3: dict[str, object] = _SOURCE_CURRENT | {
@@ -297,6 +298,9 @@ _RECEIVER_CURRENT: dict[str, object] = {
     "ume_allow_confirmed_delivery": True,
     "ume_application_outstanding_maximum": 0,  # fragments, 0 = off
     "ume_consensus_sequence_number_behavior": "majority",
+    # the source's QC rules, read by a receiver for its own registration completion
+    "ume_retention_intragroup_stability_behavior": "quorum",
+    "ume_retention_intergroup_stability_behavior": "any",
     "ume_explicit_ack_only": False,
     "ume_receiver_paced_persistence": 0,
     "ume_sri_request_interval": 1000,  # ms
