@@ -93,11 +93,11 @@ from __future__ import annotations
 
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from reference_impl import fragments, rpp
+from reference_impl import fragments, quorum, rpp
 from reference_impl.context import Connection, ContextCore, LbtruBinding, control
 from reference_impl.events import (
     Addr,
@@ -247,6 +247,42 @@ class SourceConfig:
         if self.ume_flight_size_behavior.lower() not in FLIGHT_SIZE_BEHAVIORS:
             raise ValueError(f"source ume_flight_size_behavior "
                              f"{self.ume_flight_size_behavior!r}: block or notify")
+        self._check_quorum_consensus()
+
+    def _check_quorum_consensus(self) -> None:
+        """Refuse, in one line, QC settings the source could not run with (the configuration
+        file reader refuses them too, with the line): an unknown behaviour name, a group
+        declared twice or with no store room (size 0), and - when ``ume_store_group`` declares
+        groups - a store naming a group no ``ume_store_group`` declares (the guide's
+        "GroupIDX" must name a configured group).  The names are kept canonical (aliases such
+        as ``all-stores`` become ``all``, :mod:`reference_impl.quorum`).  Without
+        ``ume_store_group`` each group index the stores name is a group of the stores naming
+        it (the sizes are implicit)."""
+        for option, canonical in (
+                ("ume_retention_intragroup_stability_behavior", quorum.intragroup),
+                ("ume_retention_intergroup_stability_behavior", quorum.intergroup),
+                ("ume_consensus_sequence_number_behavior", quorum.consensus_behaviour)):
+            try:
+                object.__setattr__(self, option, canonical(getattr(self, option)))
+            except ValueError as exc:
+                raise ValueError(f"source {exc}") from None
+        declared: dict[int, int] = {}
+        for index, size in self.ume_store_group:
+            if index in declared:
+                raise ValueError(f"source ume_store_group {index}:{size}: group {index} is "
+                                 f"declared twice")
+            if size < 1:
+                raise ValueError(f"source ume_store_group {index}:{size}: a group has at "
+                                 f"least 1 store")
+            declared[index] = size
+        if declared:
+            for number, spec in enumerate(self.ume_store):
+                if spec.group not in declared:
+                    where = spec.name or f"{spec.ip}:{spec.port}"
+                    raise ValueError(
+                        f"source ume_store {number} ({where}) names group {spec.group}, which "
+                        f"no ume_store_group declares (groups: "
+                        f"{', '.join(map(str, sorted(declared)))})")
 
     @property
     def rpp(self) -> bool:
@@ -932,32 +968,54 @@ class SourceCore(ContextCore):
         self.emit(RppNotAcknowledged("source", link.info, text))
         self.log(Level.ERROR, text)
 
-    def _group_ok(self, group: int, members: set[int]) -> bool:
-        size = self.group_sizes.get(group, 0)
-        count = sum(1 for link in self.links if link.info.group == group
-                    and link.info.index in members)
-        behaviour = self.config.ume_retention_intragroup_stability_behavior.lower()
-        if behaviour in ("all", "all-stores"):
-            return count >= size
-        if behaviour == "all-active":
-            active = {x.info.index for x in self.links if x.info.group == group and x.registered}
-            quorum = count >= size // 2 + 1
-            return quorum if members == active else (members >= active and bool(active))
-        return count >= size // 2 + 1
+    # --- the group rules (reference_impl/quorum.py; docs/semantics.md §1.2) --------------------
+
+    def _counts(self, members: Iterable[int]) -> dict[int, int]:
+        """How many of the stores ``members`` (indexes) each group has."""
+        counts: dict[int, int] = {}
+        links = self.links
+        for index in members:
+            group = links[index].info.group
+            counts[group] = counts.get(group, 0) + 1
+        return counts
+
+    def _active_groups(self) -> set[int]:
+        """The groups with a quorum of their stores registered now (the intergroup rule
+        ``all-active``'s *active* groups)."""
+        counts = self._counts(self._registered_set())
+        return {g for g, size in self.group_sizes.items()
+                if counts.get(g, 0) >= quorum.quorum(size)}
 
     def _groups_ok(self, members: set[int]) -> tuple[bool, set[int]]:
-        groups = sorted(self.group_sizes)
-        ok = {g for g in groups if self._group_ok(g, members)}
-        behaviour = self.config.ume_retention_intergroup_stability_behavior.lower()
-        if behaviour in ("all", "all-groups"):
-            return len(ok) == len(groups), ok
-        if behaviour == "majority":
-            return len(ok) > len(groups) // 2, ok
-        if behaviour == "all-active":
-            registered = {x.info.index for x in self.links if x.registered}
-            active = {g for g in groups if self._group_ok(g, registered)}
-            return bool(active) and active <= ok, ok
-        return bool(ok), ok
+        """The registration rule: whether the stores ``members`` (registered) complete the
+        source's registration by the intragroup and intergroup behaviours, and which groups
+        count as registered.  A group is *active* for ``all-active`` when a quorum of it is
+        among ``members``."""
+        cfg = self.config
+        intra = cfg.ume_retention_intragroup_stability_behavior
+        counts = self._counts(members)
+        ok = {g for g, size in self.group_sizes.items()
+              if quorum.group_registered(intra, size, counts.get(g, 0))}
+        active = {g for g, size in self.group_sizes.items()
+                  if counts.get(g, 0) >= quorum.quorum(size)}
+        return quorum.groups_meet(cfg.ume_retention_intergroup_stability_behavior,
+                                  len(self.group_sizes), ok, active), ok
+
+    def _stable_groups(self, acked: set[int]) -> tuple[bool, set[int]]:
+        """The stability rule: whether a message the stores ``acked`` (indexes) hold is
+        stable by the intragroup and intergroup behaviours, and the groups it is stable in.
+        ``all-active`` (either) looks at which stores are registered now."""
+        cfg = self.config
+        intra = cfg.ume_retention_intragroup_stability_behavior
+        inter = cfg.ume_retention_intergroup_stability_behavior
+        counts = self._counts(acked)
+        waiting: dict[int, int] = {}
+        if intra == "all-active":
+            waiting = self._counts(i for i in self._registered_set() if i not in acked)
+        ok = {g for g, size in self.group_sizes.items()
+              if quorum.group_stable(intra, size, counts.get(g, 0), waiting.get(g, 0))}
+        active = self._active_groups() if inter == "all-active" else set()
+        return quorum.groups_meet(inter, len(self.group_sizes), ok, active), ok
 
     def _registered_set(self) -> set[int]:
         return {x.info.index for x in self.links if x.registered}
@@ -977,7 +1035,10 @@ class SourceCore(ContextCore):
         if not everyone and self.now < deadline:
             self.set_timer("complete", deadline)
             return
-        old = [x.high_seqnum for x in self.links if x.registered and x.old]
+        old: dict[int, list[int]] = {}  # group -> the high sequence numbers of its OLD stores
+        for x in self.links:
+            if x.registered and x.old:
+                old.setdefault(x.info.group, []).append(x.high_seqnum)
         if old and not self.stats["sent"]:
             self.next_sqn = (_consensus(old, self.config.ume_consensus_sequence_number_behavior)
                              + 1) & 0xFFFFFFFF
@@ -1184,7 +1245,7 @@ class SourceCore(ContextCore):
         rules, and the flags of the :class:`MessageStable` for an ACK from ``group`` that makes
         it stable and for one that does not; remembered in the memo, if there is one (see
         ``__init__``)."""
-        ok, groups = self._groups_ok(set(_indexes(mask)))
+        ok, groups = self._stable_groups(set(_indexes(mask)))
         intragroup = group in groups
         result = (ok, _STABLE_FLAGS[intragroup, ok, True], _STABLE_FLAGS[intragroup, ok, False])
         if self._stability_memo is not None:
@@ -1317,7 +1378,7 @@ class SourceCore(ContextCore):
         msg.nack_mask |= bit
         everyone = (1 << len(self.links)) - 1
         abandoned = not msg.stable and \
-            not self._groups_ok(set(_indexes(everyone & ~msg.nack_mask)))[0]
+            not self._stable_groups(set(_indexes(everyone & ~msg.nack_mask)))[0]
         self.emit(MessageNacked(sqn, link.info, abandoned))
         self.log(Level.WARNING,
                  f"store {link.info.index} [{link.label}] NACKed message {sqn} (it declared "
@@ -1505,6 +1566,37 @@ class SourceCore(ContextCore):
         self.emit(StoreUnresponsive(link.info, text, quorum_lost))
         self.log(Level.WARNING, text)
         link.first_attempt = self.now
+        self._restabilize()
+
+    def _restabilize(self) -> None:
+        """After a store left the registered set: under an ``all-active`` behaviour a message
+        waits only for the stores registered now (guide "Sources Using Quorum/Consensus Store
+        Configuration": stable "in all the active groups"; docs/semantics.md §1.2), so what
+        the remaining stores hold may be stable now, at once and not at the next ACK.
+        *Choice* (the guide is silent): no Message Stable event for it (no store acknowledged
+        anything); the message leaves the flight and is reclaimed as usual (Message
+        Reclaimed).  Under the other behaviours registration does not enter the rule and
+        nothing changes."""
+        cfg = self.config
+        if "all-active" not in (cfg.ume_retention_intragroup_stability_behavior,
+                                cfg.ume_retention_intergroup_stability_behavior):
+            return
+        for sqn, msg in list(self.retained.items()):
+            if msg.stable or self.retained.get(sqn) is not msg:
+                continue
+            if isinstance(msg, FragmentedRetained):
+                for index, mask in enumerate(msg.masks):
+                    if not msg.fragment_stable[index] and \
+                            self._stable_groups(set(_indexes(mask)))[0]:
+                        msg.fragment_stable[index] = True
+                        msg.stable_count += 1
+                if msg.stable_count < msg.count:
+                    continue
+            elif not self._stable_groups(set(_indexes(msg.stable_mask)))[0]:
+                continue
+            msg.stable = True
+            self.stats["stable"] += 1
+            self._maybe_land(sqn, msg)
 
     def _check_stability(self) -> None:
         cfg = self.config
@@ -1527,17 +1619,12 @@ class SourceCore(ContextCore):
                         self._proactive(link, sqn, msg)
 
 
-def _consensus(values: list[int], behaviour: str) -> int:
-    """The consensus sequence number of the stores' answers (docs/semantics.md §1.2)."""
-    ordered = sorted(values)
-    behaviour = behaviour.lower()
-    if behaviour == "lowest":
-        return ordered[0]
-    if behaviour == "majority":
-        # the latest value that a majority of the answering stores hold or exceed
-        need = len(ordered) // 2 + 1
-        return ordered[len(ordered) - need]
-    return ordered[-1]
+def _consensus(answers: Mapping[int, Sequence[int]] | Sequence[int], behaviour: str) -> int:
+    """The consensus sequence number of the stores' answers, by group (docs/semantics.md
+    §1.2): :func:`reference_impl.quorum.consensus`, the one definition (``majority`` per
+    group, then the latest of the group majorities), reached through this name so a test can
+    replace it."""
+    return quorum.consensus(answers, behaviour)
 
 
 RPP_REFUSAL = ("the store refused the RPP registration: RPP not allowed for the topic, an "
