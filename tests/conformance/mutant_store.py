@@ -323,6 +323,59 @@ MUTANTS: dict[str, Callable[[], None]] = {
 }
 
 
+# --- receiver activity timeout, state lifetime, unknown RegIDs (the quorum suite, issue 18) ------
+
+
+def receivers_never_time_out() -> None:
+    """Never lets a receiver time out: it stays active and keeps its RegID and state however
+    long it is silent (the guide's "receiver-activity-timeout" releases the RegID)."""
+    from reference_impl.store import ReceiverState
+
+    ReceiverState.expired = lambda self, now: False  # type: ignore[method-assign]
+    ReceiverState.holds_regid = lambda self, now: True  # type: ignore[method-assign]
+
+
+MUTANTS["receivers-never-time-out"] = receivers_never_time_out
+
+
+def store_lifetime_ignored() -> None:
+    """Takes a client's own ume_state_lifetime whenever it sends one, even when the store's
+    receiver-state-lifetime (or source-state-lifetime) is shorter (the guide: "The store uses
+    whichever is shorter")."""
+    lifetimes = StoreCore._lifetimes
+
+    def patched(self: StoreCore, life: Any, timeout_ms: int,
+                lifetime_ms: int) -> tuple[float, float]:
+        activity, lifetime = lifetimes(self, life, timeout_ms, lifetime_ms)
+        if life is not None and life.lifetime:
+            lifetime = life.lifetime / 1000
+        return activity, lifetime
+    StoreCore._lifetimes = patched  # type: ignore[method-assign]
+
+
+MUTANTS["store-value-ignored"] = store_lifetime_ignored
+
+
+def answers_unknown_regid() -> None:
+    """Serves a retransmission request naming a RegID it does not know as if the receiver
+    registered on that connection (or else any receiver) had asked."""
+    from reference_impl.store import ReceiverState
+
+    on_rxreq = StoreCore._on_rxreq
+
+    def patched(self: StoreCore, conn: Any, id_2: int, seqnum: int, size: int) -> None:
+        if id_2 not in self.receivers:
+            tag = conn.tag if isinstance(conn.tag, ReceiverState) else None
+            rcv = tag or next(iter(self.receivers.values()), None)
+            if rcv is not None:
+                id_2 = rcv.reg_id
+        on_rxreq(self, conn, id_2, seqnum, size)
+    StoreCore._on_rxreq = patched  # type: ignore[method-assign]
+
+
+MUTANTS["answers-unknown-regid"] = answers_unknown_regid
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in MUTANTS:
         print(f"usage: mutant_store.py {{{','.join(MUTANTS)}}} STORE-ARGS...", file=sys.stderr)

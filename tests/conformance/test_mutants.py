@@ -45,6 +45,10 @@ CATCHES = {
     "forgets-early-exiter": ("rpp", "RPP-STORE-039"),
     "keeps-deregistered-receiver": ("rpp", "RPP-STORE-040"),
     "keeps-deregistered-source-messages": ("rpp", "RPP-STORE-041"),
+    # receiver activity timeout, state lifetime, unknown RegIDs (issue 18)
+    "receivers-never-time-out": ("quorum", "QRM-STORE-001"),
+    "store-value-ignored": ("quorum", "QRM-STORE-003"),
+    "answers-unknown-regid": ("quorum", "QRM-STORE-004"),
 }
 
 ALONE = {"rpp"}
