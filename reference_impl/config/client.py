@@ -468,9 +468,9 @@ _OPTIONS: dict[str, tuple[tuple[str, ...], _Parser]] = {
     # (reference_impl/fragments.py says what the bounds are and why)
     "transport_tcp_datagram_max_size": ((_SRC,), _uint(*DATAGRAM_BOUNDS["tcp"], "bytes")),
     "transport_lbtru_datagram_max_size": ((_SRC,), _uint(*DATAGRAM_BOUNDS["lbt-ru"], "bytes")),
-    # receiver
     # payload bytes an LBT-RU source keeps to answer NAKs (reference_impl/lbtru_session.py)
     "transport_lbtru_transmission_window_size": ((_SRC,), _bytes(1)),
+    # receiver
     "ume_allow_confirmed_delivery": ((_RCV,), _flag),
     "ume_application_outstanding_maximum": ((_RCV,), _uint(0, _U32, "fragments")),
     "ume_explicit_ack_only": ((_RCV,), _flag),
@@ -622,8 +622,8 @@ class SourceOptions:
     transport_lbtru_port: int
     transport_tcp_datagram_max_size: int
     transport_lbtru_datagram_max_size: int
-    other: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     transport_lbtru_transmission_window_size: int
+    other: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
     def from_mapping(
