@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from reference_impl import consumer, runtime
+from reference_impl import consumer, explicit_ack, runtime
 from reference_impl.aio import AioHost, run_forever
 from reference_impl.config import ConfigError, profile_names
 from reference_impl.config.store_xml import StoreDaemonConfig, load_store_config
@@ -113,6 +113,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the application consumes at most R messages per second and "
                         "acknowledges each once consumed (ume_explicit_ack_only 1; default 0: "
                         "at once)")
+    p.add_argument("--explicit-ack", type=int, default=0, metavar="MS",
+                   help="explicit ACKs only (ume_explicit_ack_only 1): every MS ms the "
+                        "application acknowledges the newest message delivered so far")
+    p.add_argument("--ack-file", metavar="PATH",
+                   help="explicit ACKs only (ume_explicit_ack_only 1): the application "
+                        "acknowledges the sequence numbers appended to PATH, one a line "
+                        "(SQN or SOURCE SQN), each once its message was delivered")
     p.add_argument("--deregister", action="store_true",
                    help="deregister from every store once --count messages were delivered, "
                         "then exit (SIGUSR1 deregisters at any time; the receiver then goes on "
@@ -392,7 +399,8 @@ def cmd_receiver(args: argparse.Namespace) -> int:
     SIGUSR1 deregisters at any time and the receiver goes on delivering (the guide: it still
     receives but no longer acknowledges), saying so when every store confirmed;
     ``--deregister`` deregisters after ``--count`` deliveries and exits, 0 when every store
-    confirmed within 10 s, else 1."""
+    confirmed within 10 s, else 1.  ``--explicit-ack MS`` and ``--ack-file PATH`` make an
+    application that acknowledges explicitly (:mod:`reference_impl.explicit_ack`)."""
     if _topic_refused("receiver", args.topic):
         return 2
     if args.deregister and args.count <= 0:
@@ -414,6 +422,23 @@ def cmd_receiver(args: argparse.Namespace) -> int:
               f"{args.consume_rate}", file=sys.stderr)
         return 2
     if args.consume_rate:  # the application acknowledges what it consumed, nothing else
+        client = consumer.explicit_ack_only(client)
+    acking = [name for name, given in (("--consume-rate", args.consume_rate),
+                                       ("--explicit-ack", args.explicit_ack),
+                                       ("--ack-file", args.ack_file)) if given]
+    if len(acking) > 1:
+        print(f"ump receiver: {acking[0]} and {acking[1]} exclude each other (each is how the "
+              f"application acknowledges)", file=sys.stderr)
+        return 2
+    if args.explicit_ack < 0 or args.explicit_ack > 3_600_000:
+        print(f"ump receiver: --explicit-ack must be a period of 1-3600000 ms, not "
+              f"{args.explicit_ack}", file=sys.stderr)
+        return 2
+    if args.ack_file is not None and (not args.ack_file or os.path.isdir(args.ack_file)):
+        print(f"ump receiver: --ack-file must name a file, not {args.ack_file!r}",
+              file=sys.stderr)
+        return 2
+    if args.explicit_ack or args.ack_file:  # explicit_ack.py: the application acknowledges
         client = consumer.explicit_ack_only(client)
 
     status = {"code": 0}
@@ -462,7 +487,17 @@ def cmd_receiver(args: argparse.Namespace) -> int:
                                                                      name="ump receiver"))
         # SIGUSR1: deregister, between two calls into the core
         loop.add_signal_handler(signal.SIGUSR1, lambda: loop.call_soon(deregister))
-        if args.consume_rate:  # deliveries wait for the slow application, then are ACKed
+        if args.explicit_ack or args.ack_file:  # deliveries go on; ACKs as the app says
+            acker = explicit_ack.ExplicitAcker(host, receiver, every_ms=args.explicit_ack,
+                                               ack_file=args.ack_file)
+
+            def offer(core: Any, event: Any) -> None:
+                if isinstance(event, MessageDelivered):  # (a --dedupe skip was consumed)
+                    acker.offer(event)
+                handle(core, event)
+            runtime.handle_events(host, [receiver], offer)
+            acker.start()
+        elif args.consume_rate:  # deliveries wait for the slow application, then are ACKed
             paced = consumer.PacedConsumer(host, receiver, args.consume_rate,
                                            lambda event: handle(receiver, event))
             runtime.handle_events(host, [receiver], lambda core, event: paced.offer(event)

@@ -111,6 +111,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from reference_impl import quorum
 from reference_impl.context import Connection, ContextCore, FixedControl, LbtruBinding, control
 from reference_impl.events import (
     Addr,
@@ -136,7 +137,6 @@ from reference_impl.lbtru_session import (
 )
 from reference_impl.lbtru_session import Event as LbtruEvent
 from reference_impl.rpp import SPP, check_mode, receiver_options
-from reference_impl.source import _consensus
 from wire import lbmr
 from wire.fields import ipv4_to_int
 from wire.lbmc import (
@@ -198,6 +198,8 @@ class ReceiverConfig:
     ume_sri_request_interval: int = 1000
     ume_sri_request_maximum: int = 60
     ume_consensus_sequence_number_behavior: str = "majority"
+    ume_retention_intragroup_stability_behavior: str = "quorum"
+    ume_retention_intergroup_stability_behavior: str = "any"
     ume_explicit_ack_only: int = 0
     ume_use_ack_batching: int = 1
     ume_ack_batching_interval: int = 100
@@ -216,6 +218,19 @@ class ReceiverConfig:
 
     def __post_init__(self) -> None:
         check_mode("receiver", self.ume_receiver_paced_persistence, self.rpp_supported)
+        for option, canonical in (
+                ("ume_consensus_sequence_number_behavior", quorum.consensus_behaviour),
+                ("ume_retention_intragroup_stability_behavior", quorum.intragroup),
+                ("ume_retention_intergroup_stability_behavior", quorum.intergroup)):
+            object.__setattr__(self, option, canonical(getattr(self, option)))
+        for option in ("retransmit_request_interval", "retransmit_request_message_timeout",
+                       "ume_ack_batching_interval", "ume_registration_interval"):
+            if getattr(self, option) <= 0:
+                raise ValueError(f"{option} must be a positive number of ms, not "
+                                 f"{getattr(self, option)}")
+        if self.retransmit_request_maximum < 0:
+            raise ValueError(f"retransmit_request_maximum must be 0 (no cap) or a positive "
+                             f"number of messages, not {self.retransmit_request_maximum}")
 
     @property
     def rpp_mode(self) -> int:
@@ -584,10 +599,23 @@ class ReceiverCore(ContextCore):
 
     def ack(self, sqn: int, source: str | None = None) -> None:
         """Explicitly acknowledge consumption of everything up to ``sqn`` (in order) of the
-        source called ``source`` (its source string; None: the first source joined)."""
+        source called ``source`` (its source string; None: the first source joined): the
+        application's ``lbm_msg_ume_send_explicit_ack`` (guide "Explicit Acknowledgments";
+        with ``ume_explicit_ack_only`` 1 nothing else is acknowledged).
+
+        One explicit ACK covers every earlier message (a store ACK is cumulative), so ACKs
+        go out in ascending order only: an ``ack`` at or below what was acknowledged already
+        sends nothing.  *Choice* (the guide is silent): a sequence number not delivered yet
+        cannot have been consumed, so it is refused with a ValueError (one line)."""
         st = self.primary if source is None else self.session(source)
         if st is None:
             raise ValueError(f"no source {source!r} on topic {self.topic!r}")
+        if st.next_sqn is None or sqn >= st.next_sqn:
+            upto = "nothing delivered yet" if st.next_sqn is None else \
+                f"delivered up to {st.next_sqn - 1}"
+            who = st.name or "the source"
+            raise ValueError(f"cannot acknowledge sequence number {sqn} of {who}: not "
+                             f"delivered ({upto})")
         self._use(st)
         try:
             sqn = self._fragments_consumed(sqn)
@@ -1233,23 +1261,36 @@ class ReceiverCore(ContextCore):
         self._check_deregistered()
 
     def _check_complete(self) -> None:
-        groups = self.group_sizes or {0: len(self.stores)}
+        """Registration completes once the stores that answered satisfy the intragroup and
+        intergroup rules (:mod:`reference_impl.quorum`), at the consensus low sequence number
+        of their answers (per group, then across groups), adjusted by :meth:`_low_sqn`.
+
+        *Choice* (the product documents the two stability behaviours for sources only, and
+        the SRI does not carry them): a receiver reads the same two options in its own scope,
+        with the source's defaults (``quorum`` / ``any``), so a receiver configured like its
+        source completes registration by the same rule."""
+        cfg = self.config
+        sizes = self._group_sizes()
         registered = self.registered_stores
-        ok = any(sum(1 for r in registered if r.info.group == g) >= size // 2 + 1
-                 for g, size in groups.items())
-        if not ok:
+        counts: dict[int, int] = {}
+        for reg in registered:
+            counts[reg.info.group] = counts.get(reg.info.group, 0) + 1
+        intra = cfg.ume_retention_intragroup_stability_behavior
+        ok = {g for g, size in sizes.items()
+              if quorum.group_registered(intra, size, counts.get(g, 0))}
+        active = {g for g, size in sizes.items() if counts.get(g, 0) >= quorum.quorum(size)}
+        if not quorum.groups_meet(cfg.ume_retention_intergroup_stability_behavior, len(sizes),
+                                  ok, active):
             return
-        lows = [r.low for r in registered]
-        low = _consensus(lows, self.config.ume_consensus_sequence_number_behavior)
+        answers: dict[int, list[int]] = {}
+        for reg in registered:
+            answers.setdefault(reg.info.group, []).append(reg.low)
+        consensus = quorum.consensus(answers, cfg.ume_consensus_sequence_number_behavior)
         high_candidates = [r.high for r in registered if r.high or r.old]
         if self.high_seen is not None:
             high_candidates.append(self.high_seen)
-        high = max(high_candidates) if high_candidates else low - 1
-        if self.recovery_callback is not None:
-            low = self.recovery_callback(low, high)
-        if self.config.retransmit_request_maximum:
-            low = max(low, high - self.config.retransmit_request_maximum)
-        low = min(low, high + 1)  # UM 6.13: never beyond what the source has sent
+        high = max(high_candidates) if high_candidates else consensus - 1
+        low = self._low_sqn(consensus, high)
         self.complete = True
         self.next_sqn = low
         if self.consumed is None or self.consumed < low - 1:
@@ -1264,6 +1305,30 @@ class ReceiverCore(ContextCore):
         self._drain()
         self._request_more()
         self._arm_ack_timers()
+
+    def _group_sizes(self) -> dict[int, int]:
+        """Group index -> configured size, as the SRI's store groups say; a group the SRI
+        names stores of but no size for has the size of the stores it names."""
+        sizes = dict(self.group_sizes)
+        for reg in self.stores.values():
+            if reg.info.group not in self.group_sizes:
+                sizes[reg.info.group] = sizes.get(reg.info.group, 0) + 1
+        return sizes
+
+    def _low_sqn(self, consensus: int, high: int) -> int:
+        """Where delivery starts (guide "Recovery Management"; docs/semantics.md §1.9): the
+        consensus low sequence number, no earlier than ``high - retransmit_request_maximum``
+        when that is set; the recovery callback may choose any other number, and a callback
+        that returns the consensus number unchanged leaves the maximum in force (the guide's
+        example: consumed 0, high 6, maximum 2 -> 4; the callback reaches 0, 2, 3, 5 or 6,
+        but 1 only with the maximum 0).  Never beyond ``high + 1`` (UM 6.13)."""
+        maximum = self.config.retransmit_request_maximum
+        low = max(consensus, high - maximum) if maximum else consensus
+        if self.recovery_callback is not None:
+            chosen = self.recovery_callback(consensus, high)
+            if chosen != consensus:
+                low = chosen
+        return min(low, high + 1)
 
     def _arm_ack_timers(self) -> None:
         cfg = self.config

@@ -449,9 +449,10 @@ _OPTIONS: dict[str, tuple[tuple[str, ...], _Parser]] = {
     "ume_repository_disk_file_size_limit": ((_SRC,), _bytes()),
     "ume_repository_size_limit": ((_SRC,), _bytes()),
     "ume_repository_size_threshold": ((_SRC,), _bytes()),
-    "ume_retention_intergroup_stability_behavior": ((_SRC,), _STABILITY),
+    # a receiver reads them too, for its own registration completion (reference_impl/receiver.py)
+    "ume_retention_intergroup_stability_behavior": ((_SRC, _RCV), _STABILITY),
     "ume_retention_intragroup_stability_behavior": (
-        (_SRC,),
+        (_SRC, _RCV),
         _enum("quorum", "all-active", "all", aliases={"all-stores": "all"}),
     ),
     "ume_retention_unique_confirmations": ((_SRC,), _uint(0, _U32, "confirmations")),
@@ -684,6 +685,8 @@ class ReceiverOptions:
     ume_allow_confirmed_delivery: bool
     ume_application_outstanding_maximum: int
     ume_consensus_sequence_number_behavior: Literal["lowest", "majority", "highest"]
+    ume_retention_intragroup_stability_behavior: Literal["quorum", "all-active", "all"]
+    ume_retention_intergroup_stability_behavior: Literal["any", "majority", "all", "all-active"]
     ume_explicit_ack_only: bool
     ume_receiver_paced_persistence: int
     ume_sri_request_interval: int
