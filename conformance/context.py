@@ -64,10 +64,15 @@ class CaseContext(Protocol):
     def start_iut(self, *stores: HarnessStore, reg_ids: dict[HarnessStore, int] | None = None,
                   groups: tuple[tuple[int, int], ...] = (),
                   options: UmOptions | None = None,
-                  nonblocking: bool = False) -> ClientUnderTest:
+                  nonblocking: bool = False, explicit_ack: bool = False) -> ClientUnderTest:
         """Start the source or receiver IUT for :attr:`iut_topic` with these stores (with
         ``nonblocking``: sending without blocking, the profile's ``nonblocking_args``;
-        unsupported without them)."""
+        with ``explicit_ack``: a receiver acknowledging only what :meth:`ack_iut` says, the
+        profile's ``explicit_ack_args``; unsupported without them)."""
+        ...
+
+    def ack_iut(self, sqn: int) -> None:
+        """The receiver IUT's application acknowledges ``sqn`` (explicit ACKs)."""
         ...
 
     def iut_output(self) -> str:

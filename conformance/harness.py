@@ -98,24 +98,32 @@ class Harness:
     def start_iut(self, *stores: HarnessStore, reg_ids: dict[HarnessStore, int] | None = None,
                   groups: tuple[tuple[int, int], ...] = (),
                   options: UmOptions | None = None,
-                  nonblocking: bool = False) -> ClientUnderTest:
+                  nonblocking: bool = False, explicit_ack: bool = False) -> ClientUnderTest:
         """Start the source or receiver IUT for :attr:`iut_topic`.
 
         ``stores`` become a source's ``ume_store`` lines in this order (with the RegID from
         ``reg_ids``, default 0, and the store's group); ``groups`` its ``ume_store_group``
         lines; ``options`` any further UM options (``{"source ume_flight_size": 4}``);
         ``nonblocking``: the IUT sends without blocking (the profile's ``nonblocking_args``;
-        the case is unsupported without them)."""
+        the case is unsupported without them); ``explicit_ack``: the receiver acknowledges
+        only what :meth:`ack_iut` says (the profile's ``explicit_ack_args``)."""
         iut = self.client_iut
         entries = tuple(StoreEntry(s.addr, (reg_ids or {}).get(s, 0), s.group) for s in stores)
         shown = ", ".join(f"{k}={v}" for k, v in (options or {}).items())
         self.note(f"starting the IUT for topic {self.iut_topic!r}"
                   + (f" with stores {', '.join(s.name for s in stores)}" if stores else "")
                   + (f"; {shown}" if shown else "")
-                  + ("; non-blocking sends" if nonblocking else ""))
+                  + ("; non-blocking sends" if nonblocking else "")
+                  + ("; explicit ACKs from the harness" if explicit_ack else ""))
         iut.start(self.iut_topic, stores=entries, groups=groups, options=options,
-                  nonblocking=nonblocking)
+                  nonblocking=nonblocking, explicit_ack=explicit_ack)
         return iut
+
+    def ack_iut(self, sqn: int) -> None:
+        """The receiver IUT's application acknowledges ``sqn`` (started with
+        ``explicit_ack``)."""
+        self.note(f"the application acknowledges sqn {sqn}")
+        self.client_iut.ack(sqn)
 
     def iut_output(self) -> str:
         """What the source or receiver IUT printed since the case started it."""

@@ -368,6 +368,7 @@ class ClientUnderTest(IutProcess):
         self.topic = ""
         self.stores: tuple[StoreEntry, ...] = ()
         self.deliveries_path = self.workdir / "deliveries.jsonl"
+        self.acks_path = self.workdir / "acks.txt"  # the {acks} file (explicit ACKs)
 
     @property
     def reports_deliveries(self) -> bool:
@@ -406,16 +407,23 @@ class ClientUnderTest(IutProcess):
         values = self.placeholders() | {
             "config": str(config), "topic": self.topic,
             "stores": ",".join(f"{s.addr[0]}:{s.addr[1]}" for s in self.stores),
-            "deliveries": str(self.deliveries_path)}
+            "deliveries": str(self.deliveries_path), "acks": str(self.acks_path)}
         return [arg.format(**values) for arg in (*self.profile.launch, *extra)]
 
     def start(self, topic: str, *, stores: tuple[StoreEntry, ...] = (),
               groups: tuple[tuple[int, int], ...] = (), options: UmOptions | None = None,
-              nonblocking: bool = False) -> None:
+              nonblocking: bool = False, explicit_ack: bool = False) -> None:
         """Write the configuration and launch the IUT for ``topic``; with ``nonblocking``,
         with the profile's ``nonblocking_args`` after the launch command (unsupported
-        without them)."""
+        without them); with ``explicit_ack``, with its ``explicit_ack_args`` (the
+        application acknowledges what :meth:`ack` writes; unsupported without them)."""
         extra: tuple[str, ...] = ()
+        if explicit_ack:
+            if self.profile.explicit_ack_args is None:
+                raise Unsupported("the case needs a receiver that acknowledges explicitly, and "
+                                  "the profile names no explicit_ack_args (the words that make "
+                                  "it acknowledge what the {acks} file lists)")
+            extra = self.profile.explicit_ack_args
         if nonblocking:
             if self.profile.nonblocking_args is None or self.profile.would_block_text is None:
                 raise Unsupported("the case needs non-blocking sends, and the profile names "
@@ -431,8 +439,14 @@ class ClientUnderTest(IutProcess):
             raise HarnessError("the case started the IUT twice")
         self.topic, self.stores = topic, stores
         self.deliveries_path.unlink(missing_ok=True)
+        self.acks_path.unlink(missing_ok=True)
         config = self.write_config(stores, groups, dict(options or {}))
         self._launch(self.argv(config, extra))
+
+    def ack(self, sqn: int) -> None:
+        """The application acknowledges ``sqn`` (a line of the ``{acks}`` file)."""
+        with self.acks_path.open("a") as f:
+            f.write(f"{sqn}\n")
 
     def deliveries(self) -> list[dict[str, object]]:
         """What the IUT reported delivering so far (see the class docstring), oldest first."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from scapy.packet import Packet
@@ -178,6 +178,7 @@ class HarnessSource(_Client):
         self.answer_sri_requests = False
         self._sri_lock = threading.Lock()
         self._sri_requests: list[tuple[float, LbmcMessage]] = []
+        self._confirmations: list[tuple[float, LbmcMessage]] = []
         self.transport = Listener("127.0.0.1", env.recorder, f"{name} transport",
                                   ports=env.ports.rotated(env.ports.transport))
         self.request = Listener("127.0.0.1", env.recorder, f"{name} request port",
@@ -256,9 +257,14 @@ class HarnessSource(_Client):
     # --- SRI and publishing (in front of a receiver IUT) -------------------------------------
 
     def sri(self, *, version: int | None = None, stores: Sequence[HarnessStore] | None = None,
-            low: int = 0, high: int = 0, acktosrc: bool = False) -> Packet:
+            low: int = 0, high: int = 0, acktosrc: bool = False,
+            store_versions: Mapping[HarnessStore, int] | None = None,
+            group_sizes: Mapping[int, int] | None = None) -> Packet:
         """An SRI naming ``stores`` (default: this source's), each with the RegID it holds for
-        the source and store version 1; the overall version is the next one unless given."""
+        the source and store version 1 (or its ``store_versions`` entry: a source raises the
+        version of a store it re-registered with); each group's size is the number of stores
+        named in it unless ``group_sizes`` says otherwise; the overall version is the next
+        one unless given."""
         if version is None:
             self.sri_version += 1
             version = self.sri_version
@@ -268,11 +274,13 @@ class HarnessSource(_Client):
             / LBMC_TopicIdx(tidx=self.topic_idx)
         for group in sorted({s.group for s in named}):
             size = sum(1 for s in named if s.group == group)
+            size = (group_sizes or {}).get(group, size)
             pkt = pkt / LBMC_UmeStoreGroup(grp_idx=group, grp_sz=size)
         for store in named:
             pkt = pkt / LBMC_UmeStoreExt(
                 grp_idx=store.group, store_tcp_port=store.addr[1], store_idx=store.index,
-                store_ip_addr=store.addr[0], src_reg_id=store.source_reg_id, version=1)
+                store_ip_addr=store.addr[0], src_reg_id=store.source_reg_id,
+                version=(store_versions or {}).get(store, 1))
         return pkt
 
     def send_sri(self, sri: Packet | None = None) -> None:
@@ -301,7 +309,17 @@ class HarnessSource(_Client):
         with self._sri_lock:
             return list(self._sri_requests)
 
+    def confirmations(self) -> list[tuple[float, LbmcMessage]]:
+        """(arrival time, message) of every ACK on the request port so far: receivers'
+        delivery confirmations (docs/semantics.md §1.5)."""
+        with self._sri_lock:
+            return list(self._confirmations)
+
     def _on_request(self, link: TcpLink, message: LbmcMessage) -> None:
+        if message.header(UmeAck) is not None:
+            with self._sri_lock:
+                self._confirmations.append((time.monotonic(), message))
+            return
         if message.header(SriReq) is None:
             return
         with self._sri_lock:

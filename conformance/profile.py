@@ -25,7 +25,9 @@ stores), ``{workdir}``, ``{port}`` (the store port), ``{resolver}`` (``host:port
 harness's resolver daemon), ``{topic}``, ``{version}`` (the profile's UM version profile),
 ``{stores}`` (the harness stores of the case, ``host:port,host:port``) and ``{deliveries}``
 (a file a receiver appends every delivered message to, one JSON object per line with
-``"sqn"`` and ``"rx"``; without it the delivery-order checks are unsupported).  ``launch`` is
+``"sqn"`` and ``"rx"``; without it the delivery-order checks are unsupported) and ``{acks}``
+(a file the harness appends the sequence numbers a receiver's application acknowledges to, see
+``explicit_ack_args``).  ``launch`` is
 split like a shell command line (``shlex``) or may be given as a list.
 
 Relative paths in ``launch`` are relative to the profile file's directory, wherever ``ump
@@ -44,6 +46,13 @@ when a send returns "would block" (docs/semantics.md §1.7): cases that need non
 (SRC-FLT-009) append ``nonblocking_args`` (a list of words, or a command line split like
 ``launch``, placeholders allowed) to ``launch``, and look for ``would_block_text`` (matched
 without regard to case) in what the IUT printed.  Without them those cases are unsupported.
+
+``explicit_ack_args = ["--ack-file", "{acks}"]`` (a receiver IUT) names the words that make the
+IUT acknowledge explicitly (``ume_explicit_ack_only`` 1, guide "Explicit Acknowledgments"):
+its application acknowledges exactly the sequence numbers the harness appends to the ``{acks}``
+file, one a line (``SQN``), each once that message was delivered.  The cases that judge
+explicit-ACK mode (the quorum suite's RCV-QRM-*) append them to ``launch``; without them those
+cases are unsupported.
 
 ``web_monitor = true`` (a launched store) has the harness give the store a ``<web-monitor>``
 on a free port in its XML; cases that judge what only the store's own statistics show (the
@@ -122,6 +131,7 @@ class IutProfile:
     web_monitor: bool = False
     nonblocking_args: tuple[str, ...] | None = None
     would_block_text: str | None = None
+    explicit_ack_args: tuple[str, ...] | None = None
 
     @property
     def launches(self) -> bool:
@@ -153,9 +163,10 @@ REFERENCE_RECEIVER = IutProfile(
     name="ump-harness reference receiver", role=Role.RECEIVER,
     launch=("{python}", "-m", "ump", "receiver", "-c", "{lbm_config}", "--topic", "{topic}",
             "--out", "{deliveries}", "--profile", "{version}"),
-    deregister_signal=signal.SIGUSR1)
-"""This project's receiver; it reports every delivered message in ``{deliveries}`` and
-deregisters on SIGUSR1."""
+    deregister_signal=signal.SIGUSR1, explicit_ack_args=("--ack-file", "{acks}"))
+"""This project's receiver; it reports every delivered message in ``{deliveries}``,
+deregisters on SIGUSR1 and, with ``--ack-file {acks}``, acknowledges only what the harness
+writes to ``{acks}``."""
 
 BUILTIN_PROFILES: dict[str, IutProfile] = {
     "default": REFERENCE_STORE, "store": REFERENCE_STORE, "source": REFERENCE_SOURCE,
@@ -164,7 +175,7 @@ BUILTIN_PROFILES: dict[str, IutProfile] = {
 
 _IUT_KEYS = ("name", "role", "version", "launch", "address", "ready", "start_timeout",
              "stop_signal", "deregister_signal", "rpp_topic", "spp_topic", "web_monitor",
-             "nonblocking_args", "would_block_text")
+             "nonblocking_args", "would_block_text", "explicit_ack_args")
 _CASE_KEYS = ("skip", "known_failure", "reason")
 
 
@@ -263,6 +274,7 @@ def parse_profile(data: Mapping[str, Any], source: str = "<profile>") -> IutProf
         raise ProfileError(f"{where}: rpp_topic and spp_topic must differ (one topic allows "
                            f"RPP, the other does not)")
     nonblocking_args, would_block_text = _nonblocking(where, iut, role)
+    explicit_ack_args = _explicit_ack(where, iut, role)
     name = iut.get("name", role.value)
     cases: dict[str, CaseExpectation] = {}
     raw_cases = data.get("cases", {})
@@ -285,7 +297,8 @@ def parse_profile(data: Mapping[str, Any], source: str = "<profile>") -> IutProf
                       stop_signal=stop_signal, deregister_signal=deregister_signal,
                       cases=cases, source=source, rpp_topic=topics["rpp_topic"],
                       spp_topic=topics["spp_topic"], web_monitor=web_monitor,
-                      nonblocking_args=nonblocking_args, would_block_text=would_block_text)
+                      nonblocking_args=nonblocking_args, would_block_text=would_block_text,
+                      explicit_ack_args=explicit_ack_args)
 
 
 def _nonblocking(where: str, iut: Mapping[str, Any], role: Role
@@ -328,6 +341,40 @@ def _nonblocking(where: str, iut: Mapping[str, Any], role: Role
     return args, text
 
 
+def _explicit_ack(where: str, iut: Mapping[str, Any], role: Role) -> tuple[str, ...] | None:
+    """``explicit_ack_args`` (see the module docstring), checked: a receiver's key, a
+    non-empty list of words (or a command line) with known placeholders that names the
+    ``{acks}`` file (else the harness could not say what to acknowledge)."""
+    if "explicit_ack_args" not in iut:
+        return None
+    if role is not Role.RECEIVER:
+        raise ProfileError(f"{where}: explicit_ack_args is for a receiver IUT (explicit "
+                           f"acknowledgements)")
+    raw = iut["explicit_ack_args"]
+    args: tuple[str, ...]
+    if isinstance(raw, str):
+        try:
+            args = tuple(shlex.split(raw))
+        except ValueError as exc:
+            raise ProfileError(f"{where}: explicit_ack_args: {exc}") from None
+    elif isinstance(raw, list) and all(isinstance(x, str) for x in raw):
+        args = tuple(raw)
+    else:
+        raise ProfileError(f"{where}: explicit_ack_args must be a list of strings such as "
+                           f"[\"--ack-file\", \"{{acks}}\"] or a command line, not {raw!r}")
+    if not args:
+        raise ProfileError(f"{where}: explicit_ack_args is empty (the words that make the "
+                           f"IUT acknowledge only what the {{acks}} file lists)")
+    bad = _bad_placeholder(args)
+    if bad:
+        raise ProfileError(f"{where}: explicit_ack_args uses unknown placeholder {{{bad}}} "
+                           f"(known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)})")
+    if not any("{acks}" in arg for arg in args):
+        raise ProfileError(f"{where}: explicit_ack_args must name the {{acks}} file (where "
+                           f"the harness writes what the application acknowledges)")
+    return args
+
+
 def _signal(where: str, key: str, name: object) -> signal.Signals:
     try:
         return signal.Signals[str(name).upper()]
@@ -336,7 +383,7 @@ def _signal(where: str, key: str, name: object) -> signal.Signals:
 
 
 PLACEHOLDERS = ("python", "config", "lbm_config", "workdir", "port", "resolver", "topic",
-                "version", "stores", "deliveries")
+                "version", "stores", "deliveries", "acks")
 
 
 def _bad_placeholder(argv: tuple[str, ...]) -> str | None:

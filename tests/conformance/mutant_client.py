@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from reference_impl import receiver, runtime, source
+from reference_impl import quorum, receiver, runtime, source
 from reference_impl.receiver import ReceiverCore
 from reference_impl.source import FragmentedRetained, SourceCore, StoreLink
 from wire.lbmc import UmePregResp
@@ -206,7 +206,7 @@ def no_sri_request() -> None:
 
 def ignores_low_sqn() -> None:
     """Recovers from sequence number 0 whatever low sequence number the stores answer."""
-    receiver._consensus = lambda values, behaviour: 0
+    receiver.quorum.consensus = lambda answers, behaviour: 0
 
 
 def never_rxreq() -> None:
@@ -412,6 +412,151 @@ def nonblocking_waits() -> None:
 
 
 MUTANTS["nonblocking-waits"] = ("source", nonblocking_waits)
+
+
+# --- the quorum suite, receiver IUT (RCV-QRM-*) --------------------------------------------------
+
+
+def receiver_majority_over_all_stores() -> None:
+    """Forms the 'majority' consensus low sequence number over every store's answer, not per
+    group then the latest of the group majorities (docs/semantics.md §1.2, §1.9)."""
+    consensus = quorum.consensus
+
+    def patched(answers: Any, behaviour: str) -> int:
+        if isinstance(answers, dict):
+            answers = [v for group in answers.values() for v in group]
+        return consensus(answers, behaviour)
+    receiver.quorum.consensus = patched
+
+
+MUTANTS["receiver-majority-over-all-stores"] = ("receiver", receiver_majority_over_all_stores)
+
+
+def receiver_ignores_consensus_behavior() -> None:
+    """Uses the 'majority' consensus whatever ume_consensus_sequence_number_behavior says."""
+    _receiver_option(ume_consensus_sequence_number_behavior="majority")
+
+
+MUTANTS["receiver-ignores-consensus-behavior"] = ("receiver",
+                                                  receiver_ignores_consensus_behavior)
+
+
+def receiver_ignores_intergroup() -> None:
+    """Completes registration once any group has its quorum, whatever
+    ume_retention_intergroup_stability_behavior says (the issue's receiver bug)."""
+    _receiver_option(ume_retention_intergroup_stability_behavior="any")
+
+
+MUTANTS["receiver-ignores-intergroup"] = ("receiver", receiver_ignores_intergroup)
+
+
+def reregisters_with_unchanged_store() -> None:
+    """On a new SRI version re-registers with every store, not only those whose version went
+    up."""
+    on_sri = ReceiverCore._on_sri
+
+    def patched(self: ReceiverCore, sri: Any, message: Any) -> None:
+        if sri.version > self.sri_version:
+            for reg in self.stores.values():
+                reg.version = -1  # every store looks changed
+        on_sri(self, sri, message)
+    ReceiverCore._on_sri = patched  # type: ignore[method-assign]
+
+
+MUTANTS["reregisters-with-unchanged-store"] = ("receiver", reregisters_with_unchanged_store)
+
+
+def never_retries_other_store() -> None:
+    """Repeats an unanswered RXREQ at the store it asked first, never at another."""
+    def patched(self: ReceiverCore) -> None:
+        cfg = self.config
+        timeout = cfg.retransmit_request_message_timeout / 1000
+        interval = cfg.retransmit_request_interval / 1000
+        lost = []
+        for sqn, req in list(self.requests.items()):
+            if self.now >= req.first + timeout:
+                del self.requests[sqn]
+                lost.append(sqn)
+            elif self.now >= req.last + interval:
+                same = [s for s in self.registered_stores if s.info.index == req.store]
+                if same:
+                    req.last, req.tries = self.now, req.tries + 1
+                    self._send_rxreqs(same[0], [sqn])
+        if lost:
+            self._give_up(sorted(lost))
+        self._request_more()
+        if self.requests:
+            self.set_timer(self._t("rx"), self.now + interval)
+    ReceiverCore._retry_requests = patched  # type: ignore[method-assign]
+
+
+MUTANTS["never-retries-other-store"] = ("receiver", never_retries_other_store)
+
+
+def ignores_message_timeout() -> None:
+    """Never gives up on a message no store retransmits (retransmit_request_message_timeout
+    is not used)."""
+    _receiver_option(retransmit_request_message_timeout=10**9)
+
+
+MUTANTS["ignores-message-timeout"] = ("receiver", ignores_message_timeout)
+
+
+def ignores_rx_maximum() -> None:
+    """Recovers from the consensus low sequence number whatever retransmit_request_maximum
+    says."""
+    _receiver_option(retransmit_request_maximum=0)
+
+
+MUTANTS["ignores-rx-maximum"] = ("receiver", ignores_rx_maximum)
+
+
+def acks_before_app() -> None:
+    """Acknowledges consumption on delivery (batched) although ume_explicit_ack_only is 1."""
+    _receiver_option(ume_explicit_ack_only=0)
+
+
+MUTANTS["acks-before-app"] = ("receiver", acks_before_app)
+
+
+def acks_out_of_order() -> None:
+    """Sends an explicit ACK for whatever the application acknowledges, even below an ACK
+    already sent (the stores' ACKs are cumulative: it goes back)."""
+    def patched(self: ReceiverCore, sqn: int, source: str | None = None) -> None:
+        st = self.primary if source is None else self.session(source)
+        if st is None:
+            raise ValueError(f"no source {source!r}")
+        self._use(st)
+        try:
+            st.consumed, st.acked = sqn, None
+            self._send_acks()
+        finally:
+            self._rest()
+    ReceiverCore.ack = patched  # type: ignore[method-assign]
+
+
+MUTANTS["acks-out-of-order"] = ("receiver", acks_out_of_order)
+
+
+def confirms_unasked() -> None:
+    """Confirms delivery to the source whether or not its SRI asks for it."""
+    on_sri = ReceiverCore._on_sri
+
+    def patched(self: ReceiverCore, sri: Any, message: Any) -> None:
+        on_sri(self, sri, message)
+        self.acktosrc = True
+    ReceiverCore._on_sri = patched  # type: ignore[method-assign]
+
+
+MUTANTS["confirms-unasked"] = ("receiver", confirms_unasked)
+
+
+def ignores_allow_confirmed_delivery() -> None:
+    """Confirms delivery to a source that asks even with ume_allow_confirmed_delivery 0."""
+    _receiver_option(ume_allow_confirmed_delivery=1)
+
+
+MUTANTS["ignores-allow-confirmed-delivery"] = ("receiver", ignores_allow_confirmed_delivery)
 
 
 def main(argv: list[str]) -> int:

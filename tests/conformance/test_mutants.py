@@ -94,6 +94,19 @@ CLIENT_CATCHES = {
     "receiver-acks-after-deregistration": ("receiver", "RCV-RPP-003"),
     "nonblocking-waits": ("source", "SRC-FLT-009"),
 }
+CLIENT_CATCHES |= {  # the quorum suite, receiver IUT
+    "receiver-majority-over-all-stores": ("receiver", "RCV-QRM-001"),
+    "receiver-ignores-consensus-behavior": ("receiver", "RCV-QRM-002"),
+    "receiver-ignores-intergroup": ("receiver", "RCV-QRM-004"),
+    "reregisters-with-unchanged-store": ("receiver", "RCV-QRM-006"),
+    "never-retries-other-store": ("receiver", "RCV-QRM-007"),
+    "ignores-message-timeout": ("receiver", "RCV-QRM-008"),
+    "ignores-rx-maximum": ("receiver", "RCV-QRM-009"),
+    "acks-before-app": ("receiver", "RCV-QRM-010"),
+    "acks-out-of-order": ("receiver", "RCV-QRM-011"),
+    "confirms-unasked": ("receiver", "RCV-QRM-012"),
+    "ignores-allow-confirmed-delivery": ("receiver", "RCV-QRM-013"),
+}
 
 
 @pytest.mark.parametrize("mutant", sorted(CATCHES))
@@ -148,6 +161,8 @@ def test_every_source_and_receiver_mutant_is_caught(mutant: str, tmp_path: Path)
                               "deregister_signal": "SIGUSR1"}  # as the reference profiles say
     if role == "source":  # non-blocking sends, as the reference source profile says
         iut.update(nonblocking_args=["--nonblocking"], would_block_text="would block")
+    else:  # explicit ACKs from the harness, as the reference receiver profile says
+        iut.update(explicit_ack_args=["--ack-file", "{acks}"])
     if mutant in CLIENT_VERSION:
         iut["version"] = CLIENT_VERSION[mutant]
     profile = parse_profile({"iut": iut}, f"<mutant {mutant}>")
