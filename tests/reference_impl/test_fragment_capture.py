@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from reference_impl.capture import CaptureError, LoopbackCapture, available_backends
+from reference_impl.capture import LoopbackCapture
 from reference_impl.config.store_xml_writer import disk_store_xml
 from reference_impl.demo import bound_ports, keep_own_frames
 from tests.reference_impl.loopback import IP, Proc, free_port
-from wire.dissect import check_against_tshark, dissect_file
-from wire.tshark import PortMap, expert_summary, read_frames
+from tests.reference_impl.oracle_capture import assert_tshark_agrees, start_capture
+from wire.tshark import PortMap, read_frames
 
 MESSAGES = 6
 SIZE = 30_000
@@ -37,15 +37,6 @@ messages in them (ours are whole; it is tshark's TCP reassembly, not LBMC), whic
 exactly the frames this test is about."""
 
 
-def _start_capture(cap: LoopbackCapture) -> None:
-    try:
-        cap.start()
-    except CaptureError as exc:
-        if "permission" in str(exc).lower() or "not permitted" in str(exc).lower():
-            pytest.skip(f"capturing needs privileges here: {exc}")
-        raise
-
-
 def _rows(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -54,8 +45,6 @@ def _rows(path: Path) -> list[dict[str, object]]:
 @pytest.mark.parametrize("transport", ["tcp", "lbt-ru"])
 def test_captured_fragments_reassemble_in_tshark_without_a_disagreement(
         tmp_path: Path, transport: str) -> None:
-    if not available_backends():
-        pytest.skip("no capture backend installed")
     topic = f"frag.{transport.replace('-', '')}"
     size = SIZE
     store_port, resolver_port = free_port(), free_port(socket.SOCK_DGRAM)
@@ -69,7 +58,7 @@ def test_captured_fragments_reassemble_in_tshark_without_a_disagreement(
     (tmp_path / "receiver.cfg").write_text(context)
     pcap = tmp_path / "frag.pcap"
     cap = LoopbackCapture(pcap, ports=[store_port, resolver_port, *range(14360, 14396)])
-    _start_capture(cap)
+    start_capture(cap)
     procs: list[Proc] = []
     ports: set[int] = {store_port, resolver_port}
     try:
@@ -116,17 +105,7 @@ def test_captured_fragments_reassemble_in_tshark_without_a_disagreement(
 
     portmap = PortMap(store_ports=[store_port], lbmr_ports=[resolver_port],
                       reassemble_fragments=True)
-    reports = list(dissect_file(pcap, portmap))
-    # "pending": a TCP segment holding the start of a message another segment completes (a
-    # 65535-byte LBT-TCP fragment does not fit one loopback segment); never malformed
-    fine = ("um", "not-um", "pending")
-    assert all(r.status in fine for r in reports), \
-        [(r.number, r.status, r.reason) for r in reports if r.status not in fine]
-    assert check_against_tshark(pcap, reports, portmap) == []
-    experts = expert_summary(pcap, portmap)
-    assert "Errors" not in experts, experts
-    assert not [w for w in experts.get("Warns", []) if "LBM" in w or "UME" in w
-                or "ragment" in w], experts
+    assert_tshark_agrees(pcap, portmap, pending=True, warned=("LBM", "UME", "ragment"))
     frags = [dict(fields) for frame in read_frames(pcap, portmap)
              for fields in frame.occurrences("lbmc")
              if any(k == "lbmc.frag.first_sqn" for k, _ in fields)]

@@ -25,16 +25,16 @@ import pytest
 
 from reference_impl import runtime
 from reference_impl.aio import AioHost
-from reference_impl.capture import CaptureError, LoopbackCapture, available_backends
+from reference_impl.capture import LoopbackCapture
 from reference_impl.config.store_xml_writer import disk_store_xml
 from reference_impl.demo import bound_ports, keep_own_frames
 from reference_impl.events import MessageNacked, MessageStable
 from reference_impl.source import SourceCore
 from tests.reference_impl.loopback import IP, Proc, free_port
+from tests.reference_impl.oracle_capture import assert_tshark_agrees, start_capture
 from wire import lbtru
-from wire.dissect import check_against_tshark, dissect_file
 from wire.lbmc import ACK_NAK
-from wire.tshark import PortMap, expert_summary, read_frames
+from wire.tshark import PortMap, read_frames
 
 TOPIC = "nack.loopback"
 MESSAGES = 300
@@ -96,20 +96,13 @@ async def _run_source(tmp_path: Path, resolver_port: int, store_port: int,
 @pytest.mark.oracle
 def test_captured_nacks_agree_with_tshark_and_the_source_lets_the_messages_go(
         tmp_path: Path) -> None:
-    if not available_backends():
-        pytest.skip("no capture backend installed")
     store_port, resolver_port = free_port(), free_port(socket.SOCK_DGRAM)
     lbtru_port = free_port(socket.SOCK_DGRAM)
     (tmp_path / "store.xml").write_text(disk_store_xml("nack-store", store_port, r"nack\..*",
                                                        repository="memory"))
     pcap = tmp_path / "nack.pcap"
     cap = LoopbackCapture(pcap, ports=[store_port, resolver_port, lbtru_port])
-    try:
-        cap.start()
-    except CaptureError as exc:
-        if "permission" in str(exc).lower() or "not permitted" in str(exc).lower():
-            pytest.skip(f"capturing needs privileges here: {exc}")
-        raise
+    start_capture(cap)
     procs: list[Proc] = []
     ports: set[int] = {store_port, resolver_port, lbtru_port}
     try:
@@ -141,14 +134,7 @@ def test_captured_nacks_agree_with_tshark_and_the_source_lets_the_messages_go(
 
     portmap = PortMap(store_ports=[store_port], lbmr_ports=[resolver_port],
                       lbtru_ports=[lbtru_port])
-    reports = list(dissect_file(pcap, portmap))
-    fine = ("um", "not-um", "pending")
-    assert all(r.status in fine for r in reports), \
-        [(r.number, r.status, r.reason) for r in reports if r.status not in fine]
-    assert check_against_tshark(pcap, reports, portmap) == []
-    experts = expert_summary(pcap, portmap)
-    assert "Errors" not in experts, experts
-    assert not [w for w in experts.get("Warns", []) if "LBM" in w or "UME" in w], experts
+    assert_tshark_agrees(pcap, portmap)
     shown = [dict(fields) for frame in read_frames(pcap, portmap)
              for fields in frame.occurrences("lbmc")
              if any(k == "lbmc.ume_ack.flags" for k, _ in fields)]

@@ -20,13 +20,14 @@ from typing import Any
 
 import pytest
 
-from reference_impl.capture import CaptureError, LoopbackCapture, available_backends
+from reference_impl.capture import LoopbackCapture
 from reference_impl.config.store_xml_writer import disk_store_xml
 from reference_impl.demo import bound_ports, keep_own_frames
 from tests.reference_impl.loopback import IP, Proc, free_port
-from wire.dissect import Occurrence, check_against_tshark, dissect_file
+from tests.reference_impl.oracle_capture import assert_tshark_agrees, start_capture
+from wire.dissect import Occurrence
 from wire.lbmc import AckType
-from wire.tshark import PortMap, expert_summary, read_frames
+from wire.tshark import PortMap, read_frames
 
 TOPIC = "rpp.captured"
 MESSAGES = 200
@@ -49,19 +50,8 @@ def _cfgopts(shown: list[tuple[str, str]]) -> list[tuple[int, str, str]]:
     return list(zip(scopes, names, values, strict=True))
 
 
-def _start_capture(cap: LoopbackCapture) -> None:
-    try:
-        cap.start()
-    except CaptureError as exc:
-        if "permission" in str(exc).lower() or "not permitted" in str(exc).lower():
-            pytest.skip(f"capturing needs privileges here: {exc}")
-        raise
-
-
 @pytest.mark.oracle
 def test_a_captured_rpp_run_shows_the_rpp_exchange_and_tshark_agrees(tmp_path: Path) -> None:
-    if not available_backends():
-        pytest.skip("no capture backend installed")
     store_port, resolver_port = free_port(), free_port(socket.SOCK_DGRAM)
     (tmp_path / "store.xml").write_text(disk_store_xml(
         "rpp-store", store_port, r"rpp\..*", repository="memory",
@@ -78,7 +68,7 @@ def test_a_captured_rpp_run_shows_the_rpp_exchange_and_tshark_agrees(tmp_path: P
             context + f"receiver ume_receiver_paced_persistence {mode}\n")
     pcap = tmp_path / "rpp.pcap"
     cap = LoopbackCapture(pcap, ports=[store_port, resolver_port, *range(14360, 14396)])
-    _start_capture(cap)
+    start_capture(cap)
     procs: list[Proc] = []
     ports: set[int] = {store_port, resolver_port}
     try:
@@ -114,13 +104,7 @@ def test_a_captured_rpp_run_shows_the_rpp_exchange_and_tshark_agrees(tmp_path: P
         assert [r["sqn"] for r in rows] == list(range(MESSAGES)), name
 
     portmap = PortMap(store_ports=[store_port], lbmr_ports=[resolver_port])
-    reports = list(dissect_file(pcap, portmap))
-    assert all(r.status in ("um", "not-um") for r in reports), \
-        [(r.number, r.status, r.reason) for r in reports if r.status not in ("um", "not-um")]
-    assert check_against_tshark(pcap, reports, portmap) == []
-    experts = expert_summary(pcap, portmap)
-    assert "Errors" not in experts, experts
-    assert not [w for w in experts.get("Warns", []) if "LBM" in w or "UME" in w], experts
+    reports = assert_tshark_agrees(pcap, portmap)
 
     theirs = {f.number: f for f in read_frames(pcap, portmap)}
     shown: dict[int, list[tuple[str, str]]] = {}  # id(our occurrence) -> tshark's fields
