@@ -66,7 +66,7 @@ class ExplicitAcker:
     """
 
     def __init__(self, host: AioHost, receiver: ReceiverCore, *, every_ms: int = 0,
-                 ack_file: str | None = None, err: TextIO = sys.stderr) -> None:
+                 ack_file: str | None = None, err: TextIO | None = None) -> None:
         if (every_ms > 0) == (ack_file is not None):
             raise ValueError("give exactly one of a period (ms) and an ack file")
         self.host = host
@@ -113,7 +113,7 @@ class ExplicitAcker:
             return []
         except OSError as exc:
             print(f"ump receiver: --ack-file {self.path}: {exc.strerror or exc}",
-                  file=self.err, flush=True)
+                  file=self.err or sys.stderr, flush=True)
             return []
         self._offset += len(chunk)
         data = self._partial + chunk
@@ -128,7 +128,7 @@ class ExplicitAcker:
                 out.append(parse_line(line))
             except ValueError as exc:
                 print(f"ump receiver: --ack-file {self.path} line {self._lines}: {exc}; "
-                      f"skipped", file=self.err, flush=True)
+                      f"skipped", file=self.err or sys.stderr, flush=True)
         return out
 
     def _ack(self, wanted: list[tuple[str, int]], now: float) -> None:
