@@ -313,30 +313,42 @@ def cmd_source(args: argparse.Namespace) -> int:
                 count = max(0, args.until_sqn - source.next_sqn)
             peak = {"bytes": 0}  # the most payload bytes in flight, right after a send
             refused = {"n": 0}  # --nonblocking: sends that returned "would block"
+            done = {"n": 0}  # messages sent so far (what a SIGTERM summary reports)
 
             def sent_some(n: int) -> None:
+                done["n"] += n
                 peak["bytes"] = max(peak["bytes"], source.inflight_bytes)
 
             def would_block(refusal: SendError) -> None:
                 if not refused["n"]:
                     print(f"ump source: {WOULD_BLOCK_LINE}", file=sys.stderr, flush=True)
                 refused["n"] += 1
-            sent = await runtime.send_messages(host, source, count, rate=args.rate,
-                                               size=args.size, start=source.next_sqn,
-                                               progress=sent_some, until_sqn=args.until_sqn,
-                                               nonblocking=args.nonblocking,
-                                               would_block=would_block)
+
+            def summary(sent: int) -> None:
+                print(f"ump source: sent {sent} messages, {source.inflight} still in flight",
+                      file=sys.stderr, flush=True)
+                if source.config.ume_flight_size_bytes:
+                    print(f"ump source: in-flight bytes max {peak['bytes']} "
+                          f"(ume_flight_size_bytes {source.config.ume_flight_size_bytes})",
+                          file=sys.stderr, flush=True)
+                if args.nonblocking:
+                    print(f"ump source: {refused['n']} send{'' if refused['n'] == 1 else 's'} "
+                          f"returned would-block", file=sys.stderr, flush=True)
+            try:
+                sent = await runtime.send_messages(host, source, count, rate=args.rate,
+                                                   size=args.size, start=source.next_sqn,
+                                                   progress=sent_some, until_sqn=args.until_sqn,
+                                                   nonblocking=args.nonblocking,
+                                                   would_block=would_block)
+            except asyncio.CancelledError:
+                # stopped (SIGTERM, Ctrl-C) while sending: the operator still learns what
+                # went out, what is in flight and how many sends would have blocked
+                summary(done["n"])
+                raise
             if not source.deregistering and not source.deregistered:
                 with contextlib.suppress(TimeoutError):
                     await host.wait_until(lambda: source.inflight == 0, timeout=args.linger)
-            print(f"ump source: sent {sent} messages, {source.inflight} still in flight",
-                  file=sys.stderr, flush=True)
-            if source.config.ume_flight_size_bytes:
-                print(f"ump source: in-flight bytes max {peak['bytes']} (ume_flight_size_bytes "
-                      f"{source.config.ume_flight_size_bytes})", file=sys.stderr, flush=True)
-            if args.nonblocking:
-                print(f"ump source: {refused['n']} send{'' if refused['n'] == 1 else 's'} "
-                      f"returned would-block", file=sys.stderr, flush=True)
+            summary(sent)
             if args.until_sqn is not None:  # fragments: fewer messages than numbers
                 status["code"] = 0 if source.next_sqn >= args.until_sqn else 1
             else:

@@ -237,3 +237,26 @@ def test_until_sqn_counts_sequence_numbers_of_fragmented_messages(
             assert "sent 0 messages" in again.stderr, again.stderr
         finally:
             again.stop()
+
+
+def test_ump_source_stopped_while_sending_still_reports_what_went_out(tmp_path: Path) -> None:
+    """SIGTERM in the middle of a non-blocking run: the source still prints how many messages
+    went out, how many are in flight and how many sends returned would-block."""
+    with loopback(tmp_path) as lb:
+        cfg = lb.client_config("client.cfg", "source ume_flight_size 1",
+                               "source ume_flight_size_behavior block")
+        source = lb.start("source", "-c", str(cfg), "--topic", TOPIC, "--count", "100000000",
+                          "--nonblocking", "--rate", "500")
+        try:
+            source.wait_for(reference_impl.cli.WOULD_BLOCK_LINE, 30)
+            time.sleep(0.3)
+            source.proc.send_signal(signal.SIGTERM)
+            source.finish(30)
+            err = source.stderr
+            (sent,) = [line for line in err.splitlines() if "ump source: sent " in line]
+            assert int(sent.split()[3]) >= 1, sent
+            (total,) = [line for line in err.splitlines() if "returned would-block" in line]
+            assert int(total.split()[2]) >= 1, total
+            assert "Traceback" not in err
+        finally:
+            source.stop()
