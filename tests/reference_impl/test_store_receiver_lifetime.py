@@ -13,13 +13,14 @@ new receiver when it comes back after that.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from reference_impl.context import control
 from reference_impl.events import Level
 from reference_impl.sim import ConnKey
-from reference_impl.store import TopicPolicy
+from reference_impl.store import StoreCore, TopicPolicy
 from tests.reference_impl.test_store_rpp import RECEIVER_IP, Bench
 from wire.lbmc import (
     Header,
@@ -204,3 +205,32 @@ def test_a_deleted_receivers_retransmission_request_gets_nothing() -> None:
     bench.tick(bench.now + 0.5)
     assert bench.retransmitted[key] == [0]
     assert [w for w in bench.warnings() if f"unknown receiver RegID {resp.reg_id}" in w]
+
+
+def test_a_restored_receiver_keeps_its_values_and_its_lifetime_runs_from_the_restart(
+        tmp_path: Path) -> None:
+    """Disk state: the journal keeps the first registration's values, and restored state
+    counts as heard at the restart (the module docstring of reference_impl.store)."""
+    policy = dataclasses.replace(POLICY, repository_type="disk", receiver_state_lifetime=6000)
+    bench = Bench(policy, tmp_path)
+    assert bench.source(w=0).e_flag == 0
+    bench.data(0, 1, 2)
+    key, resp = register(bench, lifetime=3000)
+    bench.consume(key, resp.reg_id, 1)
+    bench.tick(bench.now + 0.5)
+    bench.store.close()
+
+    again = StoreCore(bench.settings, now=100.0)
+    rcv = again.receivers[resp.reg_id]
+    assert (rcv.activity_timeout, rcv.state_lifetime, rcv.last_ack) == (1.0, 3.0, 1)
+    for t in range(1, 31):  # 100.1 .. 103.0
+        now = 100.0 + t / 10
+        while (due := again.get_timer()) is not None and due <= now:
+            again.handle_timer(due)
+        assert (resp.reg_id in again.receivers) == (now <= 103.0), now
+    for _ in range(3):
+        due = again.get_timer()
+        assert due is not None
+        again.handle_timer(due)
+    assert resp.reg_id not in again.receivers
+    again.close()
