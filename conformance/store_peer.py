@@ -229,6 +229,11 @@ class HarnessStore:
         with self._lock:
             return list(self.refusals)
 
+    def stable_sqns(self) -> set[int]:
+        """The sequence numbers this store acknowledged as stable so far."""
+        with self._lock:
+            return set(self.stable_sent)
+
     def rxreq_sqns(self) -> list[int]:
         return [_rxreq(s.message).seqnum for s in self.snapshot(self.rxreqs)]
 

@@ -1619,12 +1619,13 @@ class SourceCore(ContextCore):
                         self._proactive(link, sqn, msg)
 
 
-def _consensus(answers: Mapping[int, Sequence[int]] | Sequence[int], behaviour: str) -> int:
+def _consensus(values: Mapping[int, Sequence[int]] | Sequence[int], behaviour: str) -> int:
     """The consensus sequence number of the stores' answers, by group (docs/semantics.md
     §1.2): :func:`reference_impl.quorum.consensus`, the one definition (``majority`` per
     group, then the latest of the group majorities), reached through this name so a test can
-    replace it."""
-    return quorum.consensus(answers, behaviour)
+    replace it.  ``values``: group index -> the high sequence numbers its OLD stores
+    answered (a flat sequence is one group)."""
+    return quorum.consensus(values, behaviour)
 
 
 RPP_REFUSAL = ("the store refused the RPP registration: RPP not allowed for the topic, an "

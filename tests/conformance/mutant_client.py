@@ -559,6 +559,221 @@ def ignores_allow_confirmed_delivery() -> None:
 MUTANTS["ignores-allow-confirmed-delivery"] = ("receiver", ignores_allow_confirmed_delivery)
 
 
+# --- quorum/consensus (issue 18; SRC-QRM-*) -----------------------------------------------------
+
+
+def registers_with_any_group() -> None:
+    """Completes registration once any one group is registered, whatever
+    ume_retention_intergroup_stability_behavior says (stability still follows it)."""
+    groups_ok = SourceCore._groups_ok
+
+    def patched(self: SourceCore, members: set[int]) -> tuple[bool, set[int]]:
+        groups = groups_ok(self, members)[1]
+        return bool(groups), groups
+    SourceCore._groups_ok = patched  # type: ignore[method-assign]
+
+
+MUTANTS["registers-with-any-group"] = ("source", registers_with_any_group)
+
+
+def majority_of_groups_as_half() -> None:
+    """Takes half of the groups (rounded down) for a majority: one group of three is enough."""
+    meet = quorum.groups_meet
+
+    def patched(inter: str, groups: int, ok: set[int], active: set[int]) -> bool:
+        if inter == "majority":
+            return bool(ok) and len(ok) >= groups // 2
+        return meet(inter, groups, ok, active)
+    quorum.groups_meet = patched
+
+
+MUTANTS["majority-of-groups-as-half"] = ("source", majority_of_groups_as_half)
+
+
+def all_active_registers_as_any() -> None:
+    """Judges intergroup all-active registration by the groups that meet the intragroup rule
+    (an active group is one with a quorum registered): any registered group completes."""
+    groups_ok = SourceCore._groups_ok
+
+    def patched(self: SourceCore, members: set[int]) -> tuple[bool, set[int]]:
+        ok, groups = groups_ok(self, members)
+        if self.config.ume_retention_intergroup_stability_behavior == "all-active":
+            return bool(groups), groups
+        return ok, groups
+    SourceCore._groups_ok = patched  # type: ignore[method-assign]
+
+
+MUTANTS["all-active-registers-as-any"] = ("source", all_active_registers_as_any)
+
+
+def _group_rule(rule: str, registered: Callable[[int, int], bool] | None = None,
+                stable: Callable[[int, int, int], bool] | None = None) -> None:
+    """Replaces the intragroup rule ``rule`` for registration (size, registered) and/or
+    stability (size, acked, registered but not acked) in :mod:`reference_impl.quorum`."""
+    group_registered, group_stable = quorum.group_registered, quorum.group_stable
+    change_registered, change_stable = registered, stable
+    if change_registered is not None:
+        def patched_registered(intra: str, size: int, registered: int) -> bool:
+            if intra == rule:
+                return change_registered(size, registered)
+            return group_registered(intra, size, registered)
+        quorum.group_registered = patched_registered
+    if change_stable is not None:
+        def patched_stable(intra: str, size: int, acked: int, registered_unacked: int) -> bool:
+            if intra == rule:
+                return change_stable(size, acked, registered_unacked)
+            return group_stable(intra, size, acked, registered_unacked)
+        quorum.group_stable = patched_stable
+
+
+def intragroup_all_registers_at_quorum() -> None:
+    """Completes registration with a quorum of a group under intragroup all."""
+    _group_rule("all", registered=lambda size, count: count >= quorum.quorum(size))
+
+
+MUTANTS["intragroup-all-registers-at-quorum"] = ("source", intragroup_all_registers_at_quorum)
+
+
+def all_active_registers_as_all() -> None:
+    """Waits for every store of a group to register under intragroup all-active."""
+    _group_rule("all-active", registered=lambda size, count: count >= size)
+
+
+MUTANTS["all-active-registers-as-all"] = ("source", all_active_registers_as_all)
+
+
+def _stability_as_any(inter: str) -> None:
+    """Counts a message stable with any one group under intergroup ``inter``."""
+    stable_groups = SourceCore._stable_groups
+
+    def patched(self: SourceCore, acked: set[int]) -> tuple[bool, set[int]]:
+        ok, groups = stable_groups(self, acked)
+        if self.config.ume_retention_intergroup_stability_behavior == inter:
+            return bool(groups), groups
+        return ok, groups
+    SourceCore._stable_groups = patched  # type: ignore[method-assign]
+
+
+def majority_stability_as_any() -> None:
+    """Counts a message stable once any one group has it under intergroup majority
+    (registration still needs a majority of the groups)."""
+    _stability_as_any("majority")
+
+
+MUTANTS["majority-stability-as-any"] = ("source", majority_stability_as_any)
+
+
+def all_active_stability_as_any() -> None:
+    """Counts a message stable once any one group has it under intergroup all-active."""
+    _stability_as_any("all-active")
+
+
+MUTANTS["all-active-stability-as-any"] = ("source", all_active_stability_as_any)
+
+
+def intragroup_all_active_as_quorum() -> None:
+    """Counts a message stable in a group at a quorum under intragroup all-active (it does not
+    wait for the other registered stores)."""
+    _group_rule("all-active", stable=lambda size, acked, waiting: acked >= quorum.quorum(size))
+
+
+MUTANTS["intragroup-all-active-as-quorum"] = ("source", intragroup_all_active_as_quorum)
+
+
+def intragroup_all_active_as_all() -> None:
+    """Waits for every configured store of a group under intragroup all-active, registered or
+    not."""
+    _group_rule("all-active", stable=lambda size, acked, waiting: acked >= size)
+
+
+MUTANTS["intragroup-all-active-as-all"] = ("source", intragroup_all_active_as_all)
+
+
+def intragroup_all_stable_at_quorum() -> None:
+    """Counts a message stable in a group at a quorum under intragroup all (registration still
+    waits for every store)."""
+    _group_rule("all", stable=lambda size, acked, waiting: acked >= quorum.quorum(size))
+
+
+MUTANTS["intragroup-all-stable-at-quorum"] = ("source", intragroup_all_stable_at_quorum)
+
+
+def majority_over_all_stores() -> None:
+    """Forms the "majority" consensus over every store's answer at once, not per group."""
+    def patched(values: Any, behaviour: str) -> int:
+        flat = [v for group in values.values() for v in group] \
+            if isinstance(values, dict) else list(values)
+        return quorum.consensus(flat, behaviour)
+    source._consensus = patched
+
+
+MUTANTS["majority-over-all-stores"] = ("source", majority_over_all_stores)
+
+
+def _consensus_as(wrong: str, instead: str) -> None:
+    consensus = source._consensus
+
+    def patched(values: Any, behaviour: str) -> int:
+        return consensus(values, instead if behaviour == wrong else behaviour)
+    source._consensus = patched
+
+
+def consensus_lowest_as_highest() -> None:
+    """Takes consensus lowest for highest (the current default)."""
+    _consensus_as("lowest", "highest")
+
+
+MUTANTS["consensus-lowest-as-highest"] = ("source", consensus_lowest_as_highest)
+
+
+def consensus_highest_as_majority() -> None:
+    """Takes consensus highest for majority (the guide's default)."""
+    _consensus_as("highest", "majority")
+
+
+MUTANTS["consensus-highest-as-majority"] = ("source", consensus_highest_as_majority)
+
+
+def ignores_store_timeout() -> None:
+    """Never finds a store unresponsive: ume_store_activity_timeout is not used."""
+    _source_option(ume_store_activity_timeout=lambda value: 1 << 31)
+
+
+MUTANTS["ignores-store-timeout"] = ("source", ignores_store_timeout)
+
+
+def sends_after_quorum_lost() -> None:
+    """Goes on sending when an unresponsive store takes the quorum away."""
+    unresponsive = SourceCore._unresponsive
+
+    def patched(self: SourceCore, link: StoreLink, suffix: str) -> None:
+        complete = self.complete
+        unresponsive(self, link, suffix)
+        self.complete = complete
+    SourceCore._unresponsive = patched  # type: ignore[method-assign]
+
+
+MUTANTS["sends-after-quorum-lost"] = ("source", sends_after_quorum_lost)
+
+
+def returning_store_not_resent() -> None:
+    """Does not send a returning store the messages it lacks (only the stability timeout's
+    proactive retransmission would)."""
+    SourceCore._resend_unstable = lambda self, link: None  # type: ignore[method-assign]
+
+
+MUTANTS["returning-store-not-resent"] = ("source", returning_store_not_resent)
+
+
+def all_active_waits_for_lost_store() -> None:
+    """Under all-active, keeps waiting for a store that became unresponsive: a message is
+    judged again only when an ACK arrives."""
+    SourceCore._restabilize = lambda self: None  # type: ignore[method-assign]
+
+
+MUTANTS["all-active-waits-for-lost-store"] = ("source", all_active_waits_for_lost_store)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0] not in MUTANTS or argv[1] != MUTANTS[argv[0]][0]:
         print(f"usage: mutant_client.py {{{','.join(MUTANTS)}}} source|receiver ARGS...",

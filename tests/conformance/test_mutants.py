@@ -106,6 +106,24 @@ CLIENT_CATCHES |= {  # the quorum suite, receiver IUT
     "acks-out-of-order": ("receiver", "RCV-QRM-011"),
     "confirms-unasked": ("receiver", "RCV-QRM-012"),
     "ignores-allow-confirmed-delivery": ("receiver", "RCV-QRM-013"),
+    # quorum/consensus, source (issue 18)
+    "registers-with-any-group": ("source", "SRC-QRM-002"),
+    "majority-of-groups-as-half": ("source", "SRC-QRM-003"),
+    "all-active-registers-as-any": ("source", "SRC-QRM-004"),
+    "intragroup-all-registers-at-quorum": ("source", "SRC-QRM-005"),
+    "all-active-registers-as-all": ("source", "SRC-QRM-006"),
+    "majority-stability-as-any": ("source", "SRC-QRM-007"),
+    "all-active-stability-as-any": ("source", "SRC-QRM-008"),
+    "intragroup-all-active-as-quorum": ("source", "SRC-QRM-009"),
+    "intragroup-all-active-as-all": ("source", "SRC-QRM-010"),
+    "intragroup-all-stable-at-quorum": ("source", "SRC-QRM-011"),
+    "majority-over-all-stores": ("source", "SRC-QRM-012"),
+    "consensus-lowest-as-highest": ("source", "SRC-QRM-013"),
+    "consensus-highest-as-majority": ("source", "SRC-QRM-014"),
+    "ignores-store-timeout": ("source", "SRC-QRM-015"),
+    "sends-after-quorum-lost": ("source", "SRC-QRM-016"),
+    "returning-store-not-resent": ("source", "SRC-QRM-017"),
+    "all-active-waits-for-lost-store": ("source", "SRC-QRM-018"),
 }
 
 
