@@ -483,7 +483,7 @@ _OPTIONS: dict[str, tuple[tuple[str, ...], _Parser]] = {
     "retransmit_request_interval": ((_RCV,), _ms(1)),
     "retransmit_request_maximum": ((_RCV,), _uint(0, _U32, "messages")),
     "retransmit_request_outstanding_maximum": ((_RCV,), _uint(1, _U32, "messages")),
-    "retransmit_request_message_timeout": ((_RCV,), _ms()),
+    "retransmit_request_message_timeout": ((_RCV,), _ms(1)),  # 0 would lose every gap
     "retransmit_initial_sequence_number_request": ((_RCV,), _flag),
     "retransmit_message_caching_proximity": ((_RCV,), _uint(0, _U32, "messages")),
     "use_otr": ((_RCV,), _uint(0, 2, "mode (2 = persistent receivers only)")),

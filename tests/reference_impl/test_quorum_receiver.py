@@ -365,3 +365,16 @@ def test_receiver_reads_the_group_rules_from_its_configuration(tmp_path: Path) -
     with pytest.raises(ConfigError) as info:
         load_client(str(cfg), "current")
     assert "\n" not in str(info.value) and "most" in str(info.value)
+
+
+@pytest.mark.parametrize("line", ["receiver retransmit_request_message_timeout 0",
+                                  "receiver retransmit_request_interval 0",
+                                  "receiver retransmit_request_maximum -1"])
+def test_bad_recovery_values_in_a_file_are_one_line_errors(tmp_path: Path, line: str) -> None:
+    """What the core would refuse is refused by the configuration layer first, naming the
+    file and line (a 0 message timeout gave a traceback from ``ump receiver``)."""
+    cfg = tmp_path / "lbm.cfg"
+    cfg.write_text(line + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_client(str(cfg), "current")
+    assert "\n" not in str(info.value) and line.split()[1] in str(info.value)
