@@ -67,8 +67,19 @@ def held(d: SimDeployment, store: str) -> list[int]:
     return list(state.repo.sqns())
 
 
+def unresponsive(d: SimDeployment) -> list[ev.StoreUnresponsive]:
+    return [e for e in d.events("src") if isinstance(e, ev.StoreUnresponsive)]
+
+
 def lost(d: SimDeployment) -> list[bool]:
-    return [e.quorum_lost for e in d.events("src", ev.StoreUnresponsive)]
+    return [e.quorum_lost for e in unresponsive(d)]
+
+
+def registered_again(d: SimDeployment, after: int) -> list[int]:
+    """The stores (indexes) of the source's registration successes after the first
+    ``after``."""
+    return [e.store.index for e in d.events("src")
+            if isinstance(e, ev.SourceRegistrationSuccess)][after:]
 
 
 # what losing a quorum in one of two groups does under each intergroup behaviour
@@ -107,8 +118,7 @@ def test_two_groups_one_partitioned_away_and_back(inter: str) -> None:
     assert src.complete and src.can_send()
     completes = d.events("src", ev.SourceRegistrationComplete)
     assert len(completes) == (2 if gone else 1)
-    again = [e.store.index for e in d.events("src", ev.SourceRegistrationSuccess)][6:]
-    assert sorted(again) == [3, 4]  # the returning stores registered again
+    assert sorted(registered_again(d, 6)) == [3, 4]  # the returning stores registered again
     more = send(d, src, 5)
     d.run(1)
     assert src.inflight == 0
@@ -155,9 +165,8 @@ def test_quorum_lost_and_regained_the_returning_stores_get_the_unstable_messages
     sent = [src.send(b"u%d" % i) for i in range(10)]
     d.net.partition(["src"], names[0][1:], sever_streams=True)
     d.run(1)
-    unresponsive = d.events("src", ev.StoreUnresponsive)
-    assert [e.quorum_lost for e in unresponsive] == [False, True]
-    assert "(quorum lost)" in unresponsive[-1].text
+    assert lost(d) == [False, True]
+    assert "(quorum lost)" in unresponsive(d)[-1].text
     assert src.inflight == 10 and not src.can_send()
     with pytest.raises(SendError) as refused:
         src.send(b"x")
@@ -187,4 +196,4 @@ def test_all_active_groups_drop_an_unresponsive_store_from_the_stability_rule() 
     assert src.inflight == 0  # stable at every store still registered
     d.net.heal()
     d.run(RETURN)
-    assert [e.store.index for e in d.events("src", ev.SourceRegistrationSuccess)][3:] == [2]
+    assert registered_again(d, 3) == [2]
