@@ -449,3 +449,33 @@ def confirms_when_asked(h: CaseContext) -> None:
     got = _confirmation_case(h, asked=True)
     h.check(4 in got, "the receiver did not confirm delivery to the source that asked",
             expected="a delivery confirmation for 4", observed=got)
+
+
+@case("RCV-QRM-015", suite=SUITE, role=Role.RECEIVER,
+      title="ACK batching: consumption is acknowledged once per ume_ack_batching_interval",
+      section="Batching Acknowledgments",
+      requirement="If you set ume_use_ack_batching to 1, UMP does not acknowledge individual "
+                  "messages as the application consumes them. Instead, UMP checks the "
+                  "consumed, but unacknowledged messages at the interval configured with "
+                  "ume_ack_batching_interval ... it sends acknowledgments to the store(s) for "
+                  "all the contiguous messages.",
+      timeout=15.0)
+def ack_batching(h: CaseContext) -> None:
+    """Batching on, interval 1000 ms; a message every 100 ms for 2 s: the store must get
+    cumulative ACKs for at most a few distinct sequence numbers (one per interval, plus one
+    at each end), not one per message, and in the end one covering the last message."""
+    src, (store,) = _groups(h, 1)
+    _start(h, src, {"receiver ume_use_ack_batching": 1,
+                    "context ume_ack_batching_interval": 1000})
+    _registered(h, store)
+    for sqn in range(20):
+        src.publish(sqn)
+        h.wait_until(lambda: False, 0.1, "the next message's time")
+    h.check_delivered(list(range(20)))
+    h.wait_until(lambda: store.acked_up_to() == 19, 2.0, "the ACK covering 19")
+    acks = _acks(store)
+    distinct = sorted(set(acks))
+    h.check(0 < len(distinct) <= 5, f"{len(distinct)} different ACKs for 20 messages "
+            f"consumed over 2 s with a 1000 ms batching interval",
+            expected="at most 5 (one per interval, plus the ends)", observed=distinct)
+    h.check_equal(max(acks, default=None), 19, "the consumption acknowledged at the end")

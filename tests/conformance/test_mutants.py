@@ -106,6 +106,7 @@ CLIENT_CATCHES |= {  # the quorum suite, receiver IUT
     "acks-out-of-order": ("receiver", "RCV-QRM-011"),
     "confirms-unasked": ("receiver", "RCV-QRM-012"),
     "ignores-allow-confirmed-delivery": ("receiver", "RCV-QRM-013"),
+    "acks-unbatched": ("receiver", "RCV-QRM-015"),
     # quorum/consensus, source (issue 18)
     "registers-with-any-group": ("source", "SRC-QRM-002"),
     "majority-of-groups-as-half": ("source", "SRC-QRM-003"),
