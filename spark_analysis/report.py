@@ -9,6 +9,13 @@ Order: overview, then **anomalies first** (what a reviewer must look at), then o
 analysis: a plot where a picture helps, the summary table, and the first rows of detail tables
 (``row_limit``; the Parquet output has all rows).  With several captures (``--per-file``) every
 plot is drawn per capture and tables carry a ``capture`` column.
+
+Layout rules (checked in headless Chromium by ``tests/spark_analysis/test_report_browser.py``):
+nothing is wider than the window: tables scroll sideways in their own box, charts shrink to
+the window (``viewBox``); chart labels are shortened in the middle so that they stay distinct
+(:func:`fit_labels`) and legends are as wide as their labels; booleans read "yes"/"no"; a
+chart is drawn only where it means something (no flight size for source topics without
+stores: :func:`persistent_topics`).
 """
 
 from __future__ import annotations
@@ -72,7 +79,7 @@ tr:nth-child(even) td{background:#fafafa}
 .note{color:#555;font-size:13px}.ok{color:#2e7d32;font-weight:bold}
 .error{color:#c44e52;font-weight:bold}.warning{color:#b8860b;font-weight:bold}
 .scroll{overflow-x:auto;max-height:520px;overflow-y:auto}
-nav a{margin-right:12px}svg{display:block;margin:8px 0}
+nav a{margin-right:12px}svg{display:block;margin:8px 0;max-width:100%;height:auto}
 svg text{font-family:system-ui,Helvetica,Arial,sans-serif}
 """
 
@@ -316,12 +323,59 @@ def _latency(data: ReportInput) -> str:
     return "\n".join(out)
 
 
+_FLIGHT_KEY = ["capture", "source_ip", "tidx"]
+
+
+def persistent_topics(data: ReportInput) -> set[tuple[str, str, int]]:
+    """(capture, source IP, topic index) of the source topics known to use stores: a message
+    of theirs became stable (the summary's ``stores``), a store sent stability ACKs for them
+    (``latency_summary``), or their TIR carried the UME option (``topic_advertisements``
+    ``persistent``).
+
+    Flight size means "sent, not yet stable": on a source topic without stores nothing is ever
+    stable, so its line would only climb with every message sent (5,000 "never stable" on
+    traffic with no store at all).  The spec is silent on what to show; the report draws and
+    lists only these topics and says how many it left out."""
+    keys: set[tuple[str, str, int]] = set()
+
+    def add(df: pd.DataFrame, tidx: str, where: Any) -> None:
+        if not len(df) or not {"capture", "source_ip", tidx} <= set(df.columns):
+            return
+        for r in df[where(df)][["capture", "source_ip", tidx]].itertuples(index=False):
+            if _num(r[2]):
+                keys.add((str(r[0]), str(r[1]), int(r[2])))
+
+    add(data.table("flight_size_summary"), "tidx",
+        lambda df: pd.to_numeric(df.get("stores"), errors="coerce").fillna(0) > 0)
+    add(data.table("latency_summary"), "tidx", lambda df: df["kind"] == "stability")
+    add(data.table("topic_advertisements"), "topic_index",
+        lambda df: df["persistent"].fillna(False).astype(bool))
+    return keys
+
+
+def _persistent_rows(df: pd.DataFrame, keys: set[tuple[str, str, int]]) -> pd.DataFrame:
+    if not len(df):
+        return df
+    mask = [(str(c), str(ip), int(t)) in keys if _num(t) else False
+            for c, ip, t in zip(df["capture"], df["source_ip"], df["tidx"], strict=True)]
+    return df[mask]
+
+
 def _flight(data: ReportInput) -> str:
-    series_table = data.table("flight_size")
-    summary = data.table("flight_size_summary")
-    if not len(summary):
+    all_summary = data.table("flight_size_summary")
+    if not len(all_summary):
         return "<p class=note>No message with a send and stability ACKs in the capture.</p>"
-    out = []
+    keys = persistent_topics(data)
+    summary = _persistent_rows(all_summary, keys)
+    series_table = _persistent_rows(data.table("flight_size"), keys)
+    left_out = len(all_summary) - len(summary)
+    note = (f"<p class=note>{left_out:,} source topic(s) without stores left out: their "
+            "messages are never stable, so they have no flight size.</p>" if left_out else "")
+    if not len(summary):
+        return ("<p class=note>No source topic uses stores (no stability ACK, no UME option "
+                "in its advertisements): nothing becomes stable, so there is no flight size "
+                f"to show.</p>{note}")
+    out = [note] if note else []
     for capture, part in _per_capture(series_table, data):
         start = _start_ns(data, None if capture == "" else part["capture"].iloc[0]) or 0
         lines = []
@@ -437,7 +491,9 @@ def _header(column: str) -> str:
 
 
 def _cell(column: str, value: Any, start: int | None) -> tuple[str, bool]:
-    """(escaped text, left-aligned?) of one table cell."""
+    """(escaped text, left-aligned?) of one table cell.  Booleans read "yes"/"no"; only a
+    null (unknown or not applicable, e.g. the RPP grant of an unanswered registration) is
+    blank."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "", False
     if hasattr(value, "item") and not isinstance(value, str):
@@ -446,8 +502,8 @@ def _cell(column: str, value: Any, start: int | None) -> tuple[str, bool]:
         absolute = dt.datetime.fromtimestamp(int(value) / 1e9, tz=dt.UTC).isoformat()
         rel = (int(value) - (start or 0)) / 1e9
         return f'<span title="{absolute}">{rel:.6f}</span>', False
-    if isinstance(value, bool):
-        return ("✓" if value else ""), False
+    if isinstance(value, bool):  # a blank would read as "unknown"; a null stays blank
+        return ("yes" if value else "no"), True
     if column in ("capture", "file", "example_file") and isinstance(value, str):
         short = value.rstrip("/").rsplit("/", 1)[-1]
         return f'<span title="{html.escape(value)}">{html.escape(short)}</span>', True
@@ -494,20 +550,76 @@ def _fmt(value: float) -> str:
     return f"{value:g}"
 
 
+def _svg_open(width: float, height: float) -> str:
+    """The start of an ``<svg>`` tag (attributes still open): drawn at its natural size, and
+    with a ``viewBox`` so that the stylesheet's ``max-width:100%`` shrinks it to a narrow
+    window instead of cutting it."""
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" '
+            f'height="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}" ')
+
+
 def _text(x: float, y: float, text: str, anchor: str = "start", size: int = 11,
           extra: str = "") -> str:
     return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}"'
             f'{extra}>{html.escape(text)}</text>')
 
 
+CHAR_W = 6.6
+"""Width in pixels allowed per character of 11-pixel label text (system sans-serif fonts
+average about 6 for digits and lower case): what a label's room is computed from."""
+
+LABEL_CHARS = 44
+"""Longest label drawn in a legend or beside a bar; longer ones are shortened in the middle
+(the full text is the element's tooltip)."""
+
+
+def fit_labels(labels: Sequence[str], max_chars: int = LABEL_CHARS) -> list[str]:
+    """Labels of at most ``max_chars`` characters that stay *distinct* when the labels are.
+
+    Labels of one chart tend to share a long prefix (``lbtrm:127.1.0.1:14390:... tidx 1``,
+    ``... tidx 2``): cutting the end would make them equal, so the middle is elided, keeping
+    the start and the end where they differ.  Labels that still collide get `` #n``."""
+    def shorten(label: str, room: int) -> str:
+        if len(label) <= room:
+            return label
+        tail = (room - 1) // 2
+        return label[:room - 1 - tail] + "…" + label[len(label) - tail:]
+
+    out = [shorten(str(label), max_chars) for label in labels]
+    seen: dict[str, int] = {}
+    for label in out:
+        seen[label] = seen.get(label, 0) + 1
+    if all(n == 1 for n in seen.values()):
+        return out
+    numbered: dict[str, int] = {}
+    for i, (label, short) in enumerate(zip(labels, out, strict=True)):
+        if seen[short] > 1 and str(label) != short:
+            numbered[short] = numbered.get(short, 0) + 1
+            suffix = f" #{numbered[short]}"
+            out[i] = shorten(str(label), max_chars - len(suffix)) + suffix
+    return out
+
+
+def _text_width(labels: Iterable[str]) -> float:
+    """Pixels the longest of ``labels`` needs at the legend font size."""
+    return CHAR_W * max((len(label) for label in labels), default=0)
+
+
 def _legend(items: Sequence[tuple[str, str]], x: float, y: float) -> str:
+    """Colour swatches with distinct, fitted labels (the full label is the tooltip)."""
     parts = []
-    for i, (label, color) in enumerate(items):
+    short = fit_labels([label for label, _ in items])
+    for i, ((label, color), text) in enumerate(zip(items, short, strict=True)):
         yy = y + i * 15
-        parts.append(f'<rect x="{x:.1f}" y="{yy - 9:.1f}" width="10" height="10" '
-                     f'fill="{color}"/>')
-        parts.append(_text(x + 14, yy, label[:40]))
+        parts.append(f'<g class="legend-item"><title>{html.escape(label)}</title>'
+                     f'<rect x="{x:.1f}" y="{yy - 9:.1f}" width="10" height="10" '
+                     f'fill="{color}"/>{_text(x + 14, yy, text)}</g>')
     return "".join(parts)
+
+
+def _legend_width(labels: Iterable[str]) -> int:
+    """Room a legend of ``labels`` needs: swatch, gap, the longest fitted label, margin."""
+    return int(14 + _text_width(fit_labels(list(labels))) + 8)
 
 
 def bar_chart(categories: Sequence[str], series: Sequence[tuple[str, Sequence[float]]], *,
@@ -520,8 +632,9 @@ def bar_chart(categories: Sequence[str], series: Sequence[tuple[str, Sequence[fl
     (counts that span orders of magnitude, such as data vs NAK packets)."""
     if not categories:
         return ""
-    label_w = min(320, 8 + 6.5 * max(len(c) for c in categories))
-    legend_w = 0 if len(series) == 1 else 120
+    shown = fit_labels(categories, int((320 - 8) / CHAR_W))
+    label_w = min(320, 8 + _text_width(shown))
+    legend_w = 0 if len(series) == 1 else _legend_width(name for name, _ in series) + 6
     plot_w = width - label_w - legend_w - 20
     per = 1 if stacked else len(series)
     bar_h = 14 if per == 1 else 9
@@ -539,13 +652,14 @@ def bar_chart(categories: Sequence[str], series: Sequence[tuple[str, Sequence[fl
             return plot_w * math.log10(1 + v) / math.log10(1 + peak)
         return plot_w * v / peak
 
-    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'role="img" aria-label="{html.escape(title)}">', _text(0, 14, title, size=13,
+    svg = [_svg_open(width, height)
+           + f'role="img" aria-label="{html.escape(title)}">', _text(0, 14, title, size=13,
                                                                    extra=' font-weight="bold"')]
     palette = list(colors_by_series or PALETTE)
     for i, category in enumerate(categories):
         y0 = top + i * group_h
-        svg.append(_text(label_w - 6, y0 + group_h / 2 + 3, category[:48], anchor="end"))
+        svg.append(_text(label_w - 6, y0 + group_h / 2 + 3, shown[i], anchor="end",
+                         extra=f' data-full="{html.escape(category)}"'))
         offset = 0.0
         for j, (name, values) in enumerate(series):
             value = float(values[i])
@@ -586,8 +700,12 @@ def line_chart(lines: Sequence[tuple[str, Sequence[tuple[float, float]]]], *, ti
     points = [p for _, pts in lines for p in pts]
     if not points:
         return ""
-    left, right, top, bottom = 56, 190, 24, 40
-    plot_w, plot_h = width - left - right, height - top - bottom
+    left, top, bottom = 56, 24, 40
+    plot_w, plot_h = width - left - 190, height - top - bottom
+    legend = [(name, PALETTE[i % len(PALETTE)]) for i, (name, _) in enumerate(lines[:14])]
+    if len(lines) > 14:
+        legend.append((f"and {len(lines) - 14} more (same colours again)", "#ffffff"))
+    width = left + plot_w + 10 + _legend_width(name for name, _ in legend)
     xs = [p[0] for p in points]
     ys = [p[1] for p in points]
     x_ticks = _nice_ticks(min(xs), max(xs))
@@ -601,8 +719,8 @@ def line_chart(lines: Sequence[tuple[str, Sequence[tuple[float, float]]]], *, ti
     def sy(y: float) -> float:
         return top + plot_h * (1 - y / (y1 or 1))
 
-    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'role="img" aria-label="{html.escape(title)}">',
+    svg = [_svg_open(width, height)
+           + f'role="img" aria-label="{html.escape(title)}">',
            _text(0, 14, title, size=13, extra=' font-weight="bold"')]
     for t in y_ticks:
         svg.append(f'<line x1="{left}" y1="{sy(t):.1f}" x2="{left + plot_w}" y2="{sy(t):.1f}" '
@@ -627,8 +745,7 @@ def line_chart(lines: Sequence[tuple[str, Sequence[tuple[float, float]]]], *, ti
             previous = (x, y)
         svg.append(f'<path d="{"".join(path)}" fill="none" stroke="{color}" '
                    f'stroke-width="1.5"><title>{html.escape(name)}</title></path>')
-    svg.append(_legend([(name, PALETTE[i % len(PALETTE)]) for i, (name, _) in
-                        enumerate(lines[:14])], left + plot_w + 10, top + 10))
+    svg.append(_legend(legend, left + plot_w + 10, top + 10))
     svg.append("</svg>")
     return "".join(svg)
 
@@ -638,8 +755,9 @@ def timeline(lanes: Sequence[str], points: Sequence[tuple[int, float, str, str, 
     """Events on horizontal lanes over time: ``(lane, seconds, colour, shape, tooltip)``."""
     if not lanes or not points:
         return ""
-    label_w = min(260, 8 + 6.5 * max(len(lane) for lane in lanes))
-    right, top, lane_h = 110, 24, 18
+    shown = fit_labels(lanes, int((260 - 8) / CHAR_W))
+    label_w = min(260, 8 + _text_width(shown))
+    right, top, lane_h = _legend_width(label for label, _, _ in legend) + 20, 24, 18
     plot_w = width - label_w - right
     height = int(top + lane_h * len(lanes) + 36)
     times = [p[1] for p in points]
@@ -649,14 +767,15 @@ def timeline(lanes: Sequence[str], points: Sequence[tuple[int, float, str, str, 
     def sx(t: float) -> float:
         return label_w + plot_w * (t - t0) / ((t1 - t0) or 1)
 
-    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'role="img" aria-label="{html.escape(title)}">',
+    svg = [_svg_open(width, height)
+           + f'role="img" aria-label="{html.escape(title)}">',
            _text(0, 14, title, size=13, extra=' font-weight="bold"')]
     for i, lane in enumerate(lanes):
         y = top + i * lane_h + lane_h / 2
         svg.append(f'<line x1="{label_w}" y1="{y:.1f}" x2="{label_w + plot_w}" y2="{y:.1f}" '
                    'stroke="#e5e5e5"/>')
-        svg.append(_text(label_w - 6, y + 3, lane, anchor="end"))
+        svg.append(_text(label_w - 6, y + 3, shown[i], anchor="end",
+                         extra=f' data-full="{html.escape(lane)}"'))
     bottom = top + lane_h * len(lanes)
     for t in ticks:
         svg.append(_text(sx(t), bottom + 14, _fmt(t), anchor="middle", size=9))
@@ -693,8 +812,8 @@ def histogram(buckets: Sequence[tuple[float, float, int]], *, title: str, x_labe
     plot_w, plot_h = width - left - 20, height - top - bottom
     peak = max(c for _, _, c in buckets) or 1
     bar_w = plot_w / len(buckets)
-    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'role="img" aria-label="{html.escape(title)}">',
+    svg = [_svg_open(width, height)
+           + f'role="img" aria-label="{html.escape(title)}">',
            _text(0, 14, title, size=13, extra=' font-weight="bold"')]
     for t in _nice_ticks(0, peak):
         y = top + plot_h * (1 - t / peak)

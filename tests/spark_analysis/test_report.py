@@ -182,3 +182,59 @@ def test_corpus_report(corpus_report: str) -> None:
         assert kind in anomalies
     assert "RegID is in use by a different source" in text
     assert len(text) < 2_000_000
+
+
+# =============================================================================================
+# Labels, booleans, charts only where they mean something
+# =============================================================================================
+
+
+def test_fitted_labels_stay_distinct_and_short() -> None:
+    from spark_analysis.report import fit_labels
+
+    long = [f"lbtrm:127.1.0.1:14390:4d9ec766:{'x' * 30} tidx {i}" for i in (1, 2, 10)]
+    short = fit_labels(long, 40)
+    assert len(set(short)) == 3 and all(len(s) <= 40 for s in short)
+    assert all(s.startswith("lbtrm:127.1") and "…" in s for s in short)
+    assert short[2].endswith("tidx 10")
+    # labels that differ only in the middle still come out distinct (numbered)
+    middle = [f"{'a' * 30}{c}{'b' * 30}" for c in "xyz"]
+    fitted = fit_labels(middle, 20)
+    assert len(set(fitted)) == 3 and all(len(s) <= 20 for s in fitted)
+    assert fit_labels(["data", "RX"]) == ["data", "RX"]  # short labels are left alone
+
+
+def test_booleans_are_yes_or_no_and_null_is_blank() -> None:
+    ads = pd.DataFrame({"capture": ["all"] * 3, "topic": ["a", "b", "c"],
+                        "persistent": [True, False, None], "stores": [3, 0, 0]})
+    text = render(_input(topic_advertisements=ads))
+    rows = re.findall(r"<tr>(.*?)</tr>", text[text.index('id="topics"'):])
+    cells = [re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in rows[1:4]]
+    assert [c[1] for c in cells] == ["yes", "no", ""]
+
+
+def test_flight_chart_only_for_source_topics_with_stores() -> None:
+    from spark_analysis.report import persistent_topics
+
+    summary = pd.DataFrame({
+        "capture": ["all"] * 3, "session": ["s1", "s1", "s2"], "source_ip": ["1", "1", "2"],
+        "tidx": [1, 2, 1], "messages": [10, 10, 5000], "stabilized": [10, 0, 0],
+        "never_stable": [0, 10, 5000], "stores": [2, None, None]})
+    series = pd.DataFrame({
+        "capture": ["all"] * 3, "session": ["s1", "s1", "s2"], "source_ip": ["1", "1", "2"],
+        "tidx": [1, 2, 1], "bin": [0, 0, 0], "max_in_flight": [3, 10, 5000],
+        "bin_start_ns": [10**9] * 3})
+    # topic 2 of source 1 never got stable, but its stores ACKed it: it is drawn
+    latency = pd.DataFrame({"capture": ["all"], "kind": ["stability"], "source_ip": ["1"],
+                            "tidx": [2], "store_ip": ["9"], "acks": [4]})
+    data = _input(flight_size_summary=summary, flight_size=series, latency_summary=latency)
+    assert persistent_topics(data) == {("all", "1", 1), ("all", "1", 2)}
+    text = render(data)
+    section = text[text.index('id="flight"'):text.index('id="retransmissions"')]
+    assert section.count("<path") == 2 and "s2 tidx 1" not in section
+    assert "1 source topic(s) without stores left out" in section
+    # a TIR with the UME option marks a topic persistent too
+    ads = pd.DataFrame({"capture": ["all"], "source_ip": ["2"], "topic_index": [1],
+                        "persistent": [True]})
+    assert ("all", "2", 1) in persistent_topics(_input(flight_size_summary=summary,
+                                                       topic_advertisements=ads))
