@@ -774,6 +774,14 @@ def all_active_waits_for_lost_store() -> None:
 MUTANTS["all-active-waits-for-lost-store"] = ("source", all_active_waits_for_lost_store)
 
 
+def acks_unbatched() -> None:
+    """Acknowledges every delivery at once whatever ume_use_ack_batching says."""
+    _receiver_option(ume_use_ack_batching=0)
+
+
+MUTANTS["acks-unbatched"] = ("receiver", acks_unbatched)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0] not in MUTANTS or argv[1] != MUTANTS[argv[0]][0]:
         print(f"usage: mutant_client.py {{{','.join(MUTANTS)}}} source|receiver ARGS...",
