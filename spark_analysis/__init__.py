@@ -2,6 +2,14 @@
 
 Names are imported lazily: ``import spark_analysis`` must work where pyarrow or pyspark (the
 ``spark`` extra) is not installed, e.g. for the ``ump`` command line.
+
+In a Spark session made elsewhere, one call readies it for ``spark.read.format("pcap")`` and
+the decode on any master (ships this project to the executors, sizes the shuffle partitions,
+registers the data source: :func:`spark_analysis.session.register`)::
+
+    import spark_analysis
+    spark_analysis.register(spark)
+    frames = spark.read.format("pcap").load("caps/*.pcap")
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ _EXPORTS = {
     "PcapDataSource": "pcap_source",
     "load_captures": "pcap_source",
     "get_spark": "session",
+    "register": "session",
     "DecodeOptions": "columnar",
     "decode_frames": "decode",
     "decode_to_parquet": "decode",

@@ -100,8 +100,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report-rows", type=_positive, default=50, metavar="N",
                         help="rows shown per table in report.html (default 50)")
     parser.add_argument("--quiet", action="store_true", help="no progress messages")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show Spark's start-up messages and its warnings (held back by "
+                             "default)")
     parser.add_argument("--debug", action="store_true",
-                        help="show Spark's log and full tracebacks")
+                        help="show Spark's log and full tracebacks (implies --verbose)")
 
 
 def _positive(text: str) -> int:
@@ -221,16 +224,19 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
         prepare,
     )
     from spark_analysis.columnar import DecodeOptions
-    from spark_analysis.session import get_spark
+    from spark_analysis.session import get_spark, size_shuffle_partitions
 
     options = AnalysisOptions(stability_rule=args.stability, flight_bins=args.flight_bins)
     decode_options = DecodeOptions(ports=port_map(args),
                                    content_heuristics=not args.no_content_heuristics)
     log("starting Spark")
-    small_files = _capture_bytes(args.captures) <= SMALL_CAPTURE_BYTES
+    capture_bytes = _capture_bytes(args.captures)
+    small_files = capture_bytes <= SMALL_CAPTURE_BYTES
+    verbose = bool(args.debug or getattr(args, "verbose", False))
     spark = get_spark(app_name="ump-analyze", master=args.master,
                       config=SMALL_CAPTURE_JVM if small_files else None,
-                      log_level="WARN" if args.debug else "ERROR")
+                      log_level="WARN" if verbose else "ERROR", quiet=not verbose)
+    size_shuffle_partitions(spark, capture_bytes)
     log("decoding")
     decoded = _decode(spark, natural_order(files), args.per_file, decode_options,
                       args.split_size << 20 if args.split_size else None, out)

@@ -19,11 +19,14 @@ Options (all optional):
     ``warn`` (default: the partial last record of a capture cut short is dropped and logged by
     the task) or ``error`` (the query fails naming the file and offset).
 
-Usage::
+Usage, in a session of your own (one call first: it also ships this project to a cluster's
+executors and sizes the shuffle partitions, see :func:`spark_analysis.session.register`)::
 
-    from spark_analysis.session import get_spark
-    spark = get_spark()
+    import spark_analysis
+    spark_analysis.register(spark)
     frames = spark.read.format("pcap").option("splitSize", 32 << 20).load("caps/*.pcapng")
+
+``spark_analysis.session.get_spark()`` gives a session readied so already.
 
 Errors the user can fix (no such file, not a capture, bad option) are raised as
 :class:`~spark_analysis.splits.CaptureError` while planning.  Spark wraps exceptions from a Python
@@ -135,8 +138,11 @@ class PcapReader(DataSourceReader):
 
 
 def register(spark: SparkSession) -> None:
-    """Make ``spark.read.format("pcap")`` available in this session."""
-    spark.dataSource.register(PcapDataSource)
+    """Make ``spark.read.format("pcap")`` available in this session: the whole of
+    :func:`spark_analysis.session.register` (shipping comes first on a cluster)."""
+    from .session import register as ready
+
+    ready(spark)
 
 
 def load_captures(spark: SparkSession, paths: str | Sequence[str], **options: Any) -> DataFrame:
