@@ -30,6 +30,8 @@ from reference_impl.events import (
     MessageStable,
     ReceiverDeregistered,
     SourceDeregistered,
+    SourceRegistrationComplete,
+    StoreUnresponsive,
 )
 from reference_impl.repository import StoreFileError, directory_problem, state_file
 from reference_impl.source import SendError
@@ -259,6 +261,14 @@ def _topic_refused(command: str, topic: str) -> bool:
     return False
 
 
+QUORUM_LOST_LINE = ("quorum lost: not currently registered with enough stores; sending waits "
+                    "until they return")
+"""What ``ump source`` prints when an unresponsive store takes the quorum away (its sends
+would fail with "not registered"; the blocking loop waits instead, docs/semantics.md §1.12)."""
+QUORUM_BACK_LINE = "registered again (quorum regained); sending resumes"
+"""What ``ump source`` prints when Registration Complete comes back after a quorum loss."""
+
+
 def cmd_source(args: argparse.Namespace) -> int:
     if _topic_refused("source", args.topic):
         return 2
@@ -273,6 +283,8 @@ def cmd_source(args: argparse.Namespace) -> int:
         stable = {"n": 0}
         left: set[int] = set()  # stores that confirmed our deregistration
 
+        quorum = {"lost": False}  # waiting for the stores (docs/semantics.md §1.12)
+
         def handle(core: Any, event: Any) -> None:
             if isinstance(event, MessageStable):
                 stable["n"] += 1
@@ -280,6 +292,14 @@ def cmd_source(args: argparse.Namespace) -> int:
                 if isinstance(event, SourceDeregistered) and event.store is not None:
                     left.add(event.store.index)
                 runtime.log_event(event)
+            # quorum lost: sends fail (not registered) and the sending loop waits for the
+            # stores, so say so, and say when sending resumes
+            if isinstance(event, StoreUnresponsive) and event.quorum_lost:
+                quorum["lost"] = True
+                print(f"ump source: {QUORUM_LOST_LINE}", file=sys.stderr, flush=True)
+            elif isinstance(event, SourceRegistrationComplete) and quorum["lost"]:
+                quorum["lost"] = False
+                print(f"ump source: {QUORUM_BACK_LINE}", file=sys.stderr, flush=True)
         runtime.handle_events(host, [source], handle)
 
         def deregister() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from reference_impl import quorum
+from reference_impl.cli import QUORUM_BACK_LINE, QUORUM_LOST_LINE
 from reference_impl.context import control
 from reference_impl.events import (
     Event,
@@ -39,6 +41,8 @@ from reference_impl.sim import (
     StreamWrite,
 )
 from reference_impl.source import SendError, SendErrorCode, SourceConfig, SourceCore, StoreSpec
+from tests.reference_impl.loopback import IP as LOOPBACK_IP
+from tests.reference_impl.loopback import Proc, loopback
 from wire.lbmc import (
     AckType,
     KeepaliveType,
@@ -456,3 +460,36 @@ def test_ump_source_refuses_bad_qc_settings_in_one_line(tmp_path: Path, config: 
     assert out.returncode != 0
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in out.stderr
+
+
+# --- ump source: a quorum loss on loopback ------------------------------------------------------
+
+def test_a_blocking_ump_source_reports_a_quorum_loss_waits_and_finishes(tmp_path: Path) -> None:
+    # docs/semantics.md §1.12: the source's only store goes (its connection closes: at once
+    # unresponsive, "(quorum lost)"); a blocking source says so, waits instead of failing its
+    # sends, and once the store is back (restarted on its files) sends the rest
+    with loopback(tmp_path) as lb:
+        cfg = lb.client_config("src.cfg", "source ume_registration_interval 500",
+                               "source ume_store_check_interval 100")
+        src = lb.start("source", "-c", str(cfg), "--topic", "qc.loss", "--count", "150",
+                       "--rate", "50", "--linger", "5")
+        back: Proc | None = None
+        try:
+            src.wait_for("registered; next sequence number")
+            time.sleep(1.0)
+            lb.store.stop()
+            src.wait_for(QUORUM_LOST_LINE, 10)
+            assert "unresponsive (quorum lost)" in src.stderr
+            time.sleep(1.0)
+            assert src.proc.poll() is None  # waiting, not failed
+            back = Proc(["store", "-c", "store.xml", "--resolver",
+                         f"{LOOPBACK_IP}:{lb.resolver_port}"], tmp_path)
+            back.wait_for("ready to accept registrations")
+            src.wait_for(QUORUM_BACK_LINE, 20)
+            assert src.finish(30) == 0, src.stderr
+            assert "sent 150 messages" in src.stderr
+            assert "Traceback" not in src.stderr
+        finally:
+            src.stop()
+            if back is not None:
+                back.stop()
