@@ -1,97 +1,60 @@
-"""Which UDP datagrams and TCP segments are UM, column-wise.
+"""Which UDP datagrams and TCP segments are UM, column-wise: :mod:`wire.detect` on columns.
 
-The vectorised form of the port rules :mod:`wire.dissect` applies frame by frame (tshark's
-port preferences, :class:`wire.tshark.PortMap`): a protocol code per UDP row, and whether a
-TCP row belongs to a candidate LBT-TCP connection.
+The rules are :mod:`wire.detect`'s, the one detector ``ump dissect`` and the Scapy helpers
+use too: its functions are numpy expressions over header values, so this module only reads
+the header members they test (for all rows at once, through the derived layouts of
+:mod:`wire.lbtrm` and :mod:`wire.lbmr`) and hands them over.  Nothing about ports, versions
+or types is written here.  The clean-decode half of the content rules is the decoders'
+(:meth:`spark_analysis.transport_columns._UdpResult.clean`,
+:func:`spark_analysis.lbmr_columns._lbmr_strict`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
-from wire import lbtrm
-from wire.fields import ipv4_to_int as _ipv4_int
+from wire import detect, lbmr, lbtrm
+from wire.detect import LBMR, LBTRM, LBTRU, PROTOCOLS
 from wire.tshark import PortMap
 
-from .arrow_build import (
-    ByteView,
-    _ver_type,
-    read_members,
-)
-from .framing import (
-    _Network,
-)
+from .arrow_build import ByteView, read_members
+from .framing import _Network
 
-# =============================================================================================
-# Classification (tshark's port preferences, as wire.dissect.classify_udp)
-# =============================================================================================
-
-PROTOCOLS = ("", "lbtrm", "lbtru", "lbttcp", "lbmr")
-_LBTRM, _LBTRU, _LBTTCP, _LBMR = 1, 2, 3, 4
+__all__ = ["LBMR", "LBTRM", "LBTRU", "PROTOCOLS", "classify_udp", "lbmr_content_test",
+           "lbtrm_content_test", "tcp_candidates"]
 
 
 def _in(values: np.ndarray, bounds: tuple[int, int]) -> np.ndarray:
     return (values >= bounds[0]) & (values <= bounds[1])
 
 
-def _listed(values: np.ndarray, ports: Sequence[int]) -> np.ndarray:
-    return np.isin(values, np.asarray(list(ports), np.int64))
-
-
-def _multicast(addresses: np.ndarray) -> np.ndarray:
-    return (addresses >> 28) == 0xE  # 224.0.0.0/4
-
-
-def _classify_udp(bv: ByteView, net: _Network, rows: np.ndarray, ports: PortMap,
-                  ) -> np.ndarray:
-    """The protocol tshark's rules give each UDP row (0: none), as
-    :func:`wire.dissect.classify_udp` decides it."""
-    out = np.zeros(len(rows), np.int8)
-    sport, dport, dst = net.sport[rows], net.dport[rows], net.dst[rows]
-    open_ = np.ones(len(rows), bool)
-
-    def claim(mask: np.ndarray, code: int) -> None:
-        nonlocal open_
-        mask = mask & open_
-        out[mask] = code
-        open_ = open_ & ~mask
-
-    for code, listed in ((_LBTRU, ports.lbtru_ports), (_LBTRM, ports.lbtrm_ports),
-                         (_LBMR, ports.lbmr_ports)):
-        claim(_listed(sport, listed) | _listed(dport, listed), code)
-    mc = _multicast(dst)
-    claim(mc & (dst == _ipv4_int(ports.lbmr_mc[0])) & (dport == ports.lbmr_mc[1]), _LBMR)
-    uc_dest = ports.lbmr_uc_dest_port
-    claim(~mc & ((sport == uc_dest) | (dport == uc_dest))
-          & (_in(sport, ports.lbmr_uc_ports) | _in(dport, ports.lbmr_uc_ports)), _LBMR)
-    claim((_in(dport, ports.lbtru_source) & _in(sport, ports.lbtru_receiver))
-          | (_in(dport, ports.lbtru_receiver) & _in(sport, ports.lbtru_source)), _LBTRU)
-    if open_.any():
-        content = _lbtrm_content_test(bv, net.pstart[rows], net.pend[rows])
-        mc_range = (_ipv4_int(ports.lbtrm_mc_range[0]), _ipv4_int(ports.lbtrm_mc_range[1]))
-        claim(content & ((mc & _in(dst, mc_range) & _in(dport, ports.lbtrm_dport))
-                         | (~mc & _in(dport, ports.lbtrm_sport))), _LBTRM)
-    return out
-
-
-def _tcp_candidates(net: _Network, rows: np.ndarray, ports: PortMap) -> np.ndarray:
-    """As :func:`wire.dissect.tcp_candidate`: a store/decode-as port or the LBT-TCP ranges."""
-    sport, dport = net.sport[rows], net.dport[rows]
-    listed = [*ports.store_ports, *ports.lbttcp_ports]
-    out = _listed(sport, listed) | _listed(dport, listed)
-    for bounds in (ports.lbttcp_source, ports.lbttcp_request):
-        out |= _in(sport, bounds) | _in(dport, bounds)
-    return out
-
-
-def _lbtrm_content_test(bv: ByteView, pstart: np.ndarray, pend: np.ndarray) -> np.ndarray:
-    """:func:`wire.lbtrm.heuristic_content_test`, column-wise."""
+def lbtrm_content_test(bv: ByteView, pstart: np.ndarray, pend: np.ndarray) -> np.ndarray:
+    """:func:`wire.detect.lbtrm_header_test` of each payload (False when too short)."""
     out = np.zeros(len(pstart), bool)
     rows = np.flatnonzero(pend - pstart >= lbtrm.HEADER_SIZE)
     head = read_members(bv, lbtrm.COMMON, pstart[rows], ("ver_type", "next_hdr"))
-    version, ptype = _ver_type(lbtrm.VER_TYPE_BITS, head["ver_type"])
-    out[rows] = ((version == 0) & np.isin(ptype, list(lbtrm.HEURISTIC_TYPES))
-                 & (head["next_hdr"] == 0))
+    out[rows] = detect.lbtrm_header_test(head["ver_type"], head["next_hdr"])
     return out
+
+
+def lbmr_content_test(bv: ByteView, pstart: np.ndarray, pend: np.ndarray) -> np.ndarray:
+    """:func:`wire.detect.lbmr_header_test` of each payload (False when too short): the
+    cheap first half of the LBMR content rule."""
+    out = np.zeros(len(pstart), bool)
+    rows = np.flatnonzero(pend - pstart >= lbmr.HEADER.size)
+    head = read_members(bv, lbmr.HEADER, pstart[rows])
+    out[rows] = detect.lbmr_header_test(head["ver_type"], head["tqrs"], head["tirs"])
+    return out
+
+
+def classify_udp(bv: ByteView, net: _Network, rows: np.ndarray, ports: PortMap) -> np.ndarray:
+    """The protocol code (:data:`wire.detect.PROTOCOLS`) the port rules give each UDP row
+    (0: none): :func:`wire.detect.udp_port_rules`."""
+    return detect.udp_port_rules(net.sport[rows], net.dport[rows], net.dst[rows],
+                                 lbtrm_content_test(bv, net.pstart[rows], net.pend[rows]),
+                                 ports)
+
+
+def tcp_candidates(net: _Network, rows: np.ndarray, ports: PortMap) -> np.ndarray:
+    """:func:`wire.detect.tcp_port_rule` of each TCP row."""
+    return detect.tcp_port_rule(net.sport[rows], net.dport[rows], ports)

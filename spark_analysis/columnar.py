@@ -36,24 +36,13 @@ therefore decodes whole batches at once:
 Every table is built column-wise; the Arrow types are Spark's (no unsigned integers), as
 narrow as exact, because Spark ships every field of every row, null struct fields included.
 
-Classification follows :mod:`wire.dissect` (tshark's port preferences, :class:`PortMap`) and
-adds *content heuristics* (on by default, :attr:`DecodeOptions.content_heuristics`) so UM on
-non-default UDP ports still decodes.  A UDP datagram that no port rule claims is tried, in this
-order, as:
-
-1. LBT-RM: tshark's content test (:func:`wire.lbtrm.heuristic_content_test`: version 0, type
-   DATA/SM/NAK/NCF, no options) *and* a clean decode with nothing left over: SM exactly its
-   layout, NAK/NCF exactly their lists with at least one entry, DATA at least one LBMC message
-   filling the datagram exactly;
-2. LBT-RU: version 0, a defined type, only SID/CID options, a clean decode with nothing left
-   over (DATA: at least one LBMC message, NAK/NCF: at least one entry);
-3. LBMR: version 0, type NORMAL/WC-TQR (with at least one record), topic management, UMQ or
-   extended (a known extended type), a clean :func:`wire.lbmr.parse_packet` with no trailer.
-   Keepalive-like 4-byte packets (types 2, 3, empty NORMAL) are too weak a signal to claim.
-
-A datagram claimed only by content that then fails to decode is counted as skipped (not UM),
-never as a malformed UM packet: a content guess that does not decode was a wrong guess.
-LBT-TCP is recognised by port only (tshark has no store-port default either).
+Which frames are UM is :mod:`wire.detect`'s decision, the one detector ``ump dissect`` uses
+too: tshark's port rules (:class:`wire.tshark.PortMap`), then, unless
+:attr:`DecodeOptions.content_heuristics` is off, the content rules that find LBT-RM, LBT-RU
+and LBMR (versions 0 and 1) on any UDP port.  :mod:`spark_analysis.classify` applies the
+rules column-wise; the clean-decode half of the content rules uses the vectorised decoders
+below.  A datagram claimed only by content that then fails to decode is counted as skipped
+(not UM), never as a malformed UM packet.
 
 Nothing is dropped silently.  Every frame ends up in exactly one place: a ``packets`` row (UM
 packet, possibly with a ``malformed_reason``), or a count in ``skipped`` with the reason (not
@@ -95,6 +84,7 @@ import numpy as np
 import pyarrow as pa
 
 from wire import pcap
+from wire.detect import LBTRM_CONTENT_VERSIONS, LBTRU_CONTENT_VERSIONS
 
 from .arrow_build import (  # re-exported: the public decode API
     ByteView,
@@ -107,12 +97,13 @@ from .arrow_build import (  # re-exported: the public decode API
     null_array,
 )
 from .classify import (
-    _LBMR,
-    _LBTRM,
-    _LBTRU,
-    _classify_udp,
-    _lbtrm_content_test,
-    _tcp_candidates,
+    LBMR,
+    LBTRM,
+    LBTRU,
+    classify_udp,
+    lbmr_content_test,
+    lbtrm_content_test,
+    tcp_candidates,
 )
 from .framing import (
     _PROTO_TCP,
@@ -126,7 +117,6 @@ from .framing import (
 )
 from .lbmr_columns import (
     _decode_lbmr,
-    _lbmr_plausible,
     _lbmr_tables,
 )
 from .reassembly import (  # re-exported: the public decode API
@@ -240,16 +230,17 @@ def _decode_frames(fr: _Frames, options: DecodeOptions, stored: bool) -> Decoded
     adverts: list[pa.Table] = []
 
     udp = np.flatnonzero(net.proto == _PROTO_UDP)
-    proto = _classify_udp(bv, net, udp, ports)
+    proto = classify_udp(bv, net, udp, ports)
     open_rows = udp[proto == 0]
     if not options.content_heuristics:
         skips.add(open_rows, "UDP matches no UM port rule")
         open_rows = open_rows[:0]
 
-    for decoder, code in ((_LBTRM_DECODER, _LBTRM), (_LBTRU_DECODER, _LBTRU)):
+    for decoder, code, versions in ((_LBTRM_DECODER, LBTRM, LBTRM_CONTENT_VERSIONS),
+                                    (_LBTRU_DECODER, LBTRU, LBTRU_CONTENT_VERSIONS)):
         by_port = udp[proto == code]
-        if code == _LBTRM:
-            trial = open_rows[_lbtrm_content_test(bv, net.pstart[open_rows], net.pend[open_rows])]
+        if code == LBTRM:
+            trial = open_rows[lbtrm_content_test(bv, net.pstart[open_rows], net.pend[open_rows])]
         else:
             trial = open_rows
         rows = np.concatenate([by_port, trial])
@@ -257,7 +248,7 @@ def _decode_frames(fr: _Frames, options: DecodeOptions, stored: bool) -> Decoded
             continue
         res = _decode_udp(decoder, bv, net, rows)
         n_port = len(by_port)
-        content_ok = np.flatnonzero(res.clean()[n_port:]) + n_port
+        content_ok = np.flatnonzero(res.clean(versions)[n_port:]) + n_port
         for positions, how in ((np.arange(n_port), "port"), (content_ok, "content")):
             if positions.size:
                 p, m, h = _udp_tables(fr, net, res, positions, how, stored)
@@ -266,9 +257,9 @@ def _decode_frames(fr: _Frames, options: DecodeOptions, stored: bool) -> Decoded
                 headers.append(h)
         open_rows = open_rows[~np.isin(open_rows, res.frame_rows[content_ok])]
 
-    by_port = udp[proto == _LBMR]
+    by_port = udp[proto == LBMR]
     for rows, how in ((by_port, "port"),
-                      (open_rows[_lbmr_plausible(bv, net.pstart[open_rows], net.pend[open_rows])],
+                      (open_rows[lbmr_content_test(bv, net.pstart[open_rows], net.pend[open_rows])],
                        "content")):
         if not rows.size:
             continue
@@ -281,7 +272,7 @@ def _decode_frames(fr: _Frames, options: DecodeOptions, stored: bool) -> Decoded
     skips.add(open_rows, "UDP matches no UM port rule and decodes as no UM protocol")
 
     tcp = np.flatnonzero(net.proto == _PROTO_TCP)
-    candidate = _tcp_candidates(net, tcp, ports)
+    candidate = tcp_candidates(net, tcp, ports)
     skips.add(tcp[~candidate], "TCP matches no LBT-TCP port range")
     tcp = tcp[candidate]
     # Segments without payload matter to stage 2 only when they carry SYN (the start of a

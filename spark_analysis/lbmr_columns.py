@@ -3,7 +3,7 @@
 Resolver traffic is light (a few packets a second per topic), so each datagram goes through
 :func:`wire.lbmr.parse_packet` (memoised: advertisements repeat unchanged); its TIRs and
 queries become ``advertisements`` rows.  A content-claimed datagram must also pass
-:func:`_lbmr_strict`.
+:func:`wire.detect.lbmr_clean`.
 """
 
 from __future__ import annotations
@@ -14,16 +14,15 @@ import numpy as np
 import pyarrow as pa
 
 from wire import lbmr
+from wire.detect import lbmr_clean
 from wire.errors import WireError
 
 from .arrow_build import (
-    ByteView,
     _constant,
     _table,
     arrow_array,
     empty_table,
     python_table,
-    read_members,
 )
 from .framing import (
     _Frames,
@@ -45,34 +44,6 @@ from .transport_columns import (
 # =============================================================================================
 # LBMR (packet by packet: resolver traffic is light)
 # =============================================================================================
-
-_LBMR_CONTENT_TYPES = (lbmr.PacketType.NORMAL, lbmr.PacketType.WC_TQR, lbmr.PacketType.TOPIC_MGMT,
-                       lbmr.PacketType.UMQ, lbmr.PacketType.EXT)
-
-
-def _lbmr_plausible(bv: ByteView, pstart: np.ndarray, pend: np.ndarray) -> np.ndarray:
-    """Cheap pre-filter for the LBMR content heuristic (header only)."""
-    out = np.zeros(len(pstart), bool)
-    rows = np.flatnonzero(pend - pstart >= lbmr.HEADER.size)
-    head = read_members(bv, lbmr.HEADER, pstart[rows])
-    bits = lbmr.VER_TYPE_BITS
-    version = (head["ver_type"] & bits["ver"].mask) >> bits["ver"].shift
-    ptype = (head["ver_type"] & bits["type"].mask) >> bits["type"].shift
-    records = head["tqrs"] + head["tirs"]
-    counted = np.isin(ptype, [lbmr.PacketType.NORMAL, lbmr.PacketType.WC_TQR])
-    out[rows] = ((version == 0) & np.isin(ptype, [int(t) for t in _LBMR_CONTENT_TYPES])
-                 & (~counted | (records > 0)))
-    return out
-
-
-def _lbmr_strict(packet: lbmr.LbmrPacket) -> bool:
-    """What a content-claimed LBMR datagram must look like beyond decoding."""
-    if packet.trailer:
-        return False
-    if packet.type == lbmr.PacketType.EXT:
-        return not isinstance(packet.ext, lbmr.ExtUnknown)
-    return True
-
 
 _LBMR_TYPE_NAMES = {int(t): t.name.lower() for t in lbmr.PacketType}
 
@@ -142,7 +113,7 @@ def _parse_lbmr(payload: bytes, strict: bool) -> _LbmrParsed:
                 if payload else None
             result = (True, ptype, str(exc), [])
     else:
-        if strict and not _lbmr_strict(packet):
+        if strict and not lbmr_clean(packet):
             result = (False, None, None, [])
         else:
             result = (True, _LBMR_TYPE_NAMES.get(int(packet.type), f"type {packet.type}"),

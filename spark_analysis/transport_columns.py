@@ -10,7 +10,7 @@ holds a decode of some UDP rows with the LBMC messages of its DATA packets; its
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -391,10 +391,11 @@ class _UdpResult:
         bad = np.flatnonzero(self.messages.err != 0)
         return {int(self.region_rows[self.messages.region[i]]): int(i) for i in bad[::-1]}
 
-    def clean(self) -> np.ndarray:
-        """Rows that decode with nothing left over (the content heuristics' acceptance)."""
+    def clean(self, versions: Sequence[int]) -> np.ndarray:
+        """Rows that decode with nothing left over in one of ``versions``: the clean-decode
+        half of :mod:`wire.detect`'s content rules for LBT-RM and LBT-RU."""
         tr = self.transport
-        out = (tr.err == 0) & ~tr.unknown_option & (tr.version == 0)
+        out = (tr.err == 0) & ~tr.unknown_option & np.isin(tr.version, versions)
         length = self.pend - self.pstart
         msgs = self.messages
         consumed = np.zeros(len(self.frame_rows), np.int64)

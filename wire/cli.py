@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import sys
 from pathlib import Path
@@ -34,8 +35,44 @@ def _range(text: str) -> tuple[int, int]:
     return min(ports), max(ports)
 
 
+def _address_range(text: str) -> tuple[str, str]:
+    """``LO-HI`` (two IPv4 multicast addresses) or a CIDR block such as ``239.0.0.0/8``."""
+    try:
+        if "/" in text:
+            net = ipaddress.IPv4Network(text, strict=False)
+            lo, hi = net.network_address, net.broadcast_address
+        else:
+            first, _, last = text.partition("-")
+            lo = ipaddress.IPv4Address(first.strip())
+            hi = ipaddress.IPv4Address(last.strip()) if last else lo
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not LO-HI or a CIDR block: {exc}"
+                                         ) from None
+    if hi < lo:
+        raise argparse.ArgumentTypeError(f"{text!r}: the range ends before it starts")
+    if not (lo.is_multicast and hi.is_multicast):
+        raise argparse.ArgumentTypeError(f"{text!r}: LBT-RM groups are multicast addresses "
+                                         "(224.0.0.0-239.255.255.255)")
+    return str(lo), str(hi)
+
+
+def _group_port(text: str) -> tuple[str, int]:
+    """``GROUP:PORT``: a multicast group and UDP port (the resolver's)."""
+    group, _, port = text.rpartition(":")
+    try:
+        address = ipaddress.IPv4Address(group)
+        number = int(port)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not GROUP:PORT, e.g. 224.9.10.11:12965"
+                                         ) from None
+    if not address.is_multicast or not 0 < number < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r}: need a multicast group and a port 1-65535")
+    return str(address), number
+
+
 def add_port_options(parser: argparse.ArgumentParser) -> None:
-    """Port-map options, named after tshark's preferences (shared with other subcommands)."""
+    """Port-map options, named after tshark's preferences (shared by ``ump dissect`` and
+    ``ump analyze``: both ask :mod:`wire.detect` with the same :class:`PortMap`)."""
     g = parser.add_argument_group("port map (like tshark preferences; defaults are tshark's)")
     g.add_argument("--store-port", type=_ports, action="extend", default=[], metavar="PORTS",
                    help="TCP store ports, e.g. 14567 or 14567,14568 or 14560-14569 "
@@ -54,6 +91,24 @@ def add_port_options(parser: argparse.ArgumentParser) -> None:
                    help="LBT-RU source range (default 14380-14389)")
     g.add_argument("--lbtru-receiver-ports", type=_range, metavar="LO-HI",
                    help="LBT-RU receiver range (default 14360-14379)")
+    g.add_argument("--lbttcp-request-ports", type=_range, metavar="LO-HI",
+                   help="LBT-TCP request port range (default 14391-14395)")
+    g.add_argument("--lbtrm-mc-range", type=_address_range, metavar="LO-HI|CIDR",
+                   help="LBT-RM multicast groups, e.g. 239.0.0.0-239.255.255.255 or "
+                        "239.0.0.0/8 (tshark lbtrm.mc_address_low/high; default "
+                        "224.10.10.10-224.10.10.14)")
+    g.add_argument("--lbtrm-dest-ports", type=_range, metavar="LO-HI",
+                   help="LBT-RM multicast destination ports (tshark lbtrm.dport_low/high; "
+                        "default 14400)")
+    g.add_argument("--lbtrm-source-ports", type=_range, metavar="LO-HI",
+                   help="LBT-RM unicast NAK ports of sources (tshark lbtrm.sport_low/high; "
+                        "default 14390-14399)")
+    g.add_argument("--lbmr-mc", type=_group_port, metavar="GROUP:PORT",
+                   help="resolver multicast group and port (tshark lbmr.mc_incoming_*; "
+                        "default 224.9.10.11:12965)")
+    g.add_argument("--lbmr-uc-ports", type=_range, metavar="LO-HI",
+                   help="unicast resolver client ports (tshark lbmr.uc_port_low/high; "
+                        "default 14402-14406)")
     g.add_argument("--lbmr-resolver-port", type=int, metavar="PORT",
                    help="unicast resolver daemon (lbmrd) port (default 15380)")
     g.add_argument("--reassemble-fragments", action="store_true",
@@ -73,6 +128,14 @@ def port_map(args: argparse.Namespace) -> PortMap:
         ports.lbtru_receiver = args.lbtru_receiver_ports
     if args.lbmr_resolver_port:
         ports.lbmr_uc_dest_port = args.lbmr_resolver_port
+    for option, attribute in (("lbttcp_request_ports", "lbttcp_request"),
+                              ("lbtrm_mc_range", "lbtrm_mc_range"),
+                              ("lbtrm_dest_ports", "lbtrm_dport"),
+                              ("lbtrm_source_ports", "lbtrm_sport"),
+                              ("lbmr_mc", "lbmr_mc"), ("lbmr_uc_ports", "lbmr_uc_ports")):
+        value = getattr(args, option, None)
+        if value is not None:
+            setattr(ports, attribute, value)
     return ports
 
 
@@ -93,6 +156,9 @@ def register(sub: Any) -> None:
                         "disagree (exit status 1 if any; 2 if tshark cannot read the "
                         "file)")
     add_port_options(p)
+    p.add_argument("--no-content-heuristics", action="store_true",
+                   help="find UM by port rules only, as tshark does (no UM detection by "
+                        "content); the same option as on ump analyze")
     p.set_defaults(handler=run_dissect)
 
 
@@ -123,7 +189,7 @@ def run_dissect(args: argparse.Namespace) -> int:
     ports = port_map(args)
     reports = []
     read_error: WireError | None = None
-    dissector = Dissector(ports)
+    dissector = Dissector(ports, content=not args.no_content_heuristics)
     try:
         for record in _progress(path, read_capture(path)):
             reports.append(dissector.frame(record))

@@ -3,10 +3,10 @@ cross-checked field by field against tshark.
 
 Classification follows tshark's own rules so that both sides look at the same frames:
 
-* UDP: decode-as ports first (``PortMap.lbtru_ports`` ...), then the heuristics of
-  docs/wire-transports.md: LBMR (resolver multicast group/port, or unicast between lbmrd's port and
-  the resolver client range), LBT-RU (source range <-> receiver range), LBT-RM (content test,
-  multicast group range + destination port, or unicast to the source port range);
+* which frames are UM is :mod:`wire.detect`'s decision (the one detector every tool uses):
+  tshark's port rules (decode-as ports, LBMR resolver group and unicast ports, LBT-RU ranges,
+  LBT-RM content test with its multicast range and ports), then, unless switched off, the
+  content rules that find UM on any port (a clean decode with nothing left over);
 * TCP: a connection with a port in the LBT-TCP source, request or store ranges (or a decode-as
   port) whose first data passes the LBMC entry test; each direction is reassembled in sequence
   order and framed by ``msglen``, and a message is reported in the frame that completes it, as
@@ -18,15 +18,15 @@ UM, or ``malformed`` with the decoder's reason.  Nothing is skipped silently.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
 from . import lbmc, lbmr, lbtrm, lbtru
+from .detect import CONTENT, PORT, Detector
 from .errors import WireError
 from .fields import text_bytes
 from .lbmc import LbmcMessage
@@ -64,6 +64,7 @@ class FrameReport:
     dport: int | None = None
     reason: str | None = None
     occurrences: list[Occurrence] = field(default_factory=list)
+    classified_by: str | None = None  # "port" or "content" (wire.detect) when UM
 
     def to_json(self) -> dict[str, Any]:
         """Field values as tshark shows them; names with bytes outside ASCII are also given
@@ -81,7 +82,7 @@ class FrameReport:
             "frame": self.number, "time": round(self.time, 9), "status": self.status,
             "transport": self.transport, "src": self.src, "sport": self.sport,
             "dst": self.dst, "dport": self.dport, "reason": self.reason,
-            "messages": messages,
+            "classified_by": self.classified_by, "messages": messages,
         }
 
 
@@ -147,45 +148,16 @@ def _in(port: int, rng: tuple[int, int]) -> bool:
     return rng[0] <= port <= rng[1]
 
 
-def _ip_in(addr: str, lo: str, hi: str) -> bool:
-    a = int(ipaddress.IPv4Address(addr))
-    return int(ipaddress.IPv4Address(lo)) <= a <= int(ipaddress.IPv4Address(hi))
-
-
-def _multicast(addr: str) -> bool:
-    return ipaddress.IPv4Address(addr).is_multicast
-
-
 def classify_udp(seg: Segment, ports: PortMap) -> str | None:
-    """Which UM protocol tshark would hand this datagram to (None: not UM)."""
-    for proto, listed in (("lbtru", ports.lbtru_ports), ("lbtrm", ports.lbtrm_ports),
-                          ("lbmr", ports.lbmr_ports)):
-        if seg.sport in listed or seg.dport in listed:
-            return proto
-    if _multicast(seg.dst):
-        if (seg.dst, seg.dport) == ports.lbmr_mc:
-            return "lbmr"
-    elif (ports.lbmr_uc_dest_port in (seg.sport, seg.dport)
-          and (_in(seg.sport, ports.lbmr_uc_ports) or _in(seg.dport, ports.lbmr_uc_ports))):
-        return "lbmr"
-    if ((_in(seg.dport, ports.lbtru_source) and _in(seg.sport, ports.lbtru_receiver))
-            or (_in(seg.dport, ports.lbtru_receiver) and _in(seg.sport, ports.lbtru_source))):
-        return "lbtru"
-    if lbtrm.heuristic_content_test(seg.payload):
-        if _multicast(seg.dst):
-            if _ip_in(seg.dst, *ports.lbtrm_mc_range) and _in(seg.dport, ports.lbtrm_dport):
-                return "lbtrm"
-        elif _in(seg.dport, ports.lbtrm_sport):
-            return "lbtrm"
-    return None
+    """Which UM protocol tshark would hand this datagram to (None: not UM): the port rules
+    of :mod:`wire.detect` alone, as tshark applies them with the same preferences."""
+    found = Detector(ports, content=False).udp(seg)
+    return found.protocol if found is not None else None
 
 
 def tcp_candidate(seg: Segment, ports: PortMap) -> bool:
-    listed = set(ports.store_ports) | set(ports.lbttcp_ports)
-    if seg.sport in listed or seg.dport in listed:
-        return True
-    return any(_in(p, r) for p in (seg.sport, seg.dport)
-               for r in (ports.lbttcp_source, ports.lbttcp_request))
+    """Whether a TCP segment is on a candidate LBT-TCP connection (:mod:`wire.detect`)."""
+    return Detector(ports).tcp(seg)
 
 
 @dataclass
@@ -196,10 +168,14 @@ class _Flow:
 
 
 class Dissector:
-    """Stateful decoder of a capture, frame by frame (TCP streams need the earlier frames)."""
+    """Stateful decoder of a capture, frame by frame (TCP streams need the earlier frames).
 
-    def __init__(self, ports: PortMap | None = None) -> None:
+    Which frames are UM is :class:`wire.detect.Detector`'s decision (port rules, then content
+    rules unless ``content`` is false), the same rules ``ump analyze`` applies column-wise."""
+
+    def __init__(self, ports: PortMap | None = None, content: bool = True) -> None:
         self.ports = ports or PortMap()
+        self.detector = Detector(self.ports, content)
         self.flows: dict[tuple[str, int, str, int], _Flow] = {}
         self.udp = UDP_DECODERS
 
@@ -217,11 +193,14 @@ class Dissector:
         return self._tcp(seg, report)
 
     def _udp(self, seg: Segment, report: FrameReport) -> FrameReport:
-        proto = classify_udp(seg, self.ports)
-        if proto is None:
-            report.reason = f"UDP {seg.sport}->{seg.dport} matches no UM port rule"
+        found = self.detector.udp(seg)
+        if found is None:
+            report.reason = (f"UDP {seg.sport}->{seg.dport} matches no UM port rule"
+                             + (" and decodes as no UM protocol" if self.detector.content
+                                else ""))
             return report
-        report.transport = proto
+        proto = report.transport = found.protocol
+        report.classified_by = found.how
         decoder = self.udp.get(proto)
         if decoder is None:
             report.status, report.reason = "malformed", f"no {proto} decoder available"
@@ -234,9 +213,11 @@ class Dissector:
         return report
 
     def _tcp(self, seg: Segment, report: FrameReport) -> FrameReport:
-        if not tcp_candidate(seg, self.ports):
+        if not self.detector.tcp(seg):
             report.reason = f"TCP {seg.sport}->{seg.dport} matches no LBT-TCP port range"
             return report
+        if seg.payload:  # what the detector says: a segment with payload on a candidate
+            report.transport, report.classified_by = "lbttcp", PORT
         key = (seg.src, seg.sport, seg.dst, seg.dport)
         flow = self.flows.get(key)
         if flow is None or seg.flags & TCP_SYN:
@@ -298,8 +279,9 @@ class Dissector:
             yield self.frame(record)
 
 
-def dissect_file(path: str | Path, ports: PortMap | None = None) -> Iterator[FrameReport]:
-    return Dissector(ports).run(read_capture(path))
+def dissect_file(path: str | Path, ports: PortMap | None = None, content: bool = True,
+                 ) -> Iterator[FrameReport]:
+    return Dissector(ports, content).run(read_capture(path))
 
 
 def check_against_tshark(path: str | Path, reports: list[FrameReport],
@@ -307,8 +289,13 @@ def check_against_tshark(path: str | Path, reports: list[FrameReport],
     """Every field where our reports and tshark's dissection of ``path`` differ.
 
     Raises :class:`~wire.tshark.TsharkRefused` when tshark cannot read ``path`` at all (``ump
-    dissect`` then keeps its own report and says so in one line, exit status 2)."""
-    theirs = {f.number: f for f in read_frames(path, ports)}
+    dissect`` then keeps its own report and says so in one line, exit status 2).
+
+    tshark finds UM by its port preferences only; frames :mod:`wire.detect` found by content
+    are shown to it with decode-as rules for their ports (:func:`content_ports`), so they
+    are compared too."""
+    theirs = {f.number: f for f in read_frames(path, content_ports(ports or PortMap(),
+                                                                   reports))}
     problems: list[Disagreement] = []
     for report in reports:
         frame = theirs.get(report.number)
@@ -330,6 +317,21 @@ def check_against_tshark(path: str | Path, reports: list[FrameReport],
             for mine, other in zip(ours, their, strict=True):
                 problems += compare(report.number, mine.fields, other)
     return problems
+
+
+def content_ports(ports: PortMap, reports: Iterable[FrameReport]) -> PortMap:
+    """``ports`` plus decode-as ports for what was found by content: per protocol, the
+    destination port of each frame classified by content (tshark's ``-d udp.port==P,proto``
+    then decodes them as we did; frames on those ports we call not UM are not compared)."""
+    extra: dict[str, set[int]] = {"lbtrm": set(), "lbtru": set(), "lbmr": set()}
+    for report in reports:
+        if report.classified_by == CONTENT and report.transport in extra and report.dport:
+            extra[report.transport].add(report.dport)
+    if not any(extra.values()):
+        return ports
+    return replace(ports, lbtrm_ports=sorted({*ports.lbtrm_ports, *extra["lbtrm"]}),
+                   lbtru_ports=sorted({*ports.lbtru_ports, *extra["lbtru"]}),
+                   lbmr_ports=sorted({*ports.lbmr_ports, *extra["lbmr"]}))
 
 
 # --- text output -----------------------------------------------------------------------------

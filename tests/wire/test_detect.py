@@ -1,0 +1,195 @@
+"""The one UM detector (:mod:`wire.detect`): port rules, content rules, options, false positives.
+
+Agreement of ``ump dissect`` and ``ump analyze`` frame by frame is
+tests/spark_analysis/test_detector_agreement.py; here the rules themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import wire.lbmr as L
+from wire import detect, lbtrm, lbtru
+from wire.detect import CONTENT, PORT, Detection, Detector, content_protocol
+from wire.dissect import Dissector, content_ports
+from wire.lbmc import LbmcMessage, MessageType
+from wire.pcap import (
+    CaptureRecord,
+    Segment,
+    decode_frame,
+    read_capture,
+    tcp_frame,
+    udp_frame,
+    write_pcap,
+)
+from wire.tshark import PortMap
+
+CORPUS = Path(__file__).resolve().parents[2] / "captures" / "corpus"
+SRC = "10.0.0.1"
+
+
+def seg(dst: str, dport: int, payload: bytes, sport: int = 40000) -> Segment:
+    return decode_frame(1, udp_frame(SRC, sport, dst, dport, payload))
+
+
+def message(sqn: int) -> LbmcMessage:
+    return LbmcMessage(type=MessageType.MESSAGE, tidx=1, sqn=sqn, payload=b"hello")
+
+
+def rm_data(sqn: int = 1) -> bytes:
+    return lbtrm.LbtrmData(ucast_port=14390, session_id=7, sqn=sqn, trail_sqn=0,
+                           payload=[message(sqn)]).build()
+
+
+def rm_nak() -> bytes:
+    return lbtrm.LbtrmNak(naks=[3, 4], ucast_port=14390, session_id=7).build()
+
+
+def lbmr_v1() -> bytes:
+    """A version-1 LBMR packet with packet options, as UM gateways and current UM send."""
+    return L.LbmrPacket(version=1, tirs=[L.Tir(
+        name="ume.test.topic", ttl=1, index=1,
+        info=L.LbtruSidInfo(ip="127.0.0.1", session_id=0x1234, port=14380),
+        options=[L.ToptUme(store=1, store_tcp_port=14567, store_tcp_addr="127.0.0.1",
+                           src_reg_id=1000)])],
+        options=[L.OptLen(), L.OptVersion(version=0x60000, ume=1)]).build()
+
+
+# --- port rules (tshark's) and content rules ------------------------------------------------------
+
+
+def test_lbtrm_in_tsharks_ranges_is_found_by_port() -> None:
+    assert Detector().udp(seg("224.10.10.10", 14400, rm_data())) == Detection("lbtrm", PORT)
+    assert Detector().udp(seg("10.0.0.2", 14395, rm_nak())) == Detection("lbtrm", PORT)
+
+
+def test_lbtrm_anywhere_else_is_found_by_content_unless_content_is_off() -> None:
+    """Real deployments use their own groups and ports: tshark needs preferences, the
+    detector finds it by content; with the content rules off it behaves like tshark."""
+    for s in (seg("239.192.1.1", 12001, rm_data()), seg("10.0.0.2", 34567, rm_nak())):
+        assert Detector().udp(s) == Detection("lbtrm", CONTENT)
+        assert Detector(content=False).udp(s) is None
+
+
+def test_options_move_the_port_rules() -> None:
+    ports = PortMap(lbtrm_mc_range=("239.192.0.0", "239.192.255.255"), lbtrm_dport=(12000, 12100))
+    assert Detector(ports, content=False).udp(seg("239.192.1.1", 12001, rm_data())) == \
+        Detection("lbtrm", PORT)
+    assert Detector(ports, content=False).udp(seg("239.193.1.1", 12001, rm_data())) is None
+    assert Detector(PortMap(lbtrm_sport=(34000, 35000)), content=False).udp(
+        seg("10.0.0.2", 34567, rm_nak())) == Detection("lbtrm", PORT)
+    assert Detector(PortMap(lbmr_mc=("239.255.0.1", 5000)), content=False).udp(
+        seg("239.255.0.1", 5000, b"\x00" * 4)) == Detection("lbmr", PORT)
+
+
+def test_lbmr_version_1_with_options_is_found_by_content() -> None:
+    """The issue's case: topic resolution on a non-default port, version 1 with options."""
+    raw = lbmr_v1()
+    assert raw[0] >> 4 == 1 and raw[0] & L.OPTS_FLAG
+    assert content_protocol(raw) == "lbmr"
+    assert Detector().udp(seg("239.255.0.1", 5000, raw)) == Detection("lbmr", CONTENT)
+
+
+@pytest.mark.parametrize("version", [2, 15])
+def test_lbmr_other_versions_are_not_claimed_by_content(version: int) -> None:
+    raw = bytearray(lbmr_v1())
+    raw[0] = (raw[0] & 0x0F) | (version << 4)
+    assert content_protocol(bytes(raw)) is None
+
+
+def test_lbtru_is_found_by_content() -> None:
+    raw = lbtru.LbtruData(sqn=5, trail_sqn=0, options=[lbtru.SidOption(session_id=9)],
+                          payload=[message(5)]).build()
+    assert content_protocol(raw) == "lbtru"
+    assert Detector().udp(seg("10.0.0.2", 5555, raw)) == Detection("lbtru", CONTENT)
+
+
+def test_a_content_guess_needs_a_clean_decode() -> None:
+    """Left-over bytes, an empty NAK list, a cut LBMC message: not claimed by content."""
+    assert content_protocol(rm_data() + b"\x00") is None
+    assert content_protocol(rm_data()[:-1]) is None
+    assert content_protocol(lbtrm.LbtrmNak(naks=[]).build()) is None
+    assert content_protocol(L.LbmrPacket().build()) is None  # a 4-byte keepalive
+    assert content_protocol(lbmr_v1() + b"\x00") is None
+
+
+def test_tcp_is_found_by_port_rules_only() -> None:
+    det = Detector(PortMap(store_ports=[14567]))
+    frame = decode_frame(1, tcp_frame(SRC, 50000, "10.0.0.2", 14567, 1, 1, 0x18, b"abc"))
+    assert det.segment(frame) == Detection("lbttcp", PORT)
+    assert Detector().segment(frame) is None
+
+
+# --- false positives ---------------------------------------------------------------------
+
+
+def test_no_frame_of_the_not_um_corpus_capture_is_um() -> None:
+    """captures/corpus/not-um.pcap (ARP, HTTP, DNS, junk on an LBT-RM port): nothing claimed,
+    with or without the content rules (the figure in docs/wire-transports.md)."""
+    reports = list(Dissector().run(read_capture(CORPUS / "not-um.pcap")))
+    assert reports and not [r for r in reports if r.transport is not None]
+
+
+def test_random_datagrams_are_not_claimed_by_content() -> None:
+    """False positives on noise: 20,000 random payloads of 1-1,400 bytes, plus 20,000 with a
+    plausible first byte for each protocol (the weakest spot): none decodes cleanly."""
+    rng = random.Random(19)
+    claimed = []
+    for i in range(40_000):
+        payload = bytearray(rng.randbytes(rng.randint(1, 1400)))
+        if i % 2:
+            payload[0] = rng.choice([0x00, 0x02, 0x03, 0x04, 0x10, 0x11, 0x18, 0x06])
+        if content_protocol(bytes(payload)) is not None:
+            claimed.append(bytes(payload[:16]).hex())
+    assert not claimed
+
+
+# --- the command line --------------------------------------------------------------------
+
+
+def ump(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ump", *args], capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def test_dissect_finds_lbtrm_on_other_ports_by_content_and_by_option(tmp_path: Path) -> None:
+    path = tmp_path / "rm.pcap"
+    write_pcap(path, [udp_frame(SRC, 40000, "239.192.1.1", 12001, rm_data(1)),
+                      udp_frame("10.0.0.2", 40001, SRC, 34567, rm_nak())])
+    found = json.loads(ump("dissect", str(path), "--json").stdout)
+    assert [(f["transport"], f["classified_by"]) for f in found] == [("lbtrm", CONTENT)] * 2
+    off = json.loads(ump("dissect", str(path), "--json", "--no-content-heuristics").stdout)
+    assert [f["transport"] for f in off] == [None, None]
+    ported = json.loads(ump("dissect", str(path), "--json", "--no-content-heuristics",
+                            "--lbtrm-mc-range", "239.192.0.0/16", "--lbtrm-dest-ports",
+                            "12000-12100", "--lbtrm-source-ports", "34567").stdout)
+    assert [(f["transport"], f["classified_by"]) for f in ported] == [("lbtrm", PORT)] * 2
+
+
+@pytest.mark.parametrize("option", ["--lbtrm-mc-range=10.0.0.0/8", "--lbtrm-mc-range=x",
+                                    "--lbmr-mc=224.9.10.11", "--lbtrm-dest-ports=0"])
+def test_bad_option_values_are_one_line_errors(option: str, tmp_path: Path) -> None:
+    path = tmp_path / "empty.pcap"
+    write_pcap(path, [])
+    done = ump("dissect", str(path), option)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and "error:" in done.stderr
+
+
+def test_content_ports_show_tshark_what_was_found_by_content() -> None:
+    frame = udp_frame(SRC, 40000, "239.192.1.1", 12001, rm_data())
+    reports = list(Dissector().run([CaptureRecord(1, 0.0, 1, frame, len(frame))]))
+    assert reports[0].classified_by == CONTENT
+    assert content_ports(PortMap(), reports).lbtrm_ports == [12001]
+    assert content_ports(PortMap(), []) == PortMap()
+
+
+def test_the_rules_are_data_read_off_the_protocol_modules() -> None:
+    assert set(detect.LBTRM_CONTENT_TYPES) == {int(t) for t in lbtrm.HEURISTIC_TYPES}
+    assert detect.LBMR_CONTENT_VERSIONS == (0, 1)
