@@ -51,7 +51,9 @@ Importing the module binds the layers to tshark's default ports (:class:`wire.ts
 LBT-TCP on TCP source 14371-14390 and request 14391-14395 (:func:`bind_store_port` adds store
 ports, which have no default); LBT-RU between 14380-14389 and 14360-14379 (either direction);
 LBT-RM to 14400 and to 14390-14399 (unicast NAKs); LBMR to 12965 and between 14402-14406 and
-15380.  Ports only: tshark's further heuristics (addresses, header checks) are not applied.
+15380.  Ports only: tshark's further heuristics (addresses, header checks) are not applied by
+these bindings; :func:`bind_detector` makes Scapy ask :mod:`wire.detect` instead, the one UM
+detector ``ump dissect`` and ``ump analyze`` use (port rules with addresses, content rules).
 """
 
 from __future__ import annotations
@@ -100,10 +102,11 @@ from scapy.fields import (
     XStrFixedLenField,
     XStrLenField,
 )
-from scapy.layers.inet import TCP, UDP
+from scapy.layers.inet import IP, TCP, UDP
 from scapy.packet import NoPayload, Packet, Padding, Raw, RawVal, bind_bottom_up, raw
 
 from . import lbmc
+from .detect import Detector
 from .fastpath import derive
 from .fields import (
     U8,
@@ -117,6 +120,7 @@ from .fields import (
     unwrap,
     value_kind,
 )
+from .pcap import Segment
 from .tshark import PortMap
 
 __all__ = [
@@ -131,6 +135,7 @@ __all__ = [
     "PortSet",
     "Transport",
     "TransportLayer",
+    "bind_detector",
     "bind_store_port",
     "construct_values",
     "derive_layer",
@@ -142,6 +147,7 @@ __all__ = [
     "to_message",
     "to_scapy",
     "transports",
+    "unbind_detector",
 ]
 
 # --- generic Construct -> Scapy ---------------------------------------------------------------
@@ -1556,6 +1562,53 @@ if _lbmr is not None:
     _bind_udp(LBMR, {"dport": LBMR_MC_PORTS},
               {"sport": LBMR_CLIENT_PORTS, "dport": LBMR_DAEMON_PORTS},
               {"sport": LBMR_DAEMON_PORTS, "dport": LBMR_CLIENT_PORTS})
+
+
+# --- the UM detector as Scapy's UDP payload guess ------------------------------------------------
+
+_DETECTOR: list[Detector] = []  # the bound detector, if any (a list: no global statement)
+_PORT_GUESS = UDP.guess_payload_class
+
+
+def _detector_guess(self: Packet, payload: bytes) -> type[Packet]:
+    """UDP's payload guess while a detector is bound: :mod:`wire.detect`'s verdict for IPv4
+    datagrams; Scapy's own port bindings for anything else, minus the UM layers."""
+    guess = _PORT_GUESS(self, payload)
+    ip = self.underlayer
+    if not _DETECTOR or not isinstance(ip, IP):
+        return guess
+    found = _DETECTOR[0].udp(Segment("udp", ip.src, ip.dst, self.sport, self.dport,
+                                     bytes(payload)))
+    if found is not None:
+        return _UDP_LAYERS[found.protocol]
+    return Raw if guess in _UDP_LAYERS.values() else guess
+
+
+def bind_detector(ports: PortMap | None = None, content: bool = True) -> Detector:
+    """Let :mod:`wire.detect` decide which UDP datagrams are LBT-RU, LBT-RM or LBMR, exactly
+    as ``ump dissect`` and ``ump analyze`` decide: tshark's port rules with ``ports`` (address
+    ranges and content tests included, which port bindings cannot express) and, unless
+    ``content`` is false, the content rules that find UM on any port.  The store ports of
+    ``ports`` are bound for LBT-TCP (:func:`bind_store_port`).  Returns the detector;
+    :func:`unbind_detector` goes back to the port bindings."""
+    detector = Detector(ports, content)
+    _DETECTOR[:] = [detector]
+    for port in detector.ports.store_ports:
+        bind_store_port(port)
+    UDP.guess_payload_class = _detector_guess  # type: ignore[method-assign]
+    return detector
+
+
+def unbind_detector() -> None:
+    """Back to the default port bindings for UDP (store ports stay bound)."""
+    _DETECTOR.clear()
+    UDP.guess_payload_class = _PORT_GUESS  # type: ignore[method-assign]
+
+
+_UDP_LAYERS: dict[str, type[Packet]] = {
+    name: layer for name, layer in (("lbtru", globals().get("LBTRU")),
+                                    ("lbtrm", globals().get("LBTRM")),
+                                    ("lbmr", globals().get("LBMR"))) if layer is not None}
 
 
 def _export_derived() -> None:

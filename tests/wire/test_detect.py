@@ -193,3 +193,33 @@ def test_content_ports_show_tshark_what_was_found_by_content() -> None:
 def test_the_rules_are_data_read_off_the_protocol_modules() -> None:
     assert set(detect.LBTRM_CONTENT_TYPES) == {int(t) for t in lbtrm.HEURISTIC_TYPES}
     assert detect.LBMR_CONTENT_VERSIONS == (0, 1)
+
+
+# --- Scapy -------------------------------------------------------------------------------
+
+
+def test_scapy_binding_helper_uses_the_detector() -> None:
+    """With :func:`wire.scapy_layers.bind_detector`, Scapy labels what the detector finds
+    (here LBT-RM on a group and port no default binding covers, by content), and stops
+    labelling what the detector refuses (LBT-RM outside the multicast range with the
+    content rules off); :func:`unbind_detector` restores the port bindings."""
+    from scapy.layers.l2 import Ether
+    from scapy.packet import Raw
+
+    from wire import scapy_layers as sl
+
+    lbtrm_layer = sl.transports()["lbtrm"].base
+    odd = udp_frame(SRC, 40000, "239.192.1.1", 12001, rm_data())
+    default = udp_frame(SRC, 40000, "239.192.1.1", 14400, rm_data())
+    assert lbtrm_layer not in Ether(odd) and lbtrm_layer in Ether(default)
+    try:
+        sl.bind_detector()
+        assert lbtrm_layer in Ether(odd) and Ether(odd)[lbtrm_layer].session_id == 7
+        sl.bind_detector(content=False)
+        assert lbtrm_layer not in Ether(default) and Raw in Ether(default)
+        sl.bind_detector(PortMap(lbtrm_mc_range=("239.192.0.0", "239.192.255.255"),
+                                 lbtrm_dport=(12001, 12001)), content=False)
+        assert lbtrm_layer in Ether(odd)
+    finally:
+        sl.unbind_detector()
+    assert lbtrm_layer not in Ether(odd) and lbtrm_layer in Ether(default)
