@@ -42,6 +42,20 @@ Flow (guide "Operational View", docs/semantics.md §1.1-1.12):
    use" refusal is retried (it clears when the holder's activity timeout at the store runs
    out); every other refusal is final.
 
+Quorum/consensus (guide "Sources Using Quorum/Consensus Store Configuration"; docs/semantics.md
+§1.2, §1.12): the rules are :mod:`reference_impl.quorum`.  Registration Complete needs the
+registered stores to meet the intragroup rule (``quorum`` / ``all-active``: a majority of the
+group's configured size; ``all``: every store) and the intergroup rule (``any``, ``majority``,
+``all``, ``all-active``: every group with a quorum registered, at least one) - :meth:`SourceCore.
+_groups_ok`; a message is stable by the same options applied to the stores that acknowledged it
+(``all-active`` within a group: a quorum and every registered store) - :meth:`SourceCore.
+_stable_groups`; each Message Stable event carries IA (the acknowledging store's group has it)
+and IR (the intergroup rule holds).  The consensus sequence number of the stores that answered
+OLD is formed per group (:func:`_consensus`).  Under an ``all-active`` behaviour a store that
+became unresponsive is dropped from the rule at once (:meth:`SourceCore._restabilize`).  Bad QC
+settings (unknown behaviour names, a group declared twice or empty, a store naming a group no
+``ume_store_group`` declares) are one-line errors of :class:`SourceConfig`.
+
 Receiver-paced persistence (guide "RPP Registration", "Implementing RPP"; docs/semantics.md
 §1.13, §2): an RPP source (``ume_receiver_paced_persistence`` 1) sets the PREG's RPP flag and
 follows every registration PREG, first or repeated, with its non-zero overrides as EXTOPT
