@@ -194,3 +194,38 @@ def unknown_regid_rxreq(h: CaseContext) -> None:
     got = rcv.expect_data(2)
     h.check_equal(got.payload, bytes(src.data(2).payload),
                   "the payload retransmitted for the receiver's own request")
+
+
+@case("QRM-STORE-005", suite=SUITE, role=Role.STORE, section=S_TOPIC_OPTIONS, timeout=15.0,
+      title="A receiver's consumption ACKs are activity: its RegID stays its own past the timeout",
+      requirement="receiver-activity-timeout: Establishes the period of time from a "
+                  "receiver's last activity to the release of the receiver's RegID. Stores "
+                  "return an error to any new request for the receiver's RegID during this "
+                  "period.",
+      topic_options={**CHECK, "receiver-activity-timeout": 600})
+def acks_are_activity(h: CaseContext) -> None:
+    """Receiver A (activity timeout 0.6 s) sends a consumption ACK every 0.15 s for 2 s, four
+    activity timeouts after its registration: receiver B (another request port) asking for
+    A's RegID then must be refused (code 3).  A stops; two timeouts later B gets it."""
+    src = _source(h)
+    a = h.receiver(src, "receiver A")
+    resp = a.register(reg_id=0)
+    h.check(not resp.e_flag, "the store refused receiver A", observed=repr(resp))
+    end = time.monotonic() + 2.0
+    sqn = 0
+    while time.monotonic() < end:
+        a.ack(sqn % 5)
+        sqn += 1
+        time.sleep(0.15)
+    h.note(f"receiver A sent {sqn} consumption ACKs over 2 s (activity timeout 0.6 s)")
+    b = h.receiver(src, "receiver B")
+    b.request_port = a.request_port + 1  # another process: not A's request port
+    resp = b.register(reg_id=a.reg_id)
+    h.check(bool(resp.e_flag), "another receiver got the RegID of a receiver that kept "
+            "acknowledging (its ACKs were not counted as activity)",
+            expected="refused (code 3)", observed=repr(resp))
+    h.check_equal(resp.error_code, int(PregError.EREGID), "the refusal's code")
+    _wait(h, 1.5, "past A's activity timeout after its last ACK")
+    resp = b.register(reg_id=a.reg_id)
+    h.check(not resp.e_flag, "the RegID of a receiver silent past its activity timeout was "
+            "not released", expected="granted", observed=repr(resp))

@@ -376,6 +376,24 @@ def answers_unknown_regid() -> None:
 MUTANTS["answers-unknown-regid"] = answers_unknown_regid
 
 
+def acks_are_not_activity() -> None:
+    """Does not count a receiver's consumption ACKs as activity: a receiver that only
+    acknowledges times out and loses its RegID while it is still there."""
+    on_ack = StoreCore._on_ack
+
+    def patched(self: StoreCore, conn: Any, ack_type: int, rcv_reg_id: int, id_2: int,
+                seqnum: int, size: int) -> None:
+        rcv = self.receivers.get(rcv_reg_id) or self.receivers.get(id_2)
+        before = None if rcv is None else (rcv.last_activity, rcv.active)
+        on_ack(self, conn, ack_type, rcv_reg_id, id_2, seqnum, size)
+        if rcv is not None and before is not None:
+            rcv.last_activity, rcv.active = before
+    StoreCore._on_ack = patched  # type: ignore[method-assign]
+
+
+MUTANTS["acks-are-not-activity"] = acks_are_not_activity
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in MUTANTS:
         print(f"usage: mutant_store.py {{{','.join(MUTANTS)}}} STORE-ARGS...", file=sys.stderr)

@@ -49,6 +49,7 @@ CATCHES = {
     "receivers-never-time-out": ("quorum", "QRM-STORE-001"),
     "store-value-ignored": ("quorum", "QRM-STORE-003"),
     "answers-unknown-regid": ("quorum", "QRM-STORE-004"),
+    "acks-are-not-activity": ("quorum", "QRM-STORE-005"),
 }
 
 ALONE = {"rpp"}
