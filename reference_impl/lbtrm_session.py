@@ -47,7 +47,8 @@ Rules (each has a test in ``tests/reference_impl/test_lbtrm_session.py``):
 * **Receiver NAKs** go to (source IP, header unicast port), selective format, at most
   ``NAKS_PER_PACKET`` numbers each: the first for a gap after ``nak_initial_backoff_interval``,
   the next after ``nak_backoff_interval``, both randomized in [0.5, 1.5) times the value (so
-  receivers that lost the same datagram do not NAK together); a number still missing
+  receivers that lost the same datagram do not NAK together), one draw per instant, so the
+  numbers of one gap keep being NAKed together in one NAK; a number still missing
   ``nak_generation_interval`` after it went missing is :class:`Lost` ("timeout").  With
   ``send_naks`` off nothing is NAKed and gaps are lost after that interval.
 * **NCF at the receiver.**  "Do not retry" makes the numbers :class:`Lost` ("ncf") at once;
@@ -454,6 +455,8 @@ class LbtrmReceiverSession(LbtruReceiverSession):
         self.closed = False
         self.stats = {"delivered": 0, "duplicates": 0, "naks": 0, "nak_entries": 0, "lost": 0,
                       "ncfs": 0, "acks": 0}
+        self._jitter_at: float | None = None
+        self._jitter_value = 1.0
         self._arm_activity()
 
     @property
@@ -497,6 +500,14 @@ class LbtrmReceiverSession(LbtruReceiverSession):
         else:
             self.dropped += 1  # a NAK: receivers NAK to the source, never to the group
 
+    def _jitter(self) -> float:
+        """The backoff factor in [0.5, 1.5): one draw per instant, so every number that goes
+        missing (or is NAKed) at one moment keeps one schedule and one NAK datagram."""
+        if self._jitter_at != self.now:
+            self._jitter_at = self.now
+            self._jitter_value = 0.5 + self._rng.random()
+        return self._jitter_value
+
     def _start(self, next_sqn: int) -> None:
         super()._start(next_sqn)
         self.state.connected = True
@@ -523,10 +534,10 @@ class LbtrmReceiverSession(LbtruReceiverSession):
             self._advance()
         else:  # ignored, shed or delayed: the source has it, ask again later
             suppress = self.settings.nak_suppress_interval
+            later = self.now + suppress * (0.5 + 0.5 * self._rng.random())
             for sqn in sqns:
                 entry = st.missing.get(sqn)
                 if entry is not None:
-                    later = self.now + suppress * (0.5 + 0.5 * self._rng.random())
                     entry.nak_at = max(entry.nak_at, later)
             self._arm_nak()
         self._apply_trail(packet.trail_sqn)
