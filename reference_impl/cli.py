@@ -122,6 +122,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="explicit ACKs only (ume_explicit_ack_only 1): the application "
                         "acknowledges the sequence numbers appended to PATH, one a line "
                         "(SQN or SOURCE SQN), each once its message was delivered")
+    p.add_argument("--consume-file", metavar="PATH",
+                   help="the application retains every delivery and consumes (deletes) the "
+                        "sequence numbers appended to PATH, one a line, in that order (any "
+                        "order): only the contiguous run consumed is acknowledged")
     p.add_argument("--deregister", action="store_true",
                    help="deregister from every store once --count messages were delivered, "
                         "then exit (SIGUSR1 deregisters at any time; the receiver then goes on "
@@ -457,7 +461,8 @@ def cmd_receiver(args: argparse.Namespace) -> int:
         client = consumer.explicit_ack_only(client)
     acking = [name for name, given in (("--consume-rate", args.consume_rate),
                                        ("--explicit-ack", args.explicit_ack),
-                                       ("--ack-file", args.ack_file)) if given]
+                                       ("--ack-file", args.ack_file),
+                                       ("--consume-file", args.consume_file)) if given]
     if len(acking) > 1:
         print(f"ump receiver: {acking[0]} and {acking[1]} exclude each other (each is how the "
               f"application acknowledges)", file=sys.stderr)
@@ -466,10 +471,10 @@ def cmd_receiver(args: argparse.Namespace) -> int:
         print(f"ump receiver: --explicit-ack must be a period of 1-3600000 ms, not "
               f"{args.explicit_ack}", file=sys.stderr)
         return 2
-    if args.ack_file is not None and (not args.ack_file or os.path.isdir(args.ack_file)):
-        print(f"ump receiver: --ack-file must name a file, not {args.ack_file!r}",
-              file=sys.stderr)
-        return 2
+    for name, path in (("--ack-file", args.ack_file), ("--consume-file", args.consume_file)):
+        if path is not None and (not path or os.path.isdir(path)):
+            print(f"ump receiver: {name} must name a file, not {path!r}", file=sys.stderr)
+            return 2
     if args.explicit_ack or args.ack_file:  # explicit_ack.py: the application acknowledges
         client = consumer.explicit_ack_only(client)
 
@@ -519,9 +524,12 @@ def cmd_receiver(args: argparse.Namespace) -> int:
                                                                      name="ump receiver"))
         # SIGUSR1: deregister, between two calls into the core
         loop.add_signal_handler(signal.SIGUSR1, lambda: loop.call_soon(deregister))
-        if args.explicit_ack or args.ack_file:  # deliveries go on; ACKs as the app says
+        if args.explicit_ack or args.ack_file or args.consume_file:  # as the app says
+            if args.consume_file:  # before anything is delivered: nothing awaits this turn
+                receiver.retain_messages()
             acker = explicit_ack.ExplicitAcker(host, receiver, every_ms=args.explicit_ack,
-                                               ack_file=args.ack_file)
+                                               ack_file=args.ack_file or args.consume_file,
+                                               consume=bool(args.consume_file))
 
             def offer(core: Any, event: Any) -> None:
                 if isinstance(event, MessageDelivered):  # (a --dedupe skip was consumed)

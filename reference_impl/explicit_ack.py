@@ -1,5 +1,6 @@
 """An application that acknowledges explicitly: ``ump receiver --explicit-ack MS`` and
-``ump receiver --ack-file PATH``.
+``ump receiver --ack-file PATH``; and one that consumes out of order: ``ump receiver
+--consume-file PATH``.
 
 With ``ume_explicit_ack_only`` 1 the receiver acknowledges nothing by itself; the application
 does, through :meth:`ReceiverCore.ack` (guide "Explicit Acknowledgments": one explicit ACK
@@ -14,6 +15,13 @@ plays such an application, in one of two ways:
   ``TCP:127.0.0.1:14371``; without one, the first source of the topic), as they are appended.
   Another process (the conformance harness, its ``{acks}`` placeholder) decides that way
   exactly when and what the application acknowledges.
+
+With ``consume`` (``--consume-file PATH``) the receiver acknowledges as configured (batched
+every ``ume_ack_batching_interval``, or at once) and the application *consumes* what the file
+lists, in that order, which need not be delivery order: the receiver retains every delivery
+(:meth:`ReceiverCore.retain_messages`) until the file says it was consumed
+(:meth:`ReceiverCore.consume`; guide "Batching Acknowledgments": only the contiguous run
+consumed is acknowledged).
 
 *Choices* (the guide has no such application): the file is read every :data:`TICK` seconds,
 from the start (it need not exist yet); a line names a message that may not be delivered yet:
@@ -66,7 +74,8 @@ class ExplicitAcker:
     """
 
     def __init__(self, host: AioHost, receiver: ReceiverCore, *, every_ms: int = 0,
-                 ack_file: str | None = None, err: TextIO | None = None) -> None:
+                 ack_file: str | None = None, consume: bool = False,
+                 err: TextIO | None = None) -> None:
         if (every_ms > 0) == (ack_file is not None):
             raise ValueError("give exactly one of a period (ms) and an ack file")
         self.host = host
@@ -74,6 +83,9 @@ class ExplicitAcker:
         self.every = every_ms / 1000
         self.path = Path(ack_file) if ack_file is not None else None
         self.err = err
+        self.consume = consume
+        if consume and ack_file is None:
+            raise ValueError("consuming out of order needs the file that says the order")
         self.delivered: dict[str, int] = {}
         self.pending: deque[tuple[str | None, int]] = deque()
         self.acked = 0
@@ -144,7 +156,7 @@ class ExplicitAcker:
 
     def _one(self, source: str | None, sqn: int) -> bool:
         try:
-            self.receiver.ack(sqn, source)
+            (self.receiver.consume if self.consume else self.receiver.ack)(sqn, source)
         except ValueError:
             return False
         self.acked += 1

@@ -30,7 +30,11 @@ Flow (guide "Receiver Registration", "Persistent Receiver Recovery"; docs/semant
    message, once complete (see :meth:`ReceiverCore._fragment_delivered`).
 5. Acknowledge consumption to every store (cumulative; batched every
    ``ume_ack_batching_interval``, or at once, or only through :meth:`ReceiverCore.ack` with
-   ``ume_explicit_ack_only``), and to the source when its SRI asks for delivery confirmation.
+   ``ume_explicit_ack_only``), and to the source when its SRI asks for delivery confirmation
+   (and ``ume_allow_confirmed_delivery`` allows).  Delivery is consumption, unless the
+   application retains messages (:meth:`ReceiverCore.retain_messages`) and consumes them in
+   any order (:meth:`ReceiverCore.consume`): then only the contiguous run consumed is
+   acknowledged.
    Every ``ume_proactive_keepalive_interval`` the latest ACK is re-sent as a keepalive.
 
 Receiver-paced persistence (guide "RPP Registration", "RPP Deregistration"; docs/semantics.md
@@ -375,6 +379,7 @@ class SourceSession:
     requests: dict[int, Request] = field(default_factory=dict)
     abandoned: set[int] = field(default_factory=set)  # given up, not yet stepped over
     consumed: int | None = None  # highest sequence number consumed in order
+    consumed_out: set[int] = field(default_factory=set)  # consumed above it, out of order
     acked: int | None = None  # highest acknowledged to the stores
     _sri_requests: int = 0
     _rr: int = 0
@@ -496,6 +501,9 @@ class ReceiverCore(ContextCore):
         self._cur = self._idle
         self._request_idx = 0
         self.deregistering = False  # deregister() was called; not every store confirmed yet
+        self.retains = False  # the application consumes deliveries itself (retain_messages)
+        # delivery is consumption (the default), unless ACKs are explicit or it retains
+        self._consume_on_delivery = not config.ume_explicit_ack_only
         self.deregistered = False  # every store confirmed the deregistration
         self.stats.update(delivered=0, retransmissions=0, duplicates=0, requests=0, lost=0,
                           unconfirmed=0)
@@ -607,15 +615,7 @@ class ReceiverCore(ContextCore):
         go out in ascending order only: an ``ack`` at or below what was acknowledged already
         sends nothing.  *Choice* (the guide is silent): a sequence number not delivered yet
         cannot have been consumed, so it is refused with a ValueError (one line)."""
-        st = self.primary if source is None else self.session(source)
-        if st is None:
-            raise ValueError(f"no source {source!r} on topic {self.topic!r}")
-        if st.next_sqn is None or sqn >= st.next_sqn:
-            upto = "nothing delivered yet" if st.next_sqn is None else \
-                f"delivered up to {st.next_sqn - 1}"
-            who = st.name or "the source"
-            raise ValueError(f"cannot acknowledge sequence number {sqn} of {who}: not "
-                             f"delivered ({upto})")
+        st = self._delivered_in(sqn, source, "acknowledge")
         self._use(st)
         try:
             sqn = self._fragments_consumed(sqn)
@@ -624,6 +624,67 @@ class ReceiverCore(ContextCore):
             self._send_acks()
         finally:
             self._rest()
+
+    def _delivered_in(self, sqn: int, source: str | None, verb: str) -> SourceSession:
+        """The session of ``source`` (None: the first), which delivered ``sqn`` already; a
+        one-line ValueError otherwise."""
+        st = self.primary if source is None else self.session(source)
+        if st is None:
+            raise ValueError(f"no source {source!r} on topic {self.topic!r}")
+        if st.next_sqn is None or sqn >= st.next_sqn:
+            upto = "nothing delivered yet" if st.next_sqn is None else \
+                f"delivered up to {st.next_sqn - 1}"
+            who = st.name or "the source"
+            raise ValueError(f"cannot {verb} sequence number {sqn} of {who}: not "
+                             f"delivered ({upto})")
+        return st
+
+    def retain_messages(self) -> None:
+        """From now on the application consumes what is delivered itself, in any order, with
+        :meth:`consume` (the C API's ``lbm_msg_retain`` of every message, then
+        ``lbm_msg_delete``; Java/.NET ``dispose()``; guide "Message Consumption").  With
+        ``ume_explicit_ack_only`` 1 consumption acknowledges nothing anyway."""
+        self.retains = True
+        self._consume_on_delivery = False
+
+    def consume(self, sqn: int, source: str | None = None) -> None:
+        """The application is done with delivered message ``sqn`` of ``source`` (see
+        :meth:`retain_messages`; a fragmented message by its first sequence number).
+
+        Consumption may come in any order; what is acknowledged is only the contiguous run
+        consumed (guide "Batching Acknowledgments": consumed 1, 2, then 4, 5, 7, 8, 6, 10, 3
+        - the next batch acknowledges 3 to 8), at the next ``ume_ack_batching_interval``, or
+        at once without batching.  A number given up as lost counts as consumed (it will
+        never be delivered; the ACK covers it, as it does when delivery is consumption).
+        Without :meth:`retain_messages`, with ``ume_explicit_ack_only`` 1 or for a
+        streaming source, it changes nothing.  A sequence number not delivered yet is a
+        ValueError (one line)."""
+        st = self._delivered_in(sqn, source, "consume")
+        if not self.retains or self.config.ume_explicit_ack_only or not st.stores:
+            return  # (a streaming source: nothing is acknowledged)
+        self._use(st)
+        try:
+            last = self._fragments_consumed(sqn)
+            if st.consumed is not None and last <= st.consumed:
+                return
+            st.consumed_out.update(range(sqn, last + 1))
+            self._advance_consumed()
+            if not self.config.ume_use_ack_batching:
+                self._send_acks()
+        finally:
+            self._rest()
+
+    def _advance_consumed(self) -> None:
+        """Move the current session's consumption point over the contiguous run consumed."""
+        st = self._cur
+        out = st.consumed_out
+        # nothing consumed yet: registration started delivery at 0 (see _check_complete)
+        nxt = st.consumed + 1 if st.consumed is not None else 0
+        while nxt in out:
+            out.discard(nxt)
+            nxt += 1
+        if nxt > 0:
+            st.consumed = nxt - 1
 
     @property
     def left(self) -> bool:
@@ -1382,7 +1443,7 @@ class ReceiverCore(ContextCore):
                 self.emit(MessageDelivered(sqn, payload, retransmission, st.name))
                 self.stats["delivered"] += 1
                 st.next_sqn = sqn + 1
-                if not self.config.ume_explicit_ack_only:
+                if self._consume_on_delivery:
                     st.consumed = sqn
                 return
         st.held[sqn] = _Held(payload, retransmission)
@@ -1434,11 +1495,15 @@ class ReceiverCore(ContextCore):
                     abandoned.discard(nxt)  # it came after all
             elif nxt in abandoned:
                 abandoned.discard(nxt)
+                if self.retains and self._cur.stores:  # never delivered, never consumed:
+                    self._cur.consumed_out.add(nxt)  # counted as consumed (see consume)
             else:
                 break
             nxt += 1
+        if self.retains and self._cur.consumed_out:
+            self._advance_consumed()
         self.stats["delivered"] += delivered
-        if last is not None and not self.config.ume_explicit_ack_only:
+        if last is not None and self._consume_on_delivery:
             self.consumed = last
         self.next_sqn = nxt
         cfg = self.config
@@ -1482,7 +1547,7 @@ class ReceiverCore(ContextCore):
             ends[work.first_sqn] = sqn
             if len(ends) > MAX_FRAGMENT_ENDS:
                 ends.pop(next(iter(ends)))
-        if not self.config.ume_explicit_ack_only:
+        if self._consume_on_delivery:
             st.consumed = sqn
         return True
 
