@@ -64,15 +64,18 @@ class CaseContext(Protocol):
     def start_iut(self, *stores: HarnessStore, reg_ids: dict[HarnessStore, int] | None = None,
                   groups: tuple[tuple[int, int], ...] = (),
                   options: UmOptions | None = None,
-                  nonblocking: bool = False, explicit_ack: bool = False) -> ClientUnderTest:
+                  nonblocking: bool = False, explicit_ack: bool = False,
+                  consume: bool = False) -> ClientUnderTest:
         """Start the source or receiver IUT for :attr:`iut_topic` with these stores (with
         ``nonblocking``: sending without blocking, the profile's ``nonblocking_args``;
         with ``explicit_ack``: a receiver acknowledging only what :meth:`ack_iut` says, the
-        profile's ``explicit_ack_args``; unsupported without them)."""
+        profile's ``explicit_ack_args``; with ``consume``: its application consuming only
+        what :meth:`ack_iut` says, ``consume_args``; unsupported without them)."""
         ...
 
     def ack_iut(self, sqn: int) -> None:
-        """The receiver IUT's application acknowledges ``sqn`` (explicit ACKs)."""
+        """The receiver IUT's application acknowledges ``sqn`` (explicit ACKs), or consumes
+        it (``consume``)."""
         ...
 
     def iut_output(self) -> str:

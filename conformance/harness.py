@@ -98,7 +98,8 @@ class Harness:
     def start_iut(self, *stores: HarnessStore, reg_ids: dict[HarnessStore, int] | None = None,
                   groups: tuple[tuple[int, int], ...] = (),
                   options: UmOptions | None = None,
-                  nonblocking: bool = False, explicit_ack: bool = False) -> ClientUnderTest:
+                  nonblocking: bool = False, explicit_ack: bool = False,
+                  consume: bool = False) -> ClientUnderTest:
         """Start the source or receiver IUT for :attr:`iut_topic`.
 
         ``stores`` become a source's ``ume_store`` lines in this order (with the RegID from
@@ -106,7 +107,8 @@ class Harness:
         lines; ``options`` any further UM options (``{"source ume_flight_size": 4}``);
         ``nonblocking``: the IUT sends without blocking (the profile's ``nonblocking_args``;
         the case is unsupported without them); ``explicit_ack``: the receiver acknowledges
-        only what :meth:`ack_iut` says (the profile's ``explicit_ack_args``)."""
+        only what :meth:`ack_iut` says (the profile's ``explicit_ack_args``); ``consume``: its
+        application consumes what :meth:`ack_iut` says, in that order (``consume_args``)."""
         iut = self.client_iut
         entries = tuple(StoreEntry(s.addr, (reg_ids or {}).get(s, 0), s.group) for s in stores)
         shown = ", ".join(f"{k}={v}" for k, v in (options or {}).items())
@@ -114,15 +116,16 @@ class Harness:
                   + (f" with stores {', '.join(s.name for s in stores)}" if stores else "")
                   + (f"; {shown}" if shown else "")
                   + ("; non-blocking sends" if nonblocking else "")
-                  + ("; explicit ACKs from the harness" if explicit_ack else ""))
+                  + ("; explicit ACKs from the harness" if explicit_ack else "")
+                  + ("; consumption from the harness" if consume else ""))
         iut.start(self.iut_topic, stores=entries, groups=groups, options=options,
-                  nonblocking=nonblocking, explicit_ack=explicit_ack)
+                  nonblocking=nonblocking, explicit_ack=explicit_ack, consume=consume)
         return iut
 
     def ack_iut(self, sqn: int) -> None:
         """The receiver IUT's application acknowledges ``sqn`` (started with
-        ``explicit_ack``)."""
-        self.note(f"the application acknowledges sqn {sqn}")
+        ``explicit_ack``), or consumes it (started with ``consume``)."""
+        self.note(f"the application acknowledges (or consumes) sqn {sqn}")
         self.client_iut.ack(sqn)
 
     def iut_output(self) -> str:

@@ -412,11 +412,14 @@ class ClientUnderTest(IutProcess):
 
     def start(self, topic: str, *, stores: tuple[StoreEntry, ...] = (),
               groups: tuple[tuple[int, int], ...] = (), options: UmOptions | None = None,
-              nonblocking: bool = False, explicit_ack: bool = False) -> None:
+              nonblocking: bool = False, explicit_ack: bool = False,
+              consume: bool = False) -> None:
         """Write the configuration and launch the IUT for ``topic``; with ``nonblocking``,
         with the profile's ``nonblocking_args`` after the launch command (unsupported
         without them); with ``explicit_ack``, with its ``explicit_ack_args`` (the
-        application acknowledges what :meth:`ack` writes; unsupported without them)."""
+        application acknowledges what :meth:`ack` writes; unsupported without them); with
+        ``consume``, with its ``consume_args`` (the application consumes what :meth:`ack`
+        writes, in that order)."""
         extra: tuple[str, ...] = ()
         if explicit_ack:
             if self.profile.explicit_ack_args is None:
@@ -424,6 +427,12 @@ class ClientUnderTest(IutProcess):
                                   "the profile names no explicit_ack_args (the words that make "
                                   "it acknowledge what the {acks} file lists)")
             extra = self.profile.explicit_ack_args
+        if consume:
+            if self.profile.consume_args is None:
+                raise Unsupported("the case needs a receiver whose application consumes out of "
+                                  "order, and the profile names no consume_args (the words "
+                                  "that make it consume what the {acks} file lists)")
+            extra = self.profile.consume_args
         if nonblocking:
             if self.profile.nonblocking_args is None or self.profile.would_block_text is None:
                 raise Unsupported("the case needs non-blocking sends, and the profile names "
@@ -444,7 +453,8 @@ class ClientUnderTest(IutProcess):
         self._launch(self.argv(config, extra))
 
     def ack(self, sqn: int) -> None:
-        """The application acknowledges ``sqn`` (a line of the ``{acks}`` file)."""
+        """The application acknowledges (or consumes) ``sqn``: a line of the ``{acks}``
+        file."""
         with self.acks_path.open("a") as f:
             f.write(f"{sqn}\n")
 

@@ -52,7 +52,10 @@ IUT acknowledge explicitly (``ume_explicit_ack_only`` 1, guide "Explicit Acknowl
 its application acknowledges exactly the sequence numbers the harness appends to the ``{acks}``
 file, one a line (``SQN``), each once that message was delivered.  The cases that judge
 explicit-ACK mode (the quorum suite's RCV-QRM-*) append them to ``launch``; without them those
-cases are unsupported.
+cases are unsupported.  ``consume_args = ["--consume-file", "{acks}"]`` (a receiver IUT) names
+the words that make its application retain every delivery and consume (delete) exactly the
+sequence numbers listed in ``{acks}``, in the order listed (guide "Batching Acknowledgments":
+consumption out of order); the case that needs it is unsupported without them.
 
 ``web_monitor = true`` (a launched store) has the harness give the store a ``<web-monitor>``
 on a free port in its XML; cases that judge what only the store's own statistics show (the
@@ -132,6 +135,7 @@ class IutProfile:
     nonblocking_args: tuple[str, ...] | None = None
     would_block_text: str | None = None
     explicit_ack_args: tuple[str, ...] | None = None
+    consume_args: tuple[str, ...] | None = None
 
     @property
     def launches(self) -> bool:
@@ -163,10 +167,11 @@ REFERENCE_RECEIVER = IutProfile(
     name="ump-harness reference receiver", role=Role.RECEIVER,
     launch=("{python}", "-m", "ump", "receiver", "-c", "{lbm_config}", "--topic", "{topic}",
             "--out", "{deliveries}", "--profile", "{version}"),
-    deregister_signal=signal.SIGUSR1, explicit_ack_args=("--ack-file", "{acks}"))
+    deregister_signal=signal.SIGUSR1, explicit_ack_args=("--ack-file", "{acks}"),
+    consume_args=("--consume-file", "{acks}"))
 """This project's receiver; it reports every delivered message in ``{deliveries}``,
 deregisters on SIGUSR1 and, with ``--ack-file {acks}``, acknowledges only what the harness
-writes to ``{acks}``."""
+writes to ``{acks}`` (with ``--consume-file {acks}``, consumes only what it lists)."""
 
 BUILTIN_PROFILES: dict[str, IutProfile] = {
     "default": REFERENCE_STORE, "store": REFERENCE_STORE, "source": REFERENCE_SOURCE,
@@ -175,7 +180,7 @@ BUILTIN_PROFILES: dict[str, IutProfile] = {
 
 _IUT_KEYS = ("name", "role", "version", "launch", "address", "ready", "start_timeout",
              "stop_signal", "deregister_signal", "rpp_topic", "spp_topic", "web_monitor",
-             "nonblocking_args", "would_block_text", "explicit_ack_args")
+             "nonblocking_args", "would_block_text", "explicit_ack_args", "consume_args")
 _CASE_KEYS = ("skip", "known_failure", "reason")
 
 
@@ -275,6 +280,7 @@ def parse_profile(data: Mapping[str, Any], source: str = "<profile>") -> IutProf
                            f"RPP, the other does not)")
     nonblocking_args, would_block_text = _nonblocking(where, iut, role)
     explicit_ack_args = _explicit_ack(where, iut, role)
+    consume_args = _explicit_ack(where, iut, role, "consume_args")
     name = iut.get("name", role.value)
     cases: dict[str, CaseExpectation] = {}
     raw_cases = data.get("cases", {})
@@ -298,7 +304,7 @@ def parse_profile(data: Mapping[str, Any], source: str = "<profile>") -> IutProf
                       cases=cases, source=source, rpp_topic=topics["rpp_topic"],
                       spp_topic=topics["spp_topic"], web_monitor=web_monitor,
                       nonblocking_args=nonblocking_args, would_block_text=would_block_text,
-                      explicit_ack_args=explicit_ack_args)
+                      explicit_ack_args=explicit_ack_args, consume_args=consume_args)
 
 
 def _nonblocking(where: str, iut: Mapping[str, Any], role: Role
@@ -341,37 +347,39 @@ def _nonblocking(where: str, iut: Mapping[str, Any], role: Role
     return args, text
 
 
-def _explicit_ack(where: str, iut: Mapping[str, Any], role: Role) -> tuple[str, ...] | None:
-    """``explicit_ack_args`` (see the module docstring), checked: a receiver's key, a
-    non-empty list of words (or a command line) with known placeholders that names the
-    ``{acks}`` file (else the harness could not say what to acknowledge)."""
-    if "explicit_ack_args" not in iut:
+def _explicit_ack(where: str, iut: Mapping[str, Any], role: Role,
+                  key: str = "explicit_ack_args") -> tuple[str, ...] | None:
+    """``explicit_ack_args`` or ``consume_args`` (``key``; see the module docstring),
+    checked: a receiver's key, a non-empty list of words (or a command line) with known
+    placeholders that names the ``{acks}`` file (else the harness could not say what the
+    application acknowledges or consumes)."""
+    if key not in iut:
         return None
     if role is not Role.RECEIVER:
-        raise ProfileError(f"{where}: explicit_ack_args is for a receiver IUT (explicit "
-                           f"acknowledgements)")
-    raw = iut["explicit_ack_args"]
+        raise ProfileError(f"{where}: {key} is for a receiver IUT (what its application "
+                           f"acknowledges or consumes)")
+    raw = iut[key]
     args: tuple[str, ...]
     if isinstance(raw, str):
         try:
             args = tuple(shlex.split(raw))
         except ValueError as exc:
-            raise ProfileError(f"{where}: explicit_ack_args: {exc}") from None
+            raise ProfileError(f"{where}: {key}: {exc}") from None
     elif isinstance(raw, list) and all(isinstance(x, str) for x in raw):
         args = tuple(raw)
     else:
-        raise ProfileError(f"{where}: explicit_ack_args must be a list of strings such as "
+        raise ProfileError(f"{where}: {key} must be a list of strings such as "
                            f"[\"--ack-file\", \"{{acks}}\"] or a command line, not {raw!r}")
     if not args:
-        raise ProfileError(f"{where}: explicit_ack_args is empty (the words that make the "
-                           f"IUT acknowledge only what the {{acks}} file lists)")
+        raise ProfileError(f"{where}: {key} is empty (the words that make the IUT's "
+                           f"application act on what the {{acks}} file lists)")
     bad = _bad_placeholder(args)
     if bad:
-        raise ProfileError(f"{where}: explicit_ack_args uses unknown placeholder {{{bad}}} "
+        raise ProfileError(f"{where}: {key} uses unknown placeholder {{{bad}}} "
                            f"(known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)})")
     if not any("{acks}" in arg for arg in args):
-        raise ProfileError(f"{where}: explicit_ack_args must name the {{acks}} file (where "
-                           f"the harness writes what the application acknowledges)")
+        raise ProfileError(f"{where}: {key} must name the {{acks}} file (where the harness "
+                           f"writes what the application acknowledges or consumes)")
     return args
 
 

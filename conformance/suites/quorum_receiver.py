@@ -10,7 +10,8 @@ The harness plays the source and two or three groups of stores as in :mod:`.rece
 with its group and each group's size).  What the application got is read from the
 ``{deliveries}`` file; the explicit-ACK cases start the IUT with the profile's
 ``explicit_ack_args`` and say what the application acknowledges through the ``{acks}`` file
-(:meth:`~conformance.context.CaseContext.ack_iut`), and are unsupported without them.
+(:meth:`~conformance.context.CaseContext.ack_iut`), and are unsupported without them; the
+out-of-order consumption case (RCV-QRM-016) likewise with ``consume_args``.
 
 *Choice* (the product documents the intragroup and intergroup behaviours for sources only; the
 SRI does not carry them): the reference receiver reads the same two options in its own scope
@@ -45,10 +46,10 @@ def _groups(h: CaseContext, *sizes: int) -> tuple[HarnessSource, list[HarnessSto
 
 
 def _start(h: CaseContext, src: HarnessSource, options: dict[str, str | int] | None = None,
-           *, explicit_ack: bool = False) -> None:
+           *, explicit_ack: bool = False, consume: bool = False) -> None:
     """Start the receiver; the source answers SRI requests and sends its SRI once joined."""
     src.answer_sri_requests = True
-    h.start_iut(options=options, explicit_ack=explicit_ack)
+    h.start_iut(options=options, explicit_ack=explicit_ack, consume=consume)
     src.transport.expect_link(h.scaled(4.0), "the receiver joining the source's transport")
     src.send_sri(src.sri(high=src.high_sent()))
 
@@ -479,3 +480,42 @@ def ack_batching(h: CaseContext) -> None:
             f"consumed over 2 s with a 1000 ms batching interval",
             expected="at most 5 (one per interval, plus the ends)", observed=distinct)
     h.check_equal(max(acks, default=None), 19, "the consumption acknowledged at the end")
+
+
+@case("RCV-QRM-016", suite=SUITE, role=Role.RECEIVER,
+      title="ACK batching with consumption out of order: only the contiguous run consumed is "
+            "acknowledged",
+      section="Batching Acknowledgments",
+      requirement="When UMP discovers a contiguous series of consumed message sequence numbers "
+                  "(sqn), it sends acknowledgments to the store(s) for all the contiguous "
+                  "messages. For example, assume your application consumes and acknowledges "
+                  "messages 1 and 2, then consumes subsequent messages in the following order: "
+                  "4, 5, 7, 8, 6, 10, 3. At the next ume_ack_batching_interval, UMP sends "
+                  "consumption acknowledgments to the store(s) for messages 3 - 8.",
+      timeout=15.0)
+def batching_out_of_order(h: CaseContext) -> None:
+    """The guide's example: 1..10 delivered (the store answered low 1), the application
+    consumes 1, 2 (ACK 2), then 4, 5, 7, 8, 6, 10, 3: the next ACK must be 8, and no ACK
+    may cover 3..7, 9 or 10 on its own (3 was consumed last; 9 never)."""
+    src, (store,) = _groups(h, 1)
+    src.publish(0, live=False)  # consumed before (the store's low is 1)
+    store.receiver_low = 1
+    _start(h, src, {"receiver ume_use_ack_batching": 1,
+                    "context ume_ack_batching_interval": 200}, consume=True)
+    _registered(h, store)
+    src.publish(*range(1, 11))
+    h.check_delivered(list(range(1, 11)))
+    for sqn in (1, 2):
+        h.ack_iut(sqn)
+    h.wait_until(lambda: store.acked_up_to() == 2, 2.0, "the ACK for 2")
+    h.check_equal(store.acked_up_to(), 2, "the consumption acknowledged after 1, 2")
+    for sqn in (4, 5, 7, 8, 6, 10):
+        h.ack_iut(sqn)
+    h.wait_until(lambda: False, 0.6, "ACKs (only 2 may come: 3 is not consumed)")
+    early = sorted({a for a in _acks(store) if a > 2})
+    h.check(not early, "the receiver acknowledged past a message not consumed yet (3)",
+            expected="no ACK above 2 before 3 is consumed", observed=early)
+    h.ack_iut(3)
+    h.wait_until(lambda: (store.acked_up_to() or 0) >= 8, 2.0, "the ACK for 8")
+    h.wait_until(lambda: False, 0.5, "more ACKs (must not go past 8)")
+    h.check_equal(store.acked_up_to(), 8, "the consumption acknowledged after 3 (3 - 8)")

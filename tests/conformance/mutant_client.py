@@ -782,6 +782,21 @@ def acks_unbatched() -> None:
 MUTANTS["acks-unbatched"] = ("receiver", acks_unbatched)
 
 
+def acks_highest_consumed() -> None:
+    """Acknowledges the newest message the application consumed, not the contiguous run
+    consumed (guide "Batching Acknowledgments": 4, 5, 7, 8, 6, 10, 3 -> 3 - 8)."""
+    def patched(self: ReceiverCore) -> None:
+        st = self._cur
+        if st.consumed_out:
+            st.consumed = max(st.consumed if st.consumed is not None else -1,
+                              max(st.consumed_out))
+            st.consumed_out.clear()
+    ReceiverCore._advance_consumed = patched  # type: ignore[method-assign]
+
+
+MUTANTS["acks-highest-consumed"] = ("receiver", acks_highest_consumed)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0] not in MUTANTS or argv[1] != MUTANTS[argv[0]][0]:
         print(f"usage: mutant_client.py {{{','.join(MUTANTS)}}} source|receiver ARGS...",

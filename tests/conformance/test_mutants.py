@@ -108,6 +108,7 @@ CLIENT_CATCHES |= {  # the quorum suite, receiver IUT
     "confirms-unasked": ("receiver", "RCV-QRM-012"),
     "ignores-allow-confirmed-delivery": ("receiver", "RCV-QRM-013"),
     "acks-unbatched": ("receiver", "RCV-QRM-015"),
+    "acks-highest-consumed": ("receiver", "RCV-QRM-016"),
     # quorum/consensus, source (issue 18)
     "registers-with-any-group": ("source", "SRC-QRM-002"),
     "majority-of-groups-as-half": ("source", "SRC-QRM-003"),
@@ -181,8 +182,9 @@ def test_every_source_and_receiver_mutant_is_caught(mutant: str, tmp_path: Path)
                               "deregister_signal": "SIGUSR1"}  # as the reference profiles say
     if role == "source":  # non-blocking sends, as the reference source profile says
         iut.update(nonblocking_args=["--nonblocking"], would_block_text="would block")
-    else:  # explicit ACKs from the harness, as the reference receiver profile says
-        iut.update(explicit_ack_args=["--ack-file", "{acks}"])
+    else:  # explicit ACKs and consumption from the harness, as the reference profile says
+        iut.update(explicit_ack_args=["--ack-file", "{acks}"],
+                   consume_args=["--consume-file", "{acks}"])
     if mutant in CLIENT_VERSION:
         iut["version"] = CLIENT_VERSION[mutant]
     profile = parse_profile({"iut": iut}, f"<mutant {mutant}>")

@@ -48,15 +48,16 @@ def test_the_reference_receiver_passes_every_case(tmp_path: Path) -> None:
             if c["verdict"] != "pass"] == []
 
 
-def test_without_explicit_ack_args_the_explicit_cases_are_unsupported(tmp_path: Path) -> None:
+def test_without_the_keys_the_application_cases_are_unsupported(tmp_path: Path) -> None:
     assert REFERENCE_RECEIVER.launch is not None
     profile = parse_profile({"iut": {"name": "no explicit acks", "role": "receiver",
                                      "launch": list(REFERENCE_RECEIVER.launch)}}, "<test>")
-    assert profile.explicit_ack_args is None
-    result = run(profile, tmp_path / "out", keywords=["RCV-QRM-010"])
+    assert profile.explicit_ack_args is None and profile.consume_args is None
+    result = run(profile, tmp_path / "out", keywords=["RCV-QRM-010 or RCV-QRM-016"])
     assert [(r.spec.id, r.verdict) for r in result.results] == \
-        [("RCV-QRM-010", Verdict.UNSUPPORTED)]
+        [("RCV-QRM-010", Verdict.UNSUPPORTED), ("RCV-QRM-016", Verdict.UNSUPPORTED)]
     assert "explicit_ack_args" in result.results[0].message
+    assert "consume_args" in result.results[1].message
     assert result.exit_code == 0
 
 
@@ -70,6 +71,9 @@ def test_explicit_ack_args_are_read() -> None:
     profile = parse_profile(_profile(explicit_ack_args=["--ack-file", "{acks}"]), "<p>")
     assert profile.explicit_ack_args == ("--ack-file", "{acks}")
     assert REFERENCE_RECEIVER.explicit_ack_args == ("--ack-file", "{acks}")
+    profile = parse_profile(_profile(consume_args=["--consume-file", "{acks}"]), "<p>")
+    assert profile.consume_args == ("--consume-file", "{acks}")
+    assert REFERENCE_RECEIVER.consume_args == ("--consume-file", "{acks}")
 
 
 @pytest.mark.parametrize(("data", "words"), [
@@ -80,6 +84,9 @@ def test_explicit_ack_args_are_read() -> None:
     (_profile(explicit_ack_args="--a '{acks}"), ["explicit_ack_args"]),
     ({"iut": {"role": "source", "launch": ["src"], "explicit_ack_args": ["{acks}"]}},
      ["receiver IUT"]),
+    (_profile(consume_args=["--consume-file"]), ["consume_args", "{acks}"]),
+    ({"iut": {"role": "store", "launch": ["st"], "consume_args": ["{acks}"]}},
+     ["consume_args", "receiver IUT"]),
 ])
 def test_bad_explicit_ack_args(data: dict[str, Any], words: list[str]) -> None:
     with pytest.raises(ProfileError) as info:

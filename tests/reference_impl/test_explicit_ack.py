@@ -95,6 +95,74 @@ def test_without_batching_each_chunk_is_acknowledged_at_once() -> None:
     assert rig.acks(0) == [1, 2]
 
 
+# --- consumption out of order (an application that retains its messages) -----------------------
+
+
+def retaining(**options: Any) -> Rig:
+    """A receiver whose application retains 1..10 (the store answered low 1)."""
+    rig = Rig(1, high=0, **options)
+    rig.rcv.retain_messages()
+    rig.grant(0, low=1)
+    rig.live(*range(1, 11))
+    assert rig.delivered() == list(range(1, 11))
+    return rig
+
+
+def test_batching_acknowledges_the_contiguous_run_consumed() -> None:
+    """The guide's example: consumed 1, 2, then 4, 5, 7, 8, 6, 10, 3 -> 3 - 8."""
+    rig = retaining(ume_ack_batching_interval=100)
+    rig.tick(0.2)
+    assert rig.acks(0) == []  # delivery is not consumption
+    for sqn in (1, 2):
+        rig.rcv.consume(sqn)
+    rig.tick(0.1)
+    assert rig.acks(0) == [2]
+    for sqn in (4, 5, 7, 8, 6, 10):
+        rig.rcv.consume(sqn)
+    rig.tick(0.3)
+    assert rig.acks(0) == [2]
+    rig.rcv.consume(3)
+    rig.tick(0.1)
+    assert rig.acks(0) == [2, 8]
+    rig.rcv.consume(9)
+    rig.tick(0.1)
+    assert rig.acks(0) == [2, 8, 10]
+
+
+def test_without_batching_consumption_is_acknowledged_at_once() -> None:
+    rig = retaining(ume_use_ack_batching=0)
+    rig.rcv.consume(2)
+    rig.rcv.consume(1)
+    rig.rcv.consume(1)  # again: nothing
+    rig.pump()
+    assert rig.acks(0) == [2]
+    with pytest.raises(ValueError, match="not delivered"):
+        rig.rcv.consume(11)
+
+
+def test_a_lost_message_counts_as_consumed() -> None:
+    rig = Rig(1, high=0, ume_use_ack_batching=0, retransmit_request_interval=100,
+              retransmit_request_message_timeout=300)
+    rig.rcv.retain_messages()
+    rig.grant(0, low=1)
+    rig.live(1, 2, 4)  # 3 never comes
+    rig.tick(0.5)
+    assert rig.delivered() == [1, 2, 4]
+    for sqn in (4, 1, 2):
+        rig.rcv.consume(sqn)
+    rig.pump()
+    assert rig.acks(0)[-1] == 4
+
+
+def test_consume_without_retaining_changes_nothing() -> None:
+    rig = Rig(1, high=0, ume_use_ack_batching=0)
+    rig.grant(0, low=1)
+    rig.live(1, 2, 3)
+    rig.rcv.consume(1)
+    rig.pump()
+    assert rig.acks(0) == [3]  # delivery was consumption already
+
+
 # --- the application of ump receiver -------------------------------------------------------------
 
 
@@ -156,9 +224,29 @@ def test_schedule_acknowledges_the_newest_delivered() -> None:
     assert rig.acks(0) == [2]
 
 
+def test_consume_file_consumes_in_file_order(tmp_path: Path) -> None:
+    rig = Rig(1, high=0, ume_use_ack_batching=0)
+    rig.rcv.retain_messages()
+    rig.grant(0, low=0)
+    path = tmp_path / "consumed"
+    app = acker(rig, ack_file=str(path), consume=True)
+    rig.live(0, 1, 2, 3)
+    path.write_text("1\n0\n3\n")
+    app.pending.extend(app._read())
+    app._ack([], 0.0)
+    rig.pump()
+    assert rig.acks(0) == [1]  # 3 waits for 2
+    with path.open("a") as f:
+        f.write("2\n")
+    app.pending.extend(app._read())
+    app._ack([], 0.0)
+    rig.pump()
+    assert rig.acks(0) == [1, 3]
+
+
 def test_acker_needs_exactly_one_way() -> None:
     rig = Rig(1)
-    for kw in ({}, {"every_ms": 5, "ack_file": "x"}):
+    for kw in ({}, {"every_ms": 5, "ack_file": "x"}, {"every_ms": 5, "consume": True}):
         with pytest.raises(ValueError):
             acker(rig, **kw)
 
@@ -188,6 +276,8 @@ def ump(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> 
     (["--explicit-ack", "-3"], ["--explicit-ack", "-3"]),
     (["--explicit-ack", "9999999"], ["--explicit-ack"]),
     (["--ack-file", ""], ["--ack-file"]),
+    (["--consume-file", "c", "--ack-file", "a"], ["--ack-file", "--consume-file"]),
+    (["--consume-file", ""], ["--consume-file"]),
 ])
 def test_bad_ack_options_are_one_line_errors(ump: Ump, args: list[str],
                                              words: list[str]) -> None:

@@ -132,10 +132,12 @@ class Rig:
 
     def tick(self, seconds: float, step: float = 0.05) -> None:
         end = self.now + seconds
-        while self.now < end - 1e-9:
+        while True:  # ends at ``end`` exactly (a timer armed at it must fire)
             self.now = min(end, self.now + step)
             self.rcv.handle_timer(self.now)
             self.pump()
+            if self.now >= end:
+                break
 
     # --- what the receiver did ------------------------------------------------------------------
 
