@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from wire.cli import add_port_options, port_map
 
@@ -149,15 +149,38 @@ def _one_line(exc: BaseException) -> str:
 
 @dataclass
 class Progress:
-    """Progress lines on stderr (``ump analyze: ...`` with the elapsed time)."""
+    """Progress lines on stderr (``ump analyze: ...`` with the elapsed time): one per step and
+    per analysis; on a terminal the decode also gets a bar with percentage and ETA
+    (:mod:`spark_analysis.progress`).  ``--quiet``: nothing."""
 
     quiet: bool = False
     started: float = field(default_factory=time.monotonic)
+    stream: TextIO | None = None
+    """Where to write (default: ``sys.stderr`` at the time of writing)."""
+    tty: bool | None = None
+    """Draw bars (default: when the stream is a terminal)."""
+
+    def _out(self) -> TextIO:
+        return self.stream if self.stream is not None else sys.stderr
+
+    def _prefix(self, message: str) -> str:
+        return f"{PROG}: [{time.monotonic() - self.started:6.1f}s] {message}"
 
     def __call__(self, message: str) -> None:
         if not self.quiet:
-            elapsed = time.monotonic() - self.started
-            print(f"{PROG}: [{elapsed:6.1f}s] {message}", file=sys.stderr, flush=True)
+            print(self._prefix(message), file=self._out(), flush=True)
+
+    def bar(self, message: str, spark: Any) -> contextlib.AbstractContextManager[Any]:
+        """A block of Spark work: a bar of its tasks on a terminal, else the plain line."""
+        out = self._out()
+        tty = self.tty if self.tty is not None else bool(getattr(out, "isatty", bool)())
+        if self.quiet or not tty:
+            self(message)
+            return contextlib.nullcontext()
+        from spark_analysis.progress import TaskBar, spark_task_counter
+
+        return TaskBar(self._prefix(message), spark_task_counter(spark.sparkContext),
+                       stream=out)
 
 
 # =============================================================================================
@@ -237,9 +260,14 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
                       config=SMALL_CAPTURE_JVM if small_files else None,
                       log_level="WARN" if verbose else "ERROR", quiet=not verbose)
     size_shuffle_partitions(spark, capture_bytes)
-    log("decoding")
-    decoded = _decode(spark, natural_order(files), args.per_file, decode_options,
-                      args.split_size << 20 if args.split_size else None, out)
+    if isinstance(log, Progress):
+        decoding = log.bar("decoding", spark)
+    else:
+        log("decoding")
+        decoding = contextlib.nullcontext()
+    with decoding:
+        decoded = _decode(spark, natural_order(files), args.per_file, decode_options,
+                          args.split_size << 20 if args.split_size else None, out)
     log(f"  decoded {decoded.frames} frames into {out.uri(DECODED)}")
     tables = prepare(decoded.packets, decoded.messages, decoded.advertisements, files=files,
                      per_file=args.per_file)
@@ -247,10 +275,11 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
     log("analysing" + (" (small capture: one partition, no adaptive plans)" if small else ""))
     with _sql_settings(spark, SMALL_CAPTURE_SQL if small else {}):
         result = analyze(tables, options, small=small,
-                         progress=lambda step: log(f"  {step}"))
+                         progress=lambda step: _step(spark, log, step))
         try:
             counts: dict[str, int] = {}
             for name, df in result.outputs.items():
+                spark.sparkContext.setJobDescription(f"write {name}")
                 counts[name] = _write(df, name, SORT_KEYS[name],
                                       name in DETAIL_OUTPUTS and not small, out)
                 log(f"  wrote {name}: {counts[name]} rows")
@@ -269,6 +298,13 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
     seconds = time.monotonic() - started
     log(f"done in {seconds:.1f}s: {args.out}/report.html")
     return RunResult(args.out, files, summary, tables_read, counts, seconds)
+
+
+def _step(spark: Any, log: Callable[[str], None], step: str) -> None:
+    """An analysis step starts: one progress line, and the step's name on its Spark jobs (the
+    Spark UI and event log then show which analysis each job belongs to)."""
+    spark.sparkContext.setJobDescription(step)
+    log(f"  {step}")
 
 
 SMALL_CAPTURE_FRAMES = 60_000
