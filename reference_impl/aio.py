@@ -590,6 +590,9 @@ class AioHost:
             mreq = socket.inet_aton(group) + socket.inet_aton(interface)
             udp.sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, mreq)
             udp.sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, ttl)
+            # loop on (the kernel's default, said here): receivers on this host, LBT-RM's on
+            # loopback among them, get what this socket sends to the group
+            udp.sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
             if interface not in _WILDCARD:
                 udp.sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF,
                                     socket.inet_aton(interface))
