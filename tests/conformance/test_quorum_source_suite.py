@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
+
+import pytest
 
 from conformance.model import Role, Strength, Verdict, all_cases
 from conformance.profile import resolve_profile
-from conformance.runner import run
+from conformance.runner import RunResult, run
+from wire.dissect import check_against_tshark, dissect_file
+from wire.tshark import PortMap
 
 IDS = [f"SRC-QRM-{n:03d}" for n in range(1, 19)]
 SECTIONS = {"Quorum/Consensus Store Usage", "Sources Using Quorum/Consensus Store Configuration",
@@ -38,8 +41,26 @@ def test_ump_conform_lists_them_for_the_source_iut() -> None:
     assert listed == IDS
 
 
-def test_every_source_case_passes_against_the_reference_source(tmp_path: Path) -> None:
-    result = run(resolve_profile("source"), tmp_path / "out", suites=["quorum"], jobs=2)
-    assert [(r.spec.id, r.verdict) for r in result.results] == \
-        [(i, Verdict.PASS) for i in IDS], [(r.spec.id, r.message) for r in result.results]
-    assert result.exit_code == 0
+@pytest.fixture(scope="module")
+def suite_run(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
+    """One run of the suite against the reference source (two cases at a time), shared."""
+    return run(resolve_profile("source"), tmp_path_factory.mktemp("quorum") / "out",
+               suites=["quorum"], jobs=2)
+
+
+def test_every_source_case_passes_against_the_reference_source(suite_run: RunResult) -> None:
+    assert [(r.spec.id, r.verdict) for r in suite_run.results] == \
+        [(i, Verdict.PASS) for i in IDS], [(r.spec.id, r.message) for r in suite_run.results]
+    assert suite_run.exit_code == 0
+
+
+@pytest.mark.oracle
+def test_the_evidence_agrees_with_tshark(suite_run: RunResult) -> None:
+    # two and three groups of harness stores: every frame dissects as tshark dissects it, with
+    # the harness stores' ports as store ports
+    for case in suite_run.results:
+        assert case.pcap is not None and case.store_ports, case.spec.id
+        ports = PortMap(store_ports=case.store_ports)
+        reports = list(dissect_file(case.pcap, ports))
+        assert any(r.status == "um" for r in reports), case.spec.id
+        assert check_against_tshark(case.pcap, reports, ports) == [], case.spec.id
