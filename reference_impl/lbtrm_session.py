@@ -19,7 +19,8 @@ timing, in-order delivery, loss reports, the events :class:`Delivered`, :class:`
 rules.  A core that tells sessions apart with ``isinstance`` must test for
 :class:`LbtrmReceiverSession` before :class:`LbtruReceiverSession`.
 
-Rules (each has a test in ``tests/reference_impl/test_lbtrm_session.py``):
+Rules (summed up in ``docs/wire-transports.md`` §2.6; each has a test in
+``tests/reference_impl/test_lbtrm_session.py``):
 
 * **Source.**  DATA goes to ``group`` with the unicast-NAKs flag set, numbered from 0 per
   session (modulo 2**32), and is retained for retransmission while the retained payload fits
