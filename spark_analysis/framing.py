@@ -54,6 +54,10 @@ class _Skips:
         if len(rows):
             self._parts.append((np.asarray(rows, np.int64), reason))
 
+    def parts(self) -> list[tuple[np.ndarray, str]]:
+        """The rows added so far, with their reasons."""
+        return list(self._parts)
+
     def add_by_value(self, rows: np.ndarray, values: np.ndarray,
                      reason: Callable[[int], str]) -> None:
         """Rows whose reason depends on a small set of values (a link type, a protocol)."""
@@ -108,7 +112,7 @@ _U32LE = np.dtype("<u4")
 
 _NETWORK_SKIPS: dict[str, str | Callable[[int], str]] = {
     "link": lambda v: f"unsupported or truncated link layer (link type {v})",
-    "not_ipv4": lambda v: f"not IPv4 (ethertype 0x{v:04x})" if v else "not IPv4",
+    "not_ipv4": pcap.not_ipv4_reason,
     "ipv4_truncated": "truncated IPv4 header",
     "not_ipv4_header": "not an IPv4 header",
     "later_fragment": "IPv4 non-first fragment (reassembly not supported)",
@@ -249,6 +253,14 @@ class _Frames:
         return cls(n, _constant(file, n), chunk.offset.astype(np.int64), ts_ns,
                    chunk.linktype.astype(np.int64), data, file)
 
+    def take(self, rows: np.ndarray) -> _Frames:
+        """The frames ``rows`` (their bytes stay where they are)."""
+        take = arrow_array(rows)
+        return _Frames(len(rows), self.files.take(take), self.file_offset[rows],
+                       self.ts_ns.take(take), self.linktype[rows],
+                       _Binary(self.data.bv, self.data.starts[rows], self.data.lengths[rows]),
+                       self.single_file)
+
 
 @dataclass
 class _Network:
@@ -265,6 +277,9 @@ class _Network:
     tcp_flags: np.ndarray
     first_fragment: np.ndarray
     text: dict[str, tuple[np.ndarray, pa.Array]] = field(default_factory=dict)
+    # per row ``type << 8 | code`` of the ICMP error quoting the UDP datagram (-1: not
+    # quoted); None when no row of the batch is (the usual case: no column work at all)
+    icmp: np.ndarray | None = None
 
     @classmethod
     def empty(cls, n: int) -> _Network:
@@ -302,12 +317,37 @@ def _decode_network(fr: _Frames, skips: _Skips) -> _Network:
     o = dict(zip(_netheaders.OUTPUTS, out, strict=True))
     skipped = np.flatnonzero(o["status"])
     codes = o["status"][skipped]
+    icmp_rows = np.zeros(0, np.int64)
     for code in np.unique(codes).tolist():
         which = skipped[codes == code]
-        _skip_network(skips, _netheaders.REASONS[code], which, o["value"][which])
-    return _Network(proto=o["proto"], src=o["src"], dst=o["dst"], sport=o["sport"],
-                    dport=o["dport"], pstart=o["pstart"], pend=o["pend"], seq=o["seq"],
-                    tcp_flags=o["tcp_flags"], first_fragment=o["first_fragment"].astype(bool))
+        reason = _netheaders.REASONS[code]
+        if reason == "not_udp_tcp":  # ICMP errors may quote UDP: the numpy decode reads them
+            icmp = o["value"][which] == pcap.PROTO_ICMP
+            icmp_rows, which = which[icmp], which[~icmp]
+        _skip_network(skips, reason, which, o["value"][which])
+    net = _Network(proto=o["proto"], src=o["src"], dst=o["dst"], sport=o["sport"],
+                   dport=o["dport"], pstart=o["pstart"], pend=o["pend"], seq=o["seq"],
+                   tcp_flags=o["tcp_flags"], first_fragment=o["first_fragment"].astype(bool))
+    if icmp_rows.size:
+        _merge_rows(net, icmp_rows, fr.take(icmp_rows), skips)
+    return net
+
+
+def _merge_rows(net: _Network, rows: np.ndarray, sub: _Frames, skips: _Skips) -> None:
+    """Decode the frames ``rows`` (``sub`` holds them) with :func:`_decode_network_numpy`
+    into ``net``: how the compiled decode hands over the rare frames it does not read (ICMP
+    errors quoting a datagram)."""
+    sub_skips = _Skips()
+    got = _decode_network_numpy(sub, sub_skips)
+    for part, reason in sub_skips.parts():
+        skips.add(rows[part], reason)
+    for name in ("proto", "src", "dst", "sport", "dport", "pstart", "pend", "seq",
+                 "tcp_flags", "first_fragment"):
+        getattr(net, name)[rows] = getattr(got, name)
+    if got.icmp is not None:
+        if net.icmp is None:
+            net.icmp = np.full(len(net.proto), -1, np.int64)
+        net.icmp[rows] = got.icmp
 
 
 def _decode_network_numpy(fr: _Frames, skips: _Skips) -> _Network:
@@ -375,6 +415,8 @@ def _decode_network_numpy(fr: _Frames, skips: _Skips) -> _Network:
     _skip_network(skips, "tcp_truncated", rows[short])
     tcp &= ~short
     other = (proto != _PROTO_UDP) & (proto != _PROTO_TCP)
+    quoted = _icmp_quoted(bv, start[rows], body, end, other & (proto == pcap.PROTO_ICMP))
+    other &= ~quoted.ok
     _skip_network(skips, "not_udp_tcp", rows[other], proto[other])
 
     r = rows[udp]
@@ -405,7 +447,64 @@ def _decode_network_numpy(fr: _Frames, skips: _Skips) -> _Network:
     r = rows[udp | tcp]
     net.src[r], net.dst[r] = ip["src"][udp | tcp], ip["dst"][udp | tcp]
     net.first_fragment[rows[udp]] = first_fragment[udp]
+
+    if quoted.ok.any():  # the UDP datagram an ICMP error quotes, with its own addresses
+        r, q = rows[quoted.ok], quoted.ok
+        net.proto[r] = _PROTO_UDP
+        net.src[r], net.dst[r] = quoted.src[q], quoted.dst[q]
+        net.sport[r], net.dport[r] = quoted.sport[q], quoted.dport[q]
+        net.pstart[r] = start[r] + quoted.pstart[q]
+        net.pend[r] = start[r] + quoted.pend[q]
+        net.icmp = np.full(n, -1, np.int64)
+        net.icmp[r] = quoted.icmp[q]
     return net
+
+
+@dataclass
+class _Quoted:
+    """Per IPv4 row: the UDP datagram an ICMP error quotes (``ok``), as
+    :func:`wire.pcap.decode_frame` reads it (:data:`wire.pcap.ICMP_ERROR_TYPES`); payload
+    positions relative to the frame start."""
+
+    ok: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    sport: np.ndarray
+    dport: np.ndarray
+    pstart: np.ndarray
+    pend: np.ndarray
+    icmp: np.ndarray
+
+
+def _icmp_quoted(bv: ByteView, start: np.ndarray, body: np.ndarray, end: np.ndarray,
+                 candidate: np.ndarray) -> _Quoted:
+    n = len(start)
+    out = _Quoted(*(np.zeros(n, bool if i == 0 else np.int64) for i in range(8)))
+    rows = np.flatnonzero(candidate & (end - body >= pcap.ICMP.size + pcap.IP4.size))
+    if not rows.size:
+        return out
+    icmp = read_members(bv, pcap.ICMP, start[rows] + body[rows], ("type", "code"))
+    rows_ok = np.isin(icmp["type"], pcap.ICMP_ERROR_TYPES)
+    rows, kind = rows[rows_ok], (icmp["type"] << 8 | icmp["code"])[rows_ok]
+    inner = body[rows] + pcap.ICMP.size
+    ip = read_members(bv, pcap.IP4, start[rows] + inner,
+                      ("ver_ihl", "total_length", "flags_frag", "protocol", "src", "dst"))
+    ihl = (ip["ver_ihl"] & 0x0F) * 4
+    udp = inner + ihl
+    good = ((ip["ver_ihl"] >> 4 == 4) & (ihl >= pcap.IP4.size)
+            & (ip["protocol"] == pcap.PROTO_UDP) & ((ip["flags_frag"] & _FRAG_OFFSET) == 0)
+            & (end[rows] - udp >= pcap.UDP.size))
+    rows, udp, kind, inner = rows[good], udp[good], kind[good], inner[good]
+    ip = {k: v[good] for k, v in ip.items()}
+    ports = read_members(bv, pcap.UDP, start[rows] + udp, ("sport", "dport"))
+    out.ok[rows] = True
+    out.src[rows], out.dst[rows] = ip["src"], ip["dst"]
+    out.sport[rows], out.dport[rows] = ports["sport"], ports["dport"]
+    out.pstart[rows] = udp + pcap.UDP.size
+    out.pend[rows] = np.maximum(out.pstart[rows],
+                                np.minimum(end[rows], inner + ip["total_length"]))
+    out.icmp[rows] = kind
+    return out
 
 
 def _frame_columns(fr: _Frames, net: _Network, frame_rows: np.ndarray) -> dict[str, pa.Array]:
@@ -425,8 +524,15 @@ def _frame_columns(fr: _Frames, net: _Network, frame_rows: np.ndarray) -> dict[s
 
 def _identity(fr: _Frames, net: _Network, frame_rows: np.ndarray, protocol: str,
               ) -> dict[str, pa.Array]:
-    """:func:`_frame_columns` with the protocol and the dotted addresses."""
-    return {**_frame_columns(fr, net, frame_rows),
-            "protocol": _constant(protocol, len(frame_rows)),
-            "src_ip": net.ip_strings("src", frame_rows),
-            "dst_ip": net.ip_strings("dst", frame_rows)}
+    """:func:`_frame_columns` with the protocol and the dotted addresses (and the ICMP
+    error quoting each datagram, when a row of the batch is quoted in one)."""
+    out = {**_frame_columns(fr, net, frame_rows),
+           "protocol": _constant(protocol, len(frame_rows)),
+           "src_ip": net.ip_strings("src", frame_rows),
+           "dst_ip": net.ip_strings("dst", frame_rows)}
+    if net.icmp is not None:
+        icmp = net.icmp[frame_rows]
+        quoted = icmp >= 0
+        out["icmp_type"] = _masked((icmp >> 8).astype(np.int32), quoted, pa.int32())
+        out["icmp_code"] = _masked((icmp & 0xFF).astype(np.int32), quoted, pa.int32())
+    return out

@@ -328,6 +328,11 @@ PACKETS_SCHEMA = pa.schema([
     _f("messages", pa.int32(), "LBMC messages decoded from this packet (LBT-TCP: messages "
        "this segment made deliverable)"),
     _f("malformed_reason", pa.string(), "why (part of) the packet does not decode; null if fine"),
+    _f("icmp_type", pa.int32(), "the type of the ICMP error quoting this UDP datagram (3 "
+       "destination unreachable, 11 time exceeded ...; addresses and ports are the quoted "
+       "datagram's); null for a datagram seen itself"),
+    _f("icmp_code", pa.int32(), "that ICMP error's code (type 3 code 3: port unreachable, "
+       "e.g. a NAK to a source that is gone)"),
 ])
 """One row per UM packet: a UDP datagram of LBT-RM, LBT-RU or LBMR, or a TCP segment with
 payload on an LBT-TCP connection.  Columns that do not apply to a packet type are null."""

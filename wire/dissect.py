@@ -65,6 +65,8 @@ class FrameReport:
     reason: str | None = None
     occurrences: list[Occurrence] = field(default_factory=list)
     classified_by: str | None = None  # "port" or "content" (wire.detect) when UM
+    icmp: tuple[int, int] | None = None  # (type, code) when the datagram is quoted in an ICMP
+    # error (addresses and ports are then the quoted datagram's): a NAK to a closed port ...
 
     def to_json(self) -> dict[str, Any]:
         """Field values as tshark shows them; names with bytes outside ASCII are also given
@@ -82,7 +84,8 @@ class FrameReport:
             "frame": self.number, "time": round(self.time, 9), "status": self.status,
             "transport": self.transport, "src": self.src, "sport": self.sport,
             "dst": self.dst, "dport": self.dport, "reason": self.reason,
-            "classified_by": self.classified_by, "messages": messages,
+            "classified_by": self.classified_by,
+            "icmp": list(self.icmp) if self.icmp is not None else None, "messages": messages,
         }
 
 
@@ -188,6 +191,7 @@ class Dissector:
             return report
         report.src, report.dst, report.sport, report.dport = (seg.src, seg.dst, seg.sport,
                                                               seg.dport)
+        report.icmp = seg.icmp
         if seg.proto == "udp":
             return self._udp(seg, report)
         return self._tcp(seg, report)
@@ -365,6 +369,8 @@ def print_report(report: FrameReport, out: TextIO, verbose: bool = True) -> None
         where = f"{report.src}:{report.sport} -> {report.dst}:{report.dport} "
     labels = " ".join(o.label for o in report.occurrences if o.label)
     proto = DISPLAY_NAMES.get(report.transport or "", "")
+    if report.icmp is not None:
+        where = f"ICMP type {report.icmp[0]} code {report.icmp[1]} quoting {where}"
     head = f"{report.number:6d} {report.time:14.6f} {where}{proto}"
     if report.status == "um":
         out.write(f"{head} {labels}\n")

@@ -96,6 +96,28 @@ ETH, VLAN, SLL, SLL2, IP4, UDP, TCP = (derive(s) for s in (
 
 TCP_FIN, TCP_SYN, TCP_RST, TCP_PSH, TCP_ACK = 0x01, 0x02, 0x04, 0x08, 0x10
 
+IcmpHeader = cs.Struct(
+    field("type", U8), field("code", U8), field("checksum", U16), field("rest", U32))
+ICMP = derive(IcmpHeader)
+PROTO_ICMP, PROTO_TCP, PROTO_UDP = 1, 6, 17
+ICMP_ERROR_TYPES = (3, 4, 5, 11, 12)
+"""ICMP types that quote the datagram they report (destination unreachable, source quench,
+redirect, time exceeded, parameter problem): tshark decodes the quoted IPv4 and UDP headers
+and the UDP payload as far as it is quoted, and so do we (:func:`decode_frame`).  A NAK
+answered by "port unreachable" (type 3 code 3) means the source that should take it is gone."""
+MAX_8023_LENGTH = 1500
+"""An Ethernet type field up to this value is an IEEE 802.3 length: an LLC header follows."""
+
+
+def not_ipv4_reason(ethertype: int) -> str:
+    """Why a frame with this Ethernet type (or 802.3 length) is not an IPv4 frame: the one
+    text for ``ump dissect`` and ``ump analyze``."""
+    if not ethertype:
+        return "not IPv4"
+    if ethertype <= MAX_8023_LENGTH:
+        return f"not IPv4 (IEEE 802.3 frame with an LLC header, length {ethertype})"
+    return f"not IPv4 (ethertype 0x{ethertype:04x})"
+
 
 # --- reading -----------------------------------------------------------------------------------
 
@@ -242,6 +264,7 @@ class Segment:
     payload: bytes
     seq: int = 0
     flags: int = 0
+    icmp: tuple[int, int] | None = None  # (type, code) of the ICMP error quoting the datagram
 
 
 def decode_frame(linktype: int, data: bytes) -> Segment:
@@ -251,7 +274,7 @@ def decode_frame(linktype: int, data: bytes) -> Segment:
         if pos == 0 or linktype != LINKTYPE_ETHERNET:
             version = data[pos] >> 4 if len(data) > pos else 0
             raise WireError("ip", pos, f"not IPv4 (IP version {version})")
-        raise WireError("eth", 12, f"not IPv4 (ethertype 0x{ethertype:04x})")
+        raise WireError("eth", 12, not_ipv4_reason(ethertype))
     if len(data) - pos < IP4.size:
         raise WireError("ip", pos, "truncated IPv4 header")
     ip = IP4.decode(data, pos)
@@ -277,7 +300,33 @@ def decode_frame(linktype: int, data: bytes) -> Segment:
                             f"data offset {off_flags >> 12} words does not fit the segment")
         return Segment("tcp", ip["src"], ip["dst"], sport, dport, data[start:end], seq,
                        off_flags & 0x3F)
+    if ip["protocol"] == PROTO_ICMP:
+        quoted = _icmp_quoted_udp(data, body, end)
+        if quoted is not None:
+            return quoted
     raise WireError("ip", pos + 9, f"IP protocol {ip['protocol']} is neither UDP nor TCP")
+
+
+def _icmp_quoted_udp(data: bytes, body: int, end: int) -> Segment | None:
+    """The UDP datagram an ICMP error quotes (:data:`ICMP_ERROR_TYPES`), with its own
+    addresses and ports and its payload as far as quoted; None when it quotes no whole IPv4
+    and UDP header of a first fragment."""
+    if end - body < ICMP.size + IP4.size:
+        return None
+    icmp = ICMP.decode(data, body)
+    if icmp["type"] not in ICMP_ERROR_TYPES:
+        return None
+    inner = body + ICMP.size
+    ip = IP4.decode(data, inner)
+    ihl = (ip["ver_ihl"] & 0x0F) * 4
+    udp = inner + ihl
+    if (ip["ver_ihl"] >> 4 != 4 or ihl < IP4.size or ip["protocol"] != PROTO_UDP
+            or ip["flags_frag"] & 0x1FFF or end - udp < UDP.size):
+        return None
+    sport, dport, _, _ = UDP.unpack_from(data, udp)
+    stop = min(end, inner + ip["total_length"])
+    return Segment("udp", ip["src"], ip["dst"], sport, dport, data[udp + UDP.size:stop],
+                   icmp=(icmp["type"], icmp["code"]))
 
 
 def _link(linktype: int, data: bytes) -> tuple[int, int]:

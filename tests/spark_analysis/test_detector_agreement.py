@@ -18,8 +18,9 @@ import pytest
 
 from spark_analysis import columnar
 from spark_analysis.schemas import DecodeOptions
+from tests.wire.test_detect import real_trait_frames
 from wire.dissect import Dissector
-from wire.pcap import read_capture
+from wire.pcap import read_capture, write_pcap
 from wire.tshark import PortMap
 
 CORPUS = Path(__file__).resolve().parents[2] / "captures" / "corpus"
@@ -72,9 +73,14 @@ def analyze_verdicts(path: Path, ports: PortMap, content: bool) -> dict[int, Ver
     return out
 
 
-@pytest.mark.parametrize("options", list(OPTION_SETS))
-@pytest.mark.parametrize("capture", CAPTURES, ids=[p.name for p in CAPTURES])
-def test_both_tools_classify_every_frame_identically(capture: Path, options: str) -> None:
+@pytest.fixture(scope="module")
+def real_traits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("traits") / "real-traits.pcap"
+    write_pcap(path, real_trait_frames())
+    return path
+
+
+def assert_same_verdicts(capture: Path, options: str) -> None:
     ports, content = OPTION_SETS[options]
     ours = dissect_verdicts(capture, ports, content)
     spark = analyze_verdicts(capture, ports, content)
@@ -82,6 +88,35 @@ def test_both_tools_classify_every_frame_identically(capture: Path, options: str
     differ = {n: (ours[n], spark[n]) for n in ours if ours[n] != spark[n]}
     assert not differ, (f"{len(differ)} frames classified differently (dissect, analyze), "
                         f"first: {dict(list(differ.items())[:5])}")
+
+
+@pytest.mark.parametrize("options", list(OPTION_SETS))
+@pytest.mark.parametrize("capture", CAPTURES, ids=[p.name for p in CAPTURES])
+def test_both_tools_classify_every_frame_identically(capture: Path, options: str) -> None:
+    assert_same_verdicts(capture, options)
+
+
+@pytest.mark.parametrize("options", list(OPTION_SETS))
+def test_both_tools_agree_on_real_deployment_traits(real_traits: Path, options: str) -> None:
+    assert_same_verdicts(real_traits, options)
+
+
+def test_icmp_quoted_datagrams_and_8023_frames_in_analyze(real_traits: Path) -> None:
+    """A NAK quoted in an ICMP port unreachable is an LBT-RM NAK row with the quoted
+    datagram's addresses and ``icmp_type``/``icmp_code`` (3/3); an ICMP error quoting no UM
+    and an 802.3/LLC frame are skipped with reasons that say what they are."""
+    tables = columnar.decode_batches([columnar.frames_batch_from_capture(real_traits)])
+    rows = tables.packets.to_pylist()
+    quoted = [r for r in rows if r["icmp_type"] is not None]
+    assert sorted((r["packet_type"], r["src_ip"], r["dst_port"], str(r["nak_sqns"]),
+                   r["icmp_type"], r["icmp_code"], r["classified_by"]) for r in quoted) == [
+        ("nak", "10.0.0.2", 14390, "[3, 4]", 3, 3, "port"),
+        ("nak", "10.0.0.2", 34567, "[3, 4]", 3, 3, "content")]
+    assert all(r["icmp_type"] is None for r in rows if r not in quoted)
+    reasons = {r["reason"]: r["frames"] for r in tables.skipped.to_pylist()}
+    assert reasons == {
+        "not IPv4 (IEEE 802.3 frame with an LLC header, length 38)": 1,
+        "UDP matches no UM port rule and decodes as no UM protocol": 1}
 
 
 def test_the_corpus_is_there_and_has_um_found_only_by_content() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from wire.pcap import (
     CaptureRecord,
     Segment,
     decode_frame,
+    ipv4_frame,
     read_capture,
     tcp_frame,
     udp_frame,
@@ -59,6 +61,34 @@ def lbmr_v1() -> bytes:
         options=[L.ToptUme(store=1, store_tcp_port=14567, store_tcp_addr="127.0.0.1",
                            src_reg_id=1000)])],
         options=[L.OptLen(), L.OptVersion(version=0x60000, ume=1)]).build()
+
+
+def icmp_quoting(frame: bytes, kind: tuple[int, int] = (3, 3)) -> bytes:
+    """An ICMP error (default: port unreachable) from the frame's destination, quoting the
+    frame's IPv4 datagram whole."""
+    src, dst = frame[26:30], frame[30:34]
+    dotted = [".".join(str(b) for b in a) for a in (dst, src)]
+    return ipv4_frame(dotted[0], dotted[1], 1, bytes([*kind, 0, 0, 0, 0, 0, 0]) + frame[14:])
+
+
+def real_trait_frames() -> list[bytes]:
+    """What real deployments show and the generated corpus does not (yet): LBT-RM on a
+    site's own group and ports, NAKs bounced as ICMP port unreachable, LBMR version 1 with
+    options on a non-default port, an 802.3/LLC frame (spanning tree)."""
+    data = lbtrm.LbtrmData(ucast_port=34567, session_id=7, sqn=1, trail_sqn=0, payload=[
+        LbmcMessage(type=MessageType.MESSAGE, tidx=1, sqn=1, payload=b"x")]).build()
+    nak = lbtrm.LbtrmNak(naks=[3, 4], ucast_port=34567, session_id=7).build()
+    lbmr_v1 = L.LbmrPacket(version=1, tirs=[L.Tir(
+        name="t", ttl=1, index=1, info=L.LbtruSidInfo(ip="10.0.0.1", session_id=9, port=1))],
+        options=[L.OptLen(), L.OptVersion(version=0x60000, ume=1)]).build()
+    nak_frame = udp_frame("10.0.0.2", 40001, "10.0.0.1", 34567, nak)
+    default_nak = udp_frame("10.0.0.2", 40001, "10.0.0.1", 14390, nak)
+    stp = (bytes.fromhex("0180c2000000") + bytes(6) + struct.pack(">H", 38)
+           + bytes.fromhex("424203") + bytes(35))
+    return [udp_frame("10.0.0.1", 50000, "239.192.1.1", 12001, data), nak_frame,
+            icmp_quoting(nak_frame), icmp_quoting(default_nak),
+            icmp_quoting(udp_frame("10.0.0.2", 1, "10.0.0.1", 2, b"junk")),
+            udp_frame("10.0.0.1", 50001, "239.255.0.1", 5000, lbmr_v1), stp]
 
 
 # --- port rules (tshark's) and content rules ------------------------------------------------------
@@ -223,3 +253,27 @@ def test_scapy_binding_helper_uses_the_detector() -> None:
     finally:
         sl.unbind_detector()
     assert lbtrm_layer not in Ether(odd) and lbtrm_layer in Ether(default)
+
+
+# --- ICMP-quoted datagrams, 802.3 frames, tshark ---------------------------------------
+
+
+def test_real_deployment_traits_in_dissect_agree_with_tshark(tmp_path: Path) -> None:
+    """``ump dissect`` with no options on LBT-RM on a site's own group and ports, NAKs bounced
+    as ICMP port unreachable, LBMR version 1 with options on a non-default port and an
+    802.3/LLC frame: what it finds and tshark's dissection agree field by field
+    (``--check-tshark`` shows tshark the ports found by content)."""
+    path = tmp_path / "traits.pcap"
+    write_pcap(path, real_trait_frames())
+    done = ump("dissect", str(path), "--json", "--check-tshark")
+    assert done.returncode == 0, done.stderr
+    assert "0 disagreement(s) over 7 frames" in done.stderr
+    frames = json.loads(done.stdout)
+    assert [(f["transport"], f["classified_by"], f["icmp"]) for f in frames] == [
+        ("lbtrm", CONTENT, None), ("lbtrm", CONTENT, None), ("lbtrm", CONTENT, [3, 3]),
+        ("lbtrm", PORT, [3, 3]), (None, None, [3, 3]), ("lbmr", CONTENT, None),
+        (None, None, None)]
+    assert frames[6]["reason"] == "not IPv4 (IEEE 802.3 frame with an LLC header, length 38)"
+    assert frames[2]["src"] == "10.0.0.2" and frames[2]["dport"] == 34567
+    text = ump("dissect", str(path), "--brief").stdout
+    assert "ICMP type 3 code 3 quoting 10.0.0.2:40001 -> 10.0.0.1:34567 LBT-RM NAK" in text
