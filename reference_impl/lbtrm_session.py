@@ -65,31 +65,33 @@ Rules (summed up in ``docs/wire-transports.md`` §2.6; each has a test in
   ID (unless configured), so its receivers start a new session from its first packets
   (:class:`LbtrmReceiverPort` opens one per key) and the old one times out.
 
-Defaults are the product's (UM Configuration Guide, "Transport LBT-RM Operation Options",
-"Transport LBT-RM Reliability Options" and "Transport LBT-RM Network Options"; the guide's
-sample configuration file in "Configuring for Persistence and Recovery" sets the same rate
-limits, 10,000,000 and 5,000,000):
+Defaults.  Each settings field is the UM option's name without ``transport_lbtrm_``.  The
+guide's sample configuration file ("Configuring for Persistence and Recovery") sets the rate
+limits to 10,000,000 and 5,000,000 and its store example the rate interval to 100; ports and
+groups are in ``docs/semantics.md`` §1.0.  The other values are those of the UM Configuration
+Guide ("Transport LBT-RM Reliability Options", "... Operation Options"), which is not among
+the repository's sources: where it might differ, read them as our choice.
 
-=====================================================  =========================  ===========
-UM option                                              here                       default
-=====================================================  =========================  ===========
-``transport_lbtrm_transmission_window_size`` (source)  transmission_window_size   24 MiB
-``transport_lbtrm_sm_minimum_interval`` (source)       sm_minimum_interval        200 ms
-``transport_lbtrm_sm_maximum_interval`` (source)       sm_maximum_interval        10 s
-``transport_lbtrm_ignore_interval`` (source)           ignore_interval            500 ms
-``transport_lbtrm_data_rate_limit`` (context)          data_rate_limit            10,000,000 b/s
-``transport_lbtrm_retransmit_rate_limit`` (context)    retransmit_rate_limit      5,000,000 b/s
-``transport_lbtrm_rate_interval`` (context)            rate_interval              100 ms
-``transport_lbtrm_nak_initial_backoff_interval`` (rx)  nak_initial_backoff_...    50 ms
-``transport_lbtrm_nak_backoff_interval`` (receiver)    nak_backoff_interval       200 ms
-``transport_lbtrm_nak_suppress_interval`` (receiver)   nak_suppress_interval      1 s
-``transport_lbtrm_nak_generation_interval`` (rx)       nak_generation_interval    10 s
-``transport_lbtrm_activity_timeout`` (receiver)        activity_timeout           60 s
-``transport_lbtrm_send_naks`` (receiver)               send_naks                  1
-``transport_lbtrm_destination_port`` (source)          :data:`DESTINATION_PORT`   14400
-``transport_lbtrm_multicast_address_low/high``         :data:`MULTICAST_RANGE`    224.10.10.10-14
-``transport_lbtrm_source_port_low/high`` (context)     :data:`SOURCE_PORTS`       14390-14399
-=====================================================  =========================  ===========
+================================================  ========  ======================================
+UM option                                         scope     default
+================================================  ========  ======================================
+``transport_lbtrm_transmission_window_size``      source    24 MiB
+``transport_lbtrm_sm_minimum_interval``           source    200 ms
+``transport_lbtrm_sm_maximum_interval``           source    10 s
+``transport_lbtrm_ignore_interval``               source    500 ms
+``transport_lbtrm_data_rate_limit``               context   10,000,000 b/s
+``transport_lbtrm_retransmit_rate_limit``         context   5,000,000 b/s
+``transport_lbtrm_rate_interval``                 context   100 ms
+``transport_lbtrm_nak_initial_backoff_interval``  receiver  50 ms
+``transport_lbtrm_nak_backoff_interval``          receiver  200 ms
+``transport_lbtrm_nak_suppress_interval``         receiver  1 s
+``transport_lbtrm_nak_generation_interval``       receiver  10 s
+``transport_lbtrm_activity_timeout``              receiver  60 s
+``transport_lbtrm_send_naks``                     receiver  1
+``transport_lbtrm_destination_port``              source    14400 (``DESTINATION_PORT``)
+``transport_lbtrm_multicast_address_low/high``    context   224.10.10.10-.14 (``MULTICAST_RANGE``)
+``transport_lbtrm_source_port_low/high``          context   14390-14399 (``SOURCE_PORTS``)
+================================================  ========  ======================================
 
 The rate limits are per context in the product; here each session applies them alone (a core
 that runs several LBT-RM sessions shares nothing yet: our choice until one does).
