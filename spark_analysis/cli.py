@@ -21,7 +21,9 @@ def register(sub: Any) -> None:
                     "SM), sequence gaps, store registrations, stability and consumption "
                     "latency, flight size, retransmission requests, anomalies.  Writes "
                     "OUT/parquet/<analysis>/, OUT/summary.json and OUT/report.html.  Give the "
-                    "store ports (--store-port): tshark has no default for them either.")
+                    "store ports (--store-port): tshark has no default for them either.  UM "
+                    "on other ports is found by content (no options needed); the detection "
+                    "options are ump dissect's, so both tools see the same UM frames.")
     job.add_arguments(parser)
     parser.set_defaults(handler=run_analyze)
 

@@ -128,3 +128,26 @@ def test_the_corpus_is_there_and_has_um_found_only_by_content() -> None:
                 dissect_verdicts(path, ports, content).values()}
     assert {("lbtrm", "content"), ("lbtru", "content"), ("lbmr", "content"),
             ("lbttcp", "port"), None} <= verdicts
+
+
+def test_both_commands_take_the_same_detection_options() -> None:
+    """``ump dissect`` and ``ump analyze`` parse the same detection options into the same
+    port map and content switch (the options of docs/wire-transports.md §8.1)."""
+    import argparse
+
+    from spark_analysis import job
+    from wire import cli
+
+    analyze = argparse.ArgumentParser()
+    job.add_arguments(analyze)
+    front = argparse.ArgumentParser()
+    cli.register(front.add_subparsers())
+    detection = ["--store-port", "14567", "--lbtrm-mc-range", "239.192.0.0/16",
+                 "--lbtrm-dest-ports", "12000-12100", "--lbtrm-source-ports", "34567",
+                 "--lbmr-mc", "239.255.0.1:5000", "--lbmr-uc-ports", "5001-5002",
+                 "--lbttcp-request-ports", "20000-20001", "--no-content-heuristics"]
+    a = analyze.parse_args(["x.pcap", "--out", "o", *detection])
+    d = front.parse_args(["dissect", "x.pcap", *detection])
+    assert cli.port_map(a) == cli.port_map(d) != PortMap()
+    assert cli.port_map(d).lbtrm_mc_range == ("239.192.0.0", "239.192.255.255")
+    assert a.no_content_heuristics and d.no_content_heuristics
