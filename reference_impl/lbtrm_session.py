@@ -478,6 +478,9 @@ class LbtrmReceiverSession(LbtruReceiverSession):
         if self.closed or addr[0] != self.source[0]:
             self.dropped += 1
             return
+        if len(data) >= _DATA.size and data[0] == lbtrm.PacketType.DATA and data[1] == 0:
+            self._fast_data(data)  # version 0, DATA, no options: the hot path
+            return
         try:
             packet = lbtrm.parse_packet(data, decode_lbmc=False)
         except WireError:
@@ -488,12 +491,8 @@ class LbtrmReceiverSession(LbtruReceiverSession):
             return
         st = self.state
         if isinstance(packet, lbtrm.LbtrmData):
-            if st.expected is None and packet.rx:
-                self.dropped += 1  # not a place to start (see the module docstring)
-                return
-            st.last_heard = now
             payload = packet.payload if isinstance(packet.payload, bytes) else b""
-            self._on_data(packet.sqn, packet.trail_sqn, bool(packet.rx), payload)
+            self._take_data(packet.sqn, packet.trail_sqn, bool(packet.rx), payload)
         elif isinstance(packet, lbtrm.LbtrmSm):
             st.last_heard = now
             self._on_rm_sm(packet)
@@ -502,6 +501,23 @@ class LbtrmReceiverSession(LbtruReceiverSession):
             self._on_rm_ncf(packet)
         else:
             self.dropped += 1  # a NAK: receivers NAK to the source, never to the group
+
+    def _fast_data(self, data: bytes) -> None:
+        """A DATA datagram without options, read through the derived header layout (what the
+        full parser would conclude, without building a packet object)."""
+        _vt, _nh, port, sid, sqn, trail, flags, _tgsz, _fec = _DATA.unpack_from(data)
+        if port != self.source[1] or sid != self.session_id:
+            self.dropped += 1
+            return
+        self._take_data(sqn, trail, bool(flags & lbtrm.FLAG_RX), bytes(data[_DATA.size:]))
+
+    def _take_data(self, sqn: int, trail: int, rx: bool, payload: bytes) -> None:
+        st = self.state
+        if st.expected is None and rx:
+            self.dropped += 1  # not a place to start (see the module docstring)
+            return
+        st.last_heard = self.now
+        self._on_data(sqn, trail, rx, payload)
 
     def _jitter(self) -> float:
         """The backoff factor in [0.5, 1.5): one draw per instant, so every number that goes

@@ -326,6 +326,17 @@ def test_with_send_naks_off_nothing_is_naked_and_gaps_are_lost_in_time() -> None
     assert [e for e in events(rcv) if isinstance(e, Lost)] == [Lost(1, 1, "timeout")]
 
 
+def test_data_with_options_takes_the_full_parser_to_the_same_result() -> None:
+    rcv = receiver()
+    with_option = lbtrm.LbtrmData(ucast_port=UCAST_PORT, session_id=SESSION_ID, sqn=4,
+                                  trail_sqn=0, options=[lbtrm.LbtrmOption(code=1, data=b"ab")],
+                                  payload=payload(4)).build()
+    assert with_option[1] != 0
+    rcv.receive(with_option, SOURCE, 0.0)
+    rcv.receive(data(5), SOURCE, 0.0)
+    assert events(rcv) == [Delivered(4, payload(4), False), Delivered(5, payload(5), False)]
+
+
 def test_datagrams_of_another_session_port_or_source_are_dropped() -> None:
     rcv = receiver()
     rcv.receive(data(0, sid=SESSION_ID + 1), SOURCE, 0.0)
