@@ -314,6 +314,22 @@ def test_all_active_drops_an_unresponsive_store_from_the_rule_at_once() -> None:
     assert h.source.inflight == 0 and not h.source.retained
 
 
+def test_all_active_lands_a_fragmented_message_when_the_store_it_waited_for_leaves() -> None:
+    h = started((0, 0, 0), ((0, 3),), ume_retention_intragroup_stability_behavior="all-active",
+                ume_store_activity_timeout=1000, transport_tcp_datagram_max_size=44)
+    h.source.now = h.now
+    first = h.source.send(b"f" * 64)  # 16 payload bytes per fragment: 4 fragments
+    h.pump()
+    assert h.source.next_sqn - first == 4
+    h.ack(0, 0, 1, 2, 3)
+    h.ack(1, 0, 1, 2, 3)
+    assert h.source.inflight == 1  # store 2 is registered and has no fragment
+    idle(h, 1.6, 0, 1)
+    assert [e.store.index for e in h.of(StoreUnresponsive)] == [2]
+    assert h.source.inflight == 0
+    assert [e.sequence_number for e in h.of(MessageReclaimed)] == [0, 1, 2, 3]
+
+
 def test_all_active_needs_a_quorum_of_acks_too() -> None:
     # *choice* (reference_impl/quorum.py): a group with fewer than a quorum registered is no
     # active group, and what its one store holds is not stable there
