@@ -63,7 +63,11 @@ Rules (summed up in ``docs/wire-transports.md`` §2.6; each has a test in
 * **Activity.**  Nothing from the session for ``activity_timeout`` ends it
   (:class:`SourceTimedOut`).  A restarted source is a new session: it draws a new random session
   ID (unless configured), so its receivers start a new session from its first packets
-  (:class:`LbtrmReceiverPort` opens one per key) and the old one times out.
+  (:class:`LbtrmReceiverPort` opens one per key) and the old one times out.  LBT-RM has no
+  RST, and sequence numbers cannot tell a restart under the same session ID from old
+  duplicates (a restarted source that at once sends more than its old incarnation did would
+  look like its continuation), so a source must never reuse a session ID across restarts:
+  a core that configures one must derive it from something that changes with each start.
 
 Defaults.  Each settings field is the UM option's name without ``transport_lbtrm_``.  The
 guide's sample configuration file ("Configuring for Persistence and Recovery") sets the rate
