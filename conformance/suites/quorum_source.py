@@ -399,7 +399,8 @@ def silent_store_is_unresponsive(h: CaseContext) -> None:
     h.check(bool(again), "the source never registered again with a store silent for longer "
             "than ume_store_activity_timeout",
             expected="a new PREG to C about 2 s after it fell silent", observed="none in 4 s")
-    h.check(again[0] - since >= h.scaled(1.6),
+    # a lower bound is the IUT's own timing (its activity timeout): never scaled
+    h.check(again[0] - since >= 1.6,
             "the source gave up on the silent store before ume_store_activity_timeout",
             expected="no new PREG within 1.6 s (activity timeout 2 s)",
             observed=f"a PREG {again[0] - since:.2f} s after it fell silent")
