@@ -298,8 +298,8 @@ class LbtrmSourceSession(_Endpoint):
         self._pending.append((sqn, payload))
         if len(self._pending) == 1:
             self._pump()
-        else:
-            self.stats["rate_limited"] += 1
+        if self._pending and self._pending[-1][0] == sqn:
+            self.stats["rate_limited"] += 1  # held back
         return sqn & SQN_MASK
 
     def receive(self, data: bytes, addr: Addr, now: float) -> None:

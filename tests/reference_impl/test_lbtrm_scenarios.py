@@ -163,3 +163,27 @@ def test_a_source_that_restarts_is_a_new_session_its_receivers_follow() -> None:
     for i in range(RECEIVERS):
         assert [key for key, e in g.events[i] if isinstance(e, SourceTimedOut)] == [old]
         assert g.ports[i].sessions[old].closed and not g.ports[i].sessions[new].closed
+
+
+def test_rate_limits_spread_a_burst_and_shed_retransmissions_yet_everything_arrives() -> None:
+    """A burst of 500 at once under a data rate limit of 40 datagrams an interval and a
+    retransmit limit of 2, with 10 % loss: the DATA leaves at most 40 per 100 ms, NAKs past
+    the retransmit limit are answered "NAK Shed", and every receiver still gets every message
+    once and in order."""
+    cost = lbtrm.DATA_FAST.size + len(payload(0))
+    g = make_group(RECEIVERS, seed=5, source_settings=LbtrmSourceSettings(
+        session_id=SESSION_ID, data_rate_limit=int(40 * cost * 8 / 0.1),
+        retransmit_rate_limit=int(2 * cost * 8 / 0.1)))
+    impair(g, loss=0.1)
+    start = g.net.now
+    for n in range(500):
+        g.source.send(payload(n), g.net.now)
+    assert g.source.backlog == 460
+    g.run(30)
+    for i in range(RECEIVERS):
+        assert g.delivered(i) == list(range(500))
+    sent = [t - start for t, _, _, p in g.sent_by(SOURCE_IP, lbtrm.LbtrmData) if not p.rx]
+    per_interval = collections.Counter(int(t / 0.1) for t in sent)
+    assert max(per_interval.values()) <= 40 * RECEIVERS  # copies delivered, all members
+    assert max(sent) >= 1.2  # 500 datagrams at 40 an interval take 13 intervals
+    assert g.source.stats["shed"] > 0 and g.source.stats["rate_limited"] == 460

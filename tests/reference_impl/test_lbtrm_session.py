@@ -187,6 +187,7 @@ def test_the_data_rate_limit_holds_data_back_to_later_intervals() -> None:
     assert [src.send(payload(i), 0.0) for i in range(10)] == list(range(10))
     first = [parse(d).sqn for d, _ in src.datagrams_to_send(0.0)]
     assert first == [0, 1, 2] and src.backlog == 7 and src.lead_sqn == 2
+    assert src.stats["rate_limited"] == 7
     times = {round(t, 3): [] for t in (0.1, 0.2, 0.3)}  # type: dict[float, list[int]]
     for t, _, packet in run_timers(src, 0.35):
         if isinstance(packet, lbtrm.LbtrmData):
