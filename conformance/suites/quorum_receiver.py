@@ -196,8 +196,10 @@ def intergroup_majority(h: CaseContext) -> None:
       title="A new SRI version: the receiver re-registers only with the stores whose version "
             "went up",
       section="Source Registration Information (SRI)",
-      requirement="A receiver seeing a higher overall version re-registers only with the "
-                  "stores whose individual version increased (docs/semantics.md §1.3).",
+      requirement="If a receiver gets an SRI with a higher version number than the version "
+                  "number it has, the receiver examines the individual store version numbers "
+                  "and re-registers with the those stores that have higher individual version "
+                  "numbers.",
       timeout=15.0)
 def reregisters_changed_only(h: CaseContext) -> None:
     """Three stores (one group), all registered; then SRI version 2 with store 1's version
