@@ -3,20 +3,25 @@
 The same code runs in three ways:
 
 * ``ump analyze CAPTURE... --out DIR --store-port 14567`` (Spark in-process, ``local[*]``
-  unless ``--master`` says otherwise);
+  unless ``--master`` says otherwise; on a ``spark://`` master the project is shipped to the
+  executors by :func:`spark_analysis.session.register`, nothing to install there but the
+  third-party packages);
 * ``python -m spark_analysis.job CAPTURE... --out DIR ...`` (the same, without the ``ump``
   front end);
 * under ``spark-submit``, unchanged; the master (and everything else Spark is told) comes
   from spark-submit::
 
+      python -m spark_analysis.session --zip ump.zip
       spark-submit --master spark://head:7077 --py-files ump.zip \\
+          --conf spark.log.level=WARN \\
           spark_analysis/job.py 'hdfs:///caps/*.pcap' --out hdfs:///ump/results \\
           --store-port 14567
 
   Executors import the ``spark_analysis`` and ``wire`` packages: install the project on every
-  node (``pip install .[spark]``) or ship it with ``--py-files`` (a zip of ``wire/`` and
-  ``spark_analysis/`` at its root).  Locally ``spark-submit --master 'local[*]'
-  spark_analysis/job.py ...`` works as it is.
+  node (``pip install .[spark]``) or ship it with ``--py-files`` (the zip the first command
+  writes: ``wire/`` and ``spark_analysis/`` at its root).  ``spark.log.level`` applies as the
+  SparkContext starts: of its forty-odd INFO lines the first three remain.  Locally
+  ``spark-submit --master 'local[*]' spark_analysis/job.py ...`` works as it is.
 
 ``--out`` may be a local directory or any URI pyarrow understands (``hdfs://``, ``s3://``).
 It receives ``decoded/<table>/`` (the decoded ``packets``, ``messages``, ``advertisements``
