@@ -9,6 +9,7 @@ errors.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -16,7 +17,7 @@ from typing import Any, cast
 import pytest
 
 import reference_impl.cli
-from reference_impl.aio import AioHost
+from reference_impl.aio import AioHost, HostError
 from reference_impl.events import MessageDelivered
 from reference_impl.explicit_ack import ExplicitAcker, parse_line
 from reference_impl.receiver import source_name
@@ -242,6 +243,35 @@ def test_consume_file_consumes_in_file_order(tmp_path: Path) -> None:
     app._ack([], 0.0)
     rig.pump()
     assert rig.acks(0) == [1, 3]
+
+
+class FakeHost:
+    """Runs each call into the core at once; closes (HostError) after ``calls`` calls."""
+
+    def __init__(self, rig: Rig, calls: int) -> None:
+        self.rig, self.left = rig, calls
+
+    def call(self, core: object, action: Callable[[float], None]) -> None:
+        if self.left == 0:
+            raise HostError("closed")
+        self.left -= 1
+        action(self.rig.now)
+        self.rig.pump()
+
+
+def test_the_schedule_runs_until_the_host_closes(tmp_path: Path) -> None:
+    rig = Rig(1, high=0, ume_explicit_ack_only=1)
+    rig.grant(0, low=0)
+    rig.live(0, 1, 2)
+    app = ExplicitAcker(cast(AioHost, FakeHost(rig, calls=3)), rig.rcv, every_ms=5)
+    app.offer(MessageDelivered(2, b"m2", False, rig.rcv.primary.name))
+    asyncio.run(asyncio.wait_for(app.run(), 5))  # returns once the host is closed
+    assert rig.acks(0) == [2] and app.acked == 3  # the same ACK thrice, sent once
+    path = tmp_path / "acks"
+    path.write_text("1\n2\n")
+    app = ExplicitAcker(cast(AioHost, FakeHost(rig, calls=2)), rig.rcv, ack_file=str(path))
+    asyncio.run(asyncio.wait_for(app.run(), 5))
+    assert app.acked == 2 and rig.acks(0) == [2]  # (both at or below what was sent)
 
 
 def test_acker_needs_exactly_one_way() -> None:
