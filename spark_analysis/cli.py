@@ -23,7 +23,9 @@ def register(sub: Any) -> None:
                     "OUT/parquet/<analysis>/, OUT/summary.json and OUT/report.html.  Give the "
                     "store ports (--store-port): tshark has no default for them either.  UM "
                     "on other ports is found by content (no options needed); the detection "
-                    "options are ump dissect's, so both tools see the same UM frames.")
+                    "options are ump dissect's, so both tools see the same UM frames.  "
+                    "--master spark://HOST:PORT runs on a standalone cluster: the project is "
+                    "shipped to its executors.")
     job.add_arguments(parser)
     parser.set_defaults(handler=run_analyze)
 
