@@ -10,9 +10,12 @@ Flow (guide "Receiver Registration", "Persistent Receiver Recovery"; docs/semant
    registration fails (:class:`~reference_impl.events.ReceiverRegistrationError`).
 3. Register with every store in the SRI (PREG with the source's RegID at that store, our
    RegID or Session ID, RPP mode); one success event per store; registration completes when
-   a majority of every group answered, at the consensus low sequence number
-   (``ume_consensus_sequence_number_behavior``, default majority), adjusted by the recovery
-   callback and by ``retransmit_request_maximum``, clamped to high + 1 (UM 6.13 rule).  Every
+   the stores that answered meet the intragroup and intergroup rules
+   (:mod:`reference_impl.quorum`; the receiver reads ``ume_retention_*_stability_behavior``
+   in its own scope, a choice: see :meth:`ReceiverCore._check_complete`), at the consensus
+   low sequence number (``ume_consensus_sequence_number_behavior``, default majority: per
+   group, then the latest of the groups), adjusted by ``retransmit_request_maximum`` and the
+   recovery callback (:meth:`ReceiverCore._low_sqn`), clamped to high + 1 (UM 6.13).  Every
    PREG names the receiver's request address (``resp_ip``/``resp_port``: its context's
    request port, which ``ump receiver`` listens on); with the Session ID it is what proves
    to a store that a restarted receiver is the owner of its RegID.  A "RegID in use"
