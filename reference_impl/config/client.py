@@ -986,7 +986,7 @@ class _Reader:
                     self.warn(
                         line,
                         f"store {store} names group {store.group_idx} but no ume_store_group is "
-                        "configured; all stores form one group",
+                        "configured; each group's size is the number of stores naming it",
                     )
         self.check_quorum_consensus(source)
         if source.ume_receiver_paced_persistence == 1 and source.ume_flight_size_bytes == 0:

@@ -25,6 +25,8 @@ from reference_impl.config import (
     parse_session_id,
     profile_names,
 )
+from reference_impl.runtime import source_config
+from reference_impl.source import SourceCore
 from ump.cli import main
 
 # The guide's RPP client sample, with the PDF's spaces-for-underscores damage repaired and the
@@ -222,6 +224,11 @@ def test_stores_must_name_declared_groups_and_backup_stores_warn() -> None:
     assert warning.line == 1 and "backup" in warning.message
     lone = parse_client_config("source ume_store 10.0.0.1:1:0:2\n")
     assert "no ume_store_group is configured" in lone.warnings[0].message
+    # what the source core does with it: group 2 of one store, so one store makes quorum
+    assert "each group's size is the number of stores naming it" in lone.warnings[0].message
+    core = SourceCore("t", source_config(lone), ip="127.0.0.1", transport_port=1,
+                      request_port=2, resolver=None, now=0.0)
+    assert core.group_sizes == {2: 1}
 
 
 @pytest.mark.parametrize(
