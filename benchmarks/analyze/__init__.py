@@ -1,0 +1,406 @@
+"""The whole ``ump analyze``, end to end, against tshark's lightest pass:
+``python -m benchmarks.analyze [--frames N ...] [--no-corpus] [--json PATH]``.
+
+Issue 19 asks for the speed of the whole analysis, not only of the decode
+(``python -m benchmarks.spark`` measures that): a user runs ``ump analyze CAPTURE --out DIR``
+and waits for ``report.html``.  So each capture is analysed by ``ump analyze`` started as a
+subprocess, exactly as a user starts it (a new interpreter, a new Spark JVM and its Python
+workers, Parquet, ``summary.json`` and ``report.html`` written), and the clock runs from the
+start of the process to its exit.  In the same run, on the same file, tshark makes its
+lightest pass: ``tshark -r CAPTURE -n -T fields -e frame.number`` with the capture's port map
+(its generator sidecar's ``tshark_args``, so tshark dissects the same UM traffic), the
+cheapest thing tshark does with every frame.
+
+Captures, by default:
+
+* the biggest capture of ``captures/corpus`` (by size; its sidecar gives the port options);
+* 1,000,000 and 10,000,000 frames of the generator's ``big`` scenario, made once with the
+  project's capture generator into the cache shared with ``benchmarks.spark``
+  (``--cache``, default ``$UMP_BENCH_CACHE`` or ``/tmp/ump-bench-spark``; about 10 s per
+  1,000,000 frames).  ``--frames N`` (repeatable) picks other sizes, e.g. ``--frames 20000
+  --no-corpus`` for a quick run.
+
+Printed per capture: frames; wall seconds, CPU seconds and peak memory of ``ump analyze``'s
+whole process tree (the Python driver, the Spark JVM and every Python worker, sampled from
+``/proc`` every :data:`SAMPLE_INTERVAL` s: the peak of the *sum* over the tree, both as RSS
+(pages shared between forked workers counted in each) and as PSS (shared pages divided among
+their sharers: what the tree really holds)); the same for tshark; the ratio of the wall times;
+and the target of issue 19 (:data:`TARGETS`: 1,000,000 frames in 15 s, 10,000,000 in 60 s on
+the 2-core machine).  Then where ``ump analyze``'s time went: the duration of every step it
+reports on stderr (start of Spark, decode, each intermediate table, each output written,
+report).
+
+The benchmark reports; it never fails because a target is missed.  Exit status 2 is a usage
+error, 1 a failed run (``ump analyze`` or tshark failed: its last lines are shown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.spark import _TICK, _descendants, _stat, default_cache, ensure_capture
+
+ROOT = Path(__file__).resolve().parents[2]
+CORPUS = ROOT / "captures" / "corpus"
+DEFAULT_FRAMES = (1_000_000, 10_000_000)
+TARGETS = {1_000_000: 15.0, 10_000_000: 60.0}
+"""Issue 19's targets on the 2-core machine: frames -> wall seconds of ``ump analyze``."""
+SAMPLE_INTERVAL = 0.1
+"""Seconds between two samples of a process tree's memory (a peak shorter than this can be
+missed; the JVM's heap and the workers' batches live for seconds)."""
+TSHARK_FIELDS = ("frame.number",)
+"""tshark's lightest pass: one field per frame."""
+
+_STEP = re.compile(r"^ump analyze: \[\s*([0-9.]+)s\] (.*)$")
+
+
+# --- process-tree sampling -----------------------------------------------------------------------
+
+
+def _own_cpu(pid: int) -> float | None:
+    """CPU seconds of the process itself (user + system, not its reaped children: those are
+    sampled as processes of their own)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _pss(pid: int) -> int:
+    """Proportional set size of a process in bytes (0 when unreadable)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+@dataclass
+class TreeMemory:
+    """Samples the memory of the process tree under ``root`` (the root included) in a thread
+    until stopped: the peak of the tree's summed RSS and summed PSS, the most processes seen
+    at once, and the CPU seconds of every process of the tree at its last sample.  Unlike
+    ``RUSAGE_CHILDREN`` (``ru_maxrss`` is the largest single process; and Spark's JVM is
+    never waited for by the driver that started it, so its CPU is not there at all), this is
+    what the whole tree held at its worst moment and spent.  A process that lived less than
+    one interval is missed, and each loses at most its last interval of CPU."""
+
+    root: int
+    interval: float = SAMPLE_INTERVAL
+    peak_rss: int = 0
+    peak_pss: int = 0
+    processes: int = 0
+    samples: int = 0
+    cpu_by_pid: dict[int, float] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def sample(self) -> None:
+        pids = _descendants(self.root)
+        rss = pss = alive = 0
+        for pid in pids:
+            got = _stat(pid)
+            if got is None:
+                continue
+            alive += 1
+            rss += got[0]
+            pss += _pss(pid)
+            cpu = _own_cpu(pid)
+            if cpu is not None:
+                self.cpu_by_pid[pid] = cpu
+        self.peak_rss = max(self.peak_rss, rss)
+        self.peak_pss = max(self.peak_pss, pss)
+        self.processes = max(self.processes, alive)
+        self.samples += 1
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(self.cpu_by_pid.values())
+
+    def start(self) -> TreeMemory:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while True:
+            self.sample()
+            if self._stop.wait(self.interval):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+@dataclass
+class Measured:
+    """One timed process tree: what it printed and what it cost."""
+
+    argv: list[str]
+    returncode: int
+    seconds: float
+    cpu_seconds: float
+    peak_rss: int
+    peak_pss: int
+    processes: int
+    stdout: str
+    stderr: str
+
+
+def measure(argv: Sequence[str], *, cwd: Path | None = None,
+            env: dict[str, str] | None = None, count_lines: bool = False) -> Measured:
+    """Run ``argv`` to its end while sampling its tree; with ``count_lines`` stdout is only
+    counted (tshark's output of 10,000,000 lines is not kept), its line count is ``stdout``.
+
+    CPU seconds: the tree's, sampled (:class:`TreeMemory`), or the ``RUSAGE_CHILDREN``
+    difference (the processes that were waited for) where that is more."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    proc = subprocess.Popen(list(argv), cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    sampler = TreeMemory(proc.pid).start()
+    err_chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: err_chunks.append(
+        proc.stderr.read() if proc.stderr else b""), daemon=True)
+    reader.start()
+    assert proc.stdout is not None
+    if count_lines:
+        lines = 0
+        for block in iter(lambda: proc.stdout.read(1 << 20), b""):  # type: ignore[union-attr]
+            lines += block.count(b"\n")
+        out = str(lines)
+    else:
+        out = proc.stdout.read().decode(errors="replace")
+    proc.wait()
+    seconds = time.perf_counter() - started
+    reader.join()
+    sampler.stop()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = max(sampler.cpu_seconds,
+              (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime))
+    return Measured(list(argv), proc.returncode, seconds, cpu, sampler.peak_rss,
+                    sampler.peak_pss, sampler.processes, out,
+                    b"".join(err_chunks).decode(errors="replace"))
+
+
+# --- the captures --------------------------------------------------------------------------------
+
+
+@dataclass
+class Capture:
+    """A capture to analyse, with the port options of both tools (from its sidecar)."""
+
+    label: str
+    path: Path
+    analyze_args: list[str]
+    tshark_args: list[str]
+    frames: int | None = None
+    generated_seconds: float | None = None
+
+
+def _sidecar(path: Path) -> dict[str, Any]:
+    meta = Path(f"{path}.meta.json")
+    return json.loads(meta.read_text()) if meta.exists() else {}
+
+
+def _capture(label: str, path: Path, generated: float | None = None) -> Capture:
+    meta = _sidecar(path)
+    frames = meta.get("expected", {}).get("frames") or meta.get("generator", {}).get("packets")
+    return Capture(label, path, [str(a) for a in meta.get("dissect_args", [])],
+                   [str(a) for a in meta.get("tshark_args", [])],
+                   int(frames) if frames else None, generated)
+
+
+def corpus_capture(corpus: Path = CORPUS) -> Capture:
+    """The biggest capture of the committed corpus (by bytes)."""
+    pcaps = sorted(corpus.glob("*.pcap*"), key=lambda p: (-p.stat().st_size, p.name))
+    pcaps = [p for p in pcaps if not p.name.endswith(".json")]
+    if not pcaps:
+        raise FileNotFoundError(f"no capture in {corpus}")
+    return _capture(f"corpus {pcaps[0].name}", pcaps[0])
+
+
+def generated_capture(cache: Path, frames: int, seed: int) -> Capture:
+    """``frames`` frames of the ``big`` scenario, generated into ``cache`` when missing."""
+    path, seconds = ensure_capture(cache, frames, seed)
+    return _capture(f"big {frames:,}", path, seconds)
+
+
+# --- the runs ------------------------------------------------------------------------------------
+
+
+def steps(stderr: str) -> list[tuple[str, float]]:
+    """``ump analyze``'s progress lines as (step, seconds until the next line): where the
+    time went.  The last line ("done in ...") closes the list."""
+    marks = [(float(m.group(1)), m.group(2).strip()) for m in
+             (_STEP.match(line) for line in stderr.splitlines()) if m]
+    return [(text, later - at) for (at, text), (later, _) in itertools.pairwise(marks)]
+
+
+def run_analyze(capture: Capture, out: Path, master: str | None,
+                extra: Sequence[str] = ()) -> Measured:
+    argv = [sys.executable, "-m", "ump", "analyze", str(capture.path), "--out", str(out),
+            *capture.analyze_args, *(["--master", master] if master else []), *extra]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return measure(argv, cwd=ROOT, env=env)
+
+
+def run_tshark(capture: Capture) -> Measured:
+    from wire.tshark import tshark_path
+
+    argv = [tshark_path(), "-r", str(capture.path), "-n", *capture.tshark_args, "-T", "fields"]
+    for name in TSHARK_FIELDS:
+        argv += ["-e", name]
+    return measure(argv, count_lines=True)
+
+
+def _fail(what: str, run: Measured) -> RuntimeError:
+    tail = " | ".join(run.stderr.strip().splitlines()[-3:])
+    return RuntimeError(f"{what} exited with {run.returncode}: {tail}")
+
+
+def bench_capture(capture: Capture, master: str | None, tshark: bool,
+                  keep: Path | None) -> dict[str, Any]:
+    """Both tools on one capture; the figures as a JSON-ready dict."""
+    out_parent = keep or Path(tempfile.mkdtemp(prefix="ump-bench-analyze-"))
+    out = out_parent / capture.path.stem
+    try:
+        analyze = run_analyze(capture, out, master)
+        if analyze.returncode != 0:
+            raise _fail("ump analyze", analyze)
+        summary = json.loads((out / "summary.json").read_text())
+    finally:
+        if keep is None:
+            shutil.rmtree(out_parent, ignore_errors=True)
+    decoded = re.search(r"decoded ([0-9]+) frames", analyze.stderr)
+    result: dict[str, Any] = {
+        "capture": str(capture.path), "label": capture.label,
+        "bytes": capture.path.stat().st_size,
+        "frames": int(decoded.group(1)) if decoded else capture.frames,
+        "generated_seconds": capture.generated_seconds,
+        "analyze": _figures(analyze),
+        "steps": steps(analyze.stderr),
+        "tables": len(summary.get("captures", {}).get("all", {})),
+    }
+    if tshark:
+        shark = run_tshark(capture)
+        if shark.returncode != 0:
+            raise _fail("tshark", shark)
+        result["tshark"] = {**_figures(shark), "frames": int(shark.stdout)}
+    return result
+
+
+def _figures(run: Measured) -> dict[str, Any]:
+    return {"argv": run.argv, "seconds": run.seconds, "cpu_seconds": run.cpu_seconds,
+            "peak_rss": run.peak_rss, "peak_pss": run.peak_pss, "processes": run.processes}
+
+
+# --- report --------------------------------------------------------------------------------------
+
+
+def _mib(value: int) -> str:
+    return f"{value / 2**20:,.0f} MiB"
+
+
+def target_for(frames: int | None) -> float | None:
+    return TARGETS.get(frames or -1)
+
+
+def report(results: Sequence[dict[str, Any]], top_steps: int = 12) -> str:
+    """The figures as text: a table of all captures, then each capture's slowest steps."""
+    lines = [f"machine: {os.cpu_count()} CPUs; load average now "
+             + " ".join(f"{x:.1f}" for x in os.getloadavg()), "",
+             f"{'capture':<28}{'frames':>12}{'ump analyze':>13}{'CPU':>9}{'peak RSS':>11}"
+             f"{'peak PSS':>11}{'tshark':>9}{'t.peak':>10}{'ratio':>8}  target"]
+    for r in results:
+        a, t = r["analyze"], r.get("tshark")
+        target = target_for(r["frames"])
+        verdict = ("" if target is None else
+                   f"{target:.0f} s: {'met' if a['seconds'] <= target else 'MISSED'} "
+                   f"({a['seconds'] / target:.2f} of it)")
+        lines.append(
+            f"{r['label'][:27]:<28}{r['frames'] or 0:>12,}{a['seconds']:>11.1f} s"
+            f"{a['cpu_seconds']:>7.1f} s{_mib(a['peak_rss']):>11}{_mib(a['peak_pss']):>11}"
+            + (f"{t['seconds']:>7.1f} s{_mib(t['peak_rss']):>10}"
+               f"{a['seconds'] / t['seconds']:>7.2f}x" if t else f"{'-':>9}{'-':>10}{'-':>8}")
+            + f"  {verdict}")
+    lines += ["", "ratio = ump analyze wall / tshark wall (below 1: faster than tshark); "
+                  "memory is the peak of the sum over each process tree",
+              f"tshark: -T fields -e {' -e '.join(TSHARK_FIELDS)} with the capture's port map"]
+    for r in results:
+        ranked = sorted(r["steps"], key=lambda s: -s[1])[:top_steps]
+        lines += ["", f"where ump analyze's {r['analyze']['seconds']:.1f} s went on "
+                      f"{r['label']} (slowest steps, from its progress lines):"]
+        lines += [f"  {seconds:7.2f} s  {text}" for text, seconds in ranked]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.analyze",
+                                     description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--frames", type=lambda s: int(s.replace("_", "").replace(",", "")),
+                        action="append", metavar="N",
+                        help="frames of a generated capture (repeatable; default "
+                             + " and ".join(f"{n:,}" for n in DEFAULT_FRAMES) + ")")
+    parser.add_argument("--no-corpus", action="store_true",
+                        help="skip the biggest corpus capture")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--cache", type=Path, default=default_cache(),
+                        help="directory of generated captures (default %(default)s)")
+    parser.add_argument("--master", help="Spark master for ump analyze (default: its own)")
+    parser.add_argument("--skip-tshark", action="store_true")
+    parser.add_argument("--keep-out", type=Path, metavar="DIR",
+                        help="keep ump analyze's output under DIR (default: deleted)")
+    parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
+    args = parser.parse_args(argv)
+    sizes = args.frames or list(DEFAULT_FRAMES)
+    if any(n <= 0 for n in sizes):
+        parser.error("--frames must be positive")
+    results: list[dict[str, Any]] = []
+    try:
+        captures = [] if args.no_corpus else [corpus_capture()]
+        for frames in sizes:
+            captures.append(generated_capture(args.cache, frames, args.seed))
+            if captures[-1].generated_seconds is not None:
+                print(f"generated {captures[-1].path} in {captures[-1].generated_seconds:.0f} s",
+                      flush=True)
+        for capture in captures:
+            results.append(bench_capture(capture, args.master, not args.skip_tshark,
+                                         args.keep_out))
+            done = results[-1]
+            print(f"{capture.label}: ump analyze {done['analyze']['seconds']:.1f} s"
+                  + (f", tshark {done['tshark']['seconds']:.1f} s" if "tshark" in done else ""),
+                  flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a failed run is one line with its cause
+        print(f"benchmark failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    text = report(results)
+    print(text)
+    if args.json:
+        args.json.write_text(json.dumps({"results": results, "report": text}, indent=2))
+    return 0
