@@ -50,9 +50,10 @@ def lbmr_content_test(bv: ByteView, pstart: np.ndarray, pend: np.ndarray) -> np.
 def classify_udp(bv: ByteView, net: _Network, rows: np.ndarray, ports: PortMap) -> np.ndarray:
     """The protocol code (:data:`wire.detect.PROTOCOLS`) the port rules give each UDP row
     (0: none): :func:`wire.detect.udp_port_rules`."""
-    return detect.udp_port_rules(net.sport[rows], net.dport[rows], net.dst[rows],
-                                 lbtrm_content_test(bv, net.pstart[rows], net.pend[rows]),
-                                 ports)
+    pstart, pend = net.pstart[rows], net.pend[rows]
+    return detect.udp_port_rules(
+        net.sport[rows], net.dport[rows], net.dst[rows],
+        lambda at: lbtrm_content_test(bv, pstart[at], pend[at]), ports)
 
 
 def tcp_candidates(net: _Network, rows: np.ndarray, ports: PortMap) -> np.ndarray:

@@ -45,7 +45,7 @@ does not decode was a wrong guess), never a malformed UM packet.  With the conte
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,10 +135,13 @@ def lbmr_header_test(ver_type: np.ndarray, tqrs: np.ndarray, tirs: np.ndarray) -
 
 
 def udp_port_rules(sport: np.ndarray, dport: np.ndarray, dst: np.ndarray,
-                   lbtrm_content: np.ndarray, ports: PortMap) -> np.ndarray:
+                   lbtrm_content: Callable[[np.ndarray], np.ndarray], ports: PortMap,
+                   ) -> np.ndarray:
     """The protocol code tshark's port rules give each UDP row (0: none), in tshark's order
-    (module docstring).  ``dst`` is the IPv4 destination as a number; ``lbtrm_content`` the
-    result of :func:`lbtrm_header_test` (False for rows too short for the header)."""
+    (module docstring).  ``dst`` is the IPv4 destination as a number; ``lbtrm_content``
+    gives :func:`lbtrm_header_test` of the rows at the positions it is passed (False for rows
+    too short for the header): it is asked only about rows no earlier rule claimed, since
+    reading their headers is most of the cost."""
     out = np.zeros(len(sport), np.int8)
     open_ = np.ones(len(sport), bool)
 
@@ -159,8 +162,12 @@ def udp_port_rules(sport: np.ndarray, dport: np.ndarray, dst: np.ndarray,
     claim((_in(dport, ports.lbtru_source) & _in(sport, ports.lbtru_receiver))
           | (_in(dport, ports.lbtru_receiver) & _in(sport, ports.lbtru_source)), LBTRU)
     mc_range = (ipv4_to_int(ports.lbtrm_mc_range[0]), ipv4_to_int(ports.lbtrm_mc_range[1]))
-    claim(lbtrm_content & ((mc & _in(dst, mc_range) & _in(dport, ports.lbtrm_dport))
-                           | (~mc & _in(dport, ports.lbtrm_sport))), LBTRM)
+    where = open_ & ((mc & _in(dst, mc_range) & _in(dport, ports.lbtrm_dport))
+                     | (~mc & _in(dport, ports.lbtrm_sport)))
+    rows = np.flatnonzero(where)
+    if rows.size:
+        where[rows] = lbtrm_content(rows)
+        claim(where, LBTRM)
     return out
 
 
@@ -274,7 +281,8 @@ class Detector:
         """The protocol of a UDP datagram, or None when it is not UM."""
         code = int(udp_port_rules(_one(seg.sport), _one(seg.dport),
                                   _one(ipv4_to_int(seg.dst)),
-                                  np.array([lbtrm_content_test(seg.payload)]), self.ports)[0])
+                                  lambda rows: np.array([lbtrm_content_test(seg.payload)]),
+                                  self.ports)[0])
         if code:
             return Detection(PROTOCOLS[code], PORT)
         if self.content:
