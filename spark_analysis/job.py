@@ -428,13 +428,17 @@ def _decode(spark: Any, files: Sequence[str], per_file: bool, options: Any,
                                    driver_bytes=DRIVER_DECODE_BYTES)
     except (CaptureError, FileExistsError) as exc:
         raise AnalyzeError(str(exc)) from None
-    frames = tables.dataframes(spark)
+    # only the two tables used as they are: every ``spark.read.parquet`` runs a Spark job
+    # (the schema from the files' footers) and ``tables.dataframes`` reads all twenty
+    # (``tables.messages`` reads them all again): 40 jobs before the analyses started
+    packets, adverts = (spark.read.parquet(tables.paths[name])
+                        for name in ("packets", "advertisements"))
     skipped = ds.dataset(f"{out.path}/{DECODED}/skipped", format="parquet",
                          filesystem=out.fs).to_table().to_pandas()
     from spark_analysis.analyses import HEADER_COLUMNS
 
-    return Decoded(frames["packets"], tables.messages(spark, HEADER_COLUMNS),
-                   frames["advertisements"], skipped, tables.frames)
+    return Decoded(packets, tables.messages(spark, HEADER_COLUMNS), adverts, skipped,
+                   tables.frames)
 
 
 def _write(df: DataFrame, name: str, keys: Sequence[str], detail: bool,
