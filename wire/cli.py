@@ -57,7 +57,7 @@ def _address_range(text: str) -> tuple[str, str]:
 
 
 def _group_port(text: str) -> tuple[str, int]:
-    """``GROUP:PORT``: a multicast group and UDP port (the resolver's)."""
+    """``GROUP:PORT``: a multicast group and UDP port (the resolver's, MIM's)."""
     group, _, port = text.rpartition(":")
     try:
         address = ipaddress.IPv4Address(group)
@@ -103,6 +103,9 @@ def add_port_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--lbtrm-source-ports", type=_range, metavar="LO-HI",
                    help="LBT-RM unicast NAK ports of sources (tshark lbtrm.sport_low/high; "
                         "default 14390-14399)")
+    g.add_argument("--lbtrm-mim", type=_group_port, metavar="GROUP:PORT",
+                   help="LBT-RM multicast immediate messaging group and port (tshark "
+                        "lbtrm.mim_*; default 224.10.10.21:14401)")
     g.add_argument("--lbmr-mc", type=_group_port, metavar="GROUP:PORT",
                    help="resolver multicast group and port (tshark lbmr.mc_incoming_*; "
                         "default 224.9.10.11:12965)")
@@ -132,7 +135,8 @@ def port_map(args: argparse.Namespace) -> PortMap:
                               ("lbtrm_mc_range", "lbtrm_mc_range"),
                               ("lbtrm_dest_ports", "lbtrm_dport"),
                               ("lbtrm_source_ports", "lbtrm_sport"),
-                              ("lbmr_mc", "lbmr_mc"), ("lbmr_uc_ports", "lbmr_uc_ports")):
+                              ("lbtrm_mim", "lbtrm_mim"), ("lbmr_mc", "lbmr_mc"),
+                              ("lbmr_uc_ports", "lbmr_uc_ports")):
         value = getattr(args, option, None)
         if value is not None:
             setattr(ports, attribute, value)

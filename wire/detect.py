@@ -18,8 +18,9 @@ order, first match wins:
    port (``lbmr_uc_dest_port``) and the resolver client range (``lbmr_uc_ports``);
 3. LBT-RU: between the source range and the receiver range, either direction;
 4. LBT-RM: tshark's content test (:func:`lbtrm_header_test`) *and* either a multicast
-   destination in ``lbtrm_mc_range`` with a destination port in ``lbtrm_dport``, or a unicast
-   destination port in ``lbtrm_sport`` (NAKs to the source's unicast port).
+   destination in ``lbtrm_mc_range`` with a destination port in ``lbtrm_dport``, or (outside
+   that range) the MIM group and port ``lbtrm_mim``, or a unicast destination port in
+   ``lbtrm_sport`` (NAKs to the source's unicast port).
 
 TCP: a connection with a port among the store ports, decode-as ports or the LBT-TCP source
 and request ranges (LBT-TCP has no content rule: a stream has no header to test).
@@ -162,7 +163,10 @@ def udp_port_rules(sport: np.ndarray, dport: np.ndarray, dst: np.ndarray,
     claim((_in(dport, ports.lbtru_source) & _in(sport, ports.lbtru_receiver))
           | (_in(dport, ports.lbtru_receiver) & _in(sport, ports.lbtru_source)), LBTRU)
     mc_range = (ipv4_to_int(ports.lbtrm_mc_range[0]), ipv4_to_int(ports.lbtrm_mc_range[1]))
-    where = open_ & ((mc & _in(dst, mc_range) & _in(dport, ports.lbtrm_dport))
+    in_range = _in(dst, mc_range)
+    where = open_ & ((mc & in_range & _in(dport, ports.lbtrm_dport))
+                     | (mc & ~in_range & (dst == ipv4_to_int(ports.lbtrm_mim[0]))
+                        & (dport == ports.lbtrm_mim[1]))
                      | (~mc & _in(dport, ports.lbtrm_sport)))
     rows = np.flatnonzero(where)
     if rows.size:

@@ -57,6 +57,7 @@ class PortMap:
         lbttcp_source / lbttcp_request: LBT-TCP transport source and request port ranges.
         lbtru_source / lbtru_receiver: LBT-RU heuristic port ranges.
         lbmr_uc_ports / lbmr_uc_dest_port: unicast resolver client ports and lbmrd port.
+        lbtrm_mim: LBT-RM multicast immediate messaging group and port.
         reassemble_fragments: lbmc.reassemble_fragments (two-pass is used when set).
     """
 
@@ -72,6 +73,7 @@ class PortMap:
     lbtrm_mc_range: tuple[str, str] = ("224.10.10.10", "224.10.10.14")
     lbtrm_dport: tuple[int, int] = (14400, 14400)
     lbtrm_sport: tuple[int, int] = (14390, 14399)
+    lbtrm_mim: tuple[str, int] = ("224.10.10.21", 14401)
     lbmr_uc_ports: tuple[int, int] = (14402, 14406)
     lbmr_uc_dest_port: int = 15380
     lbmr_mc: tuple[str, int] = ("224.9.10.11", 12965)
@@ -96,6 +98,10 @@ class PortMap:
             "lbtrm.dport_high": self.lbtrm_dport[1],
             "lbtrm.sport_low": self.lbtrm_sport[0],
             "lbtrm.sport_high": self.lbtrm_sport[1],
+            "lbtrm.mim_incoming_address": self.lbtrm_mim[0],
+            "lbtrm.mim_outgoing_address": self.lbtrm_mim[0],
+            "lbtrm.mim_incoming_dport": self.lbtrm_mim[1],
+            "lbtrm.mim_outgoing_dport": self.lbtrm_mim[1],
             "lbmr.uc_port_low": self.lbmr_uc_ports[0],
             "lbmr.uc_port_high": self.lbmr_uc_ports[1],
             "lbmr.uc_dest_port": self.lbmr_uc_dest_port,

@@ -30,7 +30,7 @@ from wire.pcap import (
     udp_frame,
     write_pcap,
 )
-from wire.tshark import PortMap
+from wire.tshark import PortMap, read_frames
 
 CORPUS = Path(__file__).resolve().parents[2] / "captures" / "corpus"
 SRC = "10.0.0.1"
@@ -277,3 +277,22 @@ def test_real_deployment_traits_in_dissect_agree_with_tshark(tmp_path: Path) -> 
     assert frames[2]["src"] == "10.0.0.2" and frames[2]["dport"] == 34567
     text = ump("dissect", str(path), "--brief").stdout
     assert "ICMP type 3 code 3 quoting 10.0.0.2:40001 -> 10.0.0.1:34567 LBT-RM NAK" in text
+
+
+def test_mim_is_lbtrm_by_port_as_in_tshark(tmp_path: Path) -> None:
+    """tshark's LBT-RM rule also takes the multicast immediate messaging group and port
+    (224.10.10.21:14401 by default, ``--lbtrm-mim``); with the content rules off both sides
+    find it there, and only there."""
+    path = tmp_path / "mim.pcap"
+    write_pcap(path, [udp_frame(SRC, 40000, "224.10.10.21", 14401, rm_data()),
+                      udp_frame(SRC, 40000, "224.10.10.22", 14401, rm_data()),
+                      udp_frame(SRC, 40000, "239.1.1.1", 5000, rm_data())])
+    for extra, ports, expected in (
+            ([], PortMap(), ["lbtrm", None, None]),
+            (["--lbtrm-mim", "239.1.1.1:5000"], PortMap(lbtrm_mim=("239.1.1.1", 5000)),
+             [None, None, "lbtrm"])):
+        done = ump("dissect", str(path), "--json", "--no-content-heuristics", *extra)
+        assert [f["transport"] for f in json.loads(done.stdout)] == expected
+        theirs = ["lbtrm" if frame.occurrences("lbtrm") else None
+                  for frame in read_frames(path, ports)]
+        assert theirs == expected
