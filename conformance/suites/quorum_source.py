@@ -526,3 +526,25 @@ def all_active_drops_unresponsive_store(h: CaseContext) -> None:
             "unresponsive (it is no longer active under all-active)",
             expected="messages 2, 3, 4 ... once C is unresponsive",
             observed=f"messages {sorted(a.data_sqns())}")
+
+
+@case("SRC-QRM-019", suite=SUITE, role=Role.SOURCE,
+      title="Intergroup all: a message is stable only once every group has it",
+      section=SECTION_QC,
+      requirement=f"{INTER} Notice that a message needs to meet intragroup stability "
+                  f"requirements before it can meet intergroup stability requirements.",
+      timeout=12.0)
+def all_groups_stable(h: CaseContext) -> None:
+    """Three groups of one store, intergroup ``all``, flight size 2: A and B acknowledge
+    everything, C nothing: two groups of three (a majority, and more than any one) are not
+    all, so exactly 0 and 1 go out; once C acknowledges 0, exactly one more (2) may follow.
+    (A source that takes ``all`` as ``any`` or as ``majority`` for stability goes on sending;
+    SRC-QRM-002 judges ``all`` for registration only.)"""
+    a, b, c = h.store(group=0), h.store(group=1), h.store(group=2)
+    c.ack = False
+    h.start_iut(a, b, c, groups=((0, 1), (1, 1), (2, 1)),
+                options={**REGISTRATION, **FLIGHT, **_rules("quorum", "all")})
+    _settled(h, c, 0.5, 3.0, "sending with two groups of three acknowledging")
+    _blocked_at(h, c, [0, 1], "the messages sent while group 2 of three acknowledged nothing")
+    c.send_stable(0)
+    _blocked_at(h, c, [0, 1, 2], "the messages sent once every group acknowledged 0")

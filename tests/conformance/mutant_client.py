@@ -797,6 +797,31 @@ def acks_highest_consumed() -> None:
 MUTANTS["acks-highest-consumed"] = ("receiver", acks_highest_consumed)
 
 
+def all_stability_as_any() -> None:
+    """Counts a message stable once any one group has it under intergroup all (registration
+    still needs every group)."""
+    _stability_as_any("all")
+
+
+MUTANTS["all-stability-as-any"] = ("source", all_stability_as_any)
+
+
+def all_stability_as_majority() -> None:
+    """Counts a message stable once a majority of the groups have it under intergroup all
+    (registration still needs every group)."""
+    stable_groups = SourceCore._stable_groups
+
+    def patched(self: SourceCore, acked: set[int]) -> tuple[bool, set[int]]:
+        ok, groups = stable_groups(self, acked)
+        if self.config.ume_retention_intergroup_stability_behavior == "all":
+            return len(groups) > len(self.group_sizes) // 2, groups
+        return ok, groups
+    SourceCore._stable_groups = patched  # type: ignore[method-assign]
+
+
+MUTANTS["all-stability-as-majority"] = ("source", all_stability_as_majority)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0] not in MUTANTS or argv[1] != MUTANTS[argv[0]][0]:
         print(f"usage: mutant_client.py {{{','.join(MUTANTS)}}} source|receiver ARGS...",

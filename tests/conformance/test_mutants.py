@@ -127,6 +127,8 @@ CLIENT_CATCHES |= {  # the quorum suite, receiver IUT
     "sends-after-quorum-lost": ("source", "SRC-QRM-016"),
     "returning-store-not-resent": ("source", "SRC-QRM-017"),
     "all-active-waits-for-lost-store": ("source", "SRC-QRM-018"),
+    "all-stability-as-any": ("source", "SRC-QRM-019"),
+    "all-stability-as-majority": ("source", "SRC-QRM-019"),
 }
 
 

@@ -20,7 +20,7 @@ from conformance.runner import RunResult, run
 from wire.dissect import check_against_tshark, dissect_file
 from wire.tshark import PortMap
 
-IDS = [f"SRC-QRM-{n:03d}" for n in range(1, 19)]
+IDS = [f"SRC-QRM-{n:03d}" for n in range(1, 20)]
 SECTIONS = {"Quorum/Consensus Store Usage", "Sources Using Quorum/Consensus Store Configuration",
             "Source Recovery", "Source Events", "Source Registration Information (SRI)"}
 
