@@ -229,3 +229,34 @@ def acks_are_activity(h: CaseContext) -> None:
     resp = b.register(reg_id=a.reg_id)
     h.check(not resp.e_flag, "the RegID of a receiver silent past its activity timeout was "
             "not released", expected="granted", observed=repr(resp))
+
+
+@case("QRM-STORE-006", suite=SUITE, role=Role.STORE, section=S_TOPIC_OPTIONS, timeout=15.0,
+      title="A receiver's own ume_activity_timeout replaces the store's receiver-activity-timeout",
+      requirement="An activity timeout can be configured for the source/receiver with the UM "
+                  "Configuration Option cited above or with a topic's ume-attribute configured "
+                  "in the umestored XML configuration file. (The client's value overrides the "
+                  "store's, docs/semantics.md §1.11.)",
+      topic_options={**CHECK, "receiver-activity-timeout": LONG})
+def client_activity_timeout(h: CaseContext) -> None:
+    """The store's receiver-activity-timeout is 60 s; receiver A registers asking for 1 s
+    (``ume_activity_timeout``, the client-lifetime header), acknowledges and goes away.
+    Receiver B (another request port) asks for A's RegID at once: refused (code 3); after two
+    of A's timeouts: granted as a new registration (A's state went with its timeout: no state
+    lifetime).  A store that keeps its own 60 s refuses B the second time too."""
+    src = _source(h)
+    a = _leaving_receiver(h, src, "receiver A", activity_timeout=1000)
+    b = h.receiver(src, "receiver B")
+    b.request_port = a.request_port + 1  # another process: not A's request port
+    resp = b.register(reg_id=a.reg_id)
+    h.check(bool(resp.e_flag), "another receiver got the RegID of a receiver within its "
+            "activity timeout", expected="refused (code 3)", observed=repr(resp))
+    h.check_equal(resp.error_code, int(PregError.EREGID), "the refusal's code")
+    _wait(h, 2.0, "two of the receiver's own activity timeouts")
+    resp = b.register(reg_id=a.reg_id)
+    h.check(not resp.e_flag, "the store kept the RegID of a receiver silent past its own "
+            "ume_activity_timeout (1 s; the store's value is 60 s)", expected="granted",
+            observed=repr(resp))
+    h.check(not resp.o_flag, "the state of a receiver silent past its own activity timeout "
+            "(no state lifetime) was kept", expected="O flag clear (a new registration)",
+            observed=repr(resp))

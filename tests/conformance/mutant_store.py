@@ -394,6 +394,22 @@ def acks_are_not_activity() -> None:
 MUTANTS["acks-are-not-activity"] = acks_are_not_activity
 
 
+def client_timeout_ignored() -> None:
+    """Keeps its own receiver-activity-timeout (and source-activity-timeout) when a client
+    asks for another with ``ume_activity_timeout`` (the client's value replaces the store's,
+    docs/semantics.md §1.11)."""
+    lifetimes = StoreCore._lifetimes
+
+    def patched(self: StoreCore, life: Any, timeout_ms: int,
+                lifetime_ms: int) -> tuple[float, float]:
+        _, lifetime = lifetimes(self, life, timeout_ms, lifetime_ms)
+        return timeout_ms / 1000, lifetime
+    StoreCore._lifetimes = patched  # type: ignore[method-assign]
+
+
+MUTANTS["client-timeout-ignored"] = client_timeout_ignored
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in MUTANTS:
         print(f"usage: mutant_store.py {{{','.join(MUTANTS)}}} STORE-ARGS...", file=sys.stderr)

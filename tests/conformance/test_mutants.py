@@ -50,6 +50,7 @@ CATCHES = {
     "store-value-ignored": ("quorum", "QRM-STORE-003"),
     "answers-unknown-regid": ("quorum", "QRM-STORE-004"),
     "acks-are-not-activity": ("quorum", "QRM-STORE-005"),
+    "client-timeout-ignored": ("quorum", "QRM-STORE-006"),
 }
 
 ALONE = {"rpp"}

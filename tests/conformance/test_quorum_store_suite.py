@@ -60,7 +60,7 @@ def test_the_store_logs_each_request_naming_an_unknown_regid(
 
 def test_the_cases_cover_timeout_both_lifetime_directions_and_unknown_regids() -> None:
     cases = _store_cases()
-    assert sorted(cases) == [f"QRM-STORE-{n:03d}" for n in range(1, 6)]
+    assert sorted(cases) == [f"QRM-STORE-{n:03d}" for n in range(1, 7)]
     assert all(c.requirement and c.section for c in cases.values())
     client, store = (cases[i].topic_options for i in ("QRM-STORE-002", "QRM-STORE-003"))
     # the store's value is the long one where the client's must win, and the other way round
@@ -75,3 +75,6 @@ def test_the_cases_cover_timeout_both_lifetime_directions_and_unknown_regids() -
         assert suite.SHORT + check < 4000
     assert int(cases["QRM-STORE-001"].topic_options["receiver-activity-timeout"]) + \
         int(cases["QRM-STORE-001"].topic_options["source-check-interval"]) < 2000
+    # QRM-STORE-006: the store's own timeout outlasts the case, the client's (1 s) does not
+    assert int(cases["QRM-STORE-006"].topic_options["receiver-activity-timeout"]) == \
+        suite.LONG > 15_000 >= cases["QRM-STORE-006"].timeout * 1000
