@@ -146,7 +146,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the resolver daemon's UDP port (default: a free one; 15380 with "
                         "--capture; 0: a free one)")
     p.add_argument("--capture", help="also capture the loopback traffic to this pcap")
-    p.add_argument("--transport", choices=("tcp", "lbt-ru"), default="tcp",
+    p.add_argument("--transport", choices=("tcp", "lbt-ru", "lbt-rm"), default="tcp",
                    help="the source's data transport (default tcp)")
     p.add_argument("--rpp", action="store_true",
                    help="receiver-paced persistence instead: an RPP source, a fast and a slow "

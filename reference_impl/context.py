@@ -9,9 +9,10 @@ real sockets):
 * ``receive(data, addr, now)`` for UDP datagrams (LBMR topic resolution);
 * ``stream_event(event, now)`` / ``stream_commands(now)`` for TCP connections, each framed as
   LBT-TCP (LBMC messages back to back, :class:`wire.lbttcp.LbttcpStream`);
-* ``receive_at(local_port, data, addr, now)`` / ``datagrams_from(now)`` for the LBT-RU
-  sessions a core runs on its own UDP ports (:class:`LbtruBinding`); a receiving session's
-  payloads enter the same LBMC path as a TCP chunk, through a stand-in :class:`Connection`;
+* ``receive_at(local_port, data, addr, now)`` / ``datagrams_from(now)`` for the LBT-RU and
+  LBT-RM sessions a core runs on its own UDP ports (:class:`LbtruBinding`); a receiving
+  session's payloads enter the same LBMC path as a TCP chunk, through a stand-in
+  :class:`Connection`;
 * ``get_timer()`` / ``handle_timer(now)`` driven by named deadlines;
 * ``next_event()`` for the application events of :mod:`reference_impl.events`.
 
@@ -22,6 +23,17 @@ chunk, and consecutive writes to one connection leave as one :class:`StreamWrite
 Connections to a peer are opened on demand by :meth:`ContextCore.send_to` and keyed by the
 peer's address, so a core says "send this PREG to the store at 10.0.0.1:14567" and the base
 class connects, queues until connected and reports a lost peer exactly once.
+
+LBT-RM (:mod:`reference_impl.lbtrm_session`): a source's session runs on its unicast (NAK)
+port and sends to its group; a receiving session listens on the group's destination port,
+which the core asks its driver to bind and join through :attr:`ContextCore.join_group` (the
+simulator's ``SimNetwork.join``, :meth:`~reference_impl.aio.AioHost.join_multicast` on real
+sockets), once per (group, port), when it opens the first session there.  Every session of
+every source on that group shares the port: a datagram goes to the session its header names
+(source IP, unicast port, session ID, as tshark keys it); a datagram for no session of ours is
+another topic's traffic on a shared group, not bad input, so it is only counted
+(``stats["lbtrm_foreign"]``), never logged (our choice: a receiver on a busy group would
+otherwise log every datagram of every topic it does not subscribe to).
 
 Malformed input never raises out of a core: it becomes an :class:`~reference_impl.events.
 InputDropped` event and a log line, and the state is untouched (issue 3, "Bad input").
@@ -37,6 +49,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from reference_impl.events import Addr, Event, InputDropped, Level, LogRecord
+from reference_impl.lbtrm_session import (
+    LbtrmReceiverSession,
+    LbtrmReceiverSettings,
+    LbtrmSourceSession,
+    LbtrmSourceSettings,
+)
 from reference_impl.lbtru_session import (
     Delivered,
     LbtruReceiverSession,
@@ -54,7 +72,7 @@ from reference_impl.sim import (
     StreamEventKind,
     StreamWrite,
 )
-from wire import lbmr
+from wire import lbmr, lbtrm
 from wire.errors import WireError
 from wire.lbmc import CONTROL_BASE, NHDR_NONE, Header, LbmcMessage, MessageType, parse_message
 from wire.lbttcp import LbttcpStream
@@ -62,6 +80,9 @@ from wire.lbttcp import LbttcpStream
 EPHEMERAL: Addr = ("0.0.0.0", 0)
 _PREFIX = CONTROL_BASE.codec  # the prefix every LBMC message starts with; msglen frames it
 _MSGLEN = CONTROL_BASE.names.index("msglen")
+_RM_HEADER = lbtrm.COMMON.codec  # LBT-RM's common header: which session a datagram is for
+_RM_PORT = lbtrm.COMMON.names.index("ucast_port")
+_RM_SID = lbtrm.COMMON.names.index("session_id")
 
 
 @dataclass(eq=False)
@@ -106,19 +127,22 @@ class Connection:
 
 @dataclass(eq=False)
 class LbtruBinding:
-    """One LBT-RU session a core runs on one of its UDP ports.
+    """One LBT-RU or LBT-RM session a core runs on one of its UDP ports.
 
     A receiving session (a store or receiver on a source's LBT-RU transport) has a stand-in
     :class:`Connection` (``conn``, ``datagrams`` set, keyed (our LBT-RU address, the source's))
     on which its delivered payloads enter the very LBMC path the LBT-TCP transport uses, so the
     subclasses tell the two transports apart only where they must (opening, closing, writing
     back, which LBT-RU cannot: nothing is ever written on the stand-in).  A source's session
-    has none.
+    has none.  An LBT-RM receiving session's ``port`` is the group's destination port and its
+    stand-in is keyed (our address on that port, (source IP, source unicast port)); ``group``
+    is the (multicast address, destination port) it listens on (None for every other kind).
     """
 
     port: int
-    session: LbtruSourceSession | LbtruReceiverSession
+    session: LbtruSourceSession | LbtruReceiverSession | LbtrmSourceSession
     conn: Connection | None = None
+    group: Addr | None = None
 
 
 class ContextCore:
@@ -154,8 +178,14 @@ class ContextCore:
         self._connecting: dict[Addr, list[bytes]] = {}  # remote -> bytes waiting for CONNECTED
         self.stats: dict[str, int] = {"dropped_inputs": 0}
         self.closed = False
-        self.lbtru_ports: set[int] = set()  # UDP ports that carry LBT-RU, not LBMR
+        self.lbtru_ports: set[int] = set()  # UDP ports that carry LBT-RU/-RM, not LBMR
         self.lbtru: list[LbtruBinding] = []
+        self.lbtrm_receiver_settings = LbtrmReceiverSettings()  # the driver may set its own
+        self.groups: set[Addr] = set()  # (group, port) our LBT-RM receiving sessions listen on
+        self.join_group: Callable[[Addr], None] | None = None
+        """Set by the driver: bind the destination port of a (group, port) for this core and
+        join the group there.  Called once per (group, port), from inside a call into the
+        core, before that call's datagrams are collected."""
 
     # --- the sans-IO interface --------------------------------------------------------------
 
@@ -185,16 +215,33 @@ class ContextCore:
         if self.closed:
             return
         taken = False
+        rm_key: tuple[str, int, int] | None = None
         for binding in list(self.lbtru):
             session = binding.session
-            if binding.port != local_port or (
-                    isinstance(session, LbtruReceiverSession) and session.source != addr):
+            if binding.port != local_port:
+                continue
+            if isinstance(session, LbtrmReceiverSession):  # before LBT-RU's: a subclass
+                if rm_key is None:
+                    if len(data) < _RM_HEADER.size:
+                        break
+                    head = _RM_HEADER.unpack_from(data)
+                    rm_key = (addr[0], head[_RM_PORT], head[_RM_SID])
+                if session.key != rm_key:
+                    continue
+            elif isinstance(session, LbtruReceiverSession) and session.source != addr:
                 continue
             taken = True
             session.receive(data, addr, now)
             self._pump_lbtru(binding)
-        if not taken:
+        if taken:
+            return
+        if local_port in self._group_ports():
+            self.stats["lbtrm_foreign"] = self.stats.get("lbtrm_foreign", 0) + 1
+        else:
             self.drop(addr, f"LBT-RU datagram for no session on port {local_port}", len(data))
+
+    def _group_ports(self) -> set[int]:
+        return {port for _, port in self.groups}
 
     def datagrams_from(self, now: float) -> list[tuple[int, bytes, Addr]]:
         """What the LBT-RU sessions send, each from its own port."""
@@ -428,6 +475,37 @@ class ContextCore:
                           datagrams=True)
         binding = LbtruBinding(port, session, conn)
         self.lbtru_ports.add(port)
+        self.lbtru.append(binding)
+        return binding
+
+    def open_lbtrm_source(self, port: int, group: Addr, settings: LbtrmSourceSettings,
+                          ) -> LbtruBinding:
+        """Run the source end of an LBT-RM session on our UDP ``port`` (its unicast port:
+        NAKs arrive there, and everything it sends leaves from there) to ``group``."""
+        binding = LbtruBinding(port, LbtrmSourceSession(group, port, settings, now=self.now))
+        self.lbtru_ports.add(port)
+        self.lbtru.append(binding)
+        return binding
+
+    def open_lbtrm_receiver(self, group: Addr, source: Addr, session_id: int, *,
+                            tag: object = None) -> LbtruBinding:
+        """Receive the LBT-RM session ``session_id`` of the source whose IP and unicast port
+        are ``source``, sent to ``group`` (address, destination port): joined through
+        :attr:`join_group` the first time, then on that port alongside every other session
+        there.  Its payloads arrive on the binding's stand-in connection (tagged ``tag``);
+        NAK backoff draws are seeded from the addresses, as for LBT-RU."""
+        if group not in self.groups:
+            self.groups.add(group)
+            self.lbtru_ports.add(group[1])
+            if self.join_group is not None:
+                self.join_group(group)
+        seed = zlib.crc32(f"{self.ip}:{group[0]}:{group[1]}/{source[0]}:{source[1]}/"
+                          f"{session_id}".encode())
+        session = LbtrmReceiverSession(source[0], source[1], session_id,
+                                       self.lbtrm_receiver_settings, now=self.now, seed=seed)
+        conn = Connection(((self.ip, group[1]), source), outgoing=True, open=True, tag=tag,
+                          datagrams=True)
+        binding = LbtruBinding(group[1], session, conn, group)
         self.lbtru.append(binding)
         return binding
 

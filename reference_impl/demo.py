@@ -3,7 +3,8 @@
 
 It writes a umestored XML file and two UM configuration files into a work directory, starts
 ``ump resolver``, ``ump store`` (disk repository), ``ump receiver`` and ``ump source`` as
-separate processes (the source's data on LBT-TCP, or LBT-RU with ``--transport lbt-ru``),
+separate processes (the source's data on LBT-TCP, or LBT-RU with ``--transport lbt-ru``, or
+LBT-RM with ``--transport lbt-rm``: multicast on loopback, see ``scripts/ensure-multicast``),
 then:
 
 1. kills the receiver with SIGKILL a third of the way through and restarts it (it
@@ -781,7 +782,8 @@ def run_demo(*, messages: int = 3000, workdir: str | None = None,
         return demo.run()
     from reference_impl.capture import CaptureError, LoopbackCapture
     demo.prepare()  # the capture filter needs the ports
-    ports = [demo.port, demo.resolver_port, *range(14360, 14396)]  # LBT-RU 14360-14389 too
+    # LBT-RU 14360-14389 too, and LBT-RM's source ports 14390-14399 and destination port 14400
+    ports = [demo.port, demo.resolver_port, *range(14360, 14401)]
     try:
         with LoopbackCapture(Path(capture).resolve(), ports=ports):
             code = demo.run()

@@ -17,7 +17,9 @@ import random
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
+from reference_impl.context import ContextCore
 from reference_impl.events import Event
 from reference_impl.receiver import ReceiverConfig, ReceiverCore, RecoveryCallback
 from reference_impl.resolver import DEFAULT_PORT, ResolverCore
@@ -25,6 +27,7 @@ from reference_impl.sim import LinkConfig, SimNetwork
 from reference_impl.source import SourceConfig, SourceCore, StoreSpec
 from reference_impl.store import StoreCore, StoreSettings
 
+T = TypeVar("T")
 LBMR_PORT = 14402
 TRANSPORT_PORT = 14371
 SOURCE_REQUEST_PORT = 14391
@@ -36,6 +39,11 @@ LBTRU_SOURCE_PORT = 14380
 LBTRU_RECEIVER_PORT = 14360
 """Where stores and receivers receive LBT-RU transports: tshark's receiver range 14360-14379.
 Every store and receiver binds it, since which transport a source uses is learnt from its TIR."""
+LBTRM_SOURCE_PORT = 14390
+"""A source's LBT-RM unicast (NAK) port (``source transport lbt-rm``): the product's
+``transport_lbtrm_source_port_low``.  Stores and receivers bind a group's destination port
+(14400 by default) and join the group when their core first asks (:meth:`SimDeployment.
+_joiner`)."""
 
 
 def restart_seed(seed: int | None, incarnation: int) -> int | None:
@@ -110,7 +118,7 @@ class SimDeployment:
                                 seed=restart_seed(seed, incarnation),
                                 lbtru_port=LBTRU_RECEIVER_PORT,
                                 **settings)  # type: ignore[arg-type]
-            return StoreCore(cfg, now=self.net.now)
+            return self._joiner(name, StoreCore(cfg, now=self.net.now))
 
         store = make()
         self._factories[name] = make
@@ -131,13 +139,17 @@ class SimDeployment:
             return SourceCore(topic, config, ip=ip, transport_port=TRANSPORT_PORT,
                               request_port=SOURCE_REQUEST_PORT, lbmr_port=LBMR_PORT,
                               resolver=self.resolver_addr, now=self.net.now,
-                              lbtru_port=LBTRU_SOURCE_PORT)
+                              lbtru_port=LBTRU_SOURCE_PORT, lbtrm_port=LBTRM_SOURCE_PORT)
 
         source = make()
         self._factories[name] = make
         self.sources[name] = source
         ports = [LBMR_PORT, TRANSPORT_PORT, SOURCE_REQUEST_PORT]
-        self._bind(name, source, [*ports, LBTRU_SOURCE_PORT] if config.lbtru else ports)
+        if config.lbtru:
+            ports.append(LBTRU_SOURCE_PORT)
+        if config.lbtrm:
+            ports.append(LBTRM_SOURCE_PORT)
+        self._bind(name, source, ports)
         return source
 
     def add_receiver(self, name: str, topic: str, *,
@@ -147,16 +159,28 @@ class SimDeployment:
         config = ReceiverConfig(**options)  # type: ignore[arg-type]
 
         def make() -> ReceiverCore:
-            return ReceiverCore(topic, config, ip=ip, request_port=RECEIVER_REQUEST_PORT,
-                                lbmr_port=LBMR_PORT, resolver=self.resolver_addr,
-                                recovery_callback=recovery_callback, now=self.net.now,
-                                lbtru_port=LBTRU_RECEIVER_PORT)
+            return self._joiner(name, ReceiverCore(
+                topic, config, ip=ip, request_port=RECEIVER_REQUEST_PORT, lbmr_port=LBMR_PORT,
+                resolver=self.resolver_addr, recovery_callback=recovery_callback,
+                now=self.net.now, lbtru_port=LBTRU_RECEIVER_PORT))
 
         receiver = make()
         self._factories[name] = make
         self.receivers[name] = receiver
         self._bind(name, receiver, [LBMR_PORT, RECEIVER_REQUEST_PORT, LBTRU_RECEIVER_PORT])
         return receiver
+
+    def _joiner(self, name: str, core: T) -> T:
+        """Give a store or receiver core its LBT-RM group joins: the group's destination port
+        bound on the core's node (once) and the group joined there."""
+        def join(group: tuple[str, int]) -> None:
+            if group[1] not in self.net._node(name).endpoints:
+                self.net.bind(name, group[1], core)  # type: ignore[arg-type]
+            self.net.join((self.ips[name], group[1]), group)
+
+        assert isinstance(core, ContextCore)
+        core.join_group = join
+        return core
 
     def _bind(self, name: str, core: object, ports: list[int]) -> None:
         for port in ports:
@@ -193,17 +217,17 @@ class SimDeployment:
                 return SourceCore(topic, config, ip=ip, transport_port=TRANSPORT_PORT,
                                   request_port=SOURCE_REQUEST_PORT, lbmr_port=LBMR_PORT,
                                   resolver=self.resolver_addr, now=self.net.now,
-                                  lbtru_port=LBTRU_SOURCE_PORT)
+                                  lbtru_port=LBTRU_SOURCE_PORT, lbtrm_port=LBTRM_SOURCE_PORT)
             self._factories[name] = remake
         elif isinstance(old, ReceiverCore):
             rconfig = replace(old.config, **changes)  # type: ignore[arg-type]
             rtopic, rip, cb = old.topic, old.ip, old.recovery_callback
 
             def remake_r() -> ReceiverCore:
-                return ReceiverCore(rtopic, rconfig, ip=rip, request_port=RECEIVER_REQUEST_PORT,
-                                    lbmr_port=LBMR_PORT, resolver=self.resolver_addr,
-                                    recovery_callback=cb, now=self.net.now,
-                                    lbtru_port=LBTRU_RECEIVER_PORT)
+                return self._joiner(name, ReceiverCore(
+                    rtopic, rconfig, ip=rip, request_port=RECEIVER_REQUEST_PORT,
+                    lbmr_port=LBMR_PORT, resolver=self.resolver_addr, recovery_callback=cb,
+                    now=self.net.now, lbtru_port=LBTRU_RECEIVER_PORT))
             self._factories[name] = remake_r
         else:
             raise ValueError(f"no config changes for {name!r} ({make})")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from wire import lbtru
+from wire import lbtrm, lbtru
 from wire.lbmc import DATA_BASE, Frag, LbmcMessage, MessageType
 
 FRAG_SIZE = Frag.kind.fast.size if Frag.kind.fast is not None else 16
@@ -45,22 +45,30 @@ LBTRU_OVERHEAD = len(lbtru.LbtruData(sqn=0, trail_sqn=0,
 """Bytes of the LBT-RU DATA header (with the session-ID option the reference source sends)
 in front of the LBMC message of every LBT-RU datagram."""
 
+LBTRM_OVERHEAD = lbtrm.DATA_FAST.size
+"""Bytes of the LBT-RM DATA header (no options) in front of the LBMC message of every LBT-RM
+datagram (the same 8192 default and 65507 bound as LBT-RU: our choice, after the guide's
+"roughly 8 kilobyte chunks for UDP-based protocols (LBT-RM and LBT-RU)")."""
+
 DATAGRAM_OPTIONS = {"tcp": "transport_tcp_datagram_max_size",
-                    "lbt-ru": "transport_lbtru_datagram_max_size"}
+                    "lbt-ru": "transport_lbtru_datagram_max_size",
+                    "lbt-rm": "transport_lbtrm_datagram_max_size"}
 """The option that sets the maximum datagram of each transport."""
 
-DATAGRAM_DEFAULTS = {"tcp": 65535, "lbt-ru": 8192}
+DATAGRAM_DEFAULTS = {"tcp": 65535, "lbt-ru": 8192, "lbt-rm": 8192}
 """The default maximum datagram of each transport (see the module docstring)."""
 
 DATAGRAM_BOUNDS = {"tcp": (FRAGMENT_OVERHEAD + 1, 65535),
-                   "lbt-ru": (LBTRU_OVERHEAD + FRAGMENT_OVERHEAD + 1, 65507)}
+                   "lbt-ru": (LBTRU_OVERHEAD + FRAGMENT_OVERHEAD + 1, 65507),
+                   "lbt-rm": (LBTRM_OVERHEAD + FRAGMENT_OVERHEAD + 1, 65507)}
 """(least, most) maximum datagram of each transport: the least carries one payload byte in a
 fragment."""
 
 
 def transport_overhead(transport: str) -> int:
-    """Bytes of a datagram of ``transport`` ("tcp" or "lbt-ru") before its LBMC message."""
-    return LBTRU_OVERHEAD if transport == "lbt-ru" else 0
+    """Bytes of a datagram of ``transport`` ("tcp", "lbt-ru", "lbt-rm") before its LBMC
+    message."""
+    return {"lbt-ru": LBTRU_OVERHEAD, "lbt-rm": LBTRM_OVERHEAD}.get(transport, 0)
 
 
 def piece_size(transport: str, datagram_max: int) -> int:

@@ -63,6 +63,10 @@ needs nothing special: the next message delivered opens the gap in the topic seq
 and recovery asks the stores, as for any gap.  A session that times out (or never connects)
 counts as a transport connection lost (resolve again); a reset (the source restarted) only
 restarts the SRI version count, the session reconnects by itself.
+An LBT-RM source (TIR with the 16-byte LBT-RM form) is received the same way through an
+:class:`~reference_impl.lbtrm_session.LbtrmReceiverSession` on the group's destination port
+(:meth:`~reference_impl.context.ContextCore.open_lbtrm_receiver`); a TIR of a known source
+with another session ID is that source restarted (LBT-RM has no reset), joined afresh.
 
 Data is taken only from the source's connections (its transport) and retransmissions only
 from the stores the receiver registered with; SRI only from the source.  Anything else (a
@@ -280,7 +284,9 @@ class Source:
     topic_idx: int
     transport_idx: int
     persistent: bool
-    lbtru_session_id: int | None = None  # None: LBT-TCP; else the LBT-RU session's ID
+    lbtru_session_id: int | None = None  # None: LBT-TCP; else the LBT-RU/-RM session's ID
+    lbtrm_group: Addr | None = None  # LBT-RM: (group, destination port); transport is then
+    # (source IP, unicast port), what its datagrams come from
 
 
 @dataclass
@@ -438,6 +444,10 @@ class _PerSource(Generic[_T]):
 
 def source_name(source: Source) -> str:
     """The product's source string of a transport (``TCP:IP:PORT`` or ``LBT-RU:IP:PORT``)."""
+    if source.lbtrm_group is not None:  # docs/wire-transports.md's LBTRM source string
+        return (f"LBTRM:{source.transport[0]}:{source.transport[1]}:"
+                f"{source.lbtru_session_id or 0:08x}:{source.lbtrm_group[0]}:"
+                f"{source.lbtrm_group[1]}")
     kind = "TCP" if source.lbtru_session_id is None else "LBT-RU"
     return f"{kind}:{source.transport[0]}:{source.transport[1]}"
 
@@ -793,16 +803,22 @@ class ReceiverCore(ContextCore):
             if tir.name != self.topic:
                 continue
             info = tir.info
-            if isinstance(info, lbmr.LbtruInfo | lbmr.LbtruSidInfo) and self.lbtru_port:
-                sid: int | None = getattr(info, "session_id", 0)
-            elif isinstance(info, lbmr.TcpInfo | lbmr.TcpSidInfo):
-                sid = None
+            if isinstance(info, lbmr.LbtrmInfo):  # joined through self.join_group
+                sid: int | None = info.session_id
+                key = ((info.src_addr, info.src_ucast_port), tir.index)
             else:
-                continue
-            key = ((info.ip, info.port), tir.index)
+                if isinstance(info, lbmr.LbtruInfo | lbmr.LbtruSidInfo) and self.lbtru_port:
+                    sid = getattr(info, "session_id", 0)
+                elif isinstance(info, lbmr.TcpInfo | lbmr.TcpSidInfo):
+                    sid = None
+                else:
+                    continue
+                key = ((info.ip, info.port), tir.index)
             known = self.sessions.get(key)
-            if known is not None and known.transport_up:
-                continue
+            if known is not None and known.transport_up and not (
+                    isinstance(info, lbmr.LbtrmInfo) and known.source is not None
+                    and known.source.lbtru_session_id != sid):
+                continue  # (a new LBT-RM session ID is the source restarted: LBT-RM has no RST)
             if known is None and len(self._by_sid) >= MAX_SOURCES and not self._evict():
                 self.drop(addr, f"TIR of a source at {info.ip}:{info.port}: already "
                                 f"{MAX_SOURCES} sources on topic {self.topic!r}", 0)
@@ -818,8 +834,10 @@ class ReceiverCore(ContextCore):
         ume = next((o for o in (tir.options or []) if isinstance(o, lbmr.ToptUme)), None)
         persistent = ume is not None and bool(ume.store) and bool(self.config.ume_use_store)
         request = (ume.src_tcp_addr, ume.src_tcp_port) if ume is not None else None
+        group = (info.mcast_addr, info.udp_dest_port) \
+            if isinstance(info, lbmr.LbtrmInfo) else None
         source = Source(key[0], request, tir.index,
-                        ume.transport_idx if ume is not None else 0, persistent, sid)
+                        ume.transport_idx if ume is not None else 0, persistent, sid, group)
         if known is None:
             st = self._add_session(key, source)
         else:
@@ -835,7 +853,11 @@ class ReceiverCore(ContextCore):
             old = self.lbtru_receiving(source.transport)
             if old is not None:
                 self.close_lbtru(old)
-            self.open_lbtru_receiver(self.lbtru_port, source.transport, sid, tag="transport")
+            if group is not None:
+                self.open_lbtrm_receiver(group, source.transport, sid, tag="transport")
+            else:
+                self.open_lbtru_receiver(self.lbtru_port, source.transport, sid,
+                                         tag="transport")
         if known is not None:
             # a restarted source numbers its SRI versions afresh; our registrations stand
             # until its SRI says whether it is the same source (see _on_sri)
@@ -848,7 +870,8 @@ class ReceiverCore(ContextCore):
                            self.now + self.config.ume_sri_request_interval / 1000)
         else:
             self.complete = True  # streaming: deliver from the first message seen
-        kind = "LBT-TCP" if sid is None else f"LBT-RU session {sid:#x}"
+        kind = "LBT-TCP" if sid is None else \
+            f"{'LBT-RM' if group else 'LBT-RU'} session {sid:#x}"
         self.log(Level.INFO, f"topic resolved: {kind} transport "
                              f"{source.transport[0]}:{source.transport[1]} ({st.name})")
 
@@ -1102,7 +1125,8 @@ class ReceiverCore(ContextCore):
         # LBMC sequence numbers open the gap that recovery from the stores fills (_on_data)
         conn = binding.conn
         if isinstance(event, Lost):
-            self.log(Level.INFO, f"LBT-RU transport lost sqn {event.first}..{event.last} "
+            kind = "LBT-RU" if binding.group is None else "LBT-RM"
+            self.log(Level.INFO, f"{kind} transport lost sqn {event.first}..{event.last} "
                                  f"({event.reason}); recovering from the stores")
         elif isinstance(event, Connected):
             self.log(Level.INFO, f"LBT-RU session connected (client ID {event.client_id})")

@@ -27,6 +27,15 @@ default, shared with every source and receiver on the host) the source and the r
 an ephemeral request port and log a warning, where the product's context would not start:
 the port works the same, only tshark does not label the traffic to it as UM by default.
 
+LBT-RM (docs/wire-transports.md §2.6): a source binds its unicast (NAK) port at
+``transport_lbtrm_source_port`` or the first free one of ``transport_lbtrm_source_port_low..
+high`` (14390-14399) and sends its group from there, with its own IP as the multicast
+interface and loop on (:meth:`AioHost.join_multicast`: on one machine the group is loopback's,
+``scripts/ensure-multicast`` makes the machine route it).  Stores and receivers join groups as
+their cores ask (:attr:`ContextCore.join_group`, :func:`group_joiner`): the group's destination
+port bound on 0.0.0.0 with ``SO_REUSEADDR`` (every process of the host that receives the group
+shares it), the group joined on the core's own IP.
+
 A port is checked free and then bound, so another process (or another core of this one) may
 take it in between; the bind then fails, the half-started core is dropped from the host
 (:meth:`AioHost.starting`) and the next free ports are tried, up to :data:`BIND_ATTEMPTS` times.
@@ -41,7 +50,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -69,6 +78,7 @@ from reference_impl.events import (
     StoreUnresponsive,
     UnrecoverableLoss,
 )
+from reference_impl.lbtrm_session import LbtrmReceiverSettings
 from reference_impl.receiver import ReceiverConfig, ReceiverCore
 from reference_impl.resolver import DEFAULT_PORT, ResolverCore
 from reference_impl.source import SendError, SendErrorCode, SourceConfig, SourceCore, StoreSpec
@@ -126,15 +136,19 @@ def source_config(client: ClientConfig) -> SourceConfig:
                                    entry.domain_id))
         else:  # ume_store_name: resolved from the store's context-name advertisement
             specs.append(StoreSpec.named(entry.name, entry.reg_id, entry.group_idx))
-    if opts.transport not in ("tcp", "lbt-ru"):
+    if not opts.transport_supported:
         raise RuntimeError_(f"transport {opts.transport} is not implemented by the reference "
-                            f"source; use transport tcp or lbt-ru")
+                            f"source; use transport tcp, lbt-ru or lbt-rm")
     names = {f.name for f in dataclasses.fields(SourceConfig)}
     values: dict[str, Any] = {n: getattr(opts, n) for n in names if hasattr(opts, n)}
     values["ume_store"] = tuple(specs)
     values["ume_store_group"] = tuple((g.index, g.size) for g in opts.ume_store_group)
     values["ume_session_id"] = opts.ume_session_id or client.context.ume_session_id
     values["ume_proactive_keepalive_interval"] = client.context.ume_proactive_keepalive_interval
+    for name in ("transport_lbtrm_multicast_address_low", "transport_lbtrm_multicast_address_high",
+                 "transport_lbtrm_data_rate_limit", "transport_lbtrm_retransmit_rate_limit",
+                 "transport_lbtrm_rate_interval"):  # context scope in the product
+        values[name] = getattr(client.context, name)
     for key, value in list(values.items()):
         if isinstance(value, bool):
             values[key] = int(value)
@@ -156,6 +170,51 @@ def receiver_config(client: ClientConfig, reg_id: int = 0) -> ReceiverConfig:
             values[key] = int(value)
     values["rpp_supported"] = get_profile(client.profile).rpp_supported  # (as for a source)
     return ReceiverConfig(**values)
+
+
+def lbtrm_receiver_settings(client: ClientConfig) -> LbtrmReceiverSettings:
+    """A receiver's ``transport_lbtrm_*`` options as its LBT-RM sessions' settings (seconds)."""
+    opts = client.receiver
+    return LbtrmReceiverSettings(
+        nak_initial_backoff_interval=opts.transport_lbtrm_nak_initial_backoff_interval / 1000,
+        nak_backoff_interval=opts.transport_lbtrm_nak_backoff_interval / 1000,
+        nak_generation_interval=opts.transport_lbtrm_nak_generation_interval / 1000,
+        activity_timeout=opts.transport_lbtrm_activity_timeout / 1000,
+        nak_suppress_interval=opts.transport_lbtrm_nak_suppress_interval / 1000,
+        send_naks=opts.transport_lbtrm_send_naks)
+
+
+def group_joiner(host: AioHost, core: ContextCore, interface: str) -> Callable[[Addr], None]:
+    """What a store or receiver core calls to receive an LBT-RM group (see the module
+    docstring): bind the destination port once (0.0.0.0, shared), join the group on it.
+
+    The core calls it from inside a call into it, so it must bind at once: ``bind_udp`` binds
+    before its first (and only) step returns, and is run to that end here.  A bind or join
+    that fails is logged and leaves the core without that group (its session then times
+    out), rather than stopping the whole process."""
+    bound: set[int] = set()
+
+    def join(group: Addr) -> None:
+        port = group[1]
+        try:
+            if port not in bound:
+                _now(host.bind_udp(core, ("0.0.0.0", port), reuse_address=True))
+                bound.add(port)
+            host.join_multicast(core, group[0], interface=interface, local=("0.0.0.0", port))
+        except HostError as exc:
+            log.error("cannot receive LBT-RM group %s:%d: %s", group[0], port, exc)
+
+    return join
+
+
+def _now(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine that never suspends (see :func:`group_joiner`) to its result."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise HostError("bind_udp suspended: it can no longer be called from inside a core")
 
 
 def _max_topic_bytes() -> int:
@@ -265,6 +324,7 @@ async def start_stores(host: AioHost, config: StoreDaemonConfig, *, resolver: Ad
             settings = dataclasses.replace(settings, port=any_free_tcp_port(listen_ip))
         core = StoreCore(settings, now=host.now())
         await host.bind_udp(core, (settings.ip, 0), name=f"store {store.name}")
+        core.join_group = group_joiner(host, core, settings.ip)  # LBT-RM sources
         await _bind_store_lbtru(host, core)
         try:
             await host.listen_tcp(core, (listen_ip, settings.port))
@@ -366,14 +426,17 @@ async def start_source(host: AioHost, topic: str, client: ClientConfig, *,
     for _ in range(BIND_ATTEMPTS):  # a port may be taken between the check and the bind
         transport = free_tcp_port(ip, (ctx.transport_tcp_port_low, ctx.transport_tcp_port_high))
         request = request_port(ip, client, "source")
-        lbtru = 0
-        if config.transport != "tcp":  # LBT-RU: the source's UDP port for the transport
+        lbtru = lbtrm = 0
+        if config.lbtru:  # LBT-RU: the source's UDP port for the transport
             lbtru = client.source.transport_lbtru_port or free_udp_port(
                 ip, (client.context.transport_lbtru_port_low,
                      client.context.transport_lbtru_port_high))
+        if config.lbtrm:  # LBT-RM: the source's unicast (NAK) port, which it sends from
+            lbtrm = client.source.transport_lbtrm_source_port or free_udp_port(
+                ip, (ctx.transport_lbtrm_source_port_low, ctx.transport_lbtrm_source_port_high))
         core = SourceCore(topic, config, ip=ip, transport_port=transport,
                           request_port=request, resolver=resolver_of(client), now=host.now(),
-                          lbtru_port=lbtru)
+                          lbtru_port=lbtru, lbtrm_port=lbtrm)
         try:
             # every port listens before the core advertises them (AioHost.starting)
             with host.starting(core, name=f"source {topic}"):
@@ -382,6 +445,11 @@ async def start_source(host: AioHost, topic: str, client: ClientConfig, *,
                 await host.bind_udp(core, (ip, 0))
                 if lbtru:
                     await host.bind_udp(core, (ip, lbtru))
+                if lbtrm:
+                    await host.bind_udp(core, (ip, lbtrm))
+                    rm = core.lbtrm_session
+                    assert rm is not None  # multicast out of our own IP, loop on
+                    host.join_multicast(core, rm.group[0], interface=ip, local=(ip, lbtrm))
         except HostError as exc:  # the core was dropped from the host: try other ports
             _lost_race(host, exc)
             continue
@@ -402,6 +470,8 @@ async def start_receiver(host: AioHost, topic: str, client: ClientConfig, *,
                                    client.receiver.transport_lbtru_port_high))
         core = ReceiverCore(topic, config, ip=ip, request_port=request,
                             resolver=resolver_of(client), now=host.now(), lbtru_port=lbtru)
+        core.lbtrm_receiver_settings = lbtrm_receiver_settings(client)
+        core.join_group = group_joiner(host, core, ip)  # LBT-RM sources
         try:
             with host.starting(core, name=f"receiver {topic}"):
                 await host.listen_tcp(core, (ip, request))

@@ -91,6 +91,19 @@ are meant for one store that has not acknowledged, not for every receiver); a st
 receives the transport (the store keepalive) on the source's request port, since LBT-RU carries
 nothing from receivers to the source but its own control packets.
 
+LBT-RM (``transport lbt-rm``, docs/wire-transports.md §2.6): the source runs one
+:class:`~reference_impl.lbtrm_session.LbtrmSourceSession` on its unicast UDP port (``lbtrm_port``:
+``transport_lbtrm_source_port``, or the first free one of the context's
+``transport_lbtrm_source_port_low..high``) and sends to its group (``transport_lbtrm_multicast_
+address``, or one of ``transport_lbtrm_multicast_address_low..high``, :func:`lbtrm_group`) on
+``transport_lbtrm_destination_port``; everything leaves from the unicast port, the one in every
+header, where NAKs come back.  The TIR carries the 16-byte LBT-RM form (source address, group,
+session ID, destination port, unicast port).  Choices: the session ID is a CRC-32 of the
+unicast address, transport index and start time (:func:`lbtrm_session_id`: a restarted source
+is a new session, since LBT-RM has no reset that would tell receivers a reused ID starts over,
+and a simulated run stays a function of its seed); as with LBT-RU each message is one datagram
+and a store says it receives the transport on the source's request port.
+
 Hot paths (the store benchmark asks for 100,000 messages/s, which leaves a few microseconds per
 message): :meth:`SourceCore.send_many` puts a batch out as one stream write, through a loop that
 looks up once what every take needs; an ACK of the one shape stores and receivers send is read
@@ -105,6 +118,7 @@ these shortcuts and requires identical events, bytes and state.
 
 from __future__ import annotations
 
+import ipaddress
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -133,6 +147,12 @@ from reference_impl.events import (
     StoreUnresponsive,
 )
 from reference_impl.fastmsg import ControlTemplate, data_message
+from reference_impl.lbtrm_session import (
+    DESTINATION_PORT,
+    MULTICAST_RANGE,
+    LbtrmSourceSession,
+    LbtrmSourceSettings,
+)
 from reference_impl.lbtru_session import (
     ClientConnected,
     ClientTimedOut,
@@ -237,19 +257,35 @@ class SourceConfig:
     retransmit_retention_size_limit: int = 25_165_824
     retransmit_retention_size_threshold: int = 0
     resolver_advertisement_interval: int = 1000
-    transport: str = "tcp"  # "tcp" or "lbt-ru" ("lbtru" too)
+    transport: str = "tcp"  # "tcp", "lbt-ru" or "lbt-rm" ("lbtru", "lbtrm" too)
     transport_lbtru_session_id: int = 0  # 0: derived (see :func:`lbtru_session_id`)
     transport_lbtru_transmission_window_size: int = 25_165_824
     # the largest datagram of each transport; longer messages go out as fragments
     transport_tcp_datagram_max_size: int = fragments.DATAGRAM_DEFAULTS["tcp"]
     transport_lbtru_datagram_max_size: int = fragments.DATAGRAM_DEFAULTS["lbt-ru"]
+    # LBT-RM (reference_impl/lbtrm_session.py has the defaults and what each does; ms here)
+    transport_lbtrm_datagram_max_size: int = fragments.DATAGRAM_DEFAULTS["lbt-rm"]
+    transport_lbtrm_multicast_address: str = ""  # "": one of the range (see lbtrm_group)
+    transport_lbtrm_multicast_address_low: str = MULTICAST_RANGE[0]
+    transport_lbtrm_multicast_address_high: str = MULTICAST_RANGE[1]
+    transport_lbtrm_destination_port: int = DESTINATION_PORT
+    transport_lbtrm_transmission_window_size: int = 25_165_824
+    transport_lbtrm_sm_minimum_interval: int = 200
+    transport_lbtrm_sm_maximum_interval: int = 10_000
+    transport_lbtrm_ignore_interval: int = 500
+    transport_lbtrm_data_rate_limit: int = 10_000_000
+    transport_lbtrm_retransmit_rate_limit: int = 5_000_000
+    transport_lbtrm_rate_interval: int = 100
 
     def __post_init__(self) -> None:
         if self.transport.lower() not in TRANSPORTS:
             raise ValueError(f"source transport {self.transport!r}: the reference source "
-                             f"speaks tcp or lbt-ru")
+                             f"speaks tcp, lbt-ru or lbt-rm")
         rpp.check_mode("source", self.ume_receiver_paced_persistence, self.rpp_supported)
         fragments.piece_size(self.transport_kind, self.datagram_max)  # refuses a bad maximum
+        if self.lbtrm:  # values the session cannot run with are refused here, in one line
+            self.lbtrm_settings(1)
+            lbtrm_group(self, 0)
         # the flight size is what a send is judged by: a value that makes no sense is refused
         # here, in one line, as the configuration file reader refuses it
         if self.ume_flight_size < 1:
@@ -309,9 +345,26 @@ class SourceConfig:
         return TRANSPORTS[self.transport.lower()] == "lbt-ru"
 
     @property
+    def lbtrm(self) -> bool:
+        """The data transport is LBT-RM."""
+        return TRANSPORTS[self.transport.lower()] == "lbt-rm"
+
+    @property
     def transport_kind(self) -> str:
-        """The data transport: "tcp" or "lbt-ru"."""
+        """The data transport: "tcp", "lbt-ru" or "lbt-rm"."""
         return TRANSPORTS[self.transport.lower()]
+
+    def lbtrm_settings(self, session_id: int) -> LbtrmSourceSettings:
+        """The LBT-RM session options (seconds where the configuration says milliseconds)."""
+        return LbtrmSourceSettings(
+            session_id=session_id,
+            transmission_window_size=self.transport_lbtrm_transmission_window_size,
+            sm_minimum_interval=self.transport_lbtrm_sm_minimum_interval / 1000,
+            sm_maximum_interval=self.transport_lbtrm_sm_maximum_interval / 1000,
+            ignore_interval=self.transport_lbtrm_ignore_interval / 1000,
+            data_rate_limit=self.transport_lbtrm_data_rate_limit,
+            retransmit_rate_limit=self.transport_lbtrm_retransmit_rate_limit,
+            rate_interval=self.transport_lbtrm_rate_interval / 1000)
 
     @property
     def datagram_max(self) -> int:
@@ -320,10 +373,13 @@ class SourceConfig:
         fragments`)."""
         if self.lbtru:
             return self.transport_lbtru_datagram_max_size
+        if self.lbtrm:
+            return self.transport_lbtrm_datagram_max_size
         return self.transport_tcp_datagram_max_size
 
 
-TRANSPORTS = {"tcp": "tcp", "lbt-ru": "lbt-ru", "lbtru": "lbt-ru"}
+TRANSPORTS = {"tcp": "tcp", "lbt-ru": "lbt-ru", "lbtru": "lbt-ru", "lbt-rm": "lbt-rm",
+              "lbtrm": "lbt-rm"}
 """The ``transport`` values the source accepts, and what each means."""
 
 FLIGHT_SIZE_BEHAVIORS = ("block", "notify")
@@ -339,6 +395,33 @@ def lbtru_session_id(ip: str, port: int, transport_idx: int) -> int:
     once instead of waiting for their activity timeout; two sources of one host differ by
     port."""
     return zlib.crc32(f"{ip}:{port}/{transport_idx}".encode()) or 1
+
+
+def lbtrm_session_id(ip: str, port: int, transport_idx: int, now: float) -> int:
+    """The LBT-RM session ID of a source: a CRC-32 of its unicast address, transport index
+    and start time, never 0.
+
+    Why the start time: LBT-RM has no reset, so a restarted source that reused its ID would
+    look to receivers like the old session's continuation (lbtrm_session's module docstring);
+    the time differs with each start, and in the simulator it is virtual, so a run stays a
+    function of its seed."""
+    return zlib.crc32(f"{ip}:{port}/{transport_idx}/{now!r}".encode()) or 1
+
+
+def lbtrm_group(config: SourceConfig, port: int) -> str:
+    """The multicast group of an LBT-RM source: ``transport_lbtrm_multicast_address`` when
+    set, else one address of ``transport_lbtrm_multicast_address_low..high`` chosen by the
+    source's unicast port (our choice: the product hands groups out from that range; sources
+    of one host, which differ by port, spread over it)."""
+    if config.transport_lbtrm_multicast_address:
+        return config.transport_lbtrm_multicast_address
+    low = int(ipaddress.IPv4Address(config.transport_lbtrm_multicast_address_low))
+    high = int(ipaddress.IPv4Address(config.transport_lbtrm_multicast_address_high))
+    if high < low:
+        raise ValueError(f"source transport_lbtrm_multicast_address_low "
+                         f"{config.transport_lbtrm_multicast_address_low} is above _high "
+                         f"{config.transport_lbtrm_multicast_address_high}")
+    return str(ipaddress.IPv4Address(low + port % (high - low + 1)))
 
 
 UNRESOLVED: Addr = ("0.0.0.0", 0)
@@ -514,6 +597,8 @@ class SourceCore(ContextCore):
         ip: the address it binds.
         transport_port: its LBT-TCP transport listener (receivers and stores connect here).
         lbtru_port: its LBT-RU UDP port, used when ``config.transport`` is LBT-RU.
+        lbtrm_port: its LBT-RM unicast UDP port, used when ``config.transport`` is LBT-RM (the
+            group is :func:`lbtrm_group`'s).
         request_port: its request listener (SRI requests and delivery confirmations).
         lbmr_port, resolver: topic resolution.
         topic_idx, transport_idx: the indexes it advertises.
@@ -525,7 +610,7 @@ class SourceCore(ContextCore):
     def __init__(self, topic: str, config: SourceConfig, *, ip: str, transport_port: int,
                  request_port: int, lbmr_port: int = 0, resolver: Addr | None = None,
                  topic_idx: int = 1, transport_idx: int = 1, now: float = 0.0,
-                 lbtru_port: int = 0) -> None:
+                 lbtru_port: int = 0, lbtrm_port: int = 0) -> None:
         super().__init__(topic, ip, lbmr_port=lbmr_port, resolver=resolver)
         self.topic = topic
         self.config = config
@@ -544,6 +629,19 @@ class SourceCore(ContextCore):
             session = self.open_lbtru_source(lbtru_port, settings).session
             assert isinstance(session, LbtruSourceSession)
             self.lbtru_session = session
+        self.lbtrm_session: LbtrmSourceSession | None = None
+        if config.lbtrm:
+            if not lbtrm_port:
+                raise ValueError("an LBT-RM source needs a UDP port (lbtrm_port)")
+            self.transport_addr = (ip, lbtrm_port)
+            group = (lbtrm_group(config, lbtrm_port), config.transport_lbtrm_destination_port)
+            rm = self.open_lbtrm_source(lbtrm_port, group, config.lbtrm_settings(
+                lbtrm_session_id(ip, lbtrm_port, transport_idx, now))).session
+            assert isinstance(rm, LbtrmSourceSession)
+            self.lbtrm_session = rm
+        # the datagram transport's session, if the transport is one (LBT-RU or LBT-RM)
+        self._udp_session: LbtruSourceSession | LbtrmSourceSession | None = \
+            self.lbtru_session or self.lbtrm_session
         self.request_addr: Addr = (ip, request_port)
         self.topic_idx, self.transport_idx = topic_idx, transport_idx
         self.now = now
@@ -608,7 +706,7 @@ class SourceCore(ContextCore):
     def send(self, payload: bytes) -> int:
         """Send one message now; returns its sequence number or raises :class:`SendError`."""
         sqn, raw = self._take(payload)
-        if self.lbtru_session is not None:
+        if self._udp_session is not None:
             self._lbtru_send(raw)
             return sqn
         for conn in self._transport_conns:
@@ -646,7 +744,7 @@ class SourceCore(ContextCore):
         first = self.next_sqn
         taken = self.stats["sent"]  # messages, not sequence numbers: a long one takes several
         parts: list[bytes] = []
-        session = self.lbtru_session
+        session = self._udp_session
         if session is not None:  # one datagram per message: nothing to batch
             try:
                 for payload in payloads:
@@ -1102,8 +1200,8 @@ class SourceCore(ContextCore):
 
     def _send_sri(self) -> None:
         raw = self._sri_bytes()
-        if self.lbtru_session is not None:
-            self.lbtru_session.send(raw, self.now)
+        if self._udp_session is not None:
+            self._udp_session.send(raw, self.now)
             return
         for conn in self._transport_conns:
             self.write(conn, raw)
@@ -1139,6 +1237,11 @@ class SourceCore(ContextCore):
             info = lbmr.LbtruSidInfo(ip=self.transport_addr[0],
                                      session_id=self.lbtru_session.session_id,
                                      port=self.transport_addr[1])
+        rm = self.lbtrm_session
+        if rm is not None:  # 16 bytes: group and port, session ID, the unicast (NAK) port
+            info = lbmr.LbtrmInfo(src_addr=self.transport_addr[0], mcast_addr=rm.group[0],
+                                  session_id=rm.session_id, udp_dest_port=rm.group[1],
+                                  src_ucast_port=rm.ucast_port)
         return lbmr.Tir(name=self.topic, ttl=1, index=self.topic_idx, info=info,
                         options=options)
 
@@ -1438,9 +1541,9 @@ class SourceCore(ContextCore):
         return first, raw
 
     def _lbtru_send(self, raw: bytes) -> None:
-        """Put one message, or the fragments of one back to back, on the LBT-RU session: one
-        datagram per LBMC message (each fits :attr:`SourceConfig.datagram_max`)."""
-        session = self.lbtru_session
+        """Put one message, or the fragments of one back to back, on the LBT-RU or LBT-RM
+        session: one datagram per LBMC message (each fits :attr:`SourceConfig.datagram_max`)."""
+        session = self._udp_session
         assert session is not None
         end = len(raw)
         if end >= 4 and int.from_bytes(raw[2:4], "big") == end:

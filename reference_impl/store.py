@@ -214,6 +214,14 @@ Choices where the fact sheets are silent (each tested in tests/reference_impl/te
   source's request port (LBT-RU has no way back for LBMC).  What the transport loses the store
   does not recover from the source: it holds what it received (a warning names the loss), and
   a session that times out counts as a transport connection lost.
+* An LBT-RM source (TIR with the 16-byte LBT-RM form) is joined the same way with an
+  :class:`~reference_impl.lbtrm_session.LbtrmReceiverSession` on the group's destination port
+  (:meth:`~reference_impl.context.ContextCore.open_lbtrm_receiver`; the driver binds and joins
+  the group).  "Joined" is the session's opening, since the group is joined then and LBT-RM
+  has no handshake: the session starts at the first DATA or session message after it, which
+  the source sends only once the store's keepalive completed its registration.  A TIR naming
+  a known LBT-RM transport with another session ID is the source restarted (LBT-RM has no
+  reset): the store swaps its session at once and keeps the routes.
 * The store answers a source's registration once it has joined the source's transport (or
   after :data:`JOIN_WAIT` without a TIR), so nothing sent after Registration Complete can miss
   it; the current guide says the same thing the other way round ("the Stores must receive
@@ -522,7 +530,8 @@ class StoreCore(ContextCore):
         # newest advertisement last
         self._tirs: dict[tuple[Addr, int, int], dict[str, Addr]] = {}
         self._routes: dict[tuple[Addr, int], SourceState] = {}
-        self._lbtru_sids: dict[Addr, int] = {}  # LBT-RU transport address -> its session ID
+        self._lbtru_sids: dict[Addr, int] = {}  # LBT-RU/-RM transport address -> session ID
+        self._lbtrm_groups: dict[Addr, Addr] = {}  # LBT-RM transport -> (group, port)
         if settings.lbtru_port:
             self.lbtru_ports.add(settings.lbtru_port)
         self._resolve_turn = 0  # where the next "resolve" timer's topic queries start
@@ -639,12 +648,19 @@ class StoreCore(ContextCore):
             info = tir.info
             if ume is None:
                 continue
-            if isinstance(info, lbmr.LbtruInfo | lbmr.LbtruSidInfo) and self.settings.lbtru_port:
+            if isinstance(info, lbmr.LbtrmInfo):
+                transport = (info.src_addr, info.src_ucast_port)
+                self._lbtrm_advertised(transport, (info.mcast_addr, info.udp_dest_port),
+                                       info.session_id)
+            elif isinstance(info, lbmr.LbtruInfo | lbmr.LbtruSidInfo) \
+                    and self.settings.lbtru_port:
                 self._lbtru_sids[(info.ip, info.port)] = getattr(info, "session_id", 0)
-            elif not isinstance(info, lbmr.TcpInfo | lbmr.TcpSidInfo):
+                transport = (info.ip, info.port)
+            elif isinstance(info, lbmr.TcpInfo | lbmr.TcpSidInfo):
+                transport = (info.ip, info.port)
+            else:
                 continue
             key = ((ume.src_tcp_addr, ume.src_tcp_port), ume.transport_idx, tir.index)
-            transport = (info.ip, info.port)
             names = self._tirs.setdefault(key, {})
             names.pop(tir.name, None)  # the newest advertisement of a name goes last
             names[tir.name] = transport
@@ -652,6 +668,23 @@ class StoreCore(ContextCore):
                 if src.topic == tir.name and \
                         (src.request_addr, src.transport_idx, src.topic_idx) == key:
                     self._join_transport(src, transport)
+
+    def _lbtrm_advertised(self, transport: Addr, group: Addr, sid: int) -> None:
+        """Note an LBT-RM transport's group and session ID; a session we receive there under
+        another ID is the source's previous run: swap it for the new one (see the module
+        docstring), keeping every route."""
+        self._lbtrm_groups[transport] = group
+        self._lbtru_sids[transport] = sid
+        old = self.lbtru_receiving(transport)
+        if old is None or getattr(old.session, "session_id", sid) == sid:
+            return
+        self.close_lbtru(old)
+        self.open_lbtrm_receiver(group, transport, sid, tag="transport")
+        for src in self.sources.values():
+            if src.transport == transport:
+                src.lbtru_sid = sid
+        self.log(Level.INFO, f"LBT-RM transport {transport[0]}:{transport[1]}: new session "
+                             f"{sid:#x} (the source restarted)")
 
     def _join_transport(self, src: SourceState, transport: Addr) -> None:
         """Receive ``src`` on ``transport`` as well.
@@ -670,7 +703,13 @@ class StoreCore(ContextCore):
         self._routes[(transport, src.topic_idx)] = src
         sid = self._lbtru_sids.get(transport)
         conn = self._transport_conn(transport)
-        if conn is None and sid is not None:
+        group = self._lbtrm_groups.get(transport)
+        if conn is None and sid is not None and group is not None:
+            # joined as soon as opened (see the module docstring): answer now
+            binding = self.open_lbtrm_receiver(group, transport, sid, tag="transport")
+            assert binding.conn is not None
+            self.on_connected(binding.conn)
+        elif conn is None and sid is not None:
             if self.lbtru_receiving(transport) is None:  # answered once connected
                 self.open_lbtru_receiver(self.settings.lbtru_port, transport, sid,
                                          tag="transport")
@@ -1071,7 +1110,7 @@ class StoreCore(ContextCore):
         stand-in connection of our LBT-RU session once that is connected; None before."""
         binding = self.lbtru_receiving(transport)
         if binding is not None:
-            connected = getattr(binding.session, "connected", False)
+            connected = binding.group is not None or getattr(binding.session, "connected", False)
             return binding.conn if connected else None
         return self.connection_to(transport)
 
@@ -1089,7 +1128,8 @@ class StoreCore(ContextCore):
             for (transport, _), src in self._routes.items():
                 if transport == conn.remote:
                     src.loss_pending = True  # the next live message shows which (NACK)
-            self.log(Level.WARNING, f"LBT-RU transport {conn.remote[0]}:{conn.remote[1]} lost "
+            kind = "LBT-RU" if binding.group is None else "LBT-RM"
+            self.log(Level.WARNING, f"{kind} transport {conn.remote[0]}:{conn.remote[1]} lost "
                                     f"sqn {event.first}..{event.last} ({event.reason})")
         elif isinstance(event, SourceTimedOut | ConnectFailed):
             self.close_lbtru(binding)  # like a transport connection that went away
@@ -1814,6 +1854,7 @@ class StoreCore(ContextCore):
                 # as joined (a later advertisement, perhaps a stranger's, does not relabel it)
                 "transport": None if src.transport is None else (
                     lbmr.TransportType.TCP if src.lbtru_sid is None
+                    else lbmr.TransportType.LBTRM if src.transport in self._lbtrm_groups
                     else lbmr.TransportType.LBTRU, f"{src.transport[0]}:{src.transport[1]}",
                     src.lbtru_sid or 0),
                 "receivers": [{"reg_id": r.reg_id, "session_id": r.session_id,

@@ -24,7 +24,12 @@ Which options are checked, and how:
   the nearest known option, and one used in the wrong scope is an error naming its scope.  Those
   families are what persistence behaviour hangs on, so a typo must not silently fall back to a
   default.
-* Other UM options (``transport_lbtrm_*``, ``resolver_*``, ``ordered_delivery`` ...) are not
+* The ``transport_lbtrm_*`` options the reference LBT-RM transport runs with
+  (:mod:`reference_impl.lbtrm_session` has their product defaults and what each does) are
+  parsed and checked in their scopes: context (rate limits, the group and unicast port
+  ranges), source (group, ports, window, session messages, ignore interval, largest
+  datagram), receiver (NAK timing, activity timeout, ``send_naks``).
+* Other UM options (``resolver_*``, ``ordered_delivery`` ...) are not
   modelled; they are kept verbatim in each scope's ``other`` mapping (nothing is lost) without a
   warning, because UM has hundreds of them and the reference implementation ignores them.
 * Deprecated names: aliases with a current equivalent (``ume_retention_size_limit``,
@@ -395,10 +400,19 @@ def _transport(text: str, ctx: _ValueContext) -> str:
     value = text.strip().lower()
     if value not in _TRANSPORTS:
         raise _BadValue("tcp, lbt-ru or lbt-rm (other UM transports are not supported here)")
-    canonical = _TRANSPORTS[value]
-    if canonical == "lbt-rm":
-        ctx.warn("transport lbt-rm is accepted but not supported by the reference implementation")
-    return canonical
+    return _TRANSPORTS[value]
+
+
+def _multicast(text: str, _ctx: _ValueContext) -> str:
+    value = _ipv4(text, "multicast group")
+    if not ipaddress.IPv4Address(value).is_multicast:
+        raise _BadValue("a multicast group: a dotted IPv4 address in 224.0.0.0/4")
+    return value
+
+
+def _multicast_or_none(text: str, ctx: _ValueContext) -> str:
+    """A source's own group; 0.0.0.0 (or nothing set) picks one of the context's range."""
+    return "" if text.strip() in ("", "0.0.0.0") else _multicast(text, ctx)
 
 
 _STABILITY = _enum(
@@ -422,6 +436,14 @@ _OPTIONS: dict[str, tuple[tuple[str, ...], _Parser]] = {
     "transport_tcp_port_high": ((_CTX,), _port_bound),
     "transport_lbtru_port_low": ((_CTX, _RCV), _port_bound),
     "transport_lbtru_port_high": ((_CTX, _RCV), _port_bound),
+    # LBT-RM, context scope (reference_impl/lbtrm_session.py): rates in bits per second
+    "transport_lbtrm_multicast_address_low": ((_CTX,), _multicast),
+    "transport_lbtrm_multicast_address_high": ((_CTX,), _multicast),
+    "transport_lbtrm_source_port_low": ((_CTX,), _port_bound),
+    "transport_lbtrm_source_port_high": ((_CTX,), _port_bound),
+    "transport_lbtrm_data_rate_limit": ((_CTX,), _uint(1, _SIZE_MAX, "bits per second")),
+    "transport_lbtrm_retransmit_rate_limit": ((_CTX,), _uint(1, _SIZE_MAX, "bits per second")),
+    "transport_lbtrm_rate_interval": ((_CTX,), _ms(1)),
     # shared
     "ume_session_id": ((_CTX, _SRC, _RCV), _session),
     "ume_activity_timeout": ((_SRC, _RCV), _ms()),
@@ -471,6 +493,14 @@ _OPTIONS: dict[str, tuple[tuple[str, ...], _Parser]] = {
     "transport_lbtru_datagram_max_size": ((_SRC,), _uint(*DATAGRAM_BOUNDS["lbt-ru"], "bytes")),
     # payload bytes an LBT-RU source keeps to answer NAKs (reference_impl/lbtru_session.py)
     "transport_lbtru_transmission_window_size": ((_SRC,), _bytes(1)),
+    "transport_lbtrm_multicast_address": ((_SRC,), _multicast_or_none),
+    "transport_lbtrm_source_port": ((_SRC,), _port),
+    "transport_lbtrm_destination_port": ((_SRC,), _port_bound),
+    "transport_lbtrm_datagram_max_size": ((_SRC,), _uint(*DATAGRAM_BOUNDS["lbt-rm"], "bytes")),
+    "transport_lbtrm_transmission_window_size": ((_SRC,), _bytes(1)),
+    "transport_lbtrm_sm_minimum_interval": ((_SRC,), _ms(1)),
+    "transport_lbtrm_sm_maximum_interval": ((_SRC,), _ms(1)),
+    "transport_lbtrm_ignore_interval": ((_SRC,), _ms()),
     # receiver
     "ume_allow_confirmed_delivery": ((_RCV,), _flag),
     "ume_application_outstanding_maximum": ((_RCV,), _uint(0, _U32, "fragments")),
@@ -492,6 +522,12 @@ _OPTIONS: dict[str, tuple[tuple[str, ...], _Parser]] = {
     "otr_request_maximum_interval": ((_RCV,), _ms(1)),
     "otr_message_caching_threshold": ((_RCV,), _uint(0, _U32, "messages")),
     "delivery_control_maximum_burst_loss": ((_RCV,), _uint(0, _U32, "messages")),
+    "transport_lbtrm_nak_initial_backoff_interval": ((_RCV,), _ms()),
+    "transport_lbtrm_nak_backoff_interval": ((_RCV,), _ms(1)),
+    "transport_lbtrm_nak_suppress_interval": ((_RCV,), _ms(1)),
+    "transport_lbtrm_nak_generation_interval": ((_RCV,), _ms(1)),
+    "transport_lbtrm_activity_timeout": ((_RCV,), _ms(1)),
+    "transport_lbtrm_send_naks": ((_RCV,), _flag),
 }
 
 _APPENDING: dict[str, str] = {
@@ -557,6 +593,13 @@ class ContextOptions:
     transport_tcp_port_high: int
     transport_lbtru_port_low: int
     transport_lbtru_port_high: int
+    transport_lbtrm_multicast_address_low: str
+    transport_lbtrm_multicast_address_high: str
+    transport_lbtrm_source_port_low: int
+    transport_lbtrm_source_port_high: int
+    transport_lbtrm_data_rate_limit: int
+    transport_lbtrm_retransmit_rate_limit: int
+    transport_lbtrm_rate_interval: int
     resolver_unicast_daemon: tuple[UnicastResolverDaemon, ...]
     other: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
@@ -624,6 +667,14 @@ class SourceOptions:
     transport_tcp_datagram_max_size: int
     transport_lbtru_datagram_max_size: int
     transport_lbtru_transmission_window_size: int
+    transport_lbtrm_multicast_address: str
+    transport_lbtrm_source_port: int
+    transport_lbtrm_destination_port: int
+    transport_lbtrm_datagram_max_size: int
+    transport_lbtrm_transmission_window_size: int
+    transport_lbtrm_sm_minimum_interval: int
+    transport_lbtrm_sm_maximum_interval: int
+    transport_lbtrm_ignore_interval: int
     other: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
@@ -661,7 +712,7 @@ class SourceOptions:
     @property
     def transport_supported(self) -> bool:
         """Whether the reference implementation can run this source's transport."""
-        return self.transport in ("tcp", "lbt-ru")
+        return self.transport in ("tcp", "lbt-ru", "lbt-rm")
 
     def effective_session_id(self, context: ContextOptions) -> int:
         """This source's Session ID, inheriting the context's when its own is 0."""
@@ -708,6 +759,12 @@ class ReceiverOptions:
     delivery_control_maximum_burst_loss: int
     transport_lbtru_port_low: int
     transport_lbtru_port_high: int
+    transport_lbtrm_nak_initial_backoff_interval: int
+    transport_lbtrm_nak_backoff_interval: int
+    transport_lbtrm_nak_suppress_interval: int
+    transport_lbtrm_nak_generation_interval: int
+    transport_lbtrm_activity_timeout: int
+    transport_lbtrm_send_naks: bool
     other: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
@@ -916,6 +973,9 @@ class _Reader:
         self.check_range(_CTX, "request_tcp_port", context_values)
         self.check_range(_CTX, "transport_tcp_port", context_values)
         self.check_range(_CTX, "transport_lbtru_port", context_values)
+        self.check_range(_CTX, "transport_lbtrm_source_port", context_values)
+        self.check_range(_CTX, "transport_lbtrm_multicast_address", context_values,
+                         key=lambda ip: int(ipaddress.IPv4Address(ip)))
 
         source_values: dict[str, Any] = dict(profile.source) | self.values[_SRC]
         source_values["stores"] = tuple(store for store, _ in self.stores)
@@ -953,9 +1013,10 @@ class _Reader:
             warnings=tuple(self.warnings),
         )
 
-    def check_range(self, scope: str, stem: str, values: Mapping[str, Any]) -> None:
+    def check_range(self, scope: str, stem: str, values: Mapping[str, Any],
+                    key: Callable[[Any], int] = int) -> None:
         low, high = values[f"{stem}_low"], values[f"{stem}_high"]
-        if low > high:
+        if key(low) > key(high):
             line = self.lines.get((scope, f"{stem}_high")) or self.lines.get((scope, f"{stem}_low"))
             raise self.error(line, f"{scope} {stem}_low {low} is above {stem}_high {high}")
 

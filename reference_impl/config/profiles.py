@@ -227,6 +227,15 @@ _CONTEXT_CURRENT: dict[str, object] = {
     "transport_tcp_port_high": 14390,
     "transport_lbtru_port_low": 14380,
     "transport_lbtru_port_high": 14389,
+    # LBT-RM: the product's defaults (reference_impl/lbtrm_session.py's table says which
+    # come from the guide and which from the UM Configuration Guide)
+    "transport_lbtrm_multicast_address_low": "224.10.10.10",
+    "transport_lbtrm_multicast_address_high": "224.10.10.14",
+    "transport_lbtrm_source_port_low": 14390,
+    "transport_lbtrm_source_port_high": 14399,
+    "transport_lbtrm_data_rate_limit": 10_000_000,  # bits per second
+    "transport_lbtrm_retransmit_rate_limit": 5_000_000,  # bits per second
+    "transport_lbtrm_rate_interval": 100,  # ms
     "resolver_unicast_daemon": (),
 }
 
@@ -279,6 +288,14 @@ _SOURCE_CURRENT: dict[str, object] = {
     "transport_tcp_datagram_max_size": 65535,  # bytes (the most an LBMC msglen says)
     "transport_lbtru_datagram_max_size": 8192,  # bytes
     "transport_lbtru_transmission_window_size": 25_165_824,  # bytes kept to answer NAKs
+    "transport_lbtrm_multicast_address": "",  # "" = pick from the context's range
+    "transport_lbtrm_source_port": 0,  # 0 = pick from transport_lbtrm_source_port_low..high
+    "transport_lbtrm_destination_port": 14400,
+    "transport_lbtrm_datagram_max_size": 8192,  # bytes
+    "transport_lbtrm_transmission_window_size": 25_165_824,  # bytes kept to answer NAKs
+    "transport_lbtrm_sm_minimum_interval": 200,  # ms
+    "transport_lbtrm_sm_maximum_interval": 10_000,  # ms
+    "transport_lbtrm_ignore_interval": 500,  # ms
 }
 
 _SOURCE_GUIDE_5_3: dict[str, object] = _SOURCE_CURRENT | {
@@ -322,6 +339,12 @@ _RECEIVER_CURRENT: dict[str, object] = {
     "delivery_control_maximum_burst_loss": 1024,  # messages
     "transport_lbtru_port_low": 14360,
     "transport_lbtru_port_high": 14379,
+    "transport_lbtrm_nak_initial_backoff_interval": 50,  # ms
+    "transport_lbtrm_nak_backoff_interval": 200,  # ms
+    "transport_lbtrm_nak_suppress_interval": 1000,  # ms
+    "transport_lbtrm_nak_generation_interval": 10_000,  # ms
+    "transport_lbtrm_activity_timeout": 60_000,  # ms
+    "transport_lbtrm_send_naks": True,
 }
 
 _RECEIVER_GUIDE_5_3: dict[str, object] = _RECEIVER_CURRENT | {

@@ -81,7 +81,7 @@ def test_rpp_sample() -> None:
     )
     assert source.ume_store_name == source.stores and source.ume_store == ()
     assert source.ume_store_group == (StoreGroup(0, 1), StoreGroup(1, 1), StoreGroup(2, 1))
-    assert source.transport == "lbt-rm" and not source.transport_supported
+    assert source.transport == "lbt-rm" and source.transport_supported
     assert (source.ume_flight_size, source.ume_flight_size_bytes) == (500, 1000000)
     assert source.ume_receiver_paced_persistence == 1
     assert source.ume_repository_size_threshold == 104857600
@@ -99,7 +99,7 @@ def test_rpp_sample() -> None:
     assert context.ume_source_liveness_timeout == 4000
     assert dict(context.other) == {"resolver_multicast_address": "225.8.17.29"}
     messages = [w.message for w in config.warnings]
-    assert any("lbt-rm" in m for m in messages)
+    assert not any("lbt-rm" in m for m in messages)  # the reference runs LBT-RM (issue 20)
     # every store has an explicit RegID, so the proxy source request is acceptable
     assert not any("ume_proxy_source" in m for m in messages)
     without_ids = RPP_CLIENT.replace(":2929:", ":0:")
@@ -391,12 +391,12 @@ def test_deprecated_options() -> None:
 def test_unmodelled_options_and_scopes_are_kept_verbatim() -> None:
     config = parse_client_config(
         "context fd_management_type epoll\n"
-        "source transport_lbtrm_multicast_address 225.8.17.30\n"
+        "source implicit_batching_minimum_length 2048\n"
         "wildcard_receiver pattern_type pcre\n"
         "event_queue queue_size_warning 1000\n"
     )
     assert dict(config.context.other) == {"fd_management_type": "epoll"}
-    assert dict(config.source.other) == {"transport_lbtrm_multicast_address": "225.8.17.30"}
+    assert dict(config.source.other) == {"implicit_batching_minimum_length": "2048"}
     assert dict(config.wildcard_receiver) == {"pattern_type": "pcre"}
     assert dict(config.event_queue) == {"queue_size_warning": "1000"}
     assert config.warnings == ()

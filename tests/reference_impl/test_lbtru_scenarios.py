@@ -100,8 +100,8 @@ def test_a_configured_session_id_goes_in_the_tir_and_in_every_datagram() -> None
 
 
 def test_an_unknown_transport_is_refused_and_lbtru_needs_a_port() -> None:
-    with pytest.raises(ValueError, match="tcp or lbt-ru"):
-        SourceConfig(transport="lbt-rm")
+    with pytest.raises(ValueError, match="tcp, lbt-ru or lbt-rm"):
+        SourceConfig(transport="lbt-ipc")
     with pytest.raises(ValueError, match="UDP port"):
         SourceCore(TOPIC, SourceConfig(transport="lbtru"), ip="10.0.0.9", transport_port=1,
                    request_port=2)

@@ -1,0 +1,226 @@
+"""Whole deployments whose source sends on LBT-RM, in the simulator (issue 20).
+
+The source runs an :class:`~reference_impl.lbtrm_session.LbtrmSourceSession` on its unicast
+port and advertises the 16-byte LBT-RM TIR (group, destination port, session ID, unicast port);
+stores and receivers join the group through their core's ``join_group`` (here
+:class:`~reference_impl.deployment.SimDeployment`'s), receive on the destination port and feed
+the delivered payloads into the same LBMC path as LBT-TCP.  What the transport gives up on, the
+receiver recovers from the store, as for any gap.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reference_impl import events as ev
+from reference_impl.context import ContextCore
+from reference_impl.deployment import LBTRM_SOURCE_PORT, SimDeployment
+from reference_impl.lbtrm_session import (
+    DESTINATION_PORT,
+    MULTICAST_RANGE,
+    LbtrmReceiverSession,
+    LbtrmSourceSession,
+)
+from reference_impl.sim import LinkConfig
+from reference_impl.source import SourceConfig, SourceCore, lbtrm_group, lbtrm_session_id
+from reference_impl.store import TopicPolicy, TopicRule
+from wire import lbmr, lbtrm
+
+TOPIC = "orders.rm"
+RULES = (TopicRule(".*", TopicPolicy(repository_size_threshold=50_000_000), kind="PCRE"),)
+
+
+def deployment(seed: int = 1, link: LinkConfig | None = None,
+               **source_options: Any) -> SimDeployment:
+    d = SimDeployment(seed=seed, link=link)
+    d.add_store("store", topics=RULES, seed=100)
+    d.add_source("src", TOPIC, transport="lbt-rm", **source_options)
+    d.add_receiver("rcv", TOPIC)
+    assert d.run_until(lambda: d.sources["src"].complete and d.receivers["rcv"].complete, 20)
+    return d
+
+
+def send(d: SimDeployment, n: int, gap: float = 0.001) -> list[int]:
+    src = d.sources["src"]
+    sqns = []
+    for _ in range(n):
+        sqns.append(src.send(b"m%d" % src.next_sqn))
+        d.run(gap)
+    return sqns
+
+
+def deliveries(d: SimDeployment, name: str = "rcv") -> list[ev.MessageDelivered]:
+    return [e for e in d.events(name) if isinstance(e, ev.MessageDelivered)]
+
+
+def delivered(d: SimDeployment, name: str = "rcv") -> list[int]:
+    return [e.sequence_number for e in deliveries(d, name)]
+
+
+def stable(d: SimDeployment) -> set[int]:
+    return {e.sequence_number for e in d.events("src") if isinstance(e, ev.MessageStable)}
+
+
+def logs(d: SimDeployment, name: str) -> list[str]:
+    return [e.text for e in d.events(name) if isinstance(e, ev.LogRecord)]
+
+
+def rm_session(core: ContextCore) -> LbtrmReceiverSession:
+    sessions = [b.session for b in core.lbtru if isinstance(b.session, LbtrmReceiverSession)]
+    assert len(sessions) == 1, sessions
+    return sessions[0]
+
+
+def test_registration_data_and_stability_over_lbtrm_with_the_tir_tshark_expects() -> None:
+    d = deployment()
+    src = d.sources["src"]
+    rm = src.lbtrm_session
+    assert isinstance(rm, LbtrmSourceSession)
+    info = src._tir().info
+    assert isinstance(info, lbmr.LbtrmInfo)
+    group = (info.mcast_addr, info.udp_dest_port)
+    assert (info.src_addr, info.src_ucast_port) == (src.ip, LBTRM_SOURCE_PORT)
+    assert info.session_id == rm.session_id and group == rm.group
+    assert info.udp_dest_port == DESTINATION_PORT
+    low, high = (sum(int(b) << 8 * (3 - i) for i, b in enumerate(a.split(".")))
+                 for a in MULTICAST_RANGE)
+    as_int = sum(int(b) << 8 * (3 - i) for i, b in enumerate(info.mcast_addr.split(".")))
+    assert low <= as_int <= high
+    # the TIR round-trips through the wire as the 16-byte LBT-RM form
+    back = lbmr.parse_packet(lbmr.LbmrPacket(tirs=[src._tir()]).build()).tirs[0]
+    assert isinstance(back, lbmr.Tir) and back.info == info
+
+    sqns = send(d, 200)
+    d.run(2)
+    assert delivered(d) == sqns == list(range(200))
+    assert stable(d) == set(sqns)
+    assert src._transport_conns == []  # nothing went on LBT-TCP
+    # every datagram the source sent left its unicast port: data, SMs to the group
+    from_source = [p for p in d.net.trace if p.src == (src.ip, LBTRM_SOURCE_PORT)]
+    assert from_source and all(p.proto == "udp" and p.dst == group for p in from_source)
+    parsed = [lbtrm.parse_packet(p.data, decode_lbmc=False) for p in from_source]
+    assert all(p.ucast_port == LBTRM_SOURCE_PORT and p.session_id == rm.session_id
+               for p in parsed)
+    assert rm.stats["data"] >= 200 and rm.stats["sms"] >= 1
+    # both the store and the receiver took it on the group's destination port
+    for name in ("store", "rcv"):
+        core = d.stores.get(name) or d.receivers[name]
+        assert core.groups == {group}
+        assert rm_session(core).stats["delivered"] >= 200
+    assert d.events("rcv", ev.InputDropped) == d.events("store", ev.InputDropped) == []
+    assert not d.events("rcv", ev.UnrecoverableLoss)
+    assert "LBTRM:" in logs(d, "rcv")[0]
+
+
+def test_with_loss_duplication_and_reordering_every_message_arrives_once_in_order() -> None:
+    d = deployment(seed=3, link=LinkConfig(loss=0.1, duplicate=0.05, reorder=0.05))
+    sqns = send(d, 300)
+    d.run(20)
+    assert delivered(d) == sqns
+    session = rm_session(d.receivers["rcv"])
+    assert session.stats["naks"] > 0  # the transport repaired the loss itself
+    naks = [p for p in d.net.trace if p.proto == "udp" and p.data[:1] == bytes(
+        [lbtrm.PacketType.NAK])]
+    src = d.sources["src"]
+    # NAKs go to the unicast port named in the header, at the source's address
+    assert naks and all(p.dst == (src.ip, LBTRM_SOURCE_PORT) for p in naks)
+    assert stable(d) == set(sqns)
+
+
+def test_what_the_transport_gives_up_on_is_recovered_from_the_store() -> None:
+    # a window of a few messages: a NAK for an older one gets "do not retry", the session
+    # declares it lost, and the receiver asks the store (which got it on its lossless link)
+    d = deployment(seed=5, transport_lbtrm_transmission_window_size=64)
+    d.net.set_link("src", "rcv", LinkConfig(loss=0.2), both_ways=False)
+    sqns = send(d, 200, gap=0.0005)
+    d.run(15)
+    assert delivered(d) == sqns
+    retransmitted = [e for e in deliveries(d) if e.retransmission]
+    assert retransmitted, "nothing came from the store"
+    assert d.receivers["rcv"].stats["requests"] > 0
+    assert any("LBT-RM transport lost" in text for text in logs(d, "rcv"))
+    assert rm_session(d.receivers["rcv"]).stats["lost"] > 0
+    assert not d.events("rcv", ev.UnrecoverableLoss)
+
+
+def test_a_restarted_source_is_a_new_session_that_store_and_receiver_follow() -> None:
+    d = deployment(ume_session_id=11)  # its UMP Session ID gets it its RegID back
+    send(d, 20)
+    d.run(1)
+    old = d.sources["src"].lbtrm_session
+    assert old is not None
+    d.kill("src")
+    d.run(1)
+    src = d.restart("src")
+    assert isinstance(src, SourceCore) and src.lbtrm_session is not None
+    assert src.lbtrm_session.session_id != old.session_id  # LBT-RM has no reset
+    assert d.run_until(lambda: src.complete, 20)
+    assert src.next_sqn == 20  # resumed after what the store holds
+    send(d, 20)
+    d.run(3)
+    assert delivered(d) == list(range(40))
+    for name in ("store", "rcv"):
+        core = d.stores.get(name) or d.receivers[name]
+        assert rm_session(core).session_id == src.lbtrm_session.session_id
+    assert any("new session" in text for text in logs(d, "store"))
+    assert stable(d) >= set(range(20, 40))
+
+
+def test_a_datagram_of_another_session_on_the_group_port_is_counted_not_logged() -> None:
+    d = deployment()
+    rcv = d.receivers["rcv"]
+    group = next(iter(rcv.groups))
+    stranger = lbtrm.LbtrmSm(ucast_port=14391, session_id=99, sm_sqn=1, lead_sqn=0,
+                             trail_sqn=0).build()
+    rcv.receive_at(group[1], stranger, ("10.0.0.99", 14391), d.now)
+    rcv.receive_at(group[1], b"\x00", ("10.0.0.99", 14391), d.now)  # too short for a header
+    assert rcv.stats["lbtrm_foreign"] == 2
+    assert not [e for e in rcv.events() if isinstance(e, ev.InputDropped | ev.LogRecord)]
+
+
+def test_source_options_session_ids_and_groups() -> None:
+    with pytest.raises(ValueError, match="UDP port"):
+        SourceCore(TOPIC, SourceConfig(transport="lbtrm"), ip="10.0.0.9", transport_port=1,
+                   request_port=2)
+    with pytest.raises(ValueError, match="sm_maximum_interval"):
+        SourceConfig(transport="lbt-rm", transport_lbtrm_sm_minimum_interval=500,
+                     transport_lbtrm_sm_maximum_interval=100)
+    with pytest.raises(ValueError, match="above"):
+        SourceConfig(transport="lbt-rm", transport_lbtrm_multicast_address_low="224.10.10.20",
+                     transport_lbtrm_multicast_address_high="224.10.10.10")
+    # a new start time is a new session ID; never 0
+    ids = {lbtrm_session_id("10.0.0.1", 14390, 1, t) for t in (0.0, 0.5, 1.0, 3600.0)}
+    assert len(ids) == 4 and 0 not in ids
+    config = SourceConfig(transport="lbt-rm")
+    groups = {lbtrm_group(config, port) for port in range(14390, 14400)}
+    assert groups == {f"224.10.10.{n}" for n in range(10, 15)}
+    chosen = SourceConfig(transport="lbt-rm", transport_lbtrm_multicast_address="239.1.2.3")
+    assert lbtrm_group(chosen, 14390) == "239.1.2.3"
+    core = SourceCore(TOPIC, chosen, ip="10.0.0.9", transport_port=1, request_port=2,
+                      lbtrm_port=14395, now=7.0)
+    assert core.lbtrm_session is not None
+    assert core.lbtrm_session.group == ("239.1.2.3", DESTINATION_PORT)
+    assert core.lbtrm_session.ucast_port == 14395 and core.transport_addr == ("10.0.0.9", 14395)
+
+
+@pytest.mark.oracle
+def test_an_lbtrm_deployment_dissects_identically_in_tshark(tmp_path: Path) -> None:
+    from reference_impl.deployment import STORE_PORT
+    from wire.dissect import check_against_tshark, dissect_file
+    from wire.tshark import PortMap
+
+    d = deployment(seed=4, transport_lbtrm_transmission_window_size=64)
+    d.net.set_link("src", "rcv", LinkConfig(loss=0.1), both_ways=False)
+    send(d, 60)
+    d.run(5)
+    pcap = tmp_path / "lbtrm-sim.pcap"
+    d.write_pcap(pcap)
+    portmap = PortMap(store_ports=[STORE_PORT])
+    reports = list(dissect_file(pcap, portmap))
+    assert {r.transport for r in reports} >= {"lbtrm", "lbmr"}
+    labels = {o.label for r in reports for o in r.occurrences}
+    assert {"PREG", "SRI", "RXREQ"} <= labels
+    assert check_against_tshark(pcap, reports, portmap) == []
