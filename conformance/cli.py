@@ -8,10 +8,15 @@ Examples::
     ump conform --iut acme-store.toml -k "REG-STORE-00 and not collision" --time-scale 3
     ump conform --jobs 2                          # two cases at a time (same reports)
     ump conform --list                            # the cases, with their requirements
+    ump conform --capture prod.pcap --store-port 14567   # judge a capture (passive)
 
 ``--jobs N`` runs N cases at a time, each with its own IUT process, resolver and share of the
 preferred ports; the reports and printed lines are those of a serial run, in case order.  The
 default is 1 (serial: what a slow or single-instance IUT expects); 2 suits a two-core machine.
+
+``--capture FILE [FILE...]`` judges captured traffic instead of an IUT: every store, source and
+receiver in the captures against the requirements traffic can decide (the same cases, judged
+passively; see :mod:`conformance.passive`), with ``ump dissect``'s port options.
 
 Exit code 0 when no MUST case failed or errored (and no known failure passed), 1 otherwise,
 2 for a bad profile or bad options.
@@ -67,6 +72,9 @@ def register(sub: Any) -> None:
                    help="run N cases at a time, each with its own IUT and ports; same "
                         "reports, in case order (default 1; 2 suits a two-core machine)")
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
+    from conformance.passive.cli import add_capture_options
+
+    add_capture_options(p)
     p.set_defaults(handler=main)
 
 
@@ -74,6 +82,10 @@ def main(args: argparse.Namespace) -> int:
     from conformance.profile import ProfileError, resolve_profile
     from conformance.runner import run, select
 
+    if args.capture:  # passive: judge the captures, no IUT
+        from conformance.passive.cli import main_capture
+
+        return main_capture(args)
     try:
         profile = resolve_profile(args.iut)
     except ProfileError as exc:

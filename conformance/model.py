@@ -39,9 +39,17 @@ from conformance.verdicts import (
 
 if TYPE_CHECKING:
     from conformance.context import CaseContext
+    from conformance.passive.judge import Judgement
+    from conformance.passive.observe import Observed
+
+PassiveJudge = Callable[["Observed"], "list[Judgement]"]
+"""A case's passive form: the requirement judged over a capture's observed model, one
+:class:`~conformance.passive.judge.Judgement` per entity it concerns (``ump conform
+--capture``; see :mod:`conformance.passive`)."""
 
 __all__ = ["SUITES", "CaseSpec", "Conclusion", "Failed", "HarnessError", "Informational",
-           "NonStrict", "Role", "Strength", "Unsupported", "Verdict", "all_cases", "case"]
+           "NonStrict", "PassiveJudge", "Role", "Strength", "Unsupported", "Verdict", "all_cases",
+           "case", "passive_for"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,13 @@ class CaseSpec:
     def doc(self) -> str:
         return (self.run.__doc__ or "").strip()
 
+    @property
+    def passive(self) -> PassiveJudge | None:
+        """The case's passive judge (:func:`passive_for`), or None: judged only actively.
+        Looked up, not stored, so the judges can live in :mod:`conformance.passive` and be
+        registered after the case."""
+        return _PASSIVE.get(self.id)
+
 
 _REGISTRY: dict[str, CaseSpec] = {}
 
@@ -106,6 +121,20 @@ def case(id: str, *, title: str, suite: str, section: str, requirement: str,
             requirement=" ".join(requirement.split()), strength=strength, run=fn,
             store_options=dict(store_options or {}), topic_options=dict(topic_options or {}),
             needs_restart=needs_restart, timeout=timeout, alone=alone)
+        return fn
+    return register
+
+
+_PASSIVE: dict[str, PassiveJudge] = {}
+
+
+def passive_for(id: str) -> Callable[[PassiveJudge], PassiveJudge]:
+    """Register the decorated function as the passive judge of case ``id``: the same
+    requirement (ID, guide section, sentence, strength) judged over observed traffic."""
+    def register(fn: PassiveJudge) -> PassiveJudge:
+        if id in _PASSIVE and _PASSIVE[id] is not fn:
+            raise ValueError(f"case {id} has two passive judges")
+        _PASSIVE[id] = fn
         return fn
     return register
 

@@ -49,6 +49,9 @@ def case_json(r: CaseResult, out: Path) -> dict[str, Any]:
         "timeline": r.timeline,
         "rpp_cell": ({"client": cell.client, "store": cell.store, "expected": cell.label}
                      if (cell := CELL_OF.get(spec.id)) is not None else None),
+        # a passive run (ump conform --capture): the entity judged and the deciding frames
+        **({"entity": entity, "decided_by": getattr(r, "decided_by", [])}
+           if (entity := getattr(r, "entity", None)) is not None else {}),
     }
 
 
@@ -81,8 +84,11 @@ def write_junit(run: RunResult, path: Path) -> None:
                                            for r in results)),
                            time=f"{sum(r.seconds for r in results):.3f}")
         for r in results:
+            entity = getattr(r, "entity", None)  # passive runs: one testcase per entity
             tc = ET.SubElement(el, "testcase", classname=f"conformance.{suite}",
-                               name=f"{r.spec.id} {r.spec.title}", time=f"{r.seconds:.3f}")
+                               name=f"{r.spec.id} {r.spec.title}"
+                                    + (f" [{entity}]" if entity else ""),
+                               time=f"{r.seconds:.3f}")
             detail = (f"{r.spec.strength.value} [{r.spec.section}] {r.spec.requirement}\n"
                       f"expected: {_text(r.expected)}\nobserved: {_text(r.observed)}\n"
                       f"evidence: {r.pcap}")
@@ -173,15 +179,30 @@ def matrix_html(results: list[CaseResult]) -> str:
             "re-registering onto an existing repository).</p>" + "".join(grids))
 
 
+def _decided_by(r: CaseResult) -> str:
+    """A passive verdict's evidence: its deciding frames, with the ``ump dissect`` command
+    that shows them (a display of those frames of the judged capture)."""
+    frames: list[int] = getattr(r, "decided_by", [])
+    captures: list[Path] = getattr(r, "captures", [])
+    if not frames:
+        return "no frames (nothing in the capture decided it)"
+    names = " ".join(html.escape(str(p)) for p in captures)
+    listed = ", ".join(str(f) for f in frames)
+    pattern = "|".join(f"^ *{f} " for f in frames)
+    ports = f" --store-port {','.join(map(str, r.store_ports))}" if r.store_ports else ""
+    return (f"{html.escape(getattr(r, 'entity', ''))}, frames {listed} of {names}: "
+            f"<code>ump dissect {names}{ports} --brief | grep -E '{pattern}'</code>")
+
+
 def write_html(run: RunResult, path: Path) -> None:
     out = run.out
     counts = run.counts()
     summary = " ".join(f"{_badge(Verdict(k))} {n}" for k, n in counts.items() if n)
     index = []
     blocks = []
-    for r in run.results:
+    for i, r in enumerate(run.results):
         spec = r.spec
-        anchor = spec.id
+        anchor = spec.id if getattr(r, "entity", None) is None else f"{spec.id}-{i}"
         known = f" (known failure {html.escape(r.known_failure)})" if r.known_failure else ""
         index.append(f'<tr><td><a href="#{anchor}">{spec.id}</a></td><td>{_badge(r.verdict)}'
                      f"{known}"
@@ -195,6 +216,8 @@ def write_html(run: RunResult, path: Path) -> None:
                 ) if r.pcap and ports else (
                 f'<a href="{html.escape(str(r.pcap.relative_to(out)))}">evidence.pcap</a> '
                 f"({r.frames} frames)" if r.pcap else "no packets")
+        if getattr(r, "entity", None) is not None:  # passive: the capture's deciding frames
+            pcap = _decided_by(r)
         blocks.append(f"""
 <details id="{anchor}" {'open' if r.counts_against else ''}>
 <summary>{_badge(r.verdict)} <b>{spec.id}</b> {html.escape(spec.title)}</summary>

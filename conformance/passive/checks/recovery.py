@@ -1,0 +1,122 @@
+"""Passive judges of receiver recovery: retransmission requests (docs/semantics.md §1.9 step 4).
+
+A receiver's requests are the RXREQs on its registration connections; a request is answered
+by a retransmission of that sequence number from the store to the receiver on the same
+connection.  Choices where the guide is silent on what traffic shows:
+
+* *outstanding* at a request: the distinct sequence numbers this receiver asked for and has
+  not yet been sent (re-requests of one number count once), dropping requests older than
+  ``retransmit_request_message_timeout`` (given up);
+* the limits are configured values: with the receivers' UM configuration
+  (``--receiver-config``) they are judged; without it the observed maximum outstanding / the
+  shortest re-request gap is reported as informational;
+* a re-request sooner than 75 % of ``retransmit_request_interval`` fails (the margin the active
+  case RCV-REC-003 allows for timer granularity).
+"""
+
+from __future__ import annotations
+
+from conformance.model import passive_for
+from conformance.passive.judge import Judgement, failed, informational, needs, passed
+from conformance.passive.observe import Addr, Data, Observed, Rxreq
+
+MARGIN = 0.75
+"""Fraction of retransmit_request_interval a re-request may come early (RCV-REC-003)."""
+
+DEFAULT_MESSAGE_TIMEOUT = 10.0
+"""retransmit_request_message_timeout's default, seconds (docs/semantics.md §1.9 step 4)."""
+
+
+needs("RCV-REC-002", "no retransmission request was captured")
+needs("RCV-REC-003", "no retransmission request was repeated")
+
+
+def _receivers(obs: Observed) -> dict[str, list[tuple[Addr, Addr]]]:
+    """Receiver name -> its registration connections (client, store)."""
+    out: dict[str, list[tuple[Addr, Addr]]] = {}
+    for client in obs.clients("receiver"):
+        out[client.name] = [r.conn for r in client.registrations]
+    return out
+
+
+def _traffic(obs: Observed, conns: list[tuple[Addr, Addr]]
+             ) -> list[Rxreq | Data]:
+    """The receiver's RXREQs and the retransmissions it got, in capture order."""
+    ends = set(conns)
+    back = {(store, client) for client, store in conns}
+    reqs: list[Rxreq | Data] = [r for r in obs.rxreqs if (r.src, r.dst) in ends]
+    rx: list[Rxreq | Data] = [d for d in obs.data if d.kind == "retrans" and (d.src, d.dst)
+                              in back]
+    return sorted(reqs + rx, key=lambda x: x.frame)
+
+
+@passive_for("RCV-REC-002")
+def outstanding_maximum(obs: Observed) -> list[Judgement]:
+    opts = obs.receiver_options
+    timeout = (opts.retransmit_request_message_timeout / 1000 if opts is not None
+               else DEFAULT_MESSAGE_TIMEOUT)
+    out = []
+    for name, conns in _receivers(obs).items():
+        items = _traffic(obs, conns)
+        if not any(isinstance(x, Rxreq) for x in items):
+            continue
+        open_: dict[int, float] = {}
+        worst, at = 0, 0
+        for x in items:
+            if isinstance(x, Data):
+                open_.pop(x.sqn, None)
+                continue
+            open_ = {s: t for s, t in open_.items() if x.time - t < timeout}
+            open_.setdefault(x.sqn, x.time)
+            if len(open_) > worst:
+                worst, at = len(open_), x.frame
+        requests = sum(isinstance(x, Rxreq) for x in items)
+        if opts is None:
+            out.append(informational(name, f"{requests} RXREQ(s), at most {worst} "
+                                           "outstanding (no --receiver-config given; the "
+                                           "default maximum is 10)", [at], observed=worst))
+        elif worst > opts.retransmit_request_outstanding_maximum:
+            out.append(failed(name, f"{worst} RXREQs outstanding", [at],
+                              expected=f"<= {opts.retransmit_request_outstanding_maximum}",
+                              observed=worst))
+        else:
+            out.append(passed(name, f"{requests} RXREQ(s), at most {worst} outstanding "
+                                    f"(maximum {opts.retransmit_request_outstanding_maximum})",
+                              [at]))
+    return out
+
+
+@passive_for("RCV-REC-003")
+def rerequest_interval(obs: Observed) -> list[Judgement]:
+    opts = obs.receiver_options
+    out = []
+    for name, conns in _receivers(obs).items():
+        last: dict[int, Rxreq] = {}
+        gaps: list[tuple[float, Rxreq, Rxreq]] = []
+        for x in _traffic(obs, conns):
+            if isinstance(x, Data):
+                last.pop(x.sqn, None)
+                continue
+            before = last.get(x.sqn)
+            if before is not None:
+                gaps.append((x.time - before.time, before, x))
+            last[x.sqn] = x
+        if not gaps:
+            continue
+        gap, a, b = min(gaps, key=lambda g: g[0])
+        frames = [a.frame, b.frame]
+        shown = f"{gap * 1000:.0f} ms"
+        if opts is None:
+            out.append(informational(name, f"{len(gaps)} re-request(s), the soonest {shown} "
+                                           "after the previous (no --receiver-config given)",
+                                     frames, observed=shown))
+            continue
+        interval = opts.retransmit_request_interval / 1000
+        if gap < MARGIN * interval:
+            out.append(failed(name, f"sqn {b.sqn} asked again {shown} after the previous "
+                                    "request", frames,
+                              expected=f">= {interval * 1000:.0f} ms", observed=shown))
+        else:
+            out.append(passed(name, f"{len(gaps)} re-request(s), none sooner than "
+                                    f"{interval * 1000:.0f} ms", frames))
+    return out

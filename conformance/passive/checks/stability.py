@@ -1,0 +1,259 @@
+"""Passive judges of normal operation: stability and consumption ACKs, flight size,
+proactive retransmission (docs/semantics.md §1.5, §1.7, §1.8).
+
+A source's *incarnation* is one granted registration and what follows it until the client's
+next PREG: the data on the transports whose SRI names its RegID at that store (same topic
+index), and the stability ACKs on that registration's connection.  Choices where the guide is
+silent on what traffic shows:
+
+* a stability ACK is judged only on a registration the capture holds, so a capture that
+  starts mid-stream does not make the store look as if it acknowledged unsent messages;
+* flight size and the stability timeout are configured values: with the source's UM
+  configuration (``--source-config``) they are judged (flight size only for a source of one
+  store, where "stable" is one ACK); without it the observed maximum / minimum is reported as
+  informational;
+* the stability-timeout check allows 50 ms of timer slack below the configured timeout.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from conformance.model import Role, passive_for
+from conformance.passive.cases import passive_case
+from conformance.passive.judge import (
+    Judgement,
+    failed,
+    informational,
+    needs,
+    passed,
+    unsupported,
+)
+from conformance.passive.observe import Ack, Addr, Client, Data, Observed, Registration, show
+
+SLACK = 0.05
+"""Seconds of timer slack allowed below a configured interval."""
+
+
+needs("PSV-STORE-002", "no stability ACK on a captured source registration")
+needs("PSV-RCV-001", "no consumption ACK was captured")
+needs("SRC-REC-002", "no data of a registered source on an identified transport")
+needs("SRC-PRX-001", "no proactive retransmission was captured")
+
+
+@dataclass
+class Incarnation:
+    """One granted source registration and its traffic (module docstring)."""
+
+    client: Client
+    reg: Registration
+    transports: set[Addr]
+    data: list[Data]
+    acks: list[Ack]
+    stores: int
+
+
+def sent_by(d: Data, reg: Registration, transports: set[Addr]) -> bool:
+    """Whether ``d`` is the source's send: on its transport (data or a proactive
+    retransmission), or a proactive retransmission on its connection to the store (what a
+    source resends to the one store that has not acknowledged, docs/semantics.md §1.8)."""
+    if d.kind not in ("data", "prorx") or d.tidx != reg.topic_idx:
+        return False
+    return d.src in transports or (d.src, d.dst) == reg.conn
+
+
+def incarnations(obs: Observed) -> list[Incarnation]:
+    out = []
+    for client in obs.clients("source"):
+        regs = client.registrations
+        stores = len({r.store for r in regs})
+        for i, reg in enumerate(regs):
+            if not reg.granted or reg.response is None:
+                continue
+            end = next((r.frame for r in regs[i + 1:] if r.store == reg.store), None)
+            transports = obs.transports(reg.store, reg.response.reg_id)
+            data = [d for d in obs.data if sent_by(d, reg, transports)
+                    and d.frame > reg.response.frame and (end is None or d.frame < end)]
+            acks = [a for a in obs.stability_acks(reg) if end is None or a.frame < end]
+            out.append(Incarnation(client, reg, transports, data, acks, stores))
+    return out
+
+
+@passive_case("PSV-STORE-002", role=Role.STORE,
+              title="A stability ACK names a message the source sent, after it was sent",
+              section="Message Stability",
+              requirement="The store keeps the message and sends the source a stability ACK: "
+                          "it acknowledges messages it received from the source.")
+def stability_acks_follow_data(obs: Observed) -> list[Judgement]:
+    """Every stability ACK (not a NACK) on a captured registration follows a data message of
+    that sequence number on the source's transport."""
+    out = []
+    by_store: dict[str, list[Incarnation]] = {}
+    for inc in incarnations(obs):
+        by_store.setdefault(f"store {show(inc.reg.store)}", []).append(inc)
+    for store, incs in by_store.items():
+        judged = [i for i in incs if i.transports]
+        if not judged:
+            out.append(unsupported(store, "no source transport identified (no SRI naming the "
+                                          "RegIDs it granted was captured)"))
+            continue
+        bad = None
+        count = 0
+        for inc in judged:
+            sent: dict[int, int] = {}
+            for d in obs.data:
+                if sent_by(d, inc.reg, inc.transports):
+                    sent.setdefault(d.sqn, d.frame)
+            for ack in inc.acks:
+                if ack.nak:
+                    continue
+                count += 1
+                first = sent.get(ack.sqn)
+                if first is None or first > ack.frame:
+                    bad = (inc, ack)
+                    break
+            if bad:
+                break
+        if bad:
+            inc, ack = bad
+            out.append(failed(store, f"stability ACK for sqn {ack.sqn} (frame {ack.frame}) "
+                                     "before the source sent it", [*inc.reg.frames, ack.frame],
+                              expected="an ACK after the data", observed=f"ACK {ack.sqn}"))
+        elif count:
+            out.append(passed(store, f"{count} stability ACK(s), each after its message",
+                              [i.reg.frame for i in judged]))
+    return out
+
+
+@passive_case("PSV-RCV-001", role=Role.RECEIVER,
+              title="Batched and explicit consumption ACKs never go back",
+              section="Message Consumption",
+              requirement="An ACK of sequence number N is cumulative: it covers everything up "
+                          "to N. With ACK batching the receiver acknowledges the contiguous "
+                          "consumed prefix; explicit ACKs acknowledge all earlier messages, so "
+                          "they go in ascending order.")
+def consumption_acks_ascend(obs: Observed) -> list[Judgement]:
+    """Per receiver connection to a store (one registration), the ACKed sequence numbers
+    never decrease (repeating the latest, as a keepalive does, is allowed).  A receiver with
+    neither batching nor explicit ACKs acknowledges at once in receive order, where a
+    recovered message is acknowledged after later live ones (docs/semantics.md §1.5), so
+    without the receivers' configuration a step back is informational."""
+    opts = obs.receiver_options
+    ordered = opts is not None and (opts.ume_use_ack_batching or opts.ume_explicit_ack_only)
+    names: dict[tuple[Addr, Addr], str] = {}
+    for client in obs.clients("receiver"):
+        for reg in client.registrations:
+            names[reg.conn] = client.name
+    streams: dict[tuple[Addr, Addr, int], list[Ack]] = {}
+    for ack in obs.acks:
+        if ack.kind == "consumption":
+            streams.setdefault((ack.src, ack.dst, ack.rcv_reg_id), []).append(ack)
+    back: dict[str, tuple[Ack, Ack, Addr]] = {}
+    every: dict[str, list[Ack]] = {}
+    for (src, dst, _reg_id), acks in streams.items():
+        who = names.get((src, dst), f"receiver {show(src)}")
+        step = next(((a, b) for a, b in itertools.pairwise(acks) if b.sqn < a.sqn), None)
+        if step and who not in back:
+            back[who] = (*step, dst)
+        every.setdefault(who, []).extend(acks)
+    out = []
+    for who, acks in every.items():
+        if who not in back:
+            out.append(passed(who, f"{len(acks)} consumption ACK(s), never going back",
+                              [acks[0].frame, acks[-1].frame]))
+            continue
+        a, b, dst = back[who]
+        what = f"ACK {b.sqn} (frame {b.frame}) after ACK {a.sqn} (frame {a.frame}) to {show(dst)}"
+        if ordered:
+            out.append(failed(who, what, [a.frame, b.frame], expected=f">= {a.sqn}",
+                              observed=b.sqn))
+        else:
+            why = ("no --receiver-config given" if opts is None
+                   else "neither ACK batching nor explicit ACKs: receive order")
+            out.append(informational(who, f"{what} ({why})", [a.frame, b.frame],
+                                     observed=b.sqn))
+    return out
+
+
+@passive_for("SRC-REC-002")
+def flight_size_kept(obs: Observed) -> list[Judgement]:
+    """At most ``ume_flight_size`` messages unstable (sent, not yet acknowledged) when the
+    source blocks; informational with the observed maximum without its configuration."""
+    opts = obs.source_options
+    out = []
+    for inc in incarnations(obs):
+        if not inc.transports or not inc.data:
+            continue
+        stable: set[int] = set()
+        sent: set[int] = set()
+        acks = iter(inc.acks)
+        pending = next(acks, None)
+        worst, worst_frame = 0, inc.data[0].frame
+        for d in inc.data:
+            while pending is not None and pending.frame < d.frame:
+                if not pending.nak:
+                    stable.add(pending.sqn)
+                pending = next(acks, None)
+            sent.add(d.sqn)
+            flying = len(sent - stable)
+            if flying > worst:
+                worst, worst_frame = flying, d.frame
+        frames = [*inc.reg.frames, worst_frame]
+        name = inc.client.name
+        if opts is None or inc.stores != 1:
+            why = ("no --source-config given" if opts is None
+                   else "a source of several stores: stability needs the group rules")
+            out.append(informational(name, f"at most {worst} message(s) in flight ({why})",
+                                     frames, observed=worst))
+        elif opts.ume_flight_size_behavior == "block" and worst > opts.ume_flight_size:
+            out.append(failed(name, f"{worst} messages in flight, ume_flight_size "
+                                    f"{opts.ume_flight_size}", frames,
+                              expected=f"<= {opts.ume_flight_size}", observed=worst))
+        else:
+            out.append(passed(name, f"at most {worst} message(s) in flight (ume_flight_size "
+                                    f"{opts.ume_flight_size}, {opts.ume_flight_size_behavior})",
+                              frames))
+    return out
+
+
+@passive_for("SRC-PRX-001")
+def proactive_after_timeout(obs: Observed) -> list[Judgement]:
+    """A proactive retransmission of a message comes no sooner than
+    ``ume_message_stability_timeout`` after its previous send; informational with the
+    shortest observed gap without the source's configuration."""
+    opts = obs.source_options
+    out = []
+    for inc in incarnations(obs):
+        last: dict[int, Data] = {}
+        gaps: list[tuple[float, Data, Data]] = []
+        for d in inc.data:
+            before = last.get(d.sqn)
+            if d.kind == "prorx" and before is not None:
+                gaps.append((d.time - before.time, before, d))
+            last[d.sqn] = d
+        if not gaps:
+            continue
+        gap, a, b = min(gaps, key=lambda g: g[0])
+        frames = [a.frame, b.frame]
+        name = inc.client.name
+        if opts is None:
+            out.append(informational(name, f"{len(gaps)} proactive retransmission(s), the "
+                                           f"soonest {gap * 1000:.0f} ms after the previous "
+                                           "send (no --source-config given)", frames,
+                                     observed=f"{gap * 1000:.0f} ms"))
+            continue
+        timeout = opts.ume_message_stability_timeout / 1000
+        if timeout == 0:
+            out.append(failed(name, "proactive retransmission with "
+                                    "ume_message_stability_timeout 0 (off)", frames,
+                              expected="none", observed=f"sqn {b.sqn}"))
+        elif gap < timeout - SLACK:
+            out.append(failed(name, f"sqn {b.sqn} proactively resent {gap * 1000:.0f} ms after "
+                                    f"its previous send", frames,
+                              expected=f">= {timeout * 1000:.0f} ms",
+                              observed=f"{gap * 1000:.0f} ms"))
+        else:
+            out.append(passed(name, f"{len(gaps)} proactive retransmission(s), none sooner "
+                                    f"than {timeout * 1000:.0f} ms", frames))
+    return out

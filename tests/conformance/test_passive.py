@@ -1,0 +1,344 @@
+"""Passive conformance (``ump conform --capture``, issue 21): the same cases judged over
+captured traffic.
+
+* the reference's own captures (``ump demo`` on both transports, captures/reference and the
+  committed corpus) are judged with no false ``fail``, and the cases that can decide something
+  there pass;
+* captures of demo deployments with a mutant store or source fail the case holding the broken
+  rule (PASSIVE_CATCHES);
+* bad input: a file that is not a capture is one line and exit code 2; a capture without UM, a
+  truncated one and one that starts mid-stream give ``unsupported`` with the reason, never
+  ``fail``;
+* the judges decide from the model (hand-built observations that break one rule each).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conformance.model import Verdict, all_cases
+from conformance.passive.judge import ACTIVE_ONLY, PassiveResult, judge, passive_cases
+from conformance.passive.observe import (
+    Ack,
+    Data,
+    Observed,
+    PregResp,
+    Registration,
+    Rxreq,
+    observe,
+)
+from reference_impl.config.client import parse_client_config
+from reference_impl.demo import Demo, Started, keep_own_frames
+from wire.pcap import PcapWriter, read_capture
+
+ROOT = Path(__file__).resolve().parents[2]
+MUTANT_STORE = Path(__file__).with_name("mutant_store.py")
+MUTANT_CLIENT = Path(__file__).with_name("mutant_client.py")
+
+PASSIVE_CATCHES = {
+    # mutant -> (role it replaces in the demo, the cases that must fail)
+    "forgets-old-flag": ("store", {"REG-STORE-004", "REG-STORE-010"}),
+    "wrong-low-sqn": ("store", {"REG-STORE-010"}),
+    "ignores-store-sqn": ("source", {"SRC-REG-003"}),
+}
+
+
+def _judged(paths: list[Path]) -> list[PassiveResult]:
+    return judge(observe(paths), passive_cases())
+
+
+def _verdicts(results: list[PassiveResult], case_id: str) -> set[Verdict]:
+    return {r.verdict for r in results if r.spec.id == case_id}
+
+
+def _no_fail(results: list[PassiveResult]) -> None:
+    fails = [f"{r.spec.id} {r.message}" for r in results if r.verdict is Verdict.FAIL]
+    assert not fails, fails
+
+
+# --- demo captures, reference and mutants --------------------------------------------------
+
+
+class CapturedDemo(Demo):
+    """``ump demo`` with one process replaced by a mutant (tests/conformance/mutant_*.py)."""
+
+    def __init__(self, workdir: Path, transport: str, mutant: str | None = None,
+                 role: str | None = None) -> None:
+        super().__init__(240, workdir, 0, "current", transport, 0)
+        self.mutant, self.role = mutant, role
+
+    def _ump(self, name: str, args: list[str], *, ready: str, doing: str,
+             timeout: float, status: int, addresses: tuple[str, ...] = (),
+             option: str = "") -> Started:
+        if self.mutant is None or name != self.role:
+            return super()._ump(name, args, ready=ready, doing=doing, timeout=timeout,
+                                status=status, addresses=addresses, option=option)
+        # Demo._ump with the mutant's script in front of the same arguments
+        command = ([sys.executable, str(MUTANT_STORE), self.mutant, *args[1:]]
+                   if name == "store" else
+                   [sys.executable, str(MUTANT_CLIENT), self.mutant, *args])
+        path = self.dir / f"{name}.log"
+        with path.open("ab") as log:
+            offset = log.tell()
+            proc = subprocess.Popen([*command, "--profile", self.profile, "-v"],
+                                    cwd=self.dir, stdout=log, stderr=log,
+                                    env={**os.environ, "PYTHONPATH": str(ROOT)})
+        started = Started(name, proc, path, offset, ready, doing, addresses, timeout, status,
+                          time.monotonic(), option)
+        self.procs[name] = started
+        self.history.append(started)
+        return started
+
+
+def _capture_demo(tmp: Path, transport: str, mutant: str | None = None,
+                  role: str | None = None) -> Path:
+    """Run the demo (with a mutant) and capture it, as ``ump demo --capture`` does."""
+    from reference_impl.capture import LoopbackCapture
+
+    demo = CapturedDemo(tmp / "work", transport, mutant, role)
+    demo.prepare()
+    pcap = tmp / "demo.pcap"
+    ports = [demo.port, demo.resolver_port, *range(14360, 14396)]
+    with LoopbackCapture(pcap, ports=ports):
+        code = demo.run()
+    keep_own_frames(pcap, demo.own_ports())
+    if mutant is None:
+        assert code == 0, sorted(p.name for p in (tmp / "work").iterdir())
+    return pcap
+
+
+@pytest.mark.parametrize("transport", ["tcp", "lbt-ru"])
+def test_demo_capture_is_judged_all_pass(tmp_path: Path, transport: str) -> None:
+    results = _judged([_capture_demo(tmp_path, transport)])
+    _no_fail(results)
+    # what a demo shows (a receiver and a source killed and restarted) is decided, and passes
+    for case_id in ("REG-STORE-001", "REG-STORE-003", "REG-STORE-004", "REG-STORE-010",
+                    "SRC-REG-003", "SRC-REG-004", "PSV-STORE-001", "PSV-STORE-002"):
+        assert _verdicts(results, case_id) == {Verdict.PASS}, case_id
+    for r in results:
+        if r.verdict is Verdict.PASS:
+            assert r.decided_by, r.spec.id  # every verdict cites its frames
+
+
+@pytest.mark.parametrize("mutant", sorted(PASSIVE_CATCHES))
+def test_a_mutant_demo_fails_the_case_of_its_rule(tmp_path: Path, mutant: str) -> None:
+    role, cases = PASSIVE_CATCHES[mutant]
+    results = _judged([_capture_demo(tmp_path, "tcp", mutant, role)])
+    for case_id in cases:
+        assert Verdict.FAIL in _verdicts(results, case_id), (
+            case_id, [(r.spec.id, r.verdict.value, r.message) for r in results
+                      if r.message != ACTIVE_ONLY])
+        failing = [r for r in results if r.spec.id == case_id and r.verdict is Verdict.FAIL]
+        assert all(r.decided_by for r in failing)
+
+
+@pytest.mark.parametrize("name", sorted(
+    [p.name for p in (ROOT / "captures" / "reference").glob("*.pcap")]
+    + ["corpus/basic.pcap", "corpus/restarts.pcap", "corpus/lossy-lbtrm.pcap"]))
+def test_committed_captures_have_no_false_failure(name: str) -> None:
+    base = ROOT / "captures" / ("" if "/" in name else "reference")
+    _no_fail(_judged([base / name]))
+
+
+def test_restarts_corpus_decides_receiver_and_source_reregistration() -> None:
+    results = _judged([ROOT / "captures" / "corpus" / "restarts.pcap"])
+    assert _verdicts(results, "REG-STORE-010") == {Verdict.PASS}
+    assert _verdicts(results, "REG-STORE-004") == {Verdict.PASS}
+    # a source of three stores: where it resumes depends on its consensus behaviour
+    assert _verdicts(results, "SRC-REG-003") == {Verdict.UNSUPPORTED}
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+
+def _ump(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ump", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_a_file_that_is_not_a_capture_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "notes.txt"
+    bad.write_text("hello, not a pcap\n")
+    result = _ump("conform", "--capture", str(bad), "--out", "out", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0
+    assert "not a readable capture" in result.stderr
+    missing = _ump("conform", "--capture", "nowhere.pcap", cwd=tmp_path)
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def test_a_capture_without_um_is_unsupported_with_the_reason() -> None:
+    results = _judged([ROOT / "captures" / "corpus" / "not-um.pcap"])
+    judged = [r for r in results if r.message != ACTIVE_ONLY]
+    assert judged and {r.verdict for r in judged} == {Verdict.UNSUPPORTED}
+    assert all("no UM traffic" in r.message for r in judged)
+
+
+def _rewrite(src: Path, dst: Path, keep: slice) -> None:
+    records = list(read_capture(src))
+    with PcapWriter(dst, linktype=records[0].linktype) as out:
+        for rec in records[keep]:
+            out.write(rec.ts, rec.data)
+
+
+def test_a_capture_starting_mid_stream_is_never_failed(tmp_path: Path) -> None:
+    # the restarts corpus from its middle on: registrations, ACKs and data cut apart
+    src = ROOT / "captures" / "corpus" / "restarts.pcap"
+    total = sum(1 for _ in read_capture(src))
+    for start in (total // 5, total // 3, total // 2):
+        part = tmp_path / f"from-{start}.pcap"
+        _rewrite(src, part, slice(start, None))
+        results = _judged([part])
+        _no_fail(results)
+    only_data = tmp_path / "late.pcap"
+    _rewrite(src, only_data, slice(total - 200, None))
+    late = [r for r in _judged([only_data]) if r.message != ACTIVE_ONLY]
+    assert {r.verdict for r in late} <= {Verdict.UNSUPPORTED, Verdict.INFORMATIONAL,
+                                        Verdict.PASS}
+
+
+def test_a_truncated_capture_is_judged_up_to_the_damage(tmp_path: Path) -> None:
+    src = ROOT / "captures" / "corpus" / "restarts.pcap"
+    data = src.read_bytes()
+    cut = tmp_path / "cut.pcap"
+    cut.write_bytes(data[: len(data) // 2 + 7])  # ends inside a record
+    obs = observe([cut])
+    assert any("damaged" in p for p in obs.problems)
+    results = judge(obs, passive_cases())
+    _no_fail(results)
+    assert any(r.verdict is Verdict.PASS for r in results)  # what was captured is judged
+    result = _ump("conform", "--capture", str(cut), "--out", "out", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "damaged" in result.stderr
+
+
+# --- the command and its reports ---------------------------------------------------------------
+
+
+def test_conform_capture_writes_the_reports_with_entities_and_frames(tmp_path: Path) -> None:
+    pcap = ROOT / "captures" / "corpus" / "restarts.pcap"
+    result = _ump("conform", "--capture", str(pcap), "--out", "out", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "REG-STORE-010  pass" in result.stdout
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    cases = data["cases"]
+    ids = {c["id"] for c in cases}
+    assert {c.id for c in all_cases()} <= ids  # every case, judged or "judged only actively"
+    judged = [c for c in cases if c["verdict"] == "pass"]
+    assert judged and all(c["entity"] and c["decided_by"] for c in judged)
+    active_only = [c for c in cases if c["message"] == ACTIVE_ONLY]
+    assert active_only and all(c["verdict"] == "unsupported" for c in active_only)
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "ump dissect" in html and "--store-port 14567" in html
+    junit = (tmp_path / "out" / "junit.xml").read_text()
+    assert "[store 127.3.0.1:14567]" in junit
+
+
+def test_the_same_case_objects_are_judged_actively_and_passively() -> None:
+    specs = {c.id: c for c in passive_cases()}
+    for case_id in ("REG-STORE-004", "REG-STORE-010", "SRC-REG-003", "RCV-REC-002"):
+        active = next(c for c in all_cases() if c.id == case_id)
+        assert specs[case_id] is active and active.passive is not None
+    assert specs["PSV-STORE-001"].passive is not None
+    assert "PSV-STORE-001" not in {c.id for c in all_cases()}  # not in active runs
+
+
+# --- the judges, on hand-built observations ---------------------------------------------------
+
+STORE = ("10.0.0.9", 14567)
+SRC_CONN = ("10.0.0.1", 40000)
+TRANSPORT = ("10.0.0.1", 14371)
+RCV_CONN = ("10.0.0.2", 40001)
+
+
+def _reg(frame: int, *, source: bool = True, conn: tuple[str, int] = SRC_CONN,
+         reg_id: int = 0, session: int = 0x55, topic: str = "t", granted: int = 77,
+         old: bool = False, low: int = 0, high: int = 0, code: int = 0) -> Registration:
+    reg = Registration(frame, frame / 10, (conn, STORE), STORE, source, reg_id, 0, 1, 1,
+                       topic, session, (conn[0], 14391), False)
+    reg.response = PregResp(frame + 1, frame / 10 + 0.01, granted, old, bool(code), code, low,
+                            high, False)
+    return reg
+
+
+def _obs(**kw: object) -> Observed:
+    obs = Observed([Path("hand-built.pcap")], frames=100, um_frames=100)
+    for key, value in kw.items():
+        setattr(obs, key, value)
+    obs.sri = {(TRANSPORT, STORE, 77): [5]}
+    return obs
+
+
+def _one(obs: Observed, case_id: str) -> list[PassiveResult]:
+    return [r for r in judge(obs, [s for s in passive_cases() if s.id == case_id])]
+
+
+def test_judge_refusal_with_an_unknown_code_fails() -> None:
+    obs = _obs(registrations=[_reg(1, granted=0, code=9)])
+    assert _verdicts(_one(obs, "PSV-STORE-001"), "PSV-STORE-001") == {Verdict.FAIL}
+    obs = _obs(registrations=[_reg(1, granted=0, code=5)])
+    assert _verdicts(_one(obs, "PSV-STORE-001"), "PSV-STORE-001") == {Verdict.PASS}
+
+
+def test_judge_one_regid_for_two_active_sources_fails() -> None:
+    first = _reg(1)
+    second = _reg(10, conn=("10.0.0.3", 40005), session=0x66)
+    ack_later = Ack(20, 2.0, STORE, SRC_CONN, "stability", 3, 0, 1, False)
+    obs = _obs(registrations=[first, second], acks=[ack_later])
+    assert _verdicts(_one(obs, "REG-STORE-003"), "REG-STORE-003") == {Verdict.FAIL}
+    obs = _obs(registrations=[first, second], acks=[])  # the first one went quiet
+    assert _verdicts(_one(obs, "REG-STORE-003"), "REG-STORE-003") == {Verdict.PASS}
+
+
+def test_judge_stability_ack_before_the_data_fails() -> None:
+    data = [Data(30, 3.0, TRANSPORT, ("10.0.0.2", 50000), 1, 0, "data")]
+    early = Ack(25, 2.5, STORE, SRC_CONN, "stability", 0, 0, 1, False)
+    late = Ack(31, 3.1, STORE, SRC_CONN, "stability", 0, 0, 1, False)
+    obs = _obs(registrations=[_reg(1)], data=data, acks=[early])
+    assert _verdicts(_one(obs, "PSV-STORE-002"), "PSV-STORE-002") == {Verdict.FAIL}
+    obs = _obs(registrations=[_reg(1)], data=data, acks=[late])
+    assert _verdicts(_one(obs, "PSV-STORE-002"), "PSV-STORE-002") == {Verdict.PASS}
+
+
+def test_judge_configured_limits_fail_only_with_the_configuration() -> None:
+    reqs = [Rxreq(10 + i, 1.0 + i / 100, RCV_CONN, STORE, 5, i) for i in range(6)]
+    recv = _reg(2, source=False, conn=RCV_CONN, granted=5)
+    obs = _obs(registrations=[_reg(1), recv], rxreqs=reqs)
+    assert _verdicts(_one(obs, "RCV-REC-002"), "RCV-REC-002") == {Verdict.INFORMATIONAL}
+    cfg = parse_client_config("receiver retransmit_request_outstanding_maximum 4\n")
+    obs.receiver_options = cfg.receiver
+    assert _verdicts(_one(obs, "RCV-REC-002"), "RCV-REC-002") == {Verdict.FAIL}
+    cfg = parse_client_config("receiver retransmit_request_outstanding_maximum 6\n")
+    obs.receiver_options = cfg.receiver
+    assert _verdicts(_one(obs, "RCV-REC-002"), "RCV-REC-002") == {Verdict.PASS}
+
+
+def test_judge_flight_size_from_the_source_configuration() -> None:
+    data = [Data(10 + i, 1.0 + i, TRANSPORT, ("10.0.0.2", 50000), 1, i, "data")
+            for i in range(5)]
+    acks = [Ack(30, 9.0, STORE, SRC_CONN, "stability", 0, 0, 1, False)]
+    obs = _obs(registrations=[_reg(1)], data=data, acks=acks)
+    assert _verdicts(_one(obs, "SRC-REC-002"), "SRC-REC-002") == {Verdict.INFORMATIONAL}
+    obs.source_options = parse_client_config("source ume_flight_size 3\n").source
+    assert _verdicts(_one(obs, "SRC-REC-002"), "SRC-REC-002") == {Verdict.FAIL}
+    obs.source_options = parse_client_config("source ume_flight_size 5\n").source
+    assert _verdicts(_one(obs, "SRC-REC-002"), "SRC-REC-002") == {Verdict.PASS}
+
+
+def test_judge_receiver_low_sqn_is_last_ack_plus_one() -> None:
+    first = _reg(1, source=False, conn=RCV_CONN, granted=5)
+    ack = Ack(5, 0.5, RCV_CONN, STORE, "consumption", 41, 5, 5, False)
+    good = _reg(10, source=False, conn=("10.0.0.2", 40009), granted=5, old=True, low=42)
+    bad = _reg(10, source=False, conn=("10.0.0.2", 40009), granted=5, old=True, low=43)
+    plain = _reg(10, source=False, conn=("10.0.0.2", 40009), granted=5, old=False, low=42)
+    for again, verdict in ((good, Verdict.PASS), (bad, Verdict.FAIL), (plain, Verdict.FAIL)):
+        obs = _obs(registrations=[_reg(0), first, again], acks=[ack])
+        assert _verdicts(_one(obs, "REG-STORE-010"), "REG-STORE-010") == {verdict}
