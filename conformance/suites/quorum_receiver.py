@@ -1,9 +1,10 @@
 """The quorum suite, receiver IUT (RCV-QRM-*): the receiver's consensus low sequence number and
 registration completion with store groups, re-registration only with stores whose SRI version went
-up, recovery that retries another store after ``retransmit_request_message_timeout``,
-``retransmit_request_maximum``, and explicit-ACK-only mode (guide "Sources Using
-Quorum/Consensus", "Receiver Recovery", "Acknowledgement Generation"; docs/semantics.md §1.4,
-§1.9).
+up, recovery that retries another store when a request goes unanswered for
+``retransmit_request_interval`` and gives a message up after ``retransmit_request_message_timeout``,
+``retransmit_request_maximum``, explicit-ACK-only mode, delivery confirmation and ACK batching
+(guide "Sources Using Quorum/Consensus", "Receiver Recovery", "Acknowledgement Generation",
+"Batching Acknowledgments"; docs/semantics.md §1.4, §1.5, §1.9).
 
 The harness plays the source and two or three groups of stores as in :mod:`.receiver` (each
 :class:`~conformance.store_peer.HarnessStore` has a group; the source's SRI names every store
