@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from wire import detect, lbmr, lbtrm
+from wire import detect, lbmr, lbtrm, lbtru
 from wire.detect import LBMR, LBTRM, LBTRU, PROTOCOLS
 from wire.tshark import PortMap
 
@@ -21,7 +21,7 @@ from .arrow_build import ByteView, read_members
 from .framing import _Network
 
 __all__ = ["LBMR", "LBTRM", "LBTRU", "PROTOCOLS", "classify_udp", "lbmr_content_test",
-           "lbtrm_content_test", "tcp_candidates"]
+           "lbtrm_content_test", "lbtru_content_test", "tcp_candidates"]
 
 
 def _in(values: np.ndarray, bounds: tuple[int, int]) -> np.ndarray:
@@ -34,6 +34,15 @@ def lbtrm_content_test(bv: ByteView, pstart: np.ndarray, pend: np.ndarray) -> np
     rows = np.flatnonzero(pend - pstart >= lbtrm.HEADER_SIZE)
     head = read_members(bv, lbtrm.COMMON, pstart[rows], ("ver_type", "next_hdr"))
     out[rows] = detect.lbtrm_header_test(head["ver_type"], head["next_hdr"])
+    return out
+
+
+def lbtru_content_test(bv: ByteView, pstart: np.ndarray, pend: np.ndarray) -> np.ndarray:
+    """:func:`wire.detect.lbtru_header_test` of each payload (False when too short)."""
+    out = np.zeros(len(pstart), bool)
+    rows = np.flatnonzero(pend - pstart >= lbtru.HEADER_SIZE)
+    head = read_members(bv, lbtru.COMMON, pstart[rows], ("ver_type", "flags_or_res"))
+    out[rows] = detect.lbtru_header_test(head["ver_type"], head["flags_or_res"])
     return out
 
 

@@ -103,6 +103,7 @@ from .classify import (
     classify_udp,
     lbmr_content_test,
     lbtrm_content_test,
+    lbtru_content_test,
     tcp_candidates,
 )
 from .framing import (
@@ -239,10 +240,8 @@ def _decode_frames(fr: _Frames, options: DecodeOptions, stored: bool) -> Decoded
     for decoder, code, versions in ((_LBTRM_DECODER, LBTRM, LBTRM_CONTENT_VERSIONS),
                                     (_LBTRU_DECODER, LBTRU, LBTRU_CONTENT_VERSIONS)):
         by_port = udp[proto == code]
-        if code == LBTRM:
-            trial = open_rows[lbtrm_content_test(bv, net.pstart[open_rows], net.pend[open_rows])]
-        else:
-            trial = open_rows
+        test = lbtrm_content_test if code == LBTRM else lbtru_content_test
+        trial = open_rows[test(bv, net.pstart[open_rows], net.pend[open_rows])]
         rows = np.concatenate([by_port, trial])
         if not rows.size:
             continue

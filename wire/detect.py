@@ -31,8 +31,9 @@ rule claims, in this order; each must decode *cleanly*, with nothing left over:
 1. LBT-RM: :func:`lbtrm_header_test` (version 0, DATA/SM/NAK/NCF, no options) and a clean
    decode: SM exactly its layout, NAK/NCF exactly their lists with at least one entry, DATA at
    least one LBMC message filling the datagram exactly;
-2. LBT-RU: version 0, a defined type, only SID/CID options, a clean decode (DATA: at least one
-   LBMC message; NAK/NCF: at least one entry);
+2. LBT-RU: :func:`lbtru_header_test` (version 0, a defined type, no undefined flag bit and
+   a zero reserved word) and a clean decode with only SID/CID options (DATA: at least one LBMC
+   message; NAK/NCF: at least one entry);
 3. LBMR: :func:`lbmr_header_test` (version 0 or 1: version 1 is what gateways and current UM
    send, with packet options; type NORMAL/WC-TQR with at least one record, topic
    management, UMQ or extended) and a clean :func:`wire.lbmr.parse_packet`: no trailer, an
@@ -53,7 +54,7 @@ import numpy as np
 
 from . import lbmr, lbtrm, lbtru
 from .errors import WireError
-from .fields import ipv4_to_int
+from .fields import bit_views, ipv4_to_int, members
 from .pcap import Segment
 from .transport import TransportCodec, TransportPacket
 from .tshark import PortMap
@@ -73,6 +74,28 @@ LBTRM_CONTENT_TYPES = tuple(sorted(int(t) for t in lbtrm.HEURISTIC_TYPES))
 
 LBTRU_CONTENT_VERSIONS = (0,)
 """LBT-RU versions the content rule accepts (every defined type; options SID/CID only)."""
+
+
+def _lbtru_word_bits() -> np.ndarray:
+    """Per LBT-RU type nibble, the bits of the common header's 16-bit word
+    (``flags_or_res``) a content claim allows: the flag bits of a flags word (DATA: RX, SM:
+    SYN), none of a reserved word (NAK, NCF, ACK), all of a code (CREQ request, RST reason);
+    none for an undefined type.  Read off the packet structs."""
+    at = lbtru.COMMON.names.index("flags_or_res")
+    bits = np.zeros(16, np.int64)
+    for code, cls in lbtru.CODEC.packets.items():
+        member = list(members(cls.struct))[at]
+        if member.name == "flags":
+            for bit in bit_views(member).values():
+                bits[code] |= bit.mask
+        elif member.name != "res":
+            bits[code] = 0xFFFF
+    return bits
+
+
+LBTRU_WORD_BITS = _lbtru_word_bits()
+"""Per type nibble: the 16-bit header word's allowed bits (a random 16-byte datagram read as
+an SM with garbage flags was the commonest false positive before this check)."""
 
 LBMR_CONTENT_VERSIONS = (0, 1)
 """LBMR header versions the content rule accepts: 0 and 1 (1: packets with options, as sent
@@ -123,6 +146,17 @@ def lbtrm_header_test(ver_type: np.ndarray, next_hdr: np.ndarray) -> np.ndarray:
     ptype = _bits(ver_type, lbtrm.VER_TYPE_BITS["type"])
     return (np.isin(version, LBTRM_CONTENT_VERSIONS) & np.isin(ptype, LBTRM_CONTENT_TYPES)
             & (next_hdr == 0))
+
+
+def lbtru_header_test(ver_type: np.ndarray, word: np.ndarray) -> np.ndarray:
+    """The LBT-RU content rule's header part on ``ver_type`` and the 16-bit word
+    ``flags_or_res`` (rows with a whole common header): a version it accepts, a defined
+    type, and no bit of the word that type leaves undefined or reserved."""
+    version = _bits(ver_type, lbtru.VER_TYPE_BITS["version"])
+    ptype = _bits(ver_type, lbtru.VER_TYPE_BITS["type"])
+    return (np.isin(version, LBTRU_CONTENT_VERSIONS)
+            & np.isin(ptype, list(lbtru.CODEC.packets))
+            & ((word & ~LBTRU_WORD_BITS[ptype]) == 0))
 
 
 def lbmr_header_test(ver_type: np.ndarray, tqrs: np.ndarray, tirs: np.ndarray) -> np.ndarray:
@@ -214,6 +248,15 @@ def lbtrm_content_test(payload: bytes) -> bool:
                                   _one(int(head["next_hdr"])))[0])
 
 
+def lbtru_content_test(payload: bytes) -> bool:
+    """:func:`lbtru_header_test` of one datagram (False when shorter than the header)."""
+    if len(payload) < lbtru.HEADER_SIZE:
+        return False
+    head = lbtru.COMMON.decode(payload)
+    return bool(lbtru_header_test(_one(int(head["ver_type"])),
+                                  _one(int(head["flags_or_res"])))[0])
+
+
 def _clean_transport(codec: TransportCodec, payload: bytes, versions: Sequence[int]) -> bool:
     """A clean decode of an LBT-RM/LBT-RU datagram: nothing left over, a version the rule
     accepts, no unknown option, DATA with at least one message, NAK/NCF with an entry."""
@@ -265,7 +308,8 @@ def content_protocol(payload: bytes) -> str | None:
     if lbtrm_content_test(payload) and _clean_transport(lbtrm.CODEC, payload,
                                                          LBTRM_CONTENT_VERSIONS):
         return "lbtrm"
-    if _clean_transport(lbtru.CODEC, payload, LBTRU_CONTENT_VERSIONS):
+    if lbtru_content_test(payload) and _clean_transport(lbtru.CODEC, payload,
+                                                         LBTRU_CONTENT_VERSIONS):
         return "lbtru"
     if _clean_lbmr(payload):
         return "lbmr"

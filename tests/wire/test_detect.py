@@ -140,6 +140,19 @@ def test_lbtru_is_found_by_content() -> None:
     assert Detector().udp(seg("10.0.0.2", 5555, raw)) == Detection("lbtru", CONTENT)
 
 
+def test_lbtru_header_word_must_hold_only_defined_bits() -> None:
+    """A 16-byte SM has nothing else to check: its flags word must be SYN or nothing (the
+    random payload below, once the commonest false positive, is refused), a reserved word
+    zero."""
+    sm = lbtru.LbtruSm(sm_sqn=1, lead_sqn=2, syn=1).build()
+    assert content_protocol(sm) == "lbtru"
+    assert content_protocol(sm[:3] + b"\x01" + sm[4:]) is None
+    assert content_protocol(bytes.fromhex("0200a466789bebab9ba5ead449ae032a")) is None
+    ack = lbtru.LbtruAck(ack_sqn=5).build()
+    assert content_protocol(ack) == "lbtru"
+    assert content_protocol(ack[:2] + b"\x00\x10" + ack[4:]) is None
+
+
 def test_a_content_guess_needs_a_clean_decode() -> None:
     """Left-over bytes, an empty NAK list, a cut LBMC message: not claimed by content."""
     assert content_protocol(rm_data() + b"\x00") is None
