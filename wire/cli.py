@@ -216,6 +216,10 @@ def run_dissect(args: argparse.Namespace) -> int:
         out.write(f"# {len(reports)} frames: {counts.get('um', 0)} UM, "
                   f"{counts.get('not-um', 0)} not UM, {counts.get('malformed', 0)} malformed, "
                   f"{counts.get('pending', 0)} partial; {counts['messages']} messages\n")
+        if counts["content"]:
+            out.write(f"# {counts['content']} frames found by content on ports and groups "
+                      "tshark's preferences do not cover (docs/wire-transports.md §8; "
+                      "--check-tshark shows tshark those ports)\n")
     status = 0
     if read_error is not None:
         print(f"ump dissect: {path}: capture damaged after frame {len(reports)}: {read_error}",

@@ -409,6 +409,7 @@ def summary(reports: list[FrameReport]) -> dict[str, int]:
     for r in reports:
         counts[r.status] = counts.get(r.status, 0) + 1
     counts["messages"] = sum(len(r.occurrences) for r in reports)
+    counts["content"] = sum(r.classified_by == CONTENT for r in reports)
     return counts
 
 
