@@ -40,9 +40,12 @@ Ports: everything but the stores is on a port tshark decodes with default prefer
 (resolver clients 14402-14404 to lbmrd 15380, LBT-RU 14380/14360, LBT-RM 224.10.10.10-14:14400
 with NAKs to 14390, LBT-TCP 14371, request ports 14391-14392, client ports from 40000).  The
 stores listen on ``scenario.store_port`` (14567): tshark and ``ump dissect`` need
-``--store-port 14567`` (``-d tcp.port==14567,lbttcp``).  Hosts are 127.<role>.x.y (role 1
-sources, 2 receivers, 3 stores, 4 the misconfigured source; lbmrd is 127.0.0.1): nothing is
-ever sent, the addresses only have to be distinct.
+``--store-port 14567`` (``-d tcp.port==14567,lbttcp``).  With ``lbtrm_ephemeral_port`` (the
+``real-traits`` preset) LBT-RM data leaves from an ephemeral port while NAKs still go to 14390,
+the port the headers name; with ``resolver_multicast`` topic resolution is on
+224.9.10.11:12965.  Hosts are 127.<role>.x.y (role 1 sources, 2 receivers, 3 stores, 4 the
+misconfigured source; lbmrd is 127.0.0.1): nothing is ever sent, the addresses only have to be
+distinct.
 
 The sidecar ``<capture>.meta.json`` holds the scenario, the generator settings, the port map
 (``dissect_args``, ``tshark_args``), hosts, topics with their RegIDs, transport session keys
@@ -53,13 +56,16 @@ counts for, read off the wire objects the way the dissector reads them):
   TCP segments without UM payload);
 * ``lbmc``: LBMC messages by tshark label (``DATA``, ``RX-DATA``, ``PREG``, ``ACK`` ...);
 * ``lbtru`` / ``lbtrm``: transport packets by type (``DATA``, ``DATA(RX)``, ``NAK``, ``NCF``,
-  ``SM``, ``CREQ``); ``lbmr``: ``tqr`` and ``tir`` records, ``keepalive`` packets;
+  ``SM``, ``CREQ``); ``lbmr``: ``tqr``, ``wc_tqr`` (wildcard) and ``tir`` records,
+  ``keepalive`` packets;
 * ``registrations.{source,receiver}``: ``requests``, ``accepted``, ``old-client``,
   ``error-N``; ``acks.{stable,cdelv}``; ``keepalives.{store,source,receiver}``; ``rxreq``;
   ``retransmissions.{store,proactive,lbtrm,lbtru}``;
 * per transport session (``lbtrm:<source ip>:<NAK port>:<session id hex>``,
   ``lbtru:<ip>:<port>:<id>``, ``lbttcp:<ip>:<port>:<id>``): ``naks.*.{packets,sqns}``,
-  ``ncfs.*.{packets,sqns}``, ``rx.*`` (retransmitted datagrams), and ``data.<session>:<tidx>``
+  ``ncfs.*.{packets,sqns}``, ``rx.*`` (retransmitted datagrams), ``icmp.port-unreachable.*``
+  (NAKs that came back quoted in an ICMP error: the frame shows a NAK, but it is a bounce, not
+  counted in ``naks``), and ``data.<session>:<tidx>``
   (new data messages on the wire, one per copy: LBT-RU sends one per receiver and store).
 
 Everything random comes from generators seeded from the seed and a purpose name, so one seed
@@ -68,6 +74,7 @@ gives the same bytes on every machine.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import json
 import math
@@ -669,7 +676,8 @@ def udp_tally(protocol: str, packet: Any, session_key: str | None = None) -> Tal
     if protocol == "lbmr":
         tqrs, tirs = packet.counts()
         if tqrs:
-            out.append((("lbmr", "tqr"), tqrs))
+            wildcard = packet.type == lbmr.PacketType.WC_TQR
+            out.append((("lbmr", "wc_tqr" if wildcard else "tqr"), tqrs))
         if tirs:
             out.append((("lbmr", "tir"), tirs))
         if not tqrs and not tirs:
@@ -705,6 +713,39 @@ def session_key(protocol: str, ip: str, port: int, session_id: int) -> str:
     return f"{protocol}:{ip}:{port}:{session_id:08x}"
 
 
+ICMP_DEST_UNREACHABLE, ICMP_PORT_UNREACHABLE = 3, 3
+QUOTE_LIMIT = 576 - IP4.size - 8
+"""How much of the offending datagram an ICMP error quotes (RFC 1812 4.3.2.3: as much as
+fits in 576 bytes; Linux does the same), its IP header included."""
+
+
+def icmp_unreachable(src: str, dst: str, offending: bytes) -> bytes:
+    """An ICMP port-unreachable frame from ``src`` to ``dst`` quoting ``offending`` (the IP
+    datagram that found the port closed, from its IP header on)."""
+    body = offending[:QUOTE_LIMIT]
+    head = struct.pack("!BBHI", ICMP_DEST_UNREACHABLE, ICMP_PORT_UNREACHABLE, 0, 0)
+    checksum = wpcap._checksum(head + body)
+    icmp = struct.pack("!BBHI", ICMP_DEST_UNREACHABLE, ICMP_PORT_UNREACHABLE, checksum, 0) + body
+    return wpcap.ipv4_frame(src, dst, 1, icmp)
+
+
+STP_GROUP_MAC = bytes.fromhex("0180c2000000")
+SWITCH_MAC = bytes.fromhex("0200000000fe")
+LLC_STP = bytes.fromhex("424203")  # DSAP/SSAP spanning tree, UI
+STP_HELLO = 2 * NS
+
+
+def stp_bpdu_frame() -> bytes:
+    """An IEEE 802.3 frame with LLC: a spanning-tree configuration BPDU from the switch
+    (the length field where Ethernet II has its ethertype; padded to the 60-byte minimum)."""
+    bridge = bytes.fromhex("8000") + SWITCH_MAC
+    bpdu = (bytes(5) + bridge + struct.pack("!I", 0) + bridge
+            + struct.pack("!HHHHH", 0x8001, 0, 20 * 256, 2 * 256, 15 * 256))
+    llc = LLC_STP + bpdu
+    frame = ETH.pack({"dst": STP_GROUP_MAC, "src": SWITCH_MAC, "ethertype": len(llc)}) + llc
+    return frame + bytes(max(0, 60 - len(frame)))
+
+
 # =============================================================================================
 # The backend seam
 # =============================================================================================
@@ -738,6 +779,7 @@ class Backend(Protocol):
 # =============================================================================================
 
 RESOLVER_PORT = 15380  # lbmrd (tshark lbmr.uc_dest_port)
+RESOLVER_GROUP = PortMap().lbmr_mc  # multicast topic resolution (tshark's default group:port)
 SOURCE_RESOLVER_PORT, RECEIVER_RESOLVER_PORT, STORE_RESOLVER_PORT = 14402, 14403, 14404
 SOURCE_REQUEST_PORT, RECEIVER_REQUEST_PORT, STORE_REQUEST_PORT = 14391, 14392, 14393
 LBTRU_SOURCE_PORT, LBTRU_CLIENT_PORT = 14380, 14360
@@ -808,6 +850,7 @@ class Session:
     source: SourceCtx
     session_id: int
     key: str
+    data_port: int = 0  # the UDP port DATA/SM/NCF leave from (LBT-RM: the NAK port or ephemeral)
     next_tsqn: int = 0
     sm_sqn: int = 0
     last_send: int = 0
@@ -1047,6 +1090,8 @@ class _Simulation:
             self._plan_restart(restart, self._store_down, self.stores[restart.index])
         if sc.regid_collision and self.sources and self.stores:
             self.at(self.data_start + self.data_span // 3, self._rogue_start, self.rogue)
+        if sc.llc_frames:
+            self.at(self.t0, self._bpdu)
         queue = self._queue
         sink = self.sink
         pop = heapq.heappop
@@ -1060,6 +1105,13 @@ class _Simulation:
             fn(arg)
         sink.flush()
         return self.describe()
+
+    def _bpdu(self, _: Any) -> None:
+        """The switch's spanning-tree hello, every 2 s until the run ends (not UM)."""
+        if self.finished_at is not None:
+            return
+        self.sink.emit_frame(self.now, stp_bpdu_frame(), tuple(_frame_tally(None)))
+        self.after(STP_HELLO, self._bpdu)
 
     def _plan_restart(self, restart: Restart, down: Callable[[Any], None], party: Party) -> None:
         t = self.data_start + round(restart.at * self.data_span)
@@ -1227,17 +1279,28 @@ class _Simulation:
     # -- topic resolution ------------------------------------------------------------------------
 
     def _lbmr_send(self, party: Party, port: int, packet: lbmr.LbmrPacket, relay: bool) -> None:
-        """A datagram to lbmrd and, for TQRs and TIRs, lbmrd's copies to every other client."""
+        """A datagram to lbmrd and, for TQRs and TIRs, lbmrd's copies to every other client.
+
+        With ``resolver_multicast`` the datagram goes once to the resolver group, which every
+        context listens to (no lbmrd, no copies), as an LBMR version 1 packet with options."""
         counting = self.sink.count_only
+        multicast = self.sc.resolver_multicast
+        if multicast:
+            packet = dataclasses.replace(packet, version=1, options=lbmr.with_length_option([
+                lbmr.OptVersion(version=0x00060A00, ume=1),
+                lbmr.OptLocalDomain(local_domain_id=7)]))
         payload = b"" if counting else packet.build()
         tally = udp_tally("lbmr", packet)
 
         def frame(src: tuple[str, int], dst: tuple[str, int]) -> bytes:
             return b"" if counting else udp_frame(src[0], src[1], dst[0], dst[1], payload)
 
-        self.sink.emit_frame(self.now, frame((party.ip, port), (RESOLVER_HOST, RESOLVER_PORT)),
-                             tally)
+        to = RESOLVER_GROUP if multicast else (RESOLVER_HOST, RESOLVER_PORT)
+        self.sink.emit_frame(self.now, frame((party.ip, port), to), tally)
         if not relay:
+            return
+        if multicast:
+            self.after(LAN, self._lbmr_delivered, (party, packet))
             return
 
         def relay_copies(_: Any) -> None:
@@ -1252,11 +1315,13 @@ class _Simulation:
     def _lbmr_delivered(self, arg: tuple[Party, lbmr.LbmrPacket]) -> None:
         sender, packet = arg
         names = {t.name for t in packet.tirs}
-        asked = {q.name for q in packet.tqrs}
-        if asked:
+        asked = {q.name for q in packet.tqrs if not isinstance(q, lbmr.WcTqr)}
+        patterns = [q.pattern for q in packet.tqrs if isinstance(q, lbmr.WcTqr)]
+        if asked or patterns:
             for src in self.sources:
                 if src.up and src.advertised and src is not sender:
-                    wanted = [t for t in src.topics if t.name in asked]
+                    wanted = [t for t in src.topics if t.name in asked
+                              or any(re.search(p, t.name) for p in patterns)]
                     if wanted:
                         self.after(RECEIVER_WORK, self._advertise, (src, wanted))
         if names:
@@ -1284,6 +1349,14 @@ class _Simulation:
         tqrs = [lbmr.Tqr(name=t.name) for t in topics]
         for batch in self._chunks(tqrs):
             self._lbmr_send(party, port, lbmr.LbmrPacket(tqrs=batch), relay=True)
+        if self.sc.wildcard_queries and isinstance(party, ReceiverCtx) and self.sources:
+            self._lbmr_send(party, port, lbmr.LbmrPacket(
+                type=lbmr.PacketType.WC_TQR,
+                tqrs=[lbmr.WcTqr(pattern_type=1, pattern=self.wildcard_pattern())]), relay=True)
+
+    def wildcard_pattern(self) -> str:
+        """The wildcard receivers' pattern: every topic of source 0 (PCRE)."""
+        return rf"^ump\.{self.sources[0].transport}\.src0\.topic[0-9]+$"
 
     def _advertise(self, arg: tuple[SourceCtx, list[TopicState]]) -> None:
         src, topics = arg
@@ -1329,7 +1402,7 @@ class _Simulation:
         return LBTRM_GROUPS[src.index % len(LBTRM_GROUPS)]
 
     def _resolver_keepalive(self, party: Party) -> None:
-        if self.finished_at is not None:
+        if self.finished_at is not None or self.sc.resolver_multicast:
             return
         if party.up:
             port = {"source": SOURCE_RESOLVER_PORT, "receiver": RECEIVER_RESOLVER_PORT,
@@ -1364,8 +1437,11 @@ class _Simulation:
         port = {Transport.LBTRM: LBTRM_SOURCE_PORT, Transport.LBTRU: LBTRU_SOURCE_PORT,
                 Transport.LBTTCP: LBTTCP_SOURCE_PORT}[src.transport]
         key = session_key(str(src.transport), src.ip, port, sid)
+        data_port = port
+        if src.transport == Transport.LBTRM and self.sc.lbtrm_ephemeral_port:
+            data_port = src.ephemeral()  # the NAK port (the key's) stays in every header
         src.session = Session(kind=src.transport, source=src, session_id=sid, key=key,
-                              last_send=self.now)
+                              data_port=data_port, last_send=self.now)
         src.session_keys.append(key)
         if src.transport != Transport.LBTTCP:
             self.after(_ns(self.sc.sm_interval), self._session_idle_check, src.session)
@@ -1522,7 +1598,7 @@ class _Simulation:
                 packet: Any = lbtrm.LbtrmData(ucast_port=LBTRM_SOURCE_PORT,
                                               session_id=session.session_id, sqn=tsqn,
                                               trail_sqn=trail, payload=[message])
-                self._udp_once((src.ip, LBTRM_SOURCE_PORT), (self._group(src), LBTRM_DEST_PORT),
+                self._udp_once((src.ip, session.data_port), (self._group(src), LBTRM_DEST_PORT),
                                "lbtrm", packet, session.key)
                 targets = [m for m in session.members if m.joined]
             else:
@@ -1563,7 +1639,7 @@ class _Simulation:
                                        session_id=session.session_id, sm_sqn=1, lead_sqn=2,
                                        trail_sqn=3, ucast_naks=1)
                 offs = member_offsets(lbtrm.LbtrmSm.fast)
-                frame = udp_frame(src.ip, LBTRM_SOURCE_PORT, self._group(src), LBTRM_DEST_PORT,
+                frame = udp_frame(src.ip, session.data_port, self._group(src), LBTRM_DEST_PORT,
                                   packet.build())
                 slots = [(UDP_PAYLOAD + offs[n][0], 4) for n in ("sm_sqn", "lead_sqn",
                                                                    "trail_sqn")]
@@ -1645,7 +1721,7 @@ class _Simulation:
                                      sqn=7, trail_sqn=8, rx=int(rx), ucast_naks=1,
                                      payload=[self._data_message(topic, 9)])
             offs = member_offsets(lbtrm.LbtrmData.fast)
-            frame = udp_frame(src.ip, LBTRM_SOURCE_PORT, self._group(src), LBTRM_DEST_PORT,
+            frame = udp_frame(src.ip, session.data_port, self._group(src), LBTRM_DEST_PORT,
                               packet.build())
             slots = [(UDP_PAYLOAD + offs["sqn"][0], 4), (UDP_PAYLOAD + offs["trail_sqn"][0], 4),
                      (UDP_PAYLOAD + transport_prefix(packet) + LBMC_SQN, 4)]
@@ -1826,7 +1902,7 @@ class _Simulation:
         src = session.source
         trail = max(0, session.next_tsqn - RETENTION)
         if session.kind == Transport.LBTRM:
-            sport, dport = (src.ip, LBTRM_SOURCE_PORT), (self._group(src), LBTRM_DEST_PORT)
+            sport, dport = (src.ip, session.data_port), (self._group(src), LBTRM_DEST_PORT)
 
             def packet_for(entries: list[int], trail_sqn: int) -> Any:
                 return lbtrm.LbtrmNcf(ucast_port=LBTRM_SOURCE_PORT,
@@ -2358,6 +2434,8 @@ class _Simulation:
             session = src.session
             if session is not None:
                 session.open = False
+                if self.sc.naks_to_dead_source and session.kind == Transport.LBTRM:
+                    self._naks_to_closed_port(session)
                 for member in session.members:
                     member.joined = False
                     member.lost.clear()
@@ -2371,6 +2449,29 @@ class _Simulation:
             src.store_conns.clear()
         self.after(CLOSE_DRAIN, stop)
         self.after(CLOSE_DRAIN + downtime, self._source_start, src)
+
+    def _naks_to_closed_port(self, session: Session) -> None:
+        """The source has closed its sockets: each receiver NAKs once more what it misses
+        (or the last datagram, whose loss it learnt from the final SM), and the source's host
+        answers each NAK with ICMP port unreachable quoting it."""
+        src = session.source
+        last = session.next_tsqn - 1
+        for k, member in enumerate(m for m in session.members if not m.is_store):
+            party = member.party
+            if not member.joined or not party.up or last < 0:
+                continue
+            naks = sorted(set(member.lost)) or [last]
+            packet = lbtrm.LbtrmNak(ucast_port=LBTRM_SOURCE_PORT, session_id=session.session_id,
+                                    naks=naks)
+            nak = udp_frame(party.ip, LBTRM_NAK_PORT, src.ip, LBTRM_SOURCE_PORT, packet.build())
+            tally = udp_tally("lbtrm", packet, session.key)
+            bounce = icmp_unreachable(src.ip, party.ip, nak[ETH.size:])
+            # the dissector shows the quoted NAK: an LBT-RM frame, counted as a bounce
+            bounced = (*_frame_tally("lbtrm"), (("icmp", "port-unreachable", session.key), 1))
+            sent = self.now + LAN + (k + 1) * 100 * US
+            self.at(sent, lambda f: self.sink.emit_frame(self.now, f[0], f[1]), (nak, tally))
+            self.at(sent + LAN, lambda f: self.sink.emit_frame(self.now, f[0], f[1]),
+                    (bounce, bounced))
 
     def _rogue_start(self, rogue: SourceCtx) -> None:
         victim = self.sources[0]

@@ -49,7 +49,7 @@ class Restart:
 
 @dataclass(frozen=True)
 class Scenario:
-    """One persistent deployment and what happens to it.
+    r"""One persistent deployment and what happens to it.
 
     Topology:
         sources: source contexts (applications), each with its own transport session.
@@ -93,6 +93,22 @@ class Scenario:
         5), stability_timeout (proactive retransmission of unstable messages), sm_interval
         (idle session messages), nak_backoff (max random NAK delay after a gap is seen).
 
+    Traits of real deployments (all off by default; the ``real-traits`` preset turns them on):
+        lbtrm_ephemeral_port: LBT-RM sources send DATA, SM and NCF from an ephemeral UDP port
+            (one per session) and take NAKs on the unicast NAK port their headers name
+            (14390), as real sources do; off, both are 14390.
+        resolver_multicast: topic resolution on the resolver multicast group (224.9.10.11:12965,
+            tshark's default) instead of through lbmrd, as LBMR version 1 packets with packet
+            options (version, local domain, option length); no lbmrd keepalives.
+        wildcard_queries: receivers also ask for the topics of source 0 with a wildcard TQR
+            (PCRE ``^ump\.<transport>\.src0\.topic[0-9]+$``), which sources answer with the
+            TIRs of every topic it matches.
+        naks_to_dead_source: when an LBT-RM source stops (a source restart), each receiver
+            NAKs what it still misses (or the source's last datagram) once more to the closed
+            NAK port, and the source's host answers ICMP port unreachable quoting the NAK.
+        llc_frames: the capture also holds the switch's 802.3/LLC frames (spanning-tree
+            BPDUs every 2 s), which are not UM.
+
     Other:
         store_port: the stores' TCP port (tshark needs it: ``--store-port``).
         session_ids: sources and receivers send a UME session ID with their registrations.
@@ -128,6 +144,11 @@ class Scenario:
     stability_timeout: float = 0.25
     sm_interval: float = 0.2
     nak_backoff: float = 0.02
+    lbtrm_ephemeral_port: bool = False
+    resolver_multicast: bool = False
+    wildcard_queries: bool = False
+    naks_to_dead_source: bool = False
+    llc_frames: bool = False
     store_port: int = 14567
     session_ids: bool = True
     big_endian: bool = False
@@ -247,6 +268,20 @@ PRESETS: dict[str, Scenario] = {
             messages=100_000, rate=2000.0, payload_size=128, receiver_loss=0.001,
             store_loss=0.0005, unrecoverable=0.1, ack_batch_interval=0.1,
             tags=("benchmark",)),
+        Scenario(
+            name="real-traits",
+            description="What real deployments do that the other presets do not: LBT-RM data "
+                        "from an ephemeral port with NAKs to the NAK port of the header, topic "
+                        "resolution as LBMR version 1 with options on the resolver multicast "
+                        "group, three topics per session, wildcard topic queries, a source "
+                        "restart whose last NAKs bounce as ICMP port unreachable, and 802.3/LLC "
+                        "frames; loss, NCFs and retransmissions as in lossy-lbtrm.",
+            sources=2, topics_per_source=3, receivers=2, store_groups=(1,),
+            transports=(Transport.LBTRM, Transport.LBTRU), messages=600, rate=1000.0,
+            receiver_loss=0.03, store_loss=0.01, unrecoverable=0.2, ack_batch_interval=0.05,
+            source_restarts=(Restart(index=0, at=0.5, downtime=0.2),),
+            lbtrm_ephemeral_port=True, resolver_multicast=True, wildcard_queries=True,
+            naks_to_dead_source=True, llc_frames=True),
         Scenario(
             name="tcp-basic",
             description="One LBT-TCP source, one store, one receiver, played by the reference "

@@ -54,6 +54,7 @@ __all__ = [
     "AnalysisOptions",
     "AnalysisRun",
     "CaptureTables",
+    "advertised_topics",
     "analyze",
     "anomalies",
     "anomaly_summary",
@@ -79,6 +80,8 @@ __all__ = [
     "topic_advertisements",
     "topic_queries",
     "transport_sessions",
+    "wildcard_matches",
+    "with_session_side",
 ]
 
 PREG_ERROR_TEXT: dict[int, str] = {
@@ -180,6 +183,55 @@ def _session_key(protocol: Column, ip: Column, port: Column, session_id: Column)
     return F.when(session_id.isNull(), base).otherwise(F.concat_ws(":", base, hex_id))
 
 
+ICMP_DEST_UNREACHABLE, ICMP_PORT_UNREACHABLE = 3, 3
+
+
+def _quoted(packets: DataFrame) -> Column:
+    """Whether a packet row is a datagram quoted by an ICMP error (``icmp_type`` set; its
+    addresses and ports are the quoted datagram's): the bounce of something sent earlier,
+    never traffic of its own (false when the decode has no such column)."""
+    if "icmp_type" in packets.columns:
+        return F.col("icmp_type").isNotNull()
+    return F.lit(False)
+
+
+def _closed_port(packets: DataFrame) -> Column:
+    """Whether a packet row is a datagram an ICMP port-unreachable error quotes: it reached
+    the host, and nothing listened on its destination port."""
+    if "icmp_type" in packets.columns and "icmp_code" in packets.columns:
+        return F.coalesce((F.col("icmp_type") == ICMP_DEST_UNREACHABLE)
+                          & (F.col("icmp_code") == ICMP_PORT_UNREACHABLE), F.lit(False))
+    return F.lit(False)
+
+
+_SOURCE_SIDE = ("data", "sm", "ncf", "rst")
+"""UDP packet types a transport source sends (the others come from receivers)."""
+
+
+def with_session_side(packets: DataFrame) -> DataFrame:
+    """LBT-RM / LBT-RU packets with the transport session they belong to, as tshark keys it.
+
+    Adds ``source_ip``/``source_port`` (the session's address and port), ``from_source``
+    and ``session`` (:func:`_session_key`).  LBT-RM (``packet-lbtrm.c``): a session is the
+    source address, the unicast NAK port named in every header (``lbtrm.hdr.ucast_port``)
+    and the session ID.  Real sources send DATA, SM and NCF from an ephemeral UDP port and
+    take NAKs on that NAK port, so the UDP source port names nothing: DATA/SM/NCF belong to
+    (source address, header port, session ID), a NAK to (its destination address, header
+    port, session ID).  LBT-RU: the source side's address and UDP port (its source port for
+    what the source sends, its destination port for what receivers send) and the SID.
+    """
+    from_source = F.col("packet_type").isin(*_SOURCE_SIDE)
+    rm = F.col("protocol") == "lbtrm"
+    source_ip = F.when(from_source, F.col("src_ip")).otherwise(F.col("dst_ip"))
+    source_port = F.when(rm, F.col("ucast_port")).when(from_source, F.col("src_port")) \
+        .otherwise(F.col("dst_port"))
+    return (packets.withColumn("from_source", from_source)
+            .withColumn("source_ip", source_ip)
+            .withColumn("source_port", source_port)
+            .withColumn("session", _session_key(F.col("protocol"), F.col("source_ip"),
+                                                F.col("source_port"), F.col("session_id"))))
+
+
 def _span_seconds(first: Column, last: Column) -> Column:
     return (last - first) / F.lit(1e9)
 
@@ -218,27 +270,68 @@ def topic_advertisements(advertisements: DataFrame) -> DataFrame:
                  F.max(F.col("topt_ume").isNotNull()).alias("persistent"),
                  F.max(F.coalesce(F.size("topt_ume_store"), F.lit(0))).alias("stores"),
                  F.first("topt_ume.transport_idx", ignorenulls=True).alias("ume_transport_idx"))
-            .withColumn("session", _session_key(F.col("transport"), F.col("source_ip"),
-                                                F.col("source_port"), F.col("session_id"))))
+            .withColumn("session", _advertised_session(tirs)))
 
 
 def topic_queries(advertisements: DataFrame) -> DataFrame:
     """Which topics (and wildcard patterns) did receivers ask for, and how often?
 
     One row per queried topic or pattern: ``queries`` records on the wire, ``queriers`` the
-    distinct hosts that sent them, and whether any TIR for that topic was seen at all
-    (``answered``: a topic queried but never advertised has no source in the capture).
+    distinct hosts that sent them, ``matching_topics`` how many advertised topics answer it
+    and whether any does (``answered``: a topic queried but never advertised has no source
+    in the capture).  A TQR is answered by TIRs of its topic; a wildcard TQR by TIRs of every
+    topic its pattern matches (UM matches receiver patterns, PCRE or POSIX regex, anywhere
+    in the topic name: :func:`wildcard_matches`).
     """
     queries = advertisements.where(F.col("record").isin("tqr", "wc_tqr"))
-    advertised = (advertisements.where(F.col("record") == "tir")
-                  .select("capture", "topic").distinct().withColumn("answered", F.lit(True)))
+    topics = (advertisements.where(F.col("record") == "tir")
+              .select("capture", "topic").distinct())
+    exact = (queries.where(F.col("record") == "tqr").select("capture", "record", "topic")
+             .distinct().join(topics, ["capture", "topic"])
+             .groupBy("capture", "record", "topic").agg(F.count("*").alias("_matching")))
+    matched = exact.unionByName(_wildcard_answers(queries, topics))
     return (queries.groupBy("capture", "record", "topic", "pattern_type")
             .agg(F.count("*").alias("queries"),
                  F.countDistinct("src_ip").alias("queriers"),
                  F.min("ts_ns").alias("first_ts_ns"),
                  F.max("ts_ns").alias("last_ts_ns"))
-            .join(advertised, ["capture", "topic"], "left")
-            .withColumn("answered", F.coalesce(F.col("answered"), F.lit(False))))
+            .join(matched, ["capture", "record", "topic"], "left")
+            .withColumn("matching_topics", F.coalesce(F.col("_matching"), F.lit(0)))
+            .withColumn("answered", F.col("matching_topics") > 0)
+            .drop("_matching"))
+
+
+def wildcard_matches(pattern: str, topic: str) -> bool:
+    """Whether a wildcard receiver's pattern selects ``topic``: a regular-expression search
+    anywhere in the name (the pattern anchors itself with ``^``/``$`` if it wants to).
+    Python's ``re`` stands for both UM pattern types (PCRE and POSIX extended regex): they
+    agree on what receiver patterns use (classes, alternation, quantifiers, anchors).  A
+    pattern that does not compile matches nothing."""
+    try:
+        return re.search(pattern, topic) is not None
+    except re.error:
+        return False
+
+
+def _wildcard_answers(queries: DataFrame, topics: DataFrame) -> DataFrame:
+    """``(capture, record, topic, _matching)`` per wildcard pattern: how many advertised
+    topics of its capture it matches.  Patterns and topic names are few (one row per
+    distinct name), so they are matched in the driver with :func:`wildcard_matches`, where a
+    pattern the JVM's regex dialect rejects cannot fail the job."""
+    spark = queries.sparkSession
+    schema = "capture string, record string, topic string, _matching long"
+    patterns = (queries.where(F.col("record") == "wc_tqr").select("capture", "topic")
+                .distinct().collect())
+    if not patterns:
+        return spark.createDataFrame([], schema)
+    captures = sorted({row["capture"] for row in patterns})
+    names: dict[str, list[str]] = {}
+    for row in topics.where(F.col("capture").isin(captures)).collect():
+        names.setdefault(row["capture"], []).append(row["topic"])
+    rows = [(row["capture"], "wc_tqr", row["topic"],
+             sum(wildcard_matches(row["topic"], name) for name in names.get(row["capture"], [])))
+            for row in patterns if row["topic"] is not None]
+    return spark.createDataFrame(rows, schema)
 
 
 # =============================================================================================
@@ -246,28 +339,70 @@ def topic_queries(advertisements: DataFrame) -> DataFrame:
 # =============================================================================================
 
 
-def data_messages(packets: DataFrame, messages: DataFrame) -> DataFrame:
+def data_messages(packets: DataFrame, messages: DataFrame,
+                  advertisements: DataFrame | None = None) -> DataFrame:
     """Every topic message on the wire (new, retransmitted, proactively retransmitted).
 
     ``rx`` marks copies carried by a UDP retransmission (the LBT-RM/LBT-RU RX flag, a packet
     property, hence the join with ``packets``); store retransmissions and proactive
     retransmissions are told apart by ``message_type`` (``retrans``,
-    ``proactive_retrans``).  ``session`` names the sending transport session.
+    ``proactive_retrans``).  ``session`` names the sending transport session and
+    ``source_port`` its port as tshark keys it (LBT-RM: the unicast NAK port of the DATA
+    header, not the UDP source port, which real sources take from the ephemeral range; see
+    :func:`with_session_side`).  ``topic`` is the message's own topic name header or else the
+    topic the TIRs of ``advertisements`` name for its transport session and topic index
+    (:func:`advertised_topics`).
     """
-    rx_frames = (packets.where((F.col("packet_type") == "data") & F.col("retransmission")
-                               & F.col("protocol").isin("lbtrm", "lbtru"))
-                 .select("file", "file_offset").distinct().withColumn("rx", F.lit(True)))
+    udp_data = (packets.where((F.col("packet_type") == "data")
+                              & F.col("protocol").isin("lbtrm", "lbtru"))
+                .select("file", "file_offset", _quoted(packets).alias("_quoted"),
+                        F.coalesce(F.col("retransmission"), F.lit(False)).alias("_rx"),
+                        F.when(F.col("protocol") == "lbtrm", F.col("ucast_port"))
+                        .alias("_ucast_port")))
     data = messages.where(F.col("message_type").isin("data", "retrans", "proactive_retrans")
                           & F.col("sqn").isNotNull() & F.col("tidx").isNotNull())
-    return (data.select("capture", "pos", "msg_index", "file", "file_offset", "ts_ns",
-                        "protocol", "src_ip", "src_port", "dst_ip", "dst_port", "session_id",
-                        "transport_sqn", "message_type", "label", "tidx", "sqn", "topic_name",
-                        "payload_length")
-            .join(rx_frames, ["file", "file_offset"], "left")
-            .withColumn("rx", F.coalesce(F.col("rx"), F.lit(False)))
-            .withColumn("session", _session_key(
-                F.col("protocol"), F.col("src_ip"), F.col("src_port"),
-                F.when(F.col("protocol") != "lbttcp", F.col("session_id")))))
+    out = (data.select("capture", "pos", "msg_index", "file", "file_offset", "ts_ns",
+                       "protocol", "src_ip", "src_port", "dst_ip", "dst_port", "session_id",
+                       "transport_sqn", "message_type", "label", "tidx", "sqn", "topic_name",
+                       "payload_length")
+           .join(udp_data, ["file", "file_offset"], "left")
+           .where(~F.coalesce(F.col("_quoted"), F.lit(False)))
+           .withColumn("rx", F.coalesce(F.col("_rx"), F.lit(False)))
+           .withColumn("source_port", F.coalesce(F.col("_ucast_port"), F.col("src_port")))
+           .drop("_rx", "_ucast_port", "_quoted")
+           .withColumn("session", _session_key(
+               F.col("protocol"), F.col("src_ip"), F.col("source_port"),
+               F.when(F.col("protocol") != "lbttcp", F.col("session_id")))))
+    if advertisements is None:
+        return out.withColumn("topic", F.col("topic_name"))
+    named = advertised_topics(advertisements)
+    return (out.join(F.broadcast(named), ["capture", "session", "tidx"], "left")
+            .withColumn("topic", F.coalesce(F.col("topic_name"), F.col("advertised_topic")))
+            .drop("advertised_topic"))
+
+
+def advertised_topics(advertisements: DataFrame) -> DataFrame:
+    """Which topic each (transport session, topic index) carries, by the TIRs.
+
+    A TIR names its transport by source address, port (LBT-RM: ``src_ucast_port``, the NAK
+    port the DATA header carries too) and session ID, and its topic by the topic index the
+    data messages carry (``lbmr.tir.index``): that is the join of topic names to data.  One
+    row per ``(capture, session, tidx)``; should two TIRs name different topics for one
+    index (a source restarted with the same session ID), the first advertised wins.
+    """
+    tirs = advertisements.where((F.col("record") == "tir") & F.col("topic_index").isNotNull()
+                                & F.col("source_ip").isNotNull())
+    return (tirs.withColumn("session", _advertised_session(tirs))
+            .groupBy("capture", "session", F.col("topic_index").alias("tidx"))
+            .agg(F.min_by("topic", F.struct("pos", "record_index")).alias("advertised_topic")))
+
+
+def _advertised_session(tirs: DataFrame) -> Column:
+    """The session key (:func:`_session_key`) of the transport a TIR names: TIR transport
+    ``tcp`` is LBT-TCP, whose data rows have no session ID (it is not on every segment)."""
+    protocol = F.when(F.col("transport") == "tcp", F.lit("lbttcp")).otherwise(F.col("transport"))
+    return _session_key(protocol, F.col("source_ip"), F.col("source_port"),
+                        F.when(protocol != "lbttcp", F.col("session_id")))
 
 
 def _new_data(data: DataFrame) -> Column:
@@ -283,17 +418,13 @@ def message_sends(data: DataFrame) -> DataFrame:
     """
     return (data.where(_new_data(data))
             .groupBy("capture", "session", "protocol", F.col("src_ip").alias("source_ip"),
-                     F.col("src_port").alias("source_port"), "tidx", "sqn")
+                     "source_port", "tidx", "sqn")
             .agg(F.min("ts_ns").alias("send_ts_ns"), F.count("*").alias("copies")))
 
 
 # =============================================================================================
 # Transport sessions
 # =============================================================================================
-
-_SOURCE_SIDE = ("data", "sm", "ncf", "rst")
-"""UDP packet types a transport source sends (the others come from receivers)."""
-
 
 def transport_sessions(packets: DataFrame, data: DataFrame) -> DataFrame:
     """Per transport session: data, retransmission, NAK, NCF and SM counts and rates.
@@ -303,21 +434,26 @@ def transport_sessions(packets: DataFrame, data: DataFrame) -> DataFrame:
     NAK packets and the sequence numbers they NAK, NCF packets and the sequence numbers they
     confirm, connection requests/ACKs/resets (LBT-RU), the peers seen (LBT-RU receivers, LBT-RM
     NAKers, LBT-TCP connections), new topic ``messages``, and per-second rates over the
-    session's span.  A session is the source address, port and session ID; packets a receiver
-    sends (NAK, ACK, CREQ) belong to the session they are addressed to.  LBT-TCP sessions are
-    the TCP endpoints that send new data; RX there counts TCP retransmissions.
+    session's span.  Sessions are keyed as tshark keys them (:func:`with_session_side`: for
+    LBT-RM the source address, the NAK port of the header and the session ID, so data sent
+    from an ephemeral port and the NAKs to the NAK port make one row); packets a receiver
+    sends (NAK, ACK, CREQ) belong to the session they are addressed to.  ``data_src_port`` is
+    the UDP port the data left from; ``topic_names`` the topics of its new messages (named
+    by the TIRs, :func:`advertised_topics`).  NAKs that come back quoted in an ICMP error
+    (the session's NAK port is closed: the source is gone) are not NAKs sent: they are
+    counted apart, in ``naks_to_closed_port``, and the session's span is that of its own
+    traffic.  LBT-TCP sessions are the TCP endpoints that
+    send new data; RX there counts TCP retransmissions.
     """
-    udp = packets.where(F.col("protocol").isin("lbtrm", "lbtru"))
-    from_source = F.col("packet_type").isin(*_SOURCE_SIDE)
-    udp = (udp.withColumn("source_ip", F.when(from_source, F.col("src_ip"))
-                          .otherwise(F.col("dst_ip")))
-           .withColumn("source_port", F.when(from_source, F.col("src_port"))
-                       .otherwise(F.col("dst_port")))
-           .withColumn("peer", F.when(
-               ~from_source | (F.col("protocol") == "lbtru"),
-               F.when(from_source, F.concat_ws(":", "dst_ip", "dst_port"))
+    udp = with_session_side(packets.where(F.col("protocol").isin("lbtrm", "lbtru")))
+    udp = (udp.withColumn("_live", ~_quoted(udp))
+           .withColumn("peer", F.when(F.col("_live") & (
+               ~F.col("from_source") | (F.col("protocol") == "lbtru")),
+               F.when(F.col("from_source"), F.concat_ws(":", "dst_ip", "dst_port"))
                .otherwise(F.concat_ws(":", "src_ip", "src_port")))))
-    is_data = F.col("packet_type") == "data"
+    live = F.col("_live")
+    bounced = _closed_port(udp) & (F.col("packet_type") == "nak")
+    is_data = (F.col("packet_type") == "data") & live
     rx = is_data & F.coalesce(F.col("retransmission"), F.lit(False))
     new = is_data & ~rx
 
@@ -332,21 +468,23 @@ def transport_sessions(packets: DataFrame, data: DataFrame) -> DataFrame:
                          total(new, F.col("payload_length")).alias("data_bytes"),
                          count(rx).alias("rx_packets"),
                          total(rx, F.col("payload_length")).alias("rx_bytes"),
-                         count(F.col("packet_type") == "sm").alias("sm_packets"),
-                         count(F.col("packet_type") == "nak").alias("nak_packets"),
-                         total(F.col("packet_type") == "nak",
+                         count(live & (F.col("packet_type") == "sm")).alias("sm_packets"),
+                         count(live & (F.col("packet_type") == "nak")).alias("nak_packets"),
+                         total(live & (F.col("packet_type") == "nak"),
                                F.size("nak_sqns")).alias("nak_sqns"),
-                         count(F.col("packet_type") == "ncf").alias("ncf_packets"),
-                         total(F.col("packet_type") == "ncf",
+                         count(live & (F.col("packet_type") == "ncf")).alias("ncf_packets"),
+                         total(live & (F.col("packet_type") == "ncf"),
                                F.size("ncf_sqns")).alias("ncf_sqns"),
-                         count(F.col("packet_type") == "creq").alias("creq_packets"),
-                         count(F.col("packet_type") == "ack").alias("ack_packets"),
-                         count(F.col("packet_type") == "rst").alias("rst_packets"),
+                         count(live & (F.col("packet_type") == "creq")).alias("creq_packets"),
+                         count(live & (F.col("packet_type") == "ack")).alias("ack_packets"),
+                         count(live & (F.col("packet_type") == "rst")).alias("rst_packets"),
                          F.countDistinct("peer").alias("peers"),
+                         F.min(F.when(is_data, F.col("src_port"))).alias("data_src_port"),
                          F.first(F.when(is_data & (F.col("protocol") == "lbtrm"),
                                         F.col("dst_ip")), ignorenulls=True).alias("mcast_group"),
-                         F.min("ts_ns").alias("first_ts_ns"),
-                         F.max("ts_ns").alias("last_ts_ns")))
+                         count(bounced).alias("naks_to_closed_port"),
+                         F.min(F.when(live, F.col("ts_ns"))).alias("first_ts_ns"),
+                         F.max(F.when(live, F.col("ts_ns"))).alias("last_ts_ns")))
 
     tcp_sources = (data.where(_new_data(data) & (F.col("protocol") == "lbttcp"))
                    .select("capture", F.col("src_ip").alias("source_ip"),
@@ -368,15 +506,19 @@ def transport_sessions(packets: DataFrame, data: DataFrame) -> DataFrame:
                     .withColumn("session_id", F.lit(None).cast("long")))
 
     new_messages = (data.where(_new_data(data))
-                    .groupBy("capture", "session").agg(F.count("*").alias("messages"),
-                                                      F.countDistinct("tidx").alias("topics")))
+                    .groupBy("capture", "session")
+                    .agg(F.count("*").alias("messages"),
+                         F.countDistinct("tidx").alias("topics"),
+                         F.array_join(F.array_sort(F.collect_set("topic")), ", ")
+                         .alias("topic_names")))
     out = (udp_sessions.unionByName(tcp_sessions, allowMissingColumns=True)
            .withColumn("session", _session_key(F.col("protocol"), F.col("source_ip"),
                                                F.col("source_port"), F.col("session_id")))
            .join(new_messages, ["capture", "session"], "left")
-           .fillna(0, subset=["messages", "topics", "sm_packets", "nak_packets", "nak_sqns",
+           .fillna(0, subset=["messages", "topics", "data_packets", "data_bytes", "rx_packets",
+                              "rx_bytes", "sm_packets", "nak_packets", "nak_sqns",
                               "ncf_packets", "ncf_sqns", "creq_packets", "ack_packets",
-                              "rst_packets"])
+                              "rst_packets", "peers", "naks_to_closed_port"])
            .withColumn("duration_s", _span_seconds(F.col("first_ts_ns"), F.col("last_ts_ns"))))
     for name in ("data_packets", "rx_packets", "nak_packets", "ncf_packets", "sm_packets",
                  "messages", "data_bytes"):
@@ -399,7 +541,9 @@ def sequence_flags(packets: DataFrame, data: DataFrame) -> DataFrame:
 
     ``transport-data`` / ``transport-sm``
         LBT-RM and LBT-RU DATA and SM transport sequence numbers, per stream as tshark keys
-        them (LBT-RM: source address, port, session ID, group and port; LBT-RU: per receiver),
+        them (LBT-RM: source address, the header's NAK port (``source_port``, not the UDP
+        port: see :func:`with_session_side`), session ID, group and port; LBT-RU: per
+        receiver),
         judged exactly like tshark's transport analysis (``lbtrm.transport.data_sqn_gap``,
         ``..._ooo_gap``, ``..._duplicate``, and the same for ``lbtru.analysis``): the first
         item of a stream is not judged; RX data is never judged but counts as seen; an item at
@@ -412,12 +556,14 @@ def sequence_flags(packets: DataFrame, data: DataFrame) -> DataFrame:
         (one stream per LBT-RU receiver and LBT-TCP connection), by the same rules, the gap
         measured from the high-water mark (the number of sequence numbers skipped).
     """
-    udp = packets.where(F.col("protocol").isin("lbtrm", "lbtru")
+    udp = packets.where(F.col("protocol").isin("lbtrm", "lbtru") & ~_quoted(packets)
                         & F.col("packet_type").isin("data", "sm") & F.col("sqn").isNotNull())
     transport = udp.select(
         "capture", "pos", F.lit(0).alias("msg_index"), "file", "file_offset", "ts_ns",
         F.concat(F.lit("transport-"), F.col("packet_type")).alias("level"), "protocol",
-        F.col("src_ip").alias("source_ip"), F.col("src_port").alias("source_port"),
+        F.col("src_ip").alias("source_ip"),
+        F.when(F.col("protocol") == "lbtrm", F.col("ucast_port")).otherwise(F.col("src_port"))
+        .alias("source_port"),
         "session_id", F.col("dst_ip").alias("dest_ip"), F.col("dst_port").alias("dest_port"),
         F.lit(None).cast("long").alias("tidx"), "sqn",
         ((F.col("packet_type") == "data")
@@ -425,7 +571,7 @@ def sequence_flags(packets: DataFrame, data: DataFrame) -> DataFrame:
     topic = data.where((F.col("message_type") == "data") & (F.col("label") == "DATA")).select(
         "capture", "pos", "msg_index", "file", "file_offset", "ts_ns",
         F.lit("topic").alias("level"), "protocol", F.col("src_ip").alias("source_ip"),
-        F.col("src_port").alias("source_port"),
+        "source_port",
         F.when(F.col("protocol") != "lbttcp", F.col("session_id")).alias("session_id"),
         F.col("dst_ip").alias("dest_ip"), F.col("dst_port").alias("dest_port"), "tidx",
         "sqn", "rx")
@@ -872,14 +1018,16 @@ def flight_size(events: DataFrame, options: AnalysisOptions | None = None) -> Da
 
 
 def flight_size_summary(events: DataFrame, stable: DataFrame,
-                        options: AnalysisOptions | None = None) -> DataFrame:
+                        options: AnalysisOptions | None = None, *,
+                        topics: DataFrame | None = None) -> DataFrame:
     """Per source topic: messages sent, stabilized, never stable in the capture, the peak
     in-flight count and when, and how many store ACKs stability needed (of how many
-    stores)."""
+    stores).  With ``topics`` (:func:`advertised_topics`) each row gets its ``topic``
+    name."""
     options = options or AnalysisOptions()
     needed = stable.groupBy(*_FLIGHT).agg(F.max("stores").alias("stores"),
                                           F.max("needed").alias("acks_needed"))
-    return (events.groupBy(*_FLIGHT)
+    out = (events.groupBy(*_FLIGHT)
             .agg(F.sum(F.when(F.col("delta") > 0, 1).otherwise(0)).alias("messages"),
                  F.sum(F.when(F.col("delta") < 0, 1).otherwise(0)).alias("stabilized"),
                  F.max("in_flight").alias("peak_in_flight"),
@@ -889,6 +1037,10 @@ def flight_size_summary(events: DataFrame, stable: DataFrame,
             .withColumn("never_stable", F.col("messages") - F.col("stabilized"))
             .join(needed, _FLIGHT, "left")
             .withColumn("stability_rule", F.lit(options.stability_rule)))
+    if topics is None:
+        return out
+    return (out.join(F.broadcast(topics), ["capture", "session", "tidx"], "left")
+            .withColumnRenamed("advertised_topic", "topic"))
 
 
 # =============================================================================================
@@ -907,11 +1059,17 @@ def retransmission_requests(packets: DataFrame, data: DataFrame, messages: DataF
         number (and topic, through the receiver's registration) on the same connection after
         the request;
     ``lbtrm-nak`` / ``lbtru-nak``
-        each sequence number of a transport NAK, served by the source's first RX data of it
-        after the NAK (LBT-RU: sent to the NAKer), or confirmed by an NCF (``ncf_reason``).
+        each sequence number of a transport NAK, served by the first RX data of it after the
+        NAK from the session the NAK is addressed to (LBT-RU: sent to the NAKer), or
+        confirmed by an NCF (``ncf_reason``).  The session is tshark's
+        (:func:`with_session_side`): an LBT-RM NAK goes to the NAK port its header names,
+        while the retransmission leaves from whatever UDP port the source sends from, and
+        both carry that NAK port and the session ID in their header.
 
-    ``outcome`` is ``served``, ``ncf`` (confirmed, not retransmitted in the capture) or
-    ``unanswered``; ``service_us`` the time to the retransmission.
+    ``outcome`` is ``served``, ``ncf`` (confirmed, not retransmitted in the capture),
+    ``closed-port`` (neither, and the NAK came back quoted in an ICMP error: nothing listens
+    on the NAK port any more, the source is gone; ``closed_port_ts_ns``) or ``unanswered``;
+    ``service_us`` the time to the retransmission.
     """
     rx_req = F.col("ume_rxreq")
     reg_topics = (regs.where((F.col("role") == "receiver") & (F.col("outcome") == "granted"))
@@ -951,56 +1109,63 @@ def retransmission_requests(packets: DataFrame, data: DataFrame, messages: DataF
         F.col("request_tidx").alias("tidx"), "sqn", "served_ts_ns",
         F.lit(None).cast("long").alias("ncf_ts_ns"), F.lit(None).cast("int").alias("ncf_reason"))
 
-    naks = (packets.where(F.col("packet_type") == "nak").select(
+    side = with_session_side(packets.where(F.col("protocol").isin("lbtrm", "lbtru")))
+    side = side.withColumn("_live", ~_quoted(side))
+    naks = (side.where((F.col("packet_type") == "nak") & F.col("_live")).select(
         "capture", "pos", "ts_ns", "file", "file_offset", "protocol",
         F.col("src_ip").alias("requester_ip"), F.col("src_port").alias("requester_port"),
         F.col("dst_ip").alias("responder_ip"), F.col("dst_port").alias("responder_port"),
-        "session_id", F.posexplode("nak_sqns").alias("nak_index", "sqn")))
-    answer_cols = [F.col("capture").alias("a_capture"), F.col("protocol").alias("a_protocol"),
+        "session", F.posexplode("nak_sqns").alias("nak_index", "sqn")))
+    answer_cols = [F.col("capture").alias("a_capture"), F.col("session").alias("a_session"),
                    F.col("pos").alias("a_pos"), F.col("ts_ns").alias("a_ts"),
                    F.col("src_ip").alias("a_src_ip"), F.col("src_port").alias("a_src_port"),
-                   F.col("session_id").alias("a_session_id"),
                    F.col("dst_ip").alias("a_dst_ip")]
-    rx = (packets.where((F.col("packet_type") == "data")
-                        & F.coalesce(F.col("retransmission"), F.lit(False)))
+    rx = (side.where((F.col("packet_type") == "data") & F.col("_live")
+                     & F.coalesce(F.col("retransmission"), F.lit(False)))
           .select(*answer_cols, F.col("sqn").alias("a_sqn")))
-    ncfs = (packets.where(F.col("packet_type") == "ncf")
+    ncfs = (side.where((F.col("packet_type") == "ncf") & F.col("_live"))
             .select(*answer_cols, F.col("ncf_reason").alias("a_reason"),
                     F.explode("ncf_sqns").alias("a_sqn")))
+    bounces = (side.where((F.col("packet_type") == "nak") & _closed_port(side))
+               .select(*answer_cols, F.explode("nak_sqns").alias("a_sqn")))
 
-    def first_answer(answers: DataFrame, fields: Sequence[str]) -> DataFrame:
+    def first_answer(answers: DataFrame, fields: Sequence[str], to_requester: Column
+                     ) -> DataFrame:
         cond = ((F.col("capture") == F.col("a_capture"))
-                & (F.col("protocol") == F.col("a_protocol"))
-                & (F.col("responder_ip") == F.col("a_src_ip"))
-                & (F.col("responder_port") == F.col("a_src_port"))
-                & F.col("session_id").eqNullSafe(F.col("a_session_id"))
-                & (F.col("sqn") == F.col("a_sqn"))
-                & ((F.col("protocol") == "lbtrm") | (F.col("requester_ip") == F.col("a_dst_ip")))
+                & (F.col("session") == F.col("a_session"))
+                & (F.col("sqn") == F.col("a_sqn")) & to_requester
                 & (F.col("a_pos") > F.col("pos")))
         return (naks.join(answers, cond, "left")
                 .groupBy("capture", "pos", "nak_index")
                 .agg(F.min(F.struct("a_pos", *fields)).alias("answer")))
 
-    by_rx = first_answer(rx, ["a_ts"]).select(
+    # LBT-RM retransmits and confirms to the group; LBT-RU to the NAKer alone
+    multicast = (F.col("protocol") == "lbtrm") | (F.col("requester_ip") == F.col("a_dst_ip"))
+    by_rx = first_answer(rx, ["a_ts"], multicast).select(
         "capture", "pos", "nak_index", F.col("answer.a_ts").alias("served_ts_ns"))
-    by_ncf = first_answer(ncfs, ["a_ts", "a_reason"]).select(
+    by_ncf = first_answer(ncfs, ["a_ts", "a_reason"], multicast).select(
         "capture", "pos", "nak_index", F.col("answer.a_ts").alias("ncf_ts_ns"),
         F.col("answer.a_reason").alias("ncf_reason"))
+    # the ICMP error quotes the NAK itself: same sender, port and sequence numbers
+    by_bounce = first_answer(bounces, ["a_ts"], (F.col("requester_ip") == F.col("a_src_ip"))
+                             & (F.col("requester_port") == F.col("a_src_port"))).select(
+        "capture", "pos", "nak_index", F.col("answer.a_ts").alias("closed_port_ts_ns"))
     transport = (naks.join(by_rx, ["capture", "pos", "nak_index"], "left")
                  .join(by_ncf, ["capture", "pos", "nak_index"], "left")
+                 .join(by_bounce, ["capture", "pos", "nak_index"], "left")
                  .select("capture", F.concat(F.col("protocol"), F.lit("-nak")).alias("kind"),
                          "ts_ns", "file", "file_offset", "pos", "requester_ip",
-                         "requester_port", "responder_ip", "responder_port",
-                         _session_key(F.col("protocol"), F.col("responder_ip"),
-                                      F.col("responder_port"), F.col("session_id"))
-                         .alias("session"),
+                         "requester_port", "responder_ip", "responder_port", "session",
                          F.lit(None).cast("long").alias("request_idx"),
                          F.lit(None).cast("long").alias("reg_id"),
                          F.lit(None).cast("long").alias("tidx"), "sqn", "served_ts_ns",
-                         "ncf_ts_ns", "ncf_reason"))
-    return (ume.unionByName(transport)
+                         "ncf_ts_ns", "ncf_reason", "closed_port_ts_ns"))
+    return (ume.withColumn("closed_port_ts_ns", F.lit(None).cast("long"))
+            .unionByName(transport)
             .withColumn("outcome", F.when(F.col("served_ts_ns").isNotNull(), "served")
-                        .when(F.col("ncf_ts_ns").isNotNull(), "ncf").otherwise("unanswered"))
+                        .when(F.col("ncf_ts_ns").isNotNull(), "ncf")
+                        .when(F.col("closed_port_ts_ns").isNotNull(), "closed-port")
+                        .otherwise("unanswered"))
             .withColumn("ncf_text", _ncf_text(F.col("ncf_reason")))
             .withColumn("service_us", _us(F.col("served_ts_ns"), F.col("ts_ns"))))
 
@@ -1013,8 +1178,8 @@ def _ncf_text(reason: Column) -> Column:
 
 
 def retransmission_summary(requests: DataFrame) -> DataFrame:
-    """Per kind and responder: requests, distinct sequence numbers, served / NCF'd /
-    unanswered, and service-time percentiles (exact, microseconds)."""
+    """Per kind and responder: requests, distinct sequence numbers, served / NCF'd / NAKed
+    to a closed port / unanswered, and service-time percentiles (exact, microseconds)."""
     def count(cond: Column) -> Column:
         return F.sum(F.when(cond, 1).otherwise(0))
 
@@ -1024,6 +1189,7 @@ def retransmission_summary(requests: DataFrame) -> DataFrame:
                  F.countDistinct("requester_ip").alias("requesters"),
                  count(F.col("outcome") == "served").alias("served"),
                  count(F.col("outcome") == "ncf").alias("ncf"),
+                 count(F.col("outcome") == "closed-port").alias("closed_port"),
                  count(F.col("outcome") == "unanswered").alias("unanswered"),
                  q.alias("q"), F.max("service_us").alias("max_us"),
                  F.avg("service_us").alias("mean_us"))
@@ -1064,9 +1230,13 @@ def anomalies(packets: DataFrame, messages: DataFrame, sends: DataFrame,
     ``registration-error`` (a PREG-RESP with the error flag); ``regid-reuse`` (a PREG asking
     a store for a RegID that store granted to a different client: another host, role, or
     topic); ``regid-conflict`` (a store granting one RegID to different clients);
+    ``nak-to-closed-port`` (a transport NAK that came back quoted in an ICMP error: nothing
+    listens on the session's NAK port, the source is gone and will repair nothing; an error,
+    not a warning, because the receivers' only way left is the stores);
     ``malformed`` packets and messages.  ``warning``s: ``registration-unanswered``,
     ``unsolicited-registration-response``, ``retransmission-unanswered`` (an RXREQ or NAKed
-    sequence number neither retransmitted nor NCF'd in the capture), and transport/topic
+    sequence number neither retransmitted nor NCF'd in the capture, nor bounced off a closed
+    port), and transport/topic
     sequence ``gap``, ``out-of-order`` and ``duplicate`` events.  Columns:
     :data:`ANOMALY_COLUMNS`.
     """
@@ -1139,6 +1309,17 @@ def anomalies(packets: DataFrame, messages: DataFrame, sends: DataFrame,
                     F.concat_ws(":", _s("responder_ip"), _s("responder_port"))),
         F.concat(F.lit("sqn "), _s("sqn"), F.lit(" neither retransmitted nor confirmed"))))
 
+    bounced = (with_session_side(packets.where(_closed_port(packets)
+                                               & (F.col("packet_type") == "nak")))
+               .withColumn("_sqns", F.array_join(F.col("nak_sqns"), " ")))
+    parts.append(_anomaly(
+        bounced, "error", "nak-to-closed-port",
+        F.concat_ws(" ", "protocol", F.lit("NAK from"),
+                    F.concat_ws(":", _s("src_ip"), _s("src_port")), F.lit("to"),
+                    F.concat_ws(":", _s("dst_ip"), _s("dst_port"))),
+        F.concat(F.lit("ICMP port unreachable: nothing listens on the NAK port of session "),
+                 _s("session"), F.lit(" (the source is gone); NAKed sqns "), _s("_sqns"))))
+
     bad_packets = packets.where(F.col("malformed_reason").isNotNull())
     parts.append(_anomaly(bad_packets, "error", "malformed",
                           F.concat_ws(" ", "protocol", F.lit("packet from"), _s("src_ip")),
@@ -1196,10 +1377,13 @@ _MESSAGE_COLUMNS = ["capture", "pos", "msg_index", "file", "file_offset", "ts_ns
 
 _PACKET_COLUMNS = ["capture", "pos", "file", "file_offset", "ts_ns", "protocol", "src_ip",
                    "src_port", "dst_ip", "dst_port", "payload_length", "packet_type", "sqn",
-                   "session_id", "retransmission", "nak_sqns", "ncf_sqns", "ncf_reason",
-                   "messages", "malformed_reason"]
+                   "session_id", "ucast_port", "retransmission", "nak_sqns", "ncf_sqns",
+                   "ncf_reason", "messages", "malformed_reason"]
 """The packets columns the analyses read: about half of the table, and the checkpoint of
 ``packets`` copies every column it keeps."""
+
+_OPTIONAL_PACKET_COLUMNS = ["icmp_type", "icmp_code"]
+"""Packets columns the analyses read when the decode has them (:func:`_quoted`)."""
 
 
 @dataclass
@@ -1249,14 +1433,15 @@ def analyze(tables: CaptureTables, options: AnalysisOptions | None = None, *,
         cached.append(df)
         return df
 
-    packets = keep("packets", tables.packets.select(*_PACKET_COLUMNS))
+    packets = keep("packets", tables.packets.select(
+        *_PACKET_COLUMNS, *[c for c in _OPTIONAL_PACKET_COLUMNS if c in tables.packets.columns]))
     adverts = keep("advertisements", tables.advertisements)
     messages = keep("messages", tables.messages.where(
         F.col("sqn").isNotNull() | F.col("ume_preg").isNotNull()
         | F.col("ume_preg_resp").isNotNull() | F.col("ume_ack").isNotNull()
         | F.col("ume_rxreq").isNotNull() | F.col("malformed_reason").isNotNull())
         .select(*_MESSAGE_COLUMNS))
-    data = keep("data messages", data_messages(packets, messages))
+    data = keep("data messages", data_messages(packets, messages, adverts))
     sends = keep("message sends", message_sends(data))
     regs = keep("registrations", registrations(messages, pair_on_driver=small))
     flags = keep("sequence analysis", sequence_flags(packets, data))
@@ -1282,7 +1467,8 @@ def analyze(tables: CaptureTables, options: AnalysisOptions | None = None, *,
         "latency_histogram": latency_histogram(stability, consumption, options),
         "stability_acks": stability,
         "consumption_acks": consumption,
-        "flight_size_summary": flight_size_summary(events, stable, options),
+        "flight_size_summary": flight_size_summary(events, stable, options,
+                                                   topics=advertised_topics(adverts)),
         "flight_size": flight_size(events, options),
         "retransmission_summary": retransmission_summary(requests),
         "retransmission_requests": requests,

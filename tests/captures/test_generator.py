@@ -22,9 +22,11 @@ from captures.generator import (
     FrameTemplate,
     checked_template,
     generate,
+    icmp_unreachable,
     member_offsets,
     port_map,
     select_backend,
+    stp_bpdu_frame,
 )
 from captures.scenarios import PRESETS, Restart, Scenario, ScenarioError, Transport, preset
 from wire import lbtrm
@@ -77,6 +79,11 @@ def recount(reports: list[FrameReport]) -> Counter[tuple[str, ...]]:
         assert r.status in ("um", "not-um"), (r.number, r.status, r.reason)
         c["frames",] += 1
         c["frames_by_transport", r.transport if r.status == "um" else "none"] += 1
+        if r.icmp is not None:  # the quoted NAK is a bounce off a closed port, not a NAK sent
+            f = _first(next(o for o in r.occurrences if o.protocol == "lbtrm").fields)
+            c["icmp", "port-unreachable",
+              f"lbtrm:{r.dst}:{f['lbtrm.hdr.ucast_port']}:{f['lbtrm.hdr.session_id']:08x}"] += 1
+            continue
         skey = None
         carrier = next((o for o in r.occurrences if o.protocol in ("lbtru", "lbtrm")), None)
         if carrier is not None:
@@ -104,12 +111,15 @@ def recount(reports: list[FrameReport]) -> Counter[tuple[str, ...]]:
         for occ in r.occurrences:
             if occ.protocol == "lbmr":
                 tqrs = len(_all(occ.fields, "lbmr.tqr.name"))
+                wildcard = len(_all(occ.fields, "lbmr.tqr.pattern"))
                 tirs = len(_all(occ.fields, "lbmr.tir.name"))
                 if tqrs:
                     c["lbmr", "tqr"] += tqrs
+                if wildcard:
+                    c["lbmr", "wc_tqr"] += wildcard
                 if tirs:
                     c["lbmr", "tir"] += tirs
-                if not tqrs and not tirs:
+                if not tqrs and not tirs and not wildcard:
                     c["lbmr", "keepalive"] += 1
             if occ.protocol != "lbmc":
                 continue
@@ -326,8 +336,15 @@ def test_every_frame_is_what_the_wire_encoders_build(preset_captures: dict) -> N
     """Patched copies (slots, checksums) equal frames built from scratch by wire.pcap."""
     for path, _ in preset_captures.values():
         for record in read_capture(path):
+            if ETH.decode(record.data, 0)["ethertype"] < 0x0600:  # 802.3: the switch's BPDU
+                assert record.data == stp_bpdu_frame(), (path.name, record.number)
+                continue
             seg = decode_frame(record.linktype, record.data)
-            if seg.proto == "udp":
+            if seg.icmp is not None:  # an ICMP error quoting the datagram that bounced
+                outer = IP4.decode(record.data, ETH.size)
+                quoted = udp_frame(seg.src, seg.sport, seg.dst, seg.dport, seg.payload)
+                rebuilt = icmp_unreachable(outer["src"], outer["dst"], quoted[ETH.size:])
+            elif seg.proto == "udp":
                 rebuilt = udp_frame(seg.src, seg.sport, seg.dst, seg.dport, seg.payload)
             else:
                 ack = TCP.decode(record.data, ETH.size + IP4.size)["ack"]

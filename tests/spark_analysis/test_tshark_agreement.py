@@ -50,7 +50,9 @@ FIELDS: dict[str, str] = {
     "frame": "frame.number", "time": "frame.time_epoch", "ip_src": "ip.src", "ip_dst": "ip.dst",
     "udp_src": "udp.srcport", "udp_dst": "udp.dstport", "udp_len": "udp.length",
     "tcp_src": "tcp.srcport", "tcp_dst": "tcp.dstport", "tcp_len": "tcp.len",
+    "icmp_type": "icmp.type", "icmp_code": "icmp.code",
     "rm_type": "lbtrm.hdr.type", "rm_session": "lbtrm.hdr.session_id",
+    "rm_ucast": "lbtrm.hdr.ucast_port",
     "rm_data_sqn": "lbtrm.data.sqn", "rm_rx": "lbtrm.data.flags_fec_type.rx",
     "rm_sm_sqn": "lbtrm.sm.sm_sqn", "rm_naks": "lbtrm.nak.list.nak",
     "rm_ncfs": "lbtrm.ncf.list.ncf", "rm_ncf_reason": "lbtrm.ncf.reason",
@@ -88,6 +90,7 @@ FIELDS: dict[str, str] = {
     "tir_ru_session": "lbmr.tir.lbtru.session_id", "tir_rm_ip": "lbmr.tir.lbtrm.srcip",
     "tir_rm_port": "lbmr.tir.lbtrm.sport", "tir_rm_session": "lbmr.tir.lbtrm.sessid",
     "tir_rm_mcast": "lbmr.tir.lbtrm.mcastip", "tqr_name": "lbmr.tqr.name",
+    "tqr_pattern": "lbmr.tqr.pattern",
 }
 ANALYSIS_PREFS = ["-2", "-o", "lbtrm.sequence_analysis:TRUE",
                   "-o", "lbtru.sequence_analysis:TRUE"]
@@ -164,13 +167,19 @@ class Tables:
     tirs: list[dict[str, Any]] = field(default_factory=list)
     tqrs: list[dict[str, Any]] = field(default_factory=list)
     ambiguous: int = 0
+    bounces: list[dict[str, Any]] = field(default_factory=list)  # NAKs a closed port bounced
 
 
 def _udp_record(frame: Frame, prefix: str, types: type[RmType] | type[RuType]) -> dict[str, Any]:
     kind = types(_int(frame.one(f"{prefix}_type") or "0")).name.lower()
     sqn_text = frame.one(f"{prefix}_data_sqn") or frame.one(f"{prefix}_sm_sqn")
     session = frame.one(f"{prefix}_session")
-    return {
+    sport, dport = _int(frame.one("udp_src") or "0"), _int(frame.one("udp_dst") or "0")
+    # the session's port as tshark keys it: LBT-RM the header's NAK port (data may leave from
+    # an ephemeral port), LBT-RU the source side's UDP port
+    port = (_int(frame.one("rm_ucast") or "0") if prefix == "rm"
+            else sport if kind in SOURCE_SIDE else dport)
+    return {"port": port,
         "frame": frame.number, "ts_ns": frame.ts_ns, "type": kind,
         "src_ip": frame.one("ip_src"), "src_port": _int(frame.one("udp_src") or "0"),
         "dst_ip": frame.one("ip_dst"), "dst_port": _int(frame.one("udp_dst") or "0"),
@@ -198,6 +207,14 @@ def _headers(frame: Frame, prefix: str) -> list[dict[str, str]]:
 def records(frames: Iterable[Frame]) -> Tables:
     out = Tables()
     for frame in frames:
+        if frame.one("icmp_type") is not None:
+            # an ICMP error quotes a datagram sent before, not traffic (test_real_traits.py);
+            # a NAK that port unreachable bounced is the answer "nobody is there"
+            if frame.one("rm_type") is not None and frame.one("icmp_code") == "3":
+                out.bounces.append({**_udp_record(frame, "rm", RmType), "frame": frame.number,
+                                    "src_ip": frame.all("ip_src")[-1],
+                                    "dst_ip": frame.all("ip_dst")[-1]})
+            continue
         base = {"frame": frame.number, "ts_ns": frame.ts_ns, "src_ip": frame.one("ip_src"),
                 "dst_ip": frame.one("ip_dst")}
         protocol = None
@@ -226,7 +243,8 @@ def records(frames: Iterable[Frame]) -> Tables:
                 base["src_port"] in LBTTCP_SOURCE_PORTS or base["dst_port"] in LBTTCP_SOURCE_PORTS)
             for k, i in enumerate(data_positions):
                 out.messages.append({
-                    **base, "protocol": protocol, "type": DATA_TYPES[types[i]],
+                    **base, "port": udp["port"] if udp else base["src_port"],
+                    "protocol": protocol, "type": DATA_TYPES[types[i]],
                     "label": "DATA" if types[i] == 0 and transport_channel else "other",
                     "session_id": udp["session_id"] if udp else None,
                     "rx": bool(udp["rx"]) if udp else False,
@@ -279,6 +297,8 @@ def records(frames: Iterable[Frame]) -> Tables:
             out.tirs.append(record)
         for name in frame.all("tqr_name"):
             out.tqrs.append({**base, "topic": name})
+        for pattern in frame.all("tqr_pattern"):  # a wildcard TQR: tshark shows the type first
+            out.tqrs.append({**base, "topic": pattern[1:]})
     return out
 
 
@@ -315,7 +335,7 @@ def expect_sessions(t: Tables) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for p in t.udp:
         ours = p["type"] in SOURCE_SIDE
-        ip, port = (p["src_ip"], p["src_port"]) if ours else (p["dst_ip"], p["dst_port"])
+        ip, port = (p["src_ip"] if ours else p["dst_ip"]), p["port"]
         key = session_key(p["protocol"], ip, port, p["session_id"])
         s = out.setdefault(key, Counter())
         rx = p["type"] == "data" and p["rx"]
@@ -332,7 +352,7 @@ def expect_sessions(t: Tables) -> dict[str, dict[str, Any]]:
         s["last_ts_ns"] = p["ts_ns"]
     for m in t.messages:
         if m["type"] == "data" and m["label"] == "DATA" and not m["rx"]:
-            key = session_key(m["protocol"], m["src_ip"], m["src_port"],
+            key = session_key(m["protocol"], m["src_ip"], m["port"],
                               m["session_id"] if m["protocol"] != "lbttcp" else None)
             out.setdefault(key, Counter())["messages"] += 1
     return {k: dict(v) for k, v in out.items()}
@@ -344,7 +364,7 @@ def expect_transport_sequence(t: Tables) -> dict[tuple[Any, ...], tuple[int, ...
     for p in t.udp:
         if p["type"] not in ("data", "sm") or p["sqn"] is None:
             continue
-        key = (f"transport-{p['type']}", p["protocol"], p["src_ip"], p["src_port"],
+        key = (f"transport-{p['type']}", p["protocol"], p["src_ip"], p["port"],
                p["session_id"], p["dst_ip"], p["dst_port"])
         row = out[key]
         row[0] += 1
@@ -363,7 +383,7 @@ def expect_topic_sequence(t: Tables) -> dict[tuple[Any, ...], tuple[int, ...]]:
     streams: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for m in t.messages:
         if m["type"] == "data" and m["label"] == "DATA":
-            streams[("topic", m["protocol"], m["src_ip"], m["src_port"],
+            streams[("topic", m["protocol"], m["src_ip"], m["port"],
                      m["session_id"] if m["protocol"] != "lbttcp" else None,
                      m["dst_ip"], m["dst_port"], m["tidx"])].append(m)
     out = {}
@@ -442,7 +462,7 @@ def sends(t: Tables) -> dict[tuple[Any, ...], list[int]]:
     for m in t.messages:
         if m["type"] == "data" and m["label"] == "DATA" and not m["rx"]:
             key = (m["src_ip"], m["tidx"], m["sqn"],
-                   session_key(m["protocol"], m["src_ip"], m["src_port"],
+                   session_key(m["protocol"], m["src_ip"], m["port"],
                                m["session_id"] if m["protocol"] != "lbttcp" else None))
             first[key] = min(first.get(key, m["ts_ns"]), m["ts_ns"])
     out: dict[tuple[Any, ...], list[int]] = defaultdict(list)
@@ -487,7 +507,7 @@ def expect_flight(t: Tables, regs: list[dict[str, Any]], stability: list[tuple[A
     first: dict[tuple[Any, ...], int] = {}
     for m in t.messages:
         if m["type"] == "data" and m["label"] == "DATA" and not m["rx"]:
-            key = (session_key(m["protocol"], m["src_ip"], m["src_port"],
+            key = (session_key(m["protocol"], m["src_ip"], m["port"],
                                m["session_id"] if m["protocol"] != "lbttcp" else None),
                    m["src_ip"], m["tidx"], m["sqn"])
             first[key] = min(first.get(key, m["ts_ns"]), m["ts_ns"])
@@ -557,7 +577,7 @@ def expect_retransmissions(t: Tables, regs: list[dict[str, Any]]) -> list[tuple[
                     "served" if served is not None else "unanswered", served))
     answers: dict[tuple[Any, ...], list[tuple[int, Any]]] = defaultdict(list)
     for p in t.udp:
-        source = (p["protocol"], p["src_ip"], p["src_port"], p["session_id"])
+        source = (p["protocol"], p["src_ip"], p["port"], p["session_id"])
         if p["type"] == "data" and p["rx"]:
             answers[(*source, p["sqn"])].append((p["frame"], ("rx", p["dst_ip"], p["ts_ns"])))
         elif p["type"] == "ncf":
@@ -565,12 +585,18 @@ def expect_retransmissions(t: Tables, regs: list[dict[str, Any]]) -> list[tuple[
                 answers[(*source, sqn)].append((p["frame"], ("ncf", p["dst_ip"], p["ts_ns"])))
     for nak in (p for p in t.udp if p["type"] == "nak"):
         for sqn in nak["naks"]:
-            wanted = (nak["protocol"], nak["dst_ip"], nak["dst_port"], nak["session_id"], sqn)
+            wanted = (nak["protocol"], nak["dst_ip"], nak["port"], nak["session_id"], sqn)
             mine = [a for a in _first_after(answers.get(wanted, []), nak["frame"])
                     if nak["protocol"] == "lbtrm" or a[1] == nak["src_ip"]]
             rx = next((a[2] for a in mine if a[0] == "rx"), None)
             ncf = any(a[0] == "ncf" for a in mine)
-            outcome = "served" if rx is not None else "ncf" if ncf else "unanswered"
+            bounced = any(b["frame"] > nak["frame"] and b["src_ip"] == nak["src_ip"]
+                          and b["dst_ip"] == nak["dst_ip"]
+                          and b["src_port"] == nak["src_port"] and b["port"] == nak["port"]
+                          and b["session_id"] == nak["session_id"] and sqn in b["naks"]
+                          for b in t.bounces)
+            outcome = ("served" if rx is not None else "ncf" if ncf else
+                       "closed-port" if bounced else "unanswered")
             out.append((f"{nak['protocol']}-nak", nak["ts_ns"], nak["src_ip"], sqn, outcome, rx))
     return sorted(out, key=lambda r: (r[0], r[1], r[2], r[3]))
 
