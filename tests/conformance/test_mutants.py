@@ -174,6 +174,12 @@ def test_every_client_mutant_is_known() -> None:
         {name: role for name, (role, _) in CLIENT_CATCHES.items()}
 
 
+SHOULD_CATCHERS = {"RCV-QRM-004"}
+"""Cases that catch a client mutant with a SHOULD failure (see conformance/suites/
+quorum_receiver.py: receivers read the group options in their own scope by the reference's
+choice)."""
+
+
 @pytest.mark.parametrize("mutant", sorted(CLIENT_CATCHES))
 def test_every_source_and_receiver_mutant_is_caught(mutant: str, tmp_path: Path) -> None:
     role, catcher = CLIENT_CATCHES[mutant]
@@ -194,6 +200,9 @@ def test_every_source_and_receiver_mutant_is_caught(mutant: str, tmp_path: Path)
     result = run(profile, tmp_path / "out", keywords=[catcher])
     assert [r.spec.id for r in result.results] == [catcher]
     (only,) = result.results
-    assert only.verdict is Verdict.FAIL and only.spec.strength is Strength.MUST, \
-        (only.verdict.value, only.message)
-    assert result.exit_code == 1
+    assert only.verdict is Verdict.FAIL, (only.verdict.value, only.message)
+    # a SHOULD case's failure is reported but does not fail the run (RCV-QRM-004: the
+    # receiver-scoped group options are the reference's reading, not a sentence of the guide)
+    assert only.spec.strength is (Strength.SHOULD if catcher in SHOULD_CATCHERS
+                                  else Strength.MUST)
+    assert result.exit_code == (0 if catcher in SHOULD_CATCHERS else 1)
