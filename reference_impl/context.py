@@ -33,7 +33,15 @@ every source on that group shares the port: a datagram goes to the session its h
 (source IP, unicast port, session ID, as tshark keys it); a datagram for no session of ours is
 another topic's traffic on a shared group, not bad input, so it is only counted
 (``stats["lbtrm_foreign"]``), never logged (our choice: a receiver on a busy group would
-otherwise log every datagram of every topic it does not subscribe to).
+otherwise log every datagram of every topic it does not subscribe to).  One exception: a
+datagram from the source IP and unicast port of a session we receive, under a session ID that
+is neither that session's nor one it had before, is that source restarted (LBT-RM has no
+reset, and a restarted source draws a new ID): the session is replaced at once, on the same
+stand-in connection, and starts at that datagram (:meth:`ContextCore.swap_lbtrm_session`; the
+subclass hears :class:`~reference_impl.lbtru_session.SessionReset`).  Waiting for the new
+session's TIR instead would lose what the source sent before it arrived, with nothing after
+it to show the gap.  Session IDs replaced so are kept (:attr:`ContextCore.lbtrm_retired`), so
+a stale datagram or advertisement of the old run never brings it back.
 
 Malformed input never raises out of a core: it becomes an :class:`~reference_impl.events.
 InputDropped` event and a log line, and the state is untouched (issue 3, "Bad input").
@@ -61,6 +69,7 @@ from reference_impl.lbtru_session import (
     LbtruReceiverSettings,
     LbtruSourceSession,
     LbtruSourceSettings,
+    SessionReset,
 )
 from reference_impl.lbtru_session import Event as LbtruEvent
 from reference_impl.sim import (
@@ -182,6 +191,8 @@ class ContextCore:
         self.lbtru: list[LbtruBinding] = []
         self.lbtrm_receiver_settings = LbtrmReceiverSettings()  # the driver may set its own
         self.groups: set[Addr] = set()  # (group, port) our LBT-RM receiving sessions listen on
+        # LBT-RM (source IP, unicast port) -> session IDs of its earlier runs (never rejoined)
+        self.lbtrm_retired: dict[Addr, set[int]] = {}
         self.join_group: Callable[[Addr], None] | None = None
         """Set by the driver: bind the destination port of a (group, port) for this core and
         join the group there.  Called once per (group, port), from inside a call into the
@@ -235,6 +246,12 @@ class ContextCore:
             self._pump_lbtru(binding)
         if taken:
             return
+        if rm_key is not None and local_port in self._group_ports():
+            restarted = self._lbtrm_restarted(local_port, rm_key)
+            if restarted is not None:
+                restarted.session.receive(data, addr, now)
+                self._pump_lbtru(restarted)
+                return
         if local_port in self._group_ports():
             self.stats["lbtrm_foreign"] = self.stats.get("lbtrm_foreign", 0) + 1
         else:
@@ -242,6 +259,36 @@ class ContextCore:
 
     def _group_ports(self) -> set[int]:
         return {port for _, port in self.groups}
+
+    def _lbtrm_restarted(self, port: int, key: tuple[str, int, int]) -> LbtruBinding | None:
+        """A datagram of no session of ours on an LBT-RM port: the new session of a source we
+        receive there, if it is one (see the module docstring), swapped in; else None."""
+        source = (key[0], key[1])
+        if key[2] in self.lbtrm_retired.get(source, ()):
+            return None
+        old = next((b for b in self.lbtru if b.port == port and b.group is not None
+                    and isinstance(b.session, LbtrmReceiverSession)
+                    and b.session.source == source), None)
+        return None if old is None else self.swap_lbtrm_session(old, key[2])
+
+    def swap_lbtrm_session(self, old: LbtruBinding, session_id: int) -> LbtruBinding:
+        """Replace the LBT-RM receiving session of ``old`` by session ``session_id`` of the
+        same source (it restarted): same port, group and stand-in connection, the old ID
+        retired, and :meth:`on_lbtru_event` told with a :class:`SessionReset`."""
+        session = old.session
+        assert isinstance(session, LbtrmReceiverSession) and old.group is not None
+        self.lbtrm_retired.setdefault(session.source, set()).add(session.session_id)
+        session.close()
+        if old in self.lbtru:
+            self.lbtru.remove(old)
+        seed = zlib.crc32(f"{self.ip}:{old.group[0]}:{old.group[1]}/{session.source[0]}:"
+                          f"{session.source[1]}/{session_id}".encode())
+        new = LbtrmReceiverSession(session.source[0], session.source[1], session_id,
+                                   self.lbtrm_receiver_settings, now=self.now, seed=seed)
+        binding = LbtruBinding(old.port, new, old.conn, old.group)
+        self.lbtru.append(binding)
+        self.on_lbtru_event(binding, SessionReset())
+        return binding
 
     def datagrams_from(self, now: float) -> list[tuple[int, bytes, Addr]]:
         """What the LBT-RU sessions send, each from its own port."""

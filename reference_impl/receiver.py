@@ -815,10 +815,11 @@ class ReceiverCore(ContextCore):
                     continue
                 key = ((info.ip, info.port), tir.index)
             known = self.sessions.get(key)
-            if known is not None and known.transport_up and not (
-                    isinstance(info, lbmr.LbtrmInfo) and known.source is not None
-                    and known.source.lbtru_session_id != sid):
-                continue  # (a new LBT-RM session ID is the source restarted: LBT-RM has no RST)
+            if isinstance(info, lbmr.LbtrmInfo) and sid is not None and \
+                    self._lbtrm_rerun(key[0], sid):
+                continue
+            if known is not None and known.transport_up:
+                continue
             if known is None and len(self._by_sid) >= MAX_SOURCES and not self._evict():
                 self.drop(addr, f"TIR of a source at {info.ip}:{info.port}: already "
                                 f"{MAX_SOURCES} sources on topic {self.topic!r}", 0)
@@ -827,6 +828,20 @@ class ReceiverCore(ContextCore):
                 self._join(key, tir, info, sid, known)
             finally:
                 self._rest()
+
+    def _lbtrm_rerun(self, transport: Addr, sid: int) -> bool:
+        """True when an LBT-RM TIR needs no join: it names a run of the source already
+        replaced (stale), or a new run of one we receive, whose session is swapped in here
+        (SessionReset follows: see :meth:`~reference_impl.context.ContextCore.
+        swap_lbtrm_session`)."""
+        if sid in self.lbtrm_retired.get(transport, ()):
+            return True
+        binding = self.lbtru_receiving(transport)
+        if binding is None or binding.group is None:
+            return False
+        if getattr(binding.session, "session_id", None) != sid:
+            self.swap_lbtrm_session(binding, sid)
+        return False
 
     def _join(self, key: tuple[Addr, int], tir: lbmr.Tir, info: lbmr.Record, sid: int | None,
               known: SourceSession | None) -> None:
@@ -1136,7 +1151,9 @@ class ReceiverCore(ContextCore):
                 self._use(st)
                 self._source_back()
             self._rest()
-            self.log(Level.INFO, "LBT-RU session reset by the source; reconnecting")
+            self.log(Level.INFO, "LBT-RU session reset by the source; reconnecting"
+                     if binding.group is None else "LBT-RM: the source restarted (a new "
+                     f"session {getattr(binding.session, 'session_id', 0):#x}); receiving it")
         elif isinstance(event, SourceTimedOut | ConnectFailed) and conn is not None:
             self.close_lbtru(binding)  # like a transport connection that went away
             self.on_connection_lost(conn, refused=isinstance(event, ConnectFailed))
@@ -1363,12 +1380,10 @@ class ReceiverCore(ContextCore):
         counts: dict[int, int] = {}
         for reg in registered:
             counts[reg.info.group] = counts.get(reg.info.group, 0) + 1
-        intra = cfg.ume_retention_intragroup_stability_behavior
-        ok = {g for g, size in sizes.items()
-              if quorum.group_registered(intra, size, counts.get(g, 0))}
-        active = {g for g, size in sizes.items() if counts.get(g, 0) >= quorum.quorum(size)}
-        if not quorum.groups_meet(cfg.ume_retention_intergroup_stability_behavior, len(sizes),
-                                  ok, active):
+        complete, _ = quorum.registration_complete(
+            cfg.ume_retention_intragroup_stability_behavior,
+            cfg.ume_retention_intergroup_stability_behavior, sizes, counts)
+        if not complete:
             return
         answers: dict[int, list[int]] = {}
         for reg in registered:

@@ -252,7 +252,14 @@ from reference_impl.events import (
     ClientStateDeleted,
     Level,
 )
-from reference_impl.lbtru_session import Connected, ConnectFailed, Lost, SourceTimedOut
+from reference_impl.lbtrm_session import LbtrmReceiverSession
+from reference_impl.lbtru_session import (
+    Connected,
+    ConnectFailed,
+    Lost,
+    SessionReset,
+    SourceTimedOut,
+)
 from reference_impl.lbtru_session import Event as LbtruEvent
 from reference_impl.repository import (
     Repository,
@@ -650,8 +657,9 @@ class StoreCore(ContextCore):
                 continue
             if isinstance(info, lbmr.LbtrmInfo):
                 transport = (info.src_addr, info.src_ucast_port)
-                self._lbtrm_advertised(transport, (info.mcast_addr, info.udp_dest_port),
-                                       info.session_id)
+                if not self._lbtrm_advertised(transport, (info.mcast_addr, info.udp_dest_port),
+                                              info.session_id):
+                    continue
             elif isinstance(info, lbmr.LbtruInfo | lbmr.LbtruSidInfo) \
                     and self.settings.lbtru_port:
                 self._lbtru_sids[(info.ip, info.port)] = getattr(info, "session_id", 0)
@@ -669,22 +677,33 @@ class StoreCore(ContextCore):
                         (src.request_addr, src.transport_idx, src.topic_idx) == key:
                     self._join_transport(src, transport)
 
-    def _lbtrm_advertised(self, transport: Addr, group: Addr, sid: int) -> None:
+    def _lbtrm_advertised(self, transport: Addr, group: Addr, sid: int) -> bool:
         """Note an LBT-RM transport's group and session ID; a session we receive there under
         another ID is the source's previous run: swap it for the new one (see the module
-        docstring), keeping every route."""
+        docstring), keeping every route.  False for an advertisement of a run already
+        replaced (a stale TIR): ignored."""
+        if sid in self.lbtrm_retired.get(transport, ()):
+            return False
         self._lbtrm_groups[transport] = group
         self._lbtru_sids[transport] = sid
         old = self.lbtru_receiving(transport)
-        if old is None or getattr(old.session, "session_id", sid) == sid:
-            return
-        self.close_lbtru(old)
-        self.open_lbtrm_receiver(group, transport, sid, tag="transport")
+        if old is not None and old.group is not None \
+                and getattr(old.session, "session_id", sid) != sid:
+            self.swap_lbtrm_session(old, sid)  # on_lbtru_event hears SessionReset
+        return True
+
+    def _lbtrm_new_session(self, binding: LbtruBinding) -> None:
+        """Our LBT-RM session of a source was replaced by its new run's (see
+        :meth:`~reference_impl.context.ContextCore.swap_lbtrm_session`)."""
+        session, conn = binding.session, binding.conn
+        assert isinstance(session, LbtrmReceiverSession) and conn is not None
+        transport = conn.remote
+        self._lbtru_sids[transport] = session.session_id
         for src in self.sources.values():
             if src.transport == transport:
-                src.lbtru_sid = sid
+                src.lbtru_sid = session.session_id
         self.log(Level.INFO, f"LBT-RM transport {transport[0]}:{transport[1]}: new session "
-                             f"{sid:#x} (the source restarted)")
+                             f"{session.session_id:#x} (the source restarted)")
 
     def _join_transport(self, src: SourceState, transport: Addr) -> None:
         """Receive ``src`` on ``transport`` as well.
@@ -1120,6 +1139,8 @@ class StoreCore(ContextCore):
             return
         if isinstance(event, Connected):
             self.on_connected(conn)  # joined: answer the registrations that waited for it
+        elif isinstance(event, SessionReset) and binding.group is not None:
+            self._lbtrm_new_session(binding)
         elif isinstance(event, Lost):
             # the store does not recover from the source: what it missed it never holds, and
             # receivers that ask for it get nothing from this store (another may have it)

@@ -37,6 +37,12 @@ def test_demo_delivers_everything_once_in_order_and_tshark_agrees(tmp_path: Path
         _demo(tmp_path / transport, transport)
 
 
+@pytest.mark.oracle
+def test_demo_over_lbt_rm_passes_and_its_capture_agrees_with_tshark(tmp_path: Path) -> None:
+    # issue 20: multicast on loopback (scripts/ensure-multicast), a source restart included
+    _demo(tmp_path / "lbt-rm", "lbt-rm")
+
+
 class Chatter:
     """Another process's traffic on a port of UM's ranges the capture filter names (LBT-RU
     source ports 14380-14389, which an LBT-TCP demo does not use), for the whole run."""
@@ -106,6 +112,15 @@ def _demo(tmp_path: Path, transport: str) -> None:
         assert {"DATA", "CREQ", "ACK", "RST"} <= kinds, kinds
     else:
         assert lbtru_frames == []
+    lbtrm_labels = [o.label for r in reports if r.transport == "lbtrm"
+                    for o in r.occurrences if o.protocol == "lbtrm"]
+    if transport == "lbt-rm":  # the data went over LBT-RM; the restarted source is a new session
+        assert "DATA" in {label.split()[0] for label in lbtrm_labels}
+        sessions = {label.split(" ID ")[1].split()[0] for label in lbtrm_labels
+                    if " ID " in label}
+        assert len(sessions) == 2, sessions
+    else:
+        assert lbtrm_labels == []
 
 
 def _ports(work: Path) -> tuple[int, int]:

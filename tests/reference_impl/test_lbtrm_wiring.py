@@ -152,6 +152,7 @@ def test_a_restarted_source_is_a_new_session_that_store_and_receiver_follow() ->
     d.run(1)
     old = d.sources["src"].lbtrm_session
     assert old is not None
+    old_tir = lbmr.LbmrPacket(tirs=[d.sources["src"]._tir()]).build()
     d.kill("src")
     d.run(1)
     src = d.restart("src")
@@ -166,7 +167,16 @@ def test_a_restarted_source_is_a_new_session_that_store_and_receiver_follow() ->
         core = d.stores.get(name) or d.receivers[name]
         assert rm_session(core).session_id == src.lbtrm_session.session_id
     assert any("new session" in text for text in logs(d, "store"))
+    assert any("the source restarted" in text for text in logs(d, "rcv"))
     assert stable(d) >= set(range(20, 40))
+    # a stale advertisement of the old run (a resolver's cache) never brings it back
+    for core in (d.stores["store"], d.receivers["rcv"]):
+        core.receive(old_tir, d.resolver_addr, d.now)
+        assert rm_session(core).session_id == src.lbtrm_session.session_id
+        assert old.session_id in core.lbtrm_retired[(src.ip, LBTRM_SOURCE_PORT)]
+    send(d, 5)
+    d.run(2)
+    assert delivered(d) == list(range(45))
 
 
 def test_a_datagram_of_another_session_on_the_group_port_is_counted_not_logged() -> None:
