@@ -105,6 +105,18 @@ def groups_meet(inter: str, groups: int, ok: set[int], active: set[int]) -> bool
     return bool(ok)
 
 
+def registration_complete(intra: str, inter: str, sizes: Mapping[int, int],
+                          registered: Mapping[int, int]) -> tuple[bool, set[int]]:
+    """The registration rule, for sources and receivers alike: whether the stores registered
+    per group (``registered``: group index -> count, of ``sizes``: group index -> configured
+    size) complete the registration by the intragroup and intergroup behaviours, and which
+    groups count as registered.  A group is *active* for ``all-active`` when a quorum of it
+    is registered."""
+    ok = {g for g, size in sizes.items() if group_registered(intra, size, registered.get(g, 0))}
+    active = {g for g, size in sizes.items() if registered.get(g, 0) >= quorum(size)}
+    return groups_meet(inter, len(sizes), ok, active), ok
+
+
 def consensus(answers: Mapping[int, Sequence[int]] | Sequence[int], behaviour: str) -> int:
     """The consensus sequence number of the stores' answers, by group (group index -> the
     sequence numbers its answering stores gave; a flat sequence is one group).
