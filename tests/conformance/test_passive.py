@@ -34,7 +34,7 @@ from conformance.passive.observe import (
     Rxreq,
     observe,
 )
-from reference_impl.config.client import parse_client_config
+from reference_impl.config.client import load_client_config, parse_client_config
 from reference_impl.demo import Demo, Started, keep_own_frames
 from wire.pcap import PcapWriter, read_capture
 
@@ -47,11 +47,20 @@ PASSIVE_CATCHES = {
     "forgets-old-flag": ("store", {"REG-STORE-004", "REG-STORE-010"}),
     "wrong-low-sqn": ("store", {"REG-STORE-010"}),
     "ignores-store-sqn": ("source", {"SRC-REG-003"}),
+    # judged with the demo's configuration files (--source-config / --receiver-config)
+    "ignores-outstanding-maximum": ("receiver", {"RCV-REC-002"}),
+    "no-consumption-ack": ("receiver", {"RCV-REC-005"}),
 }
 
 
-def _judged(paths: list[Path]) -> list[PassiveResult]:
-    return judge(observe(paths), passive_cases())
+def _judged(paths: list[Path], configs: Path | None = None) -> list[PassiveResult]:
+    """The verdicts over ``paths``; with the demo's UM configuration files from ``configs``
+    (its work directory) as ``--source-config`` / ``--receiver-config`` give them."""
+    obs = observe(paths)
+    if configs is not None:
+        obs.source_options = load_client_config(configs / "source.cfg").source
+        obs.receiver_options = load_client_config(configs / "receiver.cfg").receiver
+    return judge(obs, passive_cases())
 
 
 def _verdicts(results: list[PassiveResult], case_id: str) -> set[Verdict]:
@@ -116,8 +125,13 @@ def _capture_demo(tmp: Path, transport: str, mutant: str | None = None,
 
 @pytest.mark.parametrize("transport", ["tcp", "lbt-ru"])
 def test_demo_capture_is_judged_all_pass(tmp_path: Path, transport: str) -> None:
-    results = _judged([_capture_demo(tmp_path, transport)])
+    pcap = _capture_demo(tmp_path, transport)
+    results = _judged([pcap])
     _no_fail(results)
+    configured = _judged([pcap], tmp_path / "work")  # configured limits judged exactly
+    _no_fail(configured)
+    assert _verdicts(configured, "RCV-REC-002") == {Verdict.PASS}
+    assert Verdict.PASS in _verdicts(configured, "SRC-REC-002")
     # what a demo shows (a receiver and a source killed and restarted) is decided, and passes
     for case_id in ("REG-STORE-001", "REG-STORE-003", "REG-STORE-004", "REG-STORE-010",
                     "SRC-REG-003", "SRC-REG-004", "PSV-STORE-001", "PSV-STORE-002"):
@@ -130,7 +144,7 @@ def test_demo_capture_is_judged_all_pass(tmp_path: Path, transport: str) -> None
 @pytest.mark.parametrize("mutant", sorted(PASSIVE_CATCHES))
 def test_a_mutant_demo_fails_the_case_of_its_rule(tmp_path: Path, mutant: str) -> None:
     role, cases = PASSIVE_CATCHES[mutant]
-    results = _judged([_capture_demo(tmp_path, "tcp", mutant, role)])
+    results = _judged([_capture_demo(tmp_path, "tcp", mutant, role)], tmp_path / "work")
     for case_id in cases:
         assert Verdict.FAIL in _verdicts(results, case_id), (
             case_id, [(r.spec.id, r.verdict.value, r.message) for r in results
@@ -342,3 +356,19 @@ def test_judge_receiver_low_sqn_is_last_ack_plus_one() -> None:
     for again, verdict in ((good, Verdict.PASS), (bad, Verdict.FAIL), (plain, Verdict.FAIL)):
         obs = _obs(registrations=[_reg(0), first, again], acks=[ack])
         assert _verdicts(_one(obs, "REG-STORE-010"), "REG-STORE-010") == {verdict}
+
+
+def test_judge_consumption_acks_name_the_assigned_regid() -> None:
+    recv = _reg(2, source=False, conn=RCV_CONN, granted=5)
+    recv.src_reg_id = 77
+    data = [Data(10, 1.0, TRANSPORT, ("10.0.0.2", 50000), 1, 0, "data"),
+            Data(90, 9.0, TRANSPORT, ("10.0.0.2", 50000), 1, 1, "data")]
+    good = Ack(11, 1.1, RCV_CONN, STORE, "consumption", 0, 5, 5, False)
+    other = Ack(11, 1.1, RCV_CONN, STORE, "consumption", 0, 6, 6, False)
+    for acks, verdict in (([good], Verdict.PASS), ([other], Verdict.FAIL)):
+        obs = _obs(registrations=[_reg(1), recv], data=data, acks=acks)
+        assert _verdicts(_one(obs, "RCV-REC-005"), "RCV-REC-005") == {verdict}
+    obs = _obs(registrations=[_reg(1), recv], data=data, acks=[])
+    assert _verdicts(_one(obs, "RCV-REC-005"), "RCV-REC-005") == {Verdict.INFORMATIONAL}
+    obs.receiver_options = parse_client_config("receiver ume_explicit_ack_only 0\n").receiver
+    assert _verdicts(_one(obs, "RCV-REC-005"), "RCV-REC-005") == {Verdict.FAIL}

@@ -10,6 +10,12 @@ connection.  Choices where the guide is silent on what traffic shows:
 * the limits are configured values: with the receivers' UM configuration
   (``--receiver-config``) they are judged; without it the observed maximum outstanding / the
   shortest re-request gap is reported as informational;
+* consumption ACKs (RCV-REC-005) are expected from a receiver registration once its source
+  sent data after the grant and the capture goes on for :data:`ACK_GRACE` seconds more; an
+  explicit-ACK-only receiver acknowledges only what its application acknowledges, so a
+  receiver without any ACK fails only with its configuration given (``--receiver-config``,
+  ``ume_explicit_ack_only`` 0), and is informational otherwise.  An ACK naming a RegID other
+  than the one the store assigned fails in any case;
 * a re-request sooner than 75 % of ``retransmit_request_interval`` fails (the margin the active
   case RCV-REC-003 allows for timer granularity).
 """
@@ -17,17 +23,29 @@ connection.  Choices where the guide is silent on what traffic shows:
 from __future__ import annotations
 
 from conformance.model import passive_for
-from conformance.passive.judge import Judgement, failed, informational, needs, passed
-from conformance.passive.observe import Addr, Data, Observed, Rxreq
+from conformance.passive.judge import (
+    Judgement,
+    failed,
+    informational,
+    needs,
+    passed,
+    unsupported,
+)
+from conformance.passive.observe import Addr, Data, Observed, Rxreq, show
 
 MARGIN = 0.75
 """Fraction of retransmit_request_interval a re-request may come early (RCV-REC-003)."""
+
+ACK_GRACE = 1.0
+"""Seconds of capture after a source's data within which a receiver's ACK is expected (ten
+times the default ume_ack_batching_interval, docs/semantics.md §1.5)."""
 
 DEFAULT_MESSAGE_TIMEOUT = 10.0
 """retransmit_request_message_timeout's default, seconds (docs/semantics.md §1.9 step 4)."""
 
 
 needs("RCV-REC-002", "no retransmission request was captured")
+needs("RCV-REC-005", "no granted receiver registration followed by its source's data")
 needs("RCV-REC-003", "no retransmission request was repeated")
 
 
@@ -119,4 +137,54 @@ def rerequest_interval(obs: Observed) -> list[Judgement]:
         else:
             out.append(passed(name, f"{len(gaps)} re-request(s), none sooner than "
                                     f"{interval * 1000:.0f} ms", frames))
+    return out
+
+
+@passive_for("RCV-REC-005")
+def consumption_acked_with_assigned_regid(obs: Observed) -> list[Judgement]:
+    opts = obs.receiver_options
+    end = max((d.time for d in obs.data), default=0.0)
+    assigned: dict[tuple[Addr, Addr], set[int]] = {}
+    for reg in obs.registrations:
+        if not reg.source and reg.granted and reg.response is not None:
+            assigned.setdefault(reg.conn, set()).add(reg.response.reg_id)
+    out = []
+    for client in obs.clients("receiver"):
+        for reg in client.registrations:
+            resp = reg.response
+            if not reg.granted or resp is None:
+                continue
+            transports = obs.transports(reg.store, reg.src_reg_id)
+            sent = [d for d in obs.data if d.src in transports and d.kind == "data"
+                    and d.frame > resp.frame and d.time < end - ACK_GRACE]
+            on_conn = [a for a in obs.acks if a.kind == "consumption"
+                       and (a.src, a.dst) == reg.conn and a.frame > resp.frame]
+            acks = [a for a in on_conn if {a.rcv_reg_id, a.id_2} - {0} == {resp.reg_id}]
+            if not sent and not acks:
+                continue
+            where = f"{client.name} at store {show(reg.store)}"
+            # one connection carries the registrations of every topic the receiver has there
+            wrong = [a for a in on_conn if not {a.rcv_reg_id, a.id_2} - {0} <= assigned.get(
+                reg.conn, set())]
+            if wrong:
+                a = wrong[0]
+                out.append(failed(where, f"an ACK (frame {a.frame}) names RegID "
+                                         f"{a.rcv_reg_id or a.id_2}, which the store did not "
+                                         "assign on that connection", [*reg.frames, a.frame],
+                                  expected=resp.reg_id, observed=a.rcv_reg_id or a.id_2))
+            elif acks:
+                out.append(passed(where, f"{len(acks)} consumption ACK(s) with RegID "
+                                         f"{resp.reg_id}", [*reg.frames, acks[0].frame]))
+            elif opts is not None and not opts.ume_explicit_ack_only:
+                out.append(failed(where, f"no consumption ACK after its source's data (frame "
+                                         f"{sent[0].frame} on)", [*reg.frames, sent[0].frame],
+                                  expected="consumption ACKs", observed="none"))
+            elif opts is None:
+                out.append(informational(where, "no consumption ACK (no --receiver-config "
+                                                "given: an explicit-ACK-only receiver may "
+                                                "have had nothing to acknowledge)",
+                                         [*reg.frames, sent[0].frame]))
+            else:
+                out.append(unsupported(where, "an explicit-ACK-only receiver: what it "
+                                              "acknowledges is its application's choice"))
     return out
