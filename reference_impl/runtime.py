@@ -364,6 +364,13 @@ def any_free_tcp_port(ip: str) -> int:
         return int(sock.getsockname()[1])
 
 
+def any_free_udp_port(ip: str) -> int:
+    """A UDP port the kernel hands out on ``ip`` now (closed again before use)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind((ip, 0))
+        return int(sock.getsockname()[1])
+
+
 def free_udp_port(ip: str, ports: tuple[int, int]) -> int:
     """The first UDP port of the range nobody has bound."""
     for port in range(ports[0], ports[1] + 1):

@@ -1,7 +1,7 @@
 """Store throughput (SPP and RPP) and recovery rate:
 ``python -m benchmarks.store [--quick] [--json PATH]``.
 
-Four figures (the fourth, **rpp**, below), each on real loopback sockets, with the store
+Six figures (**rpp** and the transports below), each on real loopback sockets, with the store
 daemon in its own process (``python -m ump store -c store.xml``, a generated XML) so that the
 store and the application do not share one interpreter's core:
 
@@ -17,6 +17,16 @@ store and the application do not share one interpreter's core:
   outstanding maximum over the round trip: with 1000 outstanding, a round trip of 10 ms (two
   processes that the scheduler takes turns on, on a shared machine) already caps it at the
   target; 4000 keeps the figure about the processes' speed.
+
+* **memory-lbtru** and **memory-lbtrm**: the memory figure with the source on LBT-RU
+  (``source transport lbt-ru``) and on LBT-RM (``source transport lbt-rm``: multicast on
+  loopback, ``scripts/ensure-multicast``) instead of LBT-TCP, in the same run, so a store is
+  measured on each transport it receives.  Choices: the LBT-RM source's
+  ``transport_lbtrm_data_rate_limit`` is raised to :data:`LBTRM_RATE_LIMIT` (the product's
+  default, 10 Mbit/s, caps 64-byte messages near 10,000 msg/s: the figure would be the
+  limit's, not the store's) and its destination port is a free one, so that no other LBT-RM
+  user of the machine shares its group.  The store's UDP receive buffer is the kernel's
+  default: what a burst overflows, the transport repairs (NAKs), and that is in the figure.
 
 Each figure is printed with its ratio to the issue's target (100,000 msg/s memory, 50,000 disk,
 recovery 100,000 msg/s of 1,000,000 messages) and with the CPU time per message of this
@@ -74,12 +84,19 @@ PAYLOAD_SIZE = 64
 FLIGHT_SIZE = 100_000
 OUTSTANDING_REQUESTS = 4000
 
-TARGETS = {"memory": 100_000.0, "disk": 50_000.0, "recovery": 100_000.0, "rpp": 100_000.0}
-"""Messages per second the issue asks for, per figure (RPP: the memory figure's)."""
+TARGETS = {"memory": 100_000.0, "memory-lbtru": 100_000.0, "memory-lbtrm": 100_000.0,
+           "disk": 50_000.0, "recovery": 100_000.0, "rpp": 100_000.0}
+"""Messages per second the issue asks for, per figure (RPP and the UDP transports: the memory
+figure's)."""
 
 DEFAULT_COUNTS = {"throughput": 200_000, "recovery": 1_000_000}
 QUICK_COUNTS = {"throughput": 20_000, "recovery": 50_000}
-FIGURES = ("memory", "disk", "recovery", "rpp")
+FIGURES = ("memory", "memory-lbtru", "memory-lbtrm", "disk", "recovery", "rpp")
+TRANSPORTS = {"memory-lbtru": "lbt-ru", "memory-lbtrm": "lbt-rm"}
+"""The source's data transport per figure (LBT-TCP for the others)."""
+LBTRM_RATE_LIMIT = 1_000_000_000
+"""The LBT-RM benchmark source's ``transport_lbtrm_data_rate_limit`` (bits per second; see
+the module docstring)."""
 RPP_FLIGHT_BYTES = FLIGHT_SIZE * PAYLOAD_SIZE
 """The RPP source's ``ume_flight_size_bytes``: as many messages as the SPP source's flight."""
 RPP_RECEIVERS = 2
@@ -222,9 +239,25 @@ def _client(ports: Ports, **sections: dict[str, object]) -> ClientConfig:
     return ClientConfig.from_mapping(mapping)
 
 
-async def _registered_source(host: AioHost, topic: str, ports: Ports) -> SourceCore:
-    source = await runtime.start_source(host, topic, _client(ports, source={
-        "ume_store": [f"127.0.0.1:{ports.store}"], "ume_flight_size": FLIGHT_SIZE}))
+def _transport_options(transport: str) -> dict[str, dict[str, object]]:
+    """The source's options for ``transport`` (see the module docstring for LBT-RM's)."""
+    if transport == "tcp":
+        return {}
+    source: dict[str, object] = {"transport": transport}
+    sections: dict[str, dict[str, object]] = {"source": source}
+    if transport == "lbt-rm":
+        source["transport_lbtrm_destination_port"] = runtime.any_free_udp_port("127.0.0.1")
+        sections["context"] = {"transport_lbtrm_data_rate_limit": LBTRM_RATE_LIMIT}
+    return sections
+
+
+async def _registered_source(host: AioHost, topic: str, ports: Ports,
+                             transport: str = "tcp") -> SourceCore:
+    sections = _transport_options(transport)
+    source_options = {"ume_store": [f"127.0.0.1:{ports.store}"], "ume_flight_size": FLIGHT_SIZE,
+                      **sections.pop("source", {})}
+    source = await runtime.start_source(host, topic, _client(ports, source=source_options,
+                                                             **sections))
     try:
         await host.wait_until(lambda: source.complete, timeout=20)
     except TimeoutError:
@@ -242,7 +275,8 @@ async def _throughput(name: str, count: int, limit: float, ports: Ports = Ports(
     meter = _CpuMeter(store_pid)
     async with AioHost() as host:
         await runtime.run_resolver(host, ("127.0.0.1", ports.resolver))
-        source = await _registered_source(host, f"bench.{name}", ports)
+        source = await _registered_source(host, f"bench.{name}", ports,
+                                          TRANSPORTS.get(name, "tcp"))
         runtime.handle_events(host, [source], lambda core, event: None)
         meter.start()
         start = time.perf_counter()
@@ -345,7 +379,7 @@ def run(*, quick: bool = False, throughput_count: int | None = None,
         for name in FIGURES:
             if name not in only:
                 continue
-            repository = "disk" if name == "disk" else "memory"
+            repository = "disk" if name == "disk" else "memory"  # memory-lbtru/-lbtrm too
             with store_process(Path(tmp) / name, repository, port=ports.store,
                                resolver_port=ports.resolver, rpp=name == "rpp") as proc:
                 measure = _recovery(m, limit, ports, proc.pid) if name == "recovery" else \
@@ -367,6 +401,8 @@ def run(*, quick: bool = False, throughput_count: int | None = None,
 
 def _line(fig: Figure) -> str:
     label = {"memory": "source -> store, memory repository",
+             "memory-lbtru": "  same, source on LBT-RU",
+             "memory-lbtrm": "  same, source on LBT-RM",
              "disk": "source -> store, disk repository",
              "recovery": "receiver recovery from the store",
              "rpp": f"RPP source -> store, {RPP_RECEIVERS} blocking rcvs"}[fig.name]
