@@ -28,7 +28,9 @@ their sharers: what the tree really holds)); the same for tshark; the ratio of t
 and the target of issue 19 (:data:`TARGETS`: 1,000,000 frames in 15 s, 10,000,000 in 60 s on
 the 2-core machine).  Then where ``ump analyze``'s time went: the duration of every step it
 reports on stderr (start of Spark, decode, each intermediate table, each output written,
-report).
+report).  ``--spark-events`` adds Spark's own account (its event log, what the Spark UI
+shows): per analysis step the jobs, stages and tasks it ran and its tasks' run and CPU
+seconds, which stay meaningful on a busy machine where wall times do not.
 
 The benchmark reports; it never fails because a target is missed.  Exit status 2 is a usage
 error, 1 a failed run (``ump analyze`` or tshark failed: its last lines are shown).
@@ -259,12 +261,71 @@ def steps(stderr: str) -> list[tuple[str, float]]:
 
 
 def run_analyze(capture: Capture, out: Path, master: str | None,
-                extra: Sequence[str] = ()) -> Measured:
+                extra: Sequence[str] = (), events: Path | None = None) -> Measured:
+    """``ump analyze`` on the capture; with ``events`` Spark writes its event log there."""
     argv = [sys.executable, "-m", "ump", "analyze", str(capture.path), "--out", str(out),
             *capture.analyze_args, *(["--master", master] if master else []), *extra]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    if events is not None:
+        env["SPARK_CONF_DIR"] = str(_event_log_conf(events, env.get("SPARK_CONF_DIR")))
     return measure(argv, cwd=ROOT, env=env)
+
+
+def _event_log_conf(events: Path, conf_dir: str | None) -> Path:
+    """A Spark configuration directory: the user's ``spark-defaults.conf`` (if any) plus an
+    uncompressed, unrolled event log into ``events`` (what the Spark UI's history shows)."""
+    conf = events / "conf"
+    conf.mkdir(parents=True, exist_ok=True)
+    (events / "log").mkdir(exist_ok=True)
+    own = Path(conf_dir or "/nonexistent") / "spark-defaults.conf"
+    lines = [own.read_text()] if own.is_file() else []
+    lines += ["spark.eventLog.enabled true", f"spark.eventLog.dir {(events / 'log').as_uri()}",
+              "spark.eventLog.compress false", "spark.eventLog.rolling.enabled false"]
+    (conf / "spark-defaults.conf").write_text("\n".join(lines) + "\n")
+    return conf
+
+
+def spark_jobs(log_dir: Path) -> list[dict[str, Any]]:
+    """Spark's own account of a run, from its event log: per job description (``ump
+    analyze`` names each analysis step's jobs; the decode's are unnamed) the jobs, stages
+    and tasks run, the seconds from the first job's start to the last one's end, and the
+    tasks' run time, CPU time (the JVM's task threads only: not the Python workers, not the
+    driver's planning and code generation) and garbage collection time."""
+    rows: dict[str, dict[str, Any]] = {}
+    job_step: dict[int, str] = {}
+    stage_step: dict[int, str] = {}
+    for path in sorted(log_dir.iterdir()):
+        for line in path.read_text(errors="replace").splitlines():
+            event = json.loads(line)
+            kind = event.get("Event")
+            if kind == "SparkListenerJobStart":
+                step = (event.get("Properties") or {}).get("spark.job.description") or \
+                    "(unnamed: decode, reading tables back)"
+                job_step[event["Job ID"]] = step
+                row = rows.setdefault(step, {"step": step, "jobs": 0, "stages": 0, "tasks": 0,
+                                             "first": event["Submission Time"], "last": 0,
+                                             "task_seconds": 0.0, "cpu_seconds": 0.0,
+                                             "gc_seconds": 0.0})
+                row["jobs"] += 1
+                row["stages"] += len(event.get("Stage IDs", []))
+                for stage in event.get("Stage IDs", []):
+                    stage_step[stage] = step
+            elif kind == "SparkListenerJobEnd" and event["Job ID"] in job_step:
+                row = rows[job_step[event["Job ID"]]]
+                row["last"] = max(row["last"], event.get("Completion Time", 0))
+            elif kind == "SparkListenerTaskEnd" and event.get("Stage ID") in stage_step:
+                row = rows[stage_step[event["Stage ID"]]]
+                metrics = event.get("Task Metrics") or {}
+                row["tasks"] += 1
+                row["task_seconds"] += metrics.get("Executor Run Time", 0) / 1e3
+                row["cpu_seconds"] += metrics.get("Executor CPU Time", 0) / 1e9
+                row["gc_seconds"] += metrics.get("JVM GC Time", 0) / 1e3
+    out = []
+    for row in rows.values():
+        row["seconds"] = max(0, row.pop("last") - row.pop("first")) / 1e3
+        out.append(row)
+    return out
 
 
 def run_tshark(capture: Capture) -> Measured:
@@ -282,15 +343,19 @@ def _fail(what: str, run: Measured) -> RuntimeError:
 
 
 def bench_capture(capture: Capture, master: str | None, tshark: bool,
-                  keep: Path | None) -> dict[str, Any]:
+                  keep: Path | None, spark_events: bool = False) -> dict[str, Any]:
     """Both tools on one capture; the figures as a JSON-ready dict."""
     out_parent = keep or Path(tempfile.mkdtemp(prefix="ump-bench-analyze-"))
     out = out_parent / capture.path.stem
+    events = out_parent / f"{capture.path.stem}.spark-events" if spark_events else None
+    jobs: list[dict[str, Any]] = []
     try:
-        analyze = run_analyze(capture, out, master)
+        analyze = run_analyze(capture, out, master, events=events)
         if analyze.returncode != 0:
             raise _fail("ump analyze", analyze)
         summary = json.loads((out / "summary.json").read_text())
+        if events is not None:
+            jobs = spark_jobs(events / "log")
     finally:
         if keep is None:
             shutil.rmtree(out_parent, ignore_errors=True)
@@ -303,6 +368,7 @@ def bench_capture(capture: Capture, master: str | None, tshark: bool,
         "analyze": _figures(analyze),
         "steps": steps(analyze.stderr),
         "tables": len(summary.get("captures", {}).get("all", {})),
+        "spark_jobs": jobs,
     }
     if tshark:
         shark = run_tshark(capture)
@@ -354,6 +420,21 @@ def report(results: Sequence[dict[str, Any]], top_steps: int = 12) -> str:
         lines += ["", f"where ump analyze's {r['analyze']['seconds']:.1f} s went on "
                       f"{r['label']} (slowest steps, from its progress lines):"]
         lines += [f"  {seconds:7.2f} s  {text}" for text, seconds in ranked]
+        if r.get("spark_jobs"):
+            lines += ["", f"Spark's event log on {r['label']} (per step: jobs, stages, tasks; "
+                          "first job start to last job end; task run, CPU and GC seconds):",
+                      f"  {'step':<40}{'jobs':>5}{'stages':>7}{'tasks':>7}{'span':>8}"
+                      f"{'run':>8}{'CPU':>7}{'GC':>6}"]
+            totals = [0, 0, 0, 0.0, 0.0, 0.0, 0.0]
+            for j in r["spark_jobs"]:
+                lines.append(f"  {j['step'][:39]:<40}{j['jobs']:>5}{j['stages']:>7}"
+                             f"{j['tasks']:>7}{j['seconds']:>8.1f}{j['task_seconds']:>8.1f}"
+                             f"{j['cpu_seconds']:>7.1f}{j['gc_seconds']:>6.1f}")
+                for i, key in enumerate(("jobs", "stages", "tasks", "seconds", "task_seconds",
+                                         "cpu_seconds", "gc_seconds")):
+                    totals[i] += j[key]
+            lines.append(f"  {'all':<40}{totals[0]:>5}{totals[1]:>7}{totals[2]:>7}"
+                         f"{totals[3]:>8.1f}{totals[4]:>8.1f}{totals[5]:>7.1f}{totals[6]:>6.1f}")
     return "\n".join(lines)
 
 
@@ -373,6 +454,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--skip-tshark", action="store_true")
     parser.add_argument("--keep-out", type=Path, metavar="DIR",
                         help="keep ump analyze's output under DIR (default: deleted)")
+    parser.add_argument("--spark-events", action="store_true",
+                        help="have Spark write its event log and print, per analysis step, "
+                             "its jobs, stages, tasks and task CPU seconds")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
     sizes = args.frames or list(DEFAULT_FRAMES)
@@ -388,8 +472,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                       flush=True)
         for capture in captures:
             results.append(bench_capture(capture, args.master, not args.skip_tshark,
-                                         args.keep_out))
+                                         args.keep_out, args.spark_events))
             done = results[-1]
+            if args.json:  # after every capture: a long run's figures survive a later failure
+                args.json.write_text(json.dumps({"results": results}, indent=2))
             print(f"{capture.label}: ump analyze {done['analyze']['seconds']:.1f} s"
                   + (f", tshark {done['tshark']['seconds']:.1f} s" if "tshark" in done else ""),
                   flush=True)

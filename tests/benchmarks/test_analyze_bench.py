@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.analyze import TreeMemory, measure, report, steps, target_for
+from benchmarks.analyze import TreeMemory, measure, report, spark_jobs, steps, target_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,7 +63,7 @@ def test_command_line_runs_end_to_end(tmp_path: Path) -> None:
     figures = tmp_path / "bench.json"
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.analyze", "--frames", "20000", "--no-corpus",
-         "--cache", str(tmp_path / "cache"), "--json", str(figures)],
+         "--cache", str(tmp_path / "cache"), "--json", str(figures), "--spark-events"],
         cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     (result,) = json.loads(figures.read_text())["results"]
@@ -77,3 +77,34 @@ def test_command_line_runs_end_to_end(tmp_path: Path) -> None:
     assert "starting Spark" in names and any(n.startswith("decoded 20000 frames") for n in names)
     assert "ump analyze" in done.stdout and "ratio" in done.stdout
     assert "where ump analyze's" in done.stdout
+    # Spark's event log: the decode's jobs and one row per named analysis step
+    jobs = {row["step"]: row for row in result["spark_jobs"]}
+    assert "packets" in jobs and "write anomalies" in jobs
+    assert sum(row["jobs"] for row in jobs.values()) > len(jobs)
+    assert all(row["tasks"] >= 1 for row in jobs.values())
+    assert "Spark's event log on" in done.stdout
+
+
+def test_spark_jobs_group_the_event_log_by_step(tmp_path: Path) -> None:
+    events = [
+        {"Event": "SparkListenerJobStart", "Job ID": 0, "Submission Time": 1000,
+         "Stage IDs": [0, 1], "Properties": {}},
+        {"Event": "SparkListenerTaskEnd", "Stage ID": 0, "Task Metrics": {
+            "Executor Run Time": 500, "Executor CPU Time": 250_000_000, "JVM GC Time": 10}},
+        {"Event": "SparkListenerJobEnd", "Job ID": 0, "Completion Time": 2000},
+        {"Event": "SparkListenerJobStart", "Job ID": 1, "Submission Time": 3000,
+         "Stage IDs": [2], "Properties": {"spark.job.description": "packets"}},
+        {"Event": "SparkListenerTaskEnd", "Stage ID": 2, "Task Metrics": {
+            "Executor Run Time": 1500, "Executor CPU Time": 1_000_000_000, "JVM GC Time": 0}},
+        {"Event": "SparkListenerTaskEnd", "Stage ID": 2, "Task Metrics": {
+            "Executor Run Time": 500, "Executor CPU Time": 500_000_000, "JVM GC Time": 0}},
+        {"Event": "SparkListenerJobEnd", "Job ID": 1, "Completion Time": 5500},
+    ]
+    (tmp_path / "app-1").write_text("\n".join(json.dumps(e) for e in events) + "\n")
+    rows = {row["step"]: row for row in spark_jobs(tmp_path)}
+    (unnamed,) = [row for step, row in rows.items() if step.startswith("(unnamed")]
+    assert (unnamed["jobs"], unnamed["stages"], unnamed["tasks"]) == (1, 2, 1)
+    assert unnamed["seconds"] == 1.0 and unnamed["cpu_seconds"] == 0.25
+    packets = rows["packets"]
+    assert (packets["jobs"], packets["tasks"], packets["seconds"]) == (1, 2, 2.5)
+    assert packets["task_seconds"] == 2.0 and packets["cpu_seconds"] == 1.5
