@@ -24,6 +24,7 @@ from wire.fastpath import FastLayout
 from wire.fields import (
     TEXT_ENCODING,
     Bit,
+    text_bytes,
 )
 
 # =============================================================================================
@@ -426,9 +427,19 @@ def _validity(valid: np.ndarray | None, rows: int) -> tuple[pa.Buffer | None, in
     return pa.py_buffer(np.packbits(valid, bitorder="little")), nulls
 
 
+def _utf8(value: str) -> bytes:
+    """A Python string as UTF-8 for an Arrow string; a name :mod:`wire` read from bytes that
+    are not UTF-8 (kept with surrogate escapes, which UTF-8 cannot hold) shows each bad byte
+    as U+FFFD, as :func:`_text_array` does."""
+    try:
+        return value.encode(TEXT_ENCODING)
+    except UnicodeEncodeError:
+        return text_bytes(value).decode(TEXT_ENCODING, "replace").encode(TEXT_ENCODING)
+
+
 def _string_array(values: list[str | None], mask: np.ndarray | None = None) -> pa.Array:
     """A string array of Python strings (None: null), from buffers."""
-    encoded = [v.encode() if v is not None else b"" for v in values]
+    encoded = [_utf8(v) if v is not None else b"" for v in values]
     offsets = _running_offsets(np.fromiter(map(len, encoded), np.int64, len(encoded)),
                                np.int32)
     missing = np.fromiter((v is None for v in values), bool, len(values))

@@ -3,10 +3,10 @@
 The rules are :mod:`wire.detect`'s, the one detector ``ump dissect`` and the Scapy helpers
 use too: its functions are numpy expressions over header values, so this module only reads
 the header members they test (for all rows at once, through the derived layouts of
-:mod:`wire.lbtrm` and :mod:`wire.lbmr`) and hands them over.  Nothing about ports, versions
+:mod:`wire.lbtrm`, :mod:`wire.lbtru` and :mod:`wire.lbmr`) and hands them over.  Nothing about ports, versions
 or types is written here.  The clean-decode half of the content rules is the decoders'
 (:meth:`spark_analysis.transport_columns._UdpResult.clean`,
-:func:`spark_analysis.lbmr_columns._lbmr_strict`).
+:func:`wire.detect.lbmr_clean` on each parsed LBMR packet).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from spark_analysis import columnar
 from spark_analysis.schemas import DecodeOptions
 from tests.wire.test_detect import real_trait_frames
 from wire.dissect import Dissector
-from wire.pcap import read_capture, write_pcap
+from wire.pcap import read_capture, udp_frame, write_pcap
 from wire.tshark import PortMap
 
 CORPUS = Path(__file__).resolve().parents[2] / "captures" / "corpus"
@@ -151,3 +151,58 @@ def test_both_commands_take_the_same_detection_options() -> None:
     assert cli.port_map(a) == cli.port_map(d) != PortMap()
     assert cli.port_map(d).lbtrm_mc_range == ("239.192.0.0", "239.192.255.255")
     assert a.no_content_heuristics and d.no_content_heuristics
+
+
+def mutated_frames(count: int, seed: int) -> list[bytes]:
+    """UM datagrams on ports no default covers, most of them damaged a little (a byte
+    changed, cut short, bytes appended): where the frame-by-frame and the column-wise clean
+    decode could part ways."""
+    import random
+
+    from tests.wire.test_detect import lbmr_v1, rm_data, rm_nak
+    from wire import lbtru
+
+    rng = random.Random(seed)
+    bases = [rm_data(1), rm_nak(), lbmr_v1(), lbtru.LbtruSm(sm_sqn=1, lead_sqn=2, syn=1).build(),
+             lbtru.LbtruAck(ack_sqn=5).build(),
+             lbtru.LbtruNak(naks=[1, 2], options=[lbtru.SidOption(session_id=3)]).build()]
+    frames = []
+    for _ in range(count):
+        raw = bytearray(rng.choice(bases))
+        how = rng.randrange(5)
+        if how == 1:
+            raw[rng.randrange(len(raw))] = rng.randrange(256)
+        elif how == 2:
+            del raw[rng.randrange(1, len(raw)):]
+        elif how == 3:
+            raw += rng.randbytes(rng.randint(1, 8))
+        elif how == 4:
+            raw[rng.randrange(min(4, len(raw)))] ^= 1 << rng.randrange(8)
+        dst = rng.choice(["239.192.1.1", "10.0.0.2"])
+        frames.append(udp_frame("10.0.0.1", 40000, dst, rng.randrange(1024, 60000), bytes(raw)))
+    return frames
+
+
+def test_both_tools_agree_on_damaged_um_on_any_port(tmp_path: Path) -> None:
+    path = tmp_path / "mutated.pcap"
+    write_pcap(path, mutated_frames(3000, 19))
+    ours = dissect_verdicts(path, PortMap(), True)
+    spark = analyze_verdicts(path, PortMap(), True)
+    differ = {n: (ours[n], spark[n]) for n in ours if ours[n] != spark[n]}
+    assert not differ, f"{len(differ)} frames differ, first: {dict(list(differ.items())[:5])}"
+    found = [v for v in ours.values() if v is not None]
+    assert len(found) > 1000 and len(found) < 3000, "some damage is refused, the rest found"
+
+
+def test_a_topic_name_that_is_not_utf8_does_not_stop_the_decode(tmp_path: Path) -> None:
+    """Found by the damaged-datagram test: an LBMR name with a byte that is not UTF-8 (wire
+    keeps it with a surrogate escape) is shown with U+FFFD, as LBMC topic names are."""
+    import wire.lbmr as L
+    from wire.fields import bytes_text
+
+    raw = L.LbmrPacket(tirs=[L.Tir(name=bytes_text(b"t\xffopic"), ttl=1, index=1, info=(
+        L.LbtruSidInfo(ip="10.0.0.1", session_id=9, port=1)))]).build()
+    path = tmp_path / "name.pcap"
+    write_pcap(path, [udp_frame("10.0.0.1", 50000, "224.9.10.11", 12965, raw)])
+    tables = columnar.decode_batches([columnar.frames_batch_from_capture(path)])
+    assert tables.advertisements.column("topic").to_pylist() == ["t\ufffdopic"]
