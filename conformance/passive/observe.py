@@ -183,6 +183,31 @@ class Rxreq:
 
 
 @dataclass
+class Tpkt:
+    """An LBT-RU or LBT-RM packet that takes part in NAK-based reliability
+    (docs/wire-transports.md §1.3-1.5, §2.3-2.4).
+
+    Attributes:
+        frame / time: where it was captured.
+        session: the transport session: LBT-RM (``"lbtrm"``, source address, the header's
+            unicast port, session ID); LBT-RU (``"lbtru"``, source address:port, receiver
+            address:port, session ID), since an LBT-RU session is one source-receiver pair.
+        kind: ``data``, ``rx`` (retransmission), ``sm``, ``nak`` or ``ncf``.
+        sqns: the sequence number (data, rx), the NAK or NCF list.
+        lead: the leading edge an SM announces (else the data's sequence number).
+        sender: the address that sent it (a NAK's receiver).
+    """
+
+    frame: int
+    time: float
+    session: tuple[object, ...]
+    kind: str
+    sqns: list[int]
+    lead: int
+    sender: Addr
+
+
+@dataclass
 class Client:
     """A source or receiver of one topic, across its restarts (see the module docstring).
 
@@ -215,6 +240,7 @@ class Observed:
         notes: what the observation inferred (store ports found in the capture).
         store_ports: the TCP ports decoded as store ports (given and found).
         registrations / data / acks / rxreqs: in capture order.
+        transport: LBT-RU / LBT-RM data, session messages, NAKs and NCFs, in capture order.
         sri: (transport address, store address, RegID) -> frames of SRIs naming them.
         source_options / receiver_options: the deployment's UM configuration of its
             sources / receivers when given (``--source-config``): configured limits are then
@@ -231,6 +257,7 @@ class Observed:
     data: list[Data] = field(default_factory=list)
     acks: list[Ack] = field(default_factory=list)
     rxreqs: list[Rxreq] = field(default_factory=list)
+    transport: list[Tpkt] = field(default_factory=list)
     sri: dict[tuple[Addr, Addr, int], list[int]] = field(default_factory=dict)
     source_options: SourceOptions | None = None
     receiver_options: ReceiverOptions | None = None
@@ -300,6 +327,37 @@ class _Builder:
         for occ in report.occurrences:
             if occ.protocol == "lbmc":
                 self.message(report, occ, src, dst)
+            elif occ.protocol in ("lbtru", "lbtrm"):
+                self.transport(report, occ, src, dst)
+
+    def transport(self, report: FrameReport, occ: Occurrence, src: Addr, dst: Addr) -> None:
+        f = occ.fields
+        p = occ.protocol
+        kind = {0: "data", 2: "sm", 3: "nak", 4: "ncf"}.get(_get(f, f"{p}.hdr.type", -1))
+        if kind is None:
+            return
+        from_source = kind != "nak"
+        if p == "lbtrm":
+            source_ip = src[0] if from_source else dst[0]
+            session: tuple[object, ...] = (p, source_ip, _get(f, "lbtrm.hdr.ucast_port"),
+                                           _get(f, "lbtrm.hdr.session_id"))
+            rx = _get(f, "lbtrm.data.flags_fec_type.rx")
+            lead_name = "lbtrm.sm.lead_sqn"
+        else:
+            pair = (src, dst) if from_source else (dst, src)
+            session = (p, show(pair[0]), show(pair[1]), _get(f, "lbtru.opt_sid.session_id"))
+            rx = _get(f, "lbtru.hdr.flags.rx")
+            lead_name = "lbtru.sm.lead"
+        if kind == "data":
+            sqns = [_get(f, f"{p}.data.sqn")]
+            kind = "rx" if rx else "data"
+        elif kind == "sm":
+            sqns = []
+        else:
+            sqns = [v for v in _all(f, f"{p}.{kind}.list.{kind}") if isinstance(v, int)]
+        lead = _get(f, lead_name) if occ.label.startswith("SM") else max(sqns, default=0)
+        self.obs.transport.append(Tpkt(report.number, report.time, session, kind, sqns, lead,
+                                       src))
 
     def message(self, report: FrameReport, occ: Occurrence, src: Addr, dst: Addr) -> None:
         f = occ.fields

@@ -32,6 +32,7 @@ from conformance.passive.observe import (
     PregResp,
     Registration,
     Rxreq,
+    Tpkt,
     observe,
 )
 from reference_impl.config.client import load_client_config, parse_client_config
@@ -372,3 +373,27 @@ def test_judge_consumption_acks_name_the_assigned_regid() -> None:
     assert _verdicts(_one(obs, "RCV-REC-005"), "RCV-REC-005") == {Verdict.INFORMATIONAL}
     obs.receiver_options = parse_client_config("receiver ume_explicit_ack_only 0\n").receiver
     assert _verdicts(_one(obs, "RCV-REC-005"), "RCV-REC-005") == {Verdict.FAIL}
+
+
+def test_judge_naks_and_ncfs_on_a_transport_session() -> None:
+    session = ("lbtrm", "10.0.0.1", 14390, 0x2B)
+    src, rcv = ("10.0.0.1", 40000), ("10.0.0.2", 39990)
+
+    def run(*pkts: Tpkt) -> dict[str, set[Verdict]]:
+        obs = _obs(transport=list(pkts))
+        out = judge(obs, [s for s in passive_cases() if s.id in ("PSV-RCV-002", "PSV-SRC-001")])
+        return {c: _verdicts(out, c) for c in ("PSV-RCV-002", "PSV-SRC-001")}
+
+    sm = Tpkt(1, 0.0, session, "sm", [], 10, src)
+    nak = Tpkt(2, 0.1, session, "nak", [4, 7], 7, rcv)
+    ncf = Tpkt(3, 0.2, session, "ncf", [7], 7, src)
+    assert run(sm, nak, ncf) == {"PSV-RCV-002": {Verdict.PASS}, "PSV-SRC-001": {Verdict.PASS}}
+    early = Tpkt(2, 0.1, session, "nak", [4, 12], 12, rcv)  # 12 is past the leading edge 10
+    stray = Tpkt(3, 0.2, session, "ncf", [9], 9, src)  # 9 was never NAKed
+    assert run(sm, early, stray) == {"PSV-RCV-002": {Verdict.FAIL},
+                                     "PSV-SRC-001": {Verdict.FAIL}}
+    # mid-stream: a NAK before any source traffic, an NCF right after the capture starts
+    late = Tpkt(5, 0.3, session, "data", [11], 11, src)
+    verdicts = run(Tpkt(1, 0.0, session, "ncf", [3], 3, src), early, late)
+    assert verdicts == {"PSV-RCV-002": {Verdict.UNSUPPORTED},
+                        "PSV-SRC-001": {Verdict.UNSUPPORTED}}

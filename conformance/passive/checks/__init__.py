@@ -1,6 +1,6 @@
 """The passive judges, one module per area; importing this package registers them all
 (:func:`conformance.model.passive_for`, :func:`conformance.passive.cases.passive_case`)."""
 
-from conformance.passive.checks import recovery, registration, stability
+from conformance.passive.checks import recovery, registration, stability, transport
 
-__all__ = ["recovery", "registration", "stability"]
+__all__ = ["recovery", "registration", "stability", "transport"]
