@@ -218,7 +218,9 @@ def with_session_side(packets: DataFrame) -> DataFrame:
     take NAKs on that NAK port, so the UDP source port names nothing: DATA/SM/NCF belong to
     (source address, header port, session ID), a NAK to (its destination address, header
     port, session ID).  LBT-RU: the source side's address and UDP port (its source port for
-    what the source sends, its destination port for what receivers send) and the SID.
+    what the source sends, its destination port for what receivers send) and the SID.  A NAK
+    seen before any packet of its session still belongs to it (tshark finds no transport for
+    such a NAK; the key is the same either way).
     """
     from_source = F.col("packet_type").isin(*_SOURCE_SIDE)
     rm = F.col("protocol") == "lbtrm"

@@ -422,3 +422,15 @@ def test_naks_to_a_closed_port_are_anomalies(corpus: CorpusRun, views: dict[Path
     rxreq = [r for r in _ours(corpus, "retransmission_requests", capture)
              if r["kind"] == "ume-rxreq" and r["outcome"] == "unanswered"]
     assert kinds["retransmission-unanswered"] == unanswered + len(rxreq)
+
+
+def test_wildcard_patterns_search_topic_names() -> None:
+    """UM matches a receiver's pattern anywhere in the name unless it anchors itself; a
+    pattern that does not compile answers nothing instead of failing the analysis."""
+    from spark_analysis.analyses import wildcard_matches
+
+    assert wildcard_matches(r"^ump\.lbtrm\.src0\.topic[0-9]+$", "ump.lbtrm.src0.topic12")
+    assert not wildcard_matches(r"^ump\.lbtrm\.src0\.topic[0-9]+$", "ump.lbtrm.src0.topicX")
+    assert wildcard_matches(r"src0", "ump.lbtrm.src0.topic1")  # a search, not a full match
+    assert not wildcard_matches(r"^src0", "ump.lbtrm.src0.topic1")
+    assert not wildcard_matches(r"topic[0-9", "topic1")  # does not compile
