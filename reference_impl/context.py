@@ -50,6 +50,7 @@ InputDropped` event and a log line, and the state is untouched (issue 3, "Bad in
 from __future__ import annotations
 
 import heapq
+import ipaddress
 import struct
 import zlib
 from collections import deque
@@ -533,6 +534,22 @@ class ContextCore:
         self.lbtru_ports.add(port)
         self.lbtru.append(binding)
         return binding
+
+    def lbtrm_tir_ok(self, info: lbmr.Record, addr: Addr) -> bool:
+        """Whether an LBT-RM TIR's transport can be joined: a multicast group, a destination
+        port and a unicast port; else it is dropped (logged) here, since joining a unicast
+        address or port 0 would fail in the driver, not in the TIR's sender."""
+        group, port = str(getattr(info, "mcast_addr", "")), int(getattr(info, "udp_dest_port", 0))
+        ucast = int(getattr(info, "src_ucast_port", 0))
+        try:
+            multicast = ipaddress.IPv4Address(group).is_multicast
+        except ValueError:
+            multicast = False
+        if multicast and port and ucast:
+            return True
+        self.drop(addr, f"TIR of an LBT-RM transport to {group}:{port} from unicast port "
+                        f"{ucast}: not a multicast group, port and NAK port", 0)
+        return False
 
     def open_lbtrm_receiver(self, group: Addr, source: Addr, session_id: int, *,
                             tag: object = None) -> LbtruBinding:

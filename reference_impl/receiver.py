@@ -804,6 +804,8 @@ class ReceiverCore(ContextCore):
                 continue
             info = tir.info
             if isinstance(info, lbmr.LbtrmInfo):  # joined through self.join_group
+                if not self.lbtrm_tir_ok(info, addr):
+                    continue
                 sid: int | None = info.session_id
                 key = ((info.src_addr, info.src_ucast_port), tir.index)
             else:

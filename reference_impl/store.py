@@ -657,8 +657,9 @@ class StoreCore(ContextCore):
                 continue
             if isinstance(info, lbmr.LbtrmInfo):
                 transport = (info.src_addr, info.src_ucast_port)
-                if not self._lbtrm_advertised(transport, (info.mcast_addr, info.udp_dest_port),
-                                              info.session_id):
+                group = (info.mcast_addr, info.udp_dest_port)
+                if not self.lbtrm_tir_ok(info, addr) or \
+                        not self._lbtrm_advertised(transport, group, info.session_id):
                     continue
             elif isinstance(info, lbmr.LbtruInfo | lbmr.LbtruSidInfo) \
                     and self.settings.lbtru_port:

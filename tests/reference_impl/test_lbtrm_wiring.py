@@ -191,6 +191,29 @@ def test_a_datagram_of_another_session_on_the_group_port_is_counted_not_logged()
     assert not [e for e in rcv.events() if isinstance(e, ev.InputDropped | ev.LogRecord)]
 
 
+def test_a_tir_naming_no_multicast_group_is_dropped_without_a_join() -> None:
+    d = deployment()
+    tir = d.sources["src"]._tir()
+    assert isinstance(tir.info, lbmr.LbtrmInfo)
+    for group, port, ucast in (("10.0.0.5", 14400, 14391), ("224.10.10.11", 0, 14391),
+                               ("224.10.10.11", 14400, 0)):
+        forged = lbmr.Tir(name=TOPIC, ttl=1, index=7, options=tir.options,
+                          info=lbmr.LbtrmInfo(src_addr="10.0.0.77", mcast_addr=group,
+                                              session_id=5, udp_dest_port=port,
+                                              src_ucast_port=ucast))
+        data = lbmr.LbmrPacket(tirs=[forged]).build()
+        for core in (d.stores["store"], d.receivers["rcv"]):
+            before = set(core.groups)
+            core.receive(data, d.resolver_addr, d.now)
+            assert core.groups == before
+            dropped = [e for e in core.events() if isinstance(e, ev.InputDropped)]
+            assert len(dropped) == 1 and "not a multicast group" in dropped[0].reason
+            assert core.lbtru_receiving(("10.0.0.77", ucast)) is None
+    send(d, 3)
+    d.run(1)
+    assert delivered(d) == [0, 1, 2]
+
+
 def test_source_options_session_ids_and_groups() -> None:
     with pytest.raises(ValueError, match="UDP port"):
         SourceCore(TOPIC, SourceConfig(transport="lbtrm"), ip="10.0.0.9", transport_port=1,
