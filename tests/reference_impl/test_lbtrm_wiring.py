@@ -22,7 +22,9 @@ from reference_impl.lbtrm_session import (
     DESTINATION_PORT,
     MULTICAST_RANGE,
     LbtrmReceiverSession,
+    LbtrmReceiverSettings,
     LbtrmSourceSession,
+    LbtrmSourceSettings,
 )
 from reference_impl.sim import LinkConfig
 from reference_impl.source import SourceConfig, SourceCore, lbtrm_group, lbtrm_session_id
@@ -257,3 +259,48 @@ def test_an_lbtrm_deployment_dissects_identically_in_tshark(tmp_path: Path) -> N
     labels = {o.label for r in reports for o in r.occurrences}
     assert {"PREG", "SRI", "RXREQ"} <= labels
     assert check_against_tshark(pcap, reports, portmap) == []
+
+
+def test_the_transport_lbtrm_options_parse_with_the_products_defaults_and_reach_the_cores(
+        ) -> None:
+    from reference_impl.config import ConfigError, parse_client_config
+    from reference_impl.runtime import lbtrm_receiver_settings, source_config
+
+    defaults = parse_client_config("source transport lbt-rm\n")
+    assert defaults.warnings == () and defaults.source.transport_supported
+    ctx, src = defaults.context, defaults.source
+    assert (ctx.transport_lbtrm_multicast_address_low,
+            ctx.transport_lbtrm_multicast_address_high) == MULTICAST_RANGE
+    assert (ctx.transport_lbtrm_source_port_low, ctx.transport_lbtrm_source_port_high) == \
+        (14390, 14399)
+    assert (ctx.transport_lbtrm_data_rate_limit, ctx.transport_lbtrm_retransmit_rate_limit,
+            ctx.transport_lbtrm_rate_interval) == (10_000_000, 5_000_000, 100)
+    assert (src.transport_lbtrm_destination_port, src.transport_lbtrm_multicast_address,
+            src.transport_lbtrm_source_port) == (DESTINATION_PORT, "", 0)
+    assert lbtrm_receiver_settings(defaults) == LbtrmReceiverSettings()  # the session's own
+    config = source_config(defaults)
+    assert config.lbtrm_settings(1) == LbtrmSourceSettings(session_id=1)
+
+    text = ("context transport_lbtrm_data_rate_limit 50000000\n"
+            "context transport_lbtrm_rate_interval 50\n"
+            "source transport lbtrm\n"
+            "source transport_lbtrm_multicast_address 239.192.0.1\n"
+            "source transport_lbtrm_sm_maximum_interval 2000\n"
+            "receiver transport_lbtrm_nak_backoff_interval 400\n"
+            "receiver transport_lbtrm_send_naks 0\n")
+    chosen = parse_client_config(text)
+    settings = source_config(chosen).lbtrm_settings(9)
+    assert (settings.data_rate_limit, settings.rate_interval, settings.sm_maximum_interval) == \
+        (50_000_000, 0.05, 2.0)
+    assert lbtrm_group(source_config(chosen), 14390) == "239.192.0.1"
+    receiving = lbtrm_receiver_settings(chosen)
+    assert receiving.nak_backoff_interval == 0.4 and not receiving.send_naks
+
+    for bad, said in (("source transport_lbtrm_multicast_address 10.1.2.3\n", "multicast"),
+                      ("context transport_lbtrm_multicast_address_low 224.10.10.20\n",
+                       "above"),
+                      ("context transport_lbtrm_source_port_low 14500\n", "above"),
+                      ("receiver transport_lbtrm_send_naks 2\n", "0 or 1"),
+                      ("receiver transport_lbtrm_data_rate_limit 1\n", "context")):
+        with pytest.raises(ConfigError, match=said):
+            parse_client_config(bad)
