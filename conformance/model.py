@@ -39,12 +39,12 @@ from conformance.verdicts import (
 
 if TYPE_CHECKING:
     from conformance.context import CaseContext
-    from conformance.passive.judge import Judgement
+    from conformance.passive.judgement import Judgement
     from conformance.passive.observe import Observed
 
 PassiveJudge = Callable[["Observed"], "list[Judgement]"]
 """A case's passive form: the requirement judged over a capture's observed model, one
-:class:`~conformance.passive.judge.Judgement` per entity it concerns (``ump conform
+:class:`~conformance.passive.judgement.Judgement` per entity it concerns (``ump conform
 --capture``; see :mod:`conformance.passive`)."""
 
 __all__ = ["SUITES", "CaseSpec", "Conclusion", "Failed", "HarnessError", "Informational",

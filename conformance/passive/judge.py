@@ -19,55 +19,26 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from conformance.model import CaseSpec, Role, Verdict, all_cases
+from conformance.passive.judgement import (
+    NEEDS,
+    Judgement,
+    failed,
+    informational,
+    needs,
+    passed,
+    unsupported,
+)
 from conformance.passive.observe import Observed
 from conformance.profile import IutProfile
 from conformance.runner import CaseResult, RunResult
 
+__all__ = ["ACTIVE_ONLY", "Judgement", "PassiveResult", "failed", "informational", "judge",
+           "needs", "passed", "passive_cases", "run_passive", "unsupported", "why_nothing"]
+
 ACTIVE_ONLY = "judged only actively"
 """The reason a case without a passive judge gives."""
-
-
-@dataclass
-class Judgement:
-    """What a passive judge concluded about one entity.
-
-    Attributes:
-        entity: the store, source or receiver judged ("store 10.0.0.5:14567", see
-            :attr:`conformance.passive.observe.Client.name`).
-        verdict: pass, fail, non-strict, informational or unsupported.
-        message: why (for a pass: what was checked, e.g. "3 re-registrations").
-        frames: the frame numbers that decided it (evidence).
-        expected / observed: shown side by side in the reports.
-    """
-
-    entity: str
-    verdict: Verdict
-    message: str
-    frames: list[int] = field(default_factory=list)
-    expected: Any = None
-    observed: Any = None
-
-
-def passed(entity: str, message: str, frames: list[int]) -> Judgement:
-    return Judgement(entity, Verdict.PASS, message, sorted(set(frames)))
-
-
-def failed(entity: str, message: str, frames: list[int], *, expected: Any = None,
-           observed: Any = None) -> Judgement:
-    return Judgement(entity, Verdict.FAIL, message, sorted(set(frames)), expected, observed)
-
-
-def informational(entity: str, message: str, frames: list[int], *,
-                  observed: Any = None) -> Judgement:
-    return Judgement(entity, Verdict.INFORMATIONAL, message, sorted(set(frames)),
-                     observed=observed)
-
-
-def unsupported(entity: str, message: str) -> Judgement:
-    return Judgement(entity, Verdict.UNSUPPORTED, message)
 
 
 @dataclass
@@ -83,16 +54,6 @@ class PassiveResult(CaseResult):
     entity: str = "capture"
     decided_by: list[int] = field(default_factory=list)
     captures: list[Path] = field(default_factory=list)
-
-
-NEEDS: dict[str, str] = {}
-"""Case ID -> what its passive judge needs that a capture may lack (:func:`needs`)."""
-
-
-def needs(case_id: str, what: str) -> None:
-    """Say what case ``case_id``'s judge needs, for its ``unsupported`` reason ("no
-    deregistration was captured")."""
-    NEEDS[case_id] = what
 
 
 def why_nothing(obs: Observed, need: str | None = None) -> str:

@@ -23,7 +23,7 @@ connection.  Choices where the guide is silent on what traffic shows:
 from __future__ import annotations
 
 from conformance.model import passive_for
-from conformance.passive.judge import (
+from conformance.passive.judgement import (
     Judgement,
     failed,
     informational,

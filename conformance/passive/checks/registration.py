@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from conformance.model import Role, passive_for
 from conformance.passive.cases import passive_case
-from conformance.passive.judge import (
+from conformance.passive.judgement import (
     Judgement,
     failed,
     informational,

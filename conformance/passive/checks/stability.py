@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from conformance.model import Role, passive_for
 from conformance.passive.cases import passive_case
-from conformance.passive.judge import (
+from conformance.passive.judgement import (
     Judgement,
     failed,
     informational,

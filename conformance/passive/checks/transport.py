@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from conformance.model import Role
 from conformance.passive.cases import passive_case
-from conformance.passive.judge import Judgement, failed, needs, passed
+from conformance.passive.judgement import Judgement, failed, needs, passed
 from conformance.passive.observe import Observed, Tpkt, show
 
 NCF_GRACE = 1.0
