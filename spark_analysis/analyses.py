@@ -291,7 +291,7 @@ def topic_queries(advertisements: DataFrame) -> DataFrame:
     exact = (queries.where(F.col("record") == "tqr").select("capture", "record", "topic")
              .distinct().join(topics, ["capture", "topic"])
              .groupBy("capture", "record", "topic").agg(F.count("*").alias("_matching")))
-    matched = exact.unionByName(_wildcard_answers(queries, topics))
+    matched = exact.unionByName(_wildcard_answers(advertisements))
     return (queries.groupBy("capture", "record", "topic", "pattern_type")
             .agg(F.count("*").alias("queries"),
                  F.countDistinct("src_ip").alias("queriers"),
@@ -315,24 +315,24 @@ def wildcard_matches(pattern: str, topic: str) -> bool:
         return False
 
 
-def _wildcard_answers(queries: DataFrame, topics: DataFrame) -> DataFrame:
+def _wildcard_answers(advertisements: DataFrame) -> DataFrame:
     """``(capture, record, topic, _matching)`` per wildcard pattern: how many advertised
     topics of its capture it matches.  Patterns and topic names are few (one row per
-    distinct name), so they are matched in the driver with :func:`wildcard_matches`, where a
-    pattern the JVM's regex dialect rejects cannot fail the job."""
-    spark = queries.sparkSession
+    distinct name), so they come over in one small job and are matched in the driver with
+    :func:`wildcard_matches`, where a pattern the JVM's regex dialect rejects cannot fail the
+    job."""
+    spark = advertisements.sparkSession
     schema = "capture string, record string, topic string, _matching long"
-    patterns = (queries.where(F.col("record") == "wc_tqr").select("capture", "topic")
-                .distinct().collect())
-    if not patterns:
-        return spark.createDataFrame([], schema)
-    captures = sorted({row["capture"] for row in patterns})
-    names: dict[str, list[str]] = {}
-    for row in topics.where(F.col("capture").isin(captures)).collect():
-        names.setdefault(row["capture"], []).append(row["topic"])
+    names = (advertisements.where(F.col("record").isin("tir", "wc_tqr")
+                                  & F.col("topic").isNotNull())
+             .select("capture", "record", "topic").distinct().collect())
+    topics: dict[str, list[str]] = {}
+    for row in names:
+        if row["record"] == "tir":
+            topics.setdefault(row["capture"], []).append(row["topic"])
     rows = [(row["capture"], "wc_tqr", row["topic"],
-             sum(wildcard_matches(row["topic"], name) for name in names.get(row["capture"], [])))
-            for row in patterns if row["topic"] is not None]
+             sum(wildcard_matches(row["topic"], name) for name in topics.get(row["capture"], [])))
+            for row in names if row["record"] == "wc_tqr"]
     return spark.createDataFrame(rows, schema)
 
 
