@@ -397,3 +397,21 @@ def test_judge_naks_and_ncfs_on_a_transport_session() -> None:
     verdicts = run(Tpkt(1, 0.0, session, "ncf", [3], 3, src), early, late)
     assert verdicts == {"PSV-RCV-002": {Verdict.UNSUPPORTED},
                         "PSV-SRC-001": {Verdict.UNSUPPORTED}}
+
+
+def test_judge_no_proactive_resend_once_acknowledged_or_nacked() -> None:
+    first = Data(10, 1.0, TRANSPORT, ("10.0.0.2", 50000), 1, 0, "data")
+    resend = Data(40, 7.0, SRC_CONN, STORE, 1, 0, "prorx")
+    ack = Ack(30, 6.0, STORE, SRC_CONN, "stability", 0, 0, 1, False)
+    nack = Ack(30, 6.0, STORE, SRC_CONN, "stability", 0, 0, 1, True)
+    cfg = parse_client_config("source ume_message_stability_timeout 5000\n").source
+    for acks, case_id, verdict in (([], "SRC-PRX-001", Verdict.PASS),
+                                   ([ack], "SRC-PRX-001", Verdict.FAIL),
+                                   ([nack], "SRC-PRX-004", Verdict.FAIL)):
+        obs = _obs(registrations=[_reg(1)], data=[first, resend], acks=acks)
+        obs.source_options = cfg
+        assert _verdicts(_one(obs, case_id), case_id) == {verdict}, (case_id, acks)
+    early = Data(40, 3.0, SRC_CONN, STORE, 1, 0, "prorx")  # 2 s after the send, timeout 5 s
+    obs = _obs(registrations=[_reg(1)], data=[first, early], acks=[])
+    obs.source_options = cfg
+    assert _verdicts(_one(obs, "SRC-PRX-001"), "SRC-PRX-001") == {Verdict.FAIL}

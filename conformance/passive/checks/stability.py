@@ -220,8 +220,9 @@ def flight_size_kept(obs: Observed) -> list[Judgement]:
 @passive_for("SRC-PRX-001")
 def proactive_after_timeout(obs: Observed) -> list[Judgement]:
     """A proactive retransmission of a message comes no sooner than
-    ``ume_message_stability_timeout`` after its previous send; informational with the
-    shortest observed gap without the source's configuration."""
+    ``ume_message_stability_timeout`` after its previous send (informational with the
+    shortest observed gap without the source's configuration), and never once its only store
+    acknowledged it (:func:`resent_after`)."""
     opts = obs.source_options
     out = []
     for inc in incarnations(obs):
@@ -232,11 +233,19 @@ def proactive_after_timeout(obs: Observed) -> list[Judgement]:
             if d.kind == "prorx" and before is not None:
                 gaps.append((d.time - before.time, before, d))
             last[d.sqn] = d
+        name = inc.client.name
+        settled = resent_after(inc, nak=False)
+        if settled is not None:
+            ack, again = settled
+            out.append(failed(name, f"sqn {again.sqn} proactively resent (frame {again.frame}) "
+                                    f"after its stability ACK (frame {ack.frame})",
+                              [ack.frame, again.frame], expected="no resend once stable",
+                              observed=f"resend of {again.sqn}"))
+            continue
         if not gaps:
             continue
         gap, a, b = min(gaps, key=lambda g: g[0])
         frames = [a.frame, b.frame]
-        name = inc.client.name
         if opts is None:
             out.append(informational(name, f"{len(gaps)} proactive retransmission(s), the "
                                            f"soonest {gap * 1000:.0f} ms after the previous "
@@ -256,4 +265,50 @@ def proactive_after_timeout(obs: Observed) -> list[Judgement]:
         else:
             out.append(passed(name, f"{len(gaps)} proactive retransmission(s), none sooner "
                                     f"than {timeout * 1000:.0f} ms", frames))
+    return out
+
+
+def resent_after(inc: Incarnation, *, nak: bool) -> tuple[Ack, Data] | None:
+    """The first proactive retransmission of a message after the source's only store
+    acknowledged it (``nak`` false) or NACKed it (``nak`` true), :data:`SLACK` seconds on (an
+    ACK and a resend may cross); None when there is none or the source has several stores
+    (a message acknowledged by one is still resent to the others)."""
+    if inc.stores != 1:
+        return None
+    settled: dict[int, Ack] = {}
+    acks = iter(inc.acks)
+    pending = next(acks, None)
+    for d in inc.data:
+        while pending is not None and pending.frame < d.frame:
+            if pending.nak == nak:
+                settled.setdefault(pending.sqn, pending)
+            pending = next(acks, None)
+        ack = settled.get(d.sqn)
+        if d.kind == "prorx" and ack is not None and d.time - ack.time > SLACK:
+            return ack, d
+    return None
+
+
+needs("SRC-PRX-004", "no stability NACK of a source of one store")
+
+
+@passive_for("SRC-PRX-004")
+def no_resend_after_nack(obs: Observed) -> list[Judgement]:
+    """A message the store NACKed (the ACK's NAK bit) is not proactively resent."""
+    out = []
+    for inc in incarnations(obs):
+        if inc.stores != 1 or not any(a.nak for a in inc.acks):
+            continue
+        name = inc.client.name
+        found = resent_after(inc, nak=True)
+        if found is not None:
+            nack, again = found
+            out.append(failed(name, f"sqn {again.sqn} resent (frame {again.frame}) after the "
+                                    f"store NACKed it (frame {nack.frame})",
+                              [nack.frame, again.frame], expected="no resend",
+                              observed=f"resend of {again.sqn}"))
+        else:
+            nacks = [a for a in inc.acks if a.nak]
+            out.append(passed(name, f"{len(nacks)} NACKed message(s), none resent",
+                              [a.frame for a in nacks]))
     return out
