@@ -476,6 +476,40 @@ class ClientStateDeleted:
     reason: str
 
 
+@dataclass(frozen=True)
+class ProxySourceCreated:
+    """The store won (or started) a proxy-source election and created a proxy for a source
+    whose activity timed out (guide "How Proxy Sources Operate"; daemon event "proxy source
+    created").
+
+    Attributes:
+        topic: the source's topic.
+        reg_id: the source's RegID at this store (the proxy registers with it).
+        token: this store's election token.
+        reelect: it replaces a proxy whose store died.
+    """
+
+    topic: str
+    reg_id: int
+    token: int
+    reelect: bool
+
+
+@dataclass(frozen=True)
+class ProxySourceDeleted:
+    """The store deleted its proxy source (daemon event "proxy source deleted").
+
+    Attributes:
+        topic: the source's topic.
+        reg_id: the source's RegID at this store.
+        reason: "election lost", "source returned" or "source deleted".
+    """
+
+    topic: str
+    reg_id: int
+    reason: str
+
+
 Event = (
     LogRecord | InputDropped | SourceRegistrationSuccess | SourceRegistrationComplete
     | SourceRegistrationError | StoreUnresponsive | MessageStable | MessageNotStable
@@ -484,4 +518,5 @@ Event = (
     | RppNotAcknowledged | ReceiverRegistrationSuccess | ReceiverRegistrationComplete
     | ReceiverRegistrationError | ReceiverDeregistered | RegistrationChange | MessageDelivered
     | UnrecoverableLoss | ClientRegistered | ClientRejected | ClientStateDeleted
+    | ProxySourceCreated | ProxySourceDeleted
 )

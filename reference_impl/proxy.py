@@ -201,6 +201,18 @@ class Dropped:
 Action = SendClaim | CreateProxy | DeleteProxy | Dropped
 
 
+@dataclass(frozen=True)
+class ProxyPeer:
+    """Tag of a connection that carried claims to or from another store of the group: when it
+    goes (the store died), the driver calls :meth:`ProxyElection.peer_lost` with ``index``.
+
+    Attributes:
+        index: the other store's index in the group.
+    """
+
+    index: int
+
+
 class Phase(StrEnum):
     """Where one watched source stands at one store."""
 

@@ -154,7 +154,10 @@ def source_config(client: ClientConfig) -> SourceConfig:
             values[key] = int(value)
     # the profile reaches the core here: a pre-5.3 source knows nothing of RPP
     values["rpp_supported"] = get_profile(client.profile).rpp_supported
-    return SourceConfig(**values)
+    try:
+        return SourceConfig(**values)
+    except ValueError as exc:  # a rule the file reader only warns of (ume_proxy_source)
+        raise RuntimeError_(str(exc)) from None
 
 
 def receiver_config(client: ClientConfig, reg_id: int = 0) -> ReceiverConfig:

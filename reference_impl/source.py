@@ -181,6 +181,7 @@ from wire.lbmc import (
     UmeKeepalive,
     UmePreg,
     UmePregResp,
+    UmeProxySrc,
     UmeSid,
     UmeStoreExt,
     UmeStoreGroup,
@@ -253,6 +254,7 @@ class SourceConfig:
     ume_repository_size_limit: int = 0
     ume_repository_disk_file_size_limit: int = 0
     rpp_supported: bool = True
+    ume_proxy_source: int = 0  # 1: ask the stores for a proxy source (see _check_proxy_source)
     ume_proactive_keepalive_interval: int = 3000
     retransmit_retention_size_limit: int = 25_165_824
     retransmit_retention_size_threshold: int = 0
@@ -298,6 +300,20 @@ class SourceConfig:
             raise ValueError(f"source ume_flight_size_behavior "
                              f"{self.ume_flight_size_behavior!r}: block or notify")
         self._check_quorum_consensus()
+        self._check_proxy_source()
+
+    def _check_proxy_source(self) -> None:
+        """``ume_proxy_source`` 1 needs an explicit RegID for every store or a Session ID
+        (guide "Enabling the Proxy Source Option", docs/semantics.md §1.11): the stores name
+        the source by them when its proxy registers, and refuse the request otherwise; the
+        reference refuses such a source here, in one line, rather than register it with a
+        flag no store can honour."""
+        if self.ume_proxy_source not in (0, 1):
+            raise ValueError(f"source ume_proxy_source {self.ume_proxy_source}: 0 or 1")
+        if self.ume_proxy_source and not self.ume_session_id \
+                and any(spec.reg_id == 0 for spec in self.ume_store):
+            raise ValueError("source ume_proxy_source 1 needs an explicit RegID for every "
+                             "store (ume_store ...:RegID) or a ume_session_id")
 
     def _check_quorum_consensus(self) -> None:
         """Refuse, in one line, QC settings the source could not run with (the configuration
@@ -921,6 +937,8 @@ class SourceCore(ContextCore):
                                  UmeCapability(qc_flag=1, client_lifetime_flag=1)]
         if cfg.ume_session_id:
             headers.append(UmeSid(sid=cfg.ume_session_id))
+        if cfg.ume_proxy_source:  # "proxy source" companion header (docs/wire-lbmc.md §2.1)
+            headers.append(UmeProxySrc(enable=1))
         if cfg.ume_activity_timeout or cfg.ume_state_lifetime:
             headers.append(UmeClientLifetime(activity_tmo=cfg.ume_activity_timeout,
                                              lifetime=cfg.ume_state_lifetime))

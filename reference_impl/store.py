@@ -251,6 +251,8 @@ from reference_impl.events import (
     ClientRejected,
     ClientStateDeleted,
     Level,
+    ProxySourceCreated,
+    ProxySourceDeleted,
 )
 from reference_impl.lbtrm_session import LbtrmReceiverSession
 from reference_impl.lbtru_session import (
@@ -261,6 +263,17 @@ from reference_impl.lbtru_session import (
     SourceTimedOut,
 )
 from reference_impl.lbtru_session import Event as LbtruEvent
+from reference_impl.proxy import (
+    Action,
+    CreateProxy,
+    DeleteProxy,
+    Dropped,
+    ProxyElection,
+    ProxyPeer,
+    SendClaim,
+    SourceKey,
+    decode_claim,
+)
 from reference_impl.repository import (
     Repository,
     RetentionLimits,
@@ -304,6 +317,8 @@ from wire.lbmc import (
     UmeKeepalive,
     UmePreg,
     UmePregResp,
+    UmeProxySrc,
+    UmePsrcElectionToken,
     UmeRxreq,
     UmeSid,
     UmeStoreid,
@@ -405,6 +420,12 @@ class StoreSettings:
             repository comes after its first message starts at the oldest message the
             repository still holds (the guide's "Late Registering Receiver", profile
             ``guide-5.3``) instead of the next one (the current product).
+        allow_proxy_source: ``allow-proxy-source``: the store takes part in proxy-source
+            elections for sources that ask for a proxy (see "Proxy sources" in
+            :meth:`StoreCore._proxy_start`).
+        proxy_election_interval: ``proxy-election-interval``, milliseconds.
+        proxy_stores: the Quorum/Consensus group's stores, this one included; a store's
+            index in the election is its position here (empty: the store elects alone).
     """
 
     name: str
@@ -421,6 +442,9 @@ class StoreSettings:
     lbtru_port: int = 0
     rpp_supported: bool = True
     rpp_late_join_unconsumed: bool = False
+    allow_proxy_source: bool = False
+    proxy_election_interval: int = 60_000
+    proxy_stores: tuple[Addr, ...] = ()
 
     def policy_for(self, topic: str) -> TopicPolicy | None:
         for rule in self.topics:
@@ -554,6 +578,9 @@ class StoreCore(ContextCore):
         # (transport index, topic index) -> the values of a stability ACK (seqnum varies)
         self._ack_templates: dict[tuple[int, int], list[int]] = {}
         self._lock_fd: int | None = None  # held while the store runs on its state directory
+        self._proxy: ProxyElection | None = None  # proxy-source elections (allow-proxy-source)
+        self._proxy_keys: dict[int, SourceKey] = {}  # watched source RegID -> election key
+        self._proxy_start()
         if settings.disk_state_directory is not None:
             directory = Path(settings.disk_state_directory)
             self._journal_path = state_file(directory, settings.name)
@@ -862,6 +889,9 @@ class StoreCore(ContextCore):
             return
         if conn.outgoing and conn.tag == "transport":
             return  # SRI and other control traffic on the source's transport
+        if message.header(UmePsrcElectionToken) is not None:
+            self._on_proxy_claim(conn, raw)  # another store's proxy registration
+            return
         handled = False
         for header in message.headers:
             if isinstance(header, UmePreg):
@@ -882,6 +912,9 @@ class StoreCore(ContextCore):
             self.drop(peer, f"no store request in message ({message.label()})", len(raw))
 
     def on_connection_lost(self, conn: Connection, *, refused: bool) -> None:
+        if isinstance(conn.tag, ProxyPeer):
+            self._proxy_peer_lost(conn.tag)
+            return
         if conn.tag == "transport":
             lost = [(key, src) for key, src in self._routes.items() if key[0] == conn.remote]
             for key, _ in lost:
@@ -1071,6 +1104,7 @@ class StoreCore(ContextCore):
         self.emit(ClientRegistered("source", reg_id, topic, session_id, old))
         self.log(Level.INFO, f"source RegID {reg_id} topic {topic!r} "
                              f"{'re-registered' if old else 'registered'}")
+        self._proxy_registered(src, message, preg)
         self._find_tir(src)
         if not src.tir_seen:
             self.send_lbmr(lbmr.LbmrPacket(tqrs=[lbmr.Tqr(name=topic)]))
@@ -1618,6 +1652,8 @@ class StoreCore(ContextCore):
             self._resolve_turn = start + len(turn)
             self.send_lbmr(lbmr.LbmrPacket(tqrs=[lbmr.Tqr(name=t) for t in turn]))
             self.set_timer("resolve", self.now + 1.0)
+        elif name == "proxy":
+            self._proxy_tick()
         elif name.startswith("answer "):
             src = self.sources.get(int(name.split()[1]))
             if src is not None:
@@ -1640,7 +1676,9 @@ class StoreCore(ContextCore):
                 client.active = False
                 self.log(Level.NOTICE, f"{client.role} RegID {client.reg_id} inactive "
                                        f"(activity timeout)")
-            if not client.active and client.lifetime_over(now):
+                self._proxy_timed_out(client)
+            if not client.active and client.lifetime_over(now) \
+                    and not self._proxy_keeps(client):
                 reason = "state lifetime expired" if client.state_lifetime else \
                     "activity timeout"
                 self._delete_client(client, reason)
@@ -1654,6 +1692,7 @@ class StoreCore(ContextCore):
 
     def _delete_client(self, client: Client, reason: str) -> None:
         if isinstance(client, SourceState):
+            self._proxy_forget(client)
             self.sources.pop(client.reg_id, None)
             for rcv in list(client.receivers.values()):
                 self.receivers.pop(rcv.reg_id, None)
@@ -1677,6 +1716,142 @@ class StoreCore(ContextCore):
         self._journal({"delete": client.reg_id})
         self.emit(ClientStateDeleted(client.role, client.reg_id, reason))
         self.log(Level.NOTICE, f"{client.role} RegID {client.reg_id} state deleted ({reason})")
+
+    # --- proxy sources (reference_impl/proxy.py has the election) ---------------------------
+
+    def _proxy_start(self) -> None:
+        """Proxy sources (guide "Proxy Sources"; docs/semantics.md §1.11): a store with
+        ``allow-proxy-source`` runs a :class:`~reference_impl.proxy.ProxyElection` for every
+        source that registered with the ``ume_proxy_src`` enable flag and an explicit RegID or
+        Session ID, and drives it from its own events: the source's activity timeout starts
+        the wait, its re-registration ends the election (and deletes a proxy of ours), the
+        deletion of its state forgets it, claims from other stores arrive as their proxy's
+        PREG on the store port, and a connection that carried claims going away is that
+        store lost (a re-election when it held the proxy).  *Choices*: a source asking for a
+        proxy with RegID 0 and no Session ID is registered but not watched (a WARNING says
+        why); a watched source without a state lifetime keeps its state after its activity
+        timeout (the proxy stands in for it) until it returns or is deregistered, with a
+        state lifetime its state (and the proxy) goes when that ends; the watch is not
+        journalled, so a restarted store watches a source again when it re-registers."""
+        settings = self.settings
+        if not settings.allow_proxy_source:
+            return
+        group = settings.proxy_stores
+        if group and self.addr not in group:
+            self.log(Level.WARNING, f"allow-proxy-source: this store ({self.addr[0]}:"
+                                    f"{self.addr[1]}) is not among the group's stores; it "
+                                    f"elects alone")
+            group = ()
+        index = group.index(self.addr) if group else 0
+        peers = {i: addr for i, addr in enumerate(group) if i != index}
+        seed = None if settings.seed is None else f"proxy {settings.seed}"
+        self._proxy = ProxyElection(index, self.addr, peers,
+                                    settings.proxy_election_interval / 1000,
+                                    random.Random(seed))
+
+    def _proxy_registered(self, src: SourceState, message: LbmcMessage, preg: Header) -> None:
+        """A source (re-)registered: it came back (the election ends), and it is watched
+        when it asks for a proxy."""
+        election = self._proxy
+        if election is None:
+            return
+        previous = self._proxy_keys.pop(src.reg_id, None)
+        if previous is not None:
+            election.source_returned(previous, self.now)
+            election.forget(previous)
+        asked = message.header(UmeProxySrc)
+        if asked is not None and asked.enable:
+            if not preg.reg_id and not src.session_id:
+                self.log(Level.WARNING, f"source RegID {src.reg_id} topic {src.topic!r}: no "
+                                        f"proxy source for it: it registered without an "
+                                        f"explicit RegID or Session ID")
+            else:
+                key = SourceKey(src.request_addr[0], src.request_addr[1], src.transport_idx,
+                                src.topic_idx)
+                self._proxy_keys[src.reg_id] = key
+                election.watch(key, src.reg_id)
+        self._proxy_apply()
+
+    def _proxy_timed_out(self, client: Client) -> None:
+        key = self._proxy_keys.get(client.reg_id) if isinstance(client, SourceState) else None
+        if key is not None and self._proxy is not None:
+            self._proxy.source_timed_out(key, self.now)
+            self._proxy_apply()
+
+    def _proxy_keeps(self, client: Client) -> bool:
+        """A watched source without a state lifetime keeps its state (see _proxy_start)."""
+        return isinstance(client, SourceState) and client.reg_id in self._proxy_keys \
+            and not client.state_lifetime
+
+    def _proxy_forget(self, src: SourceState) -> None:
+        key = self._proxy_keys.pop(src.reg_id, None)
+        if key is not None and self._proxy is not None:
+            self._proxy.forget(key)
+            self._proxy_apply()
+
+    def _proxy_tick(self) -> None:
+        if self._proxy is not None:
+            self._proxy.on_timer(self.now)
+            self._proxy_apply()
+
+    def _proxy_peer_lost(self, peer: ProxyPeer) -> None:
+        if self._proxy is not None:
+            self.log(Level.NOTICE, f"proxy election: lost the connection to store {peer.index}")
+            self._proxy.peer_lost(peer.index, self.now)
+            self._proxy_apply()
+
+    def _on_proxy_claim(self, conn: Connection, raw: bytes) -> None:
+        if self._proxy is None:
+            self.drop(conn.remote, "proxy source election claim at a store without "
+                                   "allow-proxy-source", len(raw))
+            return
+        self._proxy.on_claim(raw, conn.remote, self.now)
+        actions = self._proxy.actions()
+        if not any(isinstance(a, Dropped) for a in actions) and conn.tag is None:
+            conn.tag = ProxyPeer(decode_claim(raw).store_index)  # its loss: the store's
+        self._proxy_apply(actions)
+
+    def _proxy_apply(self, actions: list[Action] | None = None) -> None:
+        """Carry out what the election asks for and arm its timer."""
+        election = self._proxy
+        if election is None:
+            return
+        for action in election.actions() if actions is None else actions:
+            if isinstance(action, SendClaim):
+                index = next(i for i, a in election.peers.items() if a == action.peer)
+                self.send_to(action.peer, action.data, tag=ProxyPeer(index))
+            elif isinstance(action, CreateProxy | DeleteProxy):
+                entry = election.sources.get(action.source)
+                reg_id = entry.reg_id if entry is not None else 0
+                src = self.sources.get(reg_id)
+                topic = src.topic if src is not None else "?"
+                if isinstance(action, CreateProxy):
+                    self.emit(ProxySourceCreated(topic, reg_id, action.token, action.reelect))
+                    self.log(Level.NOTICE, f"proxy source created for topic {topic!r} (source "
+                                           f"RegID {reg_id}, election token "
+                                           f"{action.token:#010x}"
+                                           f"{', re-election' if action.reelect else ''})")
+                else:
+                    self.emit(ProxySourceDeleted(topic, reg_id, action.reason))
+                    self.log(Level.NOTICE, f"proxy source deleted for topic {topic!r} (source "
+                                           f"RegID {reg_id}: {action.reason})")
+            elif isinstance(action, Dropped):
+                self.drop(action.peer, action.reason, action.size)
+        at = election.next_timer()
+        if at is None:
+            self.cancel_timer("proxy")
+        else:
+            self.set_timer("proxy", at)
+
+    def proxies(self) -> list[str]:
+        """The topics this store runs a proxy source for (tests, web monitor)."""
+        if self._proxy is None:
+            return []
+        out = []
+        for key in self._proxy.proxies():
+            src = self.sources.get(self._proxy.sources[key].reg_id)
+            out.append(src.topic if src is not None else "?")
+        return out
 
     # --- disk state -------------------------------------------------------------------------
 

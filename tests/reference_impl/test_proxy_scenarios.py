@@ -1,0 +1,217 @@
+"""Proxy-source elections between real reference stores in the simulator (issue 20).
+
+Guide "Proxy Sources" ("How Proxy Sources Operate", "Proxy Source Elections"); docs/semantics.md
+§1.11.  A QC source with ``ume_proxy_source`` 1 and a Session ID registers with three stores
+that allow proxy sources; it dies; each store sees its activity time out, waits its random time
+and runs the election over store-to-store TCP (claims: PREG + PSER + PSRC-ETOK).  Links carry
+delay and jitter comparable to the election waits, so stores often claim at nearly the same
+time and the token has to break the tie.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from reference_impl import events as ev
+from reference_impl.deployment import STORE_PORT, SimDeployment
+from reference_impl.proxy import Claim, SourceKey, encode_claim
+from reference_impl.sim import CallbackEndpoint, LinkConfig
+from reference_impl.source import SourceConfig, SourceCore, StoreSpec
+from reference_impl.store import StoreCore, TopicPolicy, TopicRule
+from wire.lbmc import LbmcMessage, UmePreg, UmeProxySrc, parse_messages
+
+TOPIC = "proxy.orders"
+ACTIVITY = 1.0  # the stores' source-activity-timeout, s
+INTERVAL = 0.2  # proxy-election-interval, s: waits of 0.1 .. 0.3 s
+JITTER = LinkConfig(delay=0.02, jitter=0.06)  # up to 80 ms one way: claims cross often
+RULES = (TopicRule(".*", TopicPolicy(source_activity_timeout=int(ACTIVITY * 1000),
+                                     source_check_interval=50, keepalive_interval=300),
+                   kind="PCRE"),)
+NAMES = ["s0", "s1", "s2"]
+SETTLE = ACTIVITY + 1.5 * INTERVAL + 1.5  # timeout, longest wait, claims under jitter
+
+
+def deployment(seed: int, *, allow: bool = True, proxy_source: int = 1,
+               ) -> tuple[SimDeployment, SourceCore]:
+    d = SimDeployment(seed=seed, link=JITTER)
+    group = tuple((d._host(n), STORE_PORT) for n in NAMES)  # addresses before the stores
+    for i, name in enumerate(NAMES):
+        d.add_store(name, topics=RULES, seed=seed * 10 + i, allow_proxy_source=allow,
+                    proxy_election_interval=int(INTERVAL * 1000), proxy_stores=group)
+    specs = tuple(StoreSpec(ip, port) for ip, port in group)
+    src = d.add_source("src", TOPIC, ume_store=specs, ume_session_id=0x5E55,
+                       ume_proxy_source=proxy_source, ume_registration_interval=500)
+    assert d.run_until(lambda: src.complete, 10)
+    return d, src
+
+
+def stores(d: SimDeployment) -> list[StoreCore]:
+    return [d.stores[n] for n in NAMES]
+
+
+def holders(d: SimDeployment) -> list[str]:
+    return [n for n in NAMES if d.stores[n].proxies() == [TOPIC]]
+
+
+def created(d: SimDeployment, name: str) -> list[ev.ProxySourceCreated]:
+    return [e for e in d.events(name) if isinstance(e, ev.ProxySourceCreated)]
+
+
+def logs(d: SimDeployment, name: str) -> list[ev.LogRecord]:
+    return [e for e in d.events(name) if isinstance(e, ev.LogRecord)]
+
+
+def deleted(d: SimDeployment, name: str) -> list[ev.ProxySourceDeleted]:
+    return [e for e in d.events(name) if isinstance(e, ev.ProxySourceDeleted)]
+
+
+def test_exactly_one_proxy_in_100_seeded_runs_under_jitter() -> None:
+    ties = 0
+    for seed in range(100):
+        d, _ = deployment(seed)
+        d.kill("src")
+        d.run(SETTLE)
+        assert len(holders(d)) == 1, (seed, holders(d))
+        made = sum(len(created(d, n)) for n in NAMES)
+        lost = [e.reason for n in NAMES for e in deleted(d, n)]
+        assert lost == ["election lost"] * (made - 1), seed
+        ties += made > 1
+        d.run(3.0)  # and it stays one
+        assert len(holders(d)) == 1, seed
+    assert ties >= 5, ties  # the jitter made stores race (else the test shows little)
+
+
+def test_proxy_takeover_and_source_return() -> None:
+    d, _ = deployment(7)
+    d.kill("src")
+    d.run(ACTIVITY / 2)
+    assert holders(d) == []  # not before the activity timeout
+    d.run(SETTLE)
+    (holder,) = holders(d)
+    (made,) = created(d, holder)[-1:]
+    assert made.topic == TOPIC and not made.reelect and made.token
+    lines = [e.text for e in logs(d, holder)]
+    assert any(t.startswith(f"proxy source created for topic {TOPIC!r}") for t in lines)
+    # the source's state was kept while its proxy runs (no state lifetime: see the store)
+    assert all(any(s.topic == TOPIC for s in st.sources.values()) for st in stores(d))
+    returned = d.restart("src")
+    assert isinstance(returned, SourceCore)
+    assert d.run_until(lambda: returned.complete, 10)
+    d.run(0.5)
+    assert holders(d) == []
+    assert deleted(d, holder)[-1].reason == "source returned"
+    lines = [e.text for e in logs(d, holder)]
+    assert any("proxy source deleted" in t and "source returned" in t for t in lines)
+    # a second departure elects again
+    d.kill("src")
+    d.run(SETTLE)
+    assert len(holders(d)) == 1
+
+
+@pytest.mark.parametrize("seed", [3, 11, 29])
+def test_store_of_the_proxy_killed_triggers_a_reelection(seed: int) -> None:
+    d, _ = deployment(seed)
+    d.kill("src")
+    d.run(SETTLE)
+    (first,) = holders(d)
+    d.kill(first)
+    d.run(1.5 * INTERVAL + 1.0)
+    survivors = [n for n in holders(d) if n != first]
+    assert len(survivors) == 1, holders(d)
+    (again,) = created(d, survivors[0])[-1:]
+    assert again.reelect
+
+
+def test_no_proxy_without_allow_proxy_source() -> None:
+    d, _ = deployment(5, allow=False)
+    d.kill("src")
+    d.run(SETTLE)
+    assert holders(d) == [] and all(created(d, n) == [] for n in NAMES)
+
+
+def test_no_proxy_for_a_source_that_did_not_ask() -> None:
+    d, _ = deployment(5, proxy_source=0)
+    d.kill("src")
+    d.run(SETTLE)
+    assert holders(d) == []
+
+
+def inject(d: SimDeployment, frm: str, to: str, data: bytes) -> None:
+    """Open a TCP connection from node ``frm`` to store ``to``'s port and write ``data`` as one
+    LBT-TCP stream (what a forger on that host would do)."""
+    ep = CallbackEndpoint()
+    conn = d.net.connect((d.ips[frm], 0), (d.ips[to], STORE_PORT), owner=ep)
+    d.run(0.2)
+    d.net.stream_send(conn, data)
+    d.run(0.2)
+
+
+@pytest.mark.parametrize("forgery", ["unknown source", "forged store index", "token 0",
+                                     "from a stranger"])
+def test_bad_claims_are_logged_and_dropped(forgery: str) -> None:
+    """Forged election tokens and PSERs for unknown sources: logged and dropped, no proxy,
+    no state change, the source's own registration undisturbed."""
+    d, src = deployment(13)
+    d.add_store("x", topics=RULES, seed=99)  # a node that is no store of the group
+    s0, s1 = d.ips["s0"], d.ips["s1"]
+    # what the election at s1 knows of the source
+    (key,) = list(d.stores["s1"]._proxy.sources)  # type: ignore[union-attr]
+    frm = "s0"
+    if forgery == "unknown source":
+        claim = Claim(SourceKey("10.9.9.9", 1, 2, 3), (s0, STORE_PORT), 0, 77)
+    elif forgery == "forged store index":
+        claim = Claim(key, (s0, STORE_PORT), 7, 77)
+    elif forgery == "token 0":
+        claim = Claim(key, (s0, STORE_PORT), 0, 0)
+    else:
+        claim = Claim(key, (s0, STORE_PORT), 0, 77)
+        frm = "x"  # claims to be s0, sent from another host
+    election = d.stores["s1"]._proxy
+    assert election is not None
+    before = {k: vars(v).copy() for k, v in election.sources.items()}
+    inject(d, frm, "s1", encode_claim(claim))
+    dropped = [e for e in d.events("s1") if isinstance(e, ev.InputDropped)]
+    assert len(dropped) == 1 and dropped[0].peer[0] == d.ips[frm]
+    warnings = [e.text for e in logs(d, "s1") if e.level is ev.Level.WARNING]
+    assert any("proxy" in t or "PSER" in t for t in warnings)
+    after = {k: vars(v) for k, v in election.sources.items()}
+    assert after == before
+    assert holders(d) == [] and created(d, "s1") == []
+    assert src.complete and s1  # the source is still registered everywhere
+    # the election itself is untouched: the source dying still elects exactly one
+    d.kill("src")
+    d.run(SETTLE)
+    assert len(holders(d)) == 1
+
+
+# --- the source's side: the proxy request in its PREG, and its one-line config error -----------
+
+
+def to_stores(d: SimDeployment) -> list[LbmcMessage]:
+    """Every LBMC message the stores received on their store port (streams reassembled)."""
+    streams: dict[tuple[tuple[str, int], tuple[str, int]], bytes] = {}
+    for p in d.net.trace:
+        if p.proto == "tcp" and p.kind == "data" and p.dst[1] == STORE_PORT:
+            streams[(p.src, p.dst)] = streams.get((p.src, p.dst), b"") + p.data
+    return [m for data in streams.values() for m in parse_messages(data)]
+
+
+def test_the_source_asks_for_a_proxy_in_every_registration() -> None:
+    d, _ = deployment(2)
+    pregs = [m for m in to_stores(d) if m.header(UmePreg) is not None]
+    assert len(pregs) >= 3
+    for m in pregs:
+        asked, preg = m.header(UmeProxySrc), m.header(UmePreg)
+        assert asked is not None and asked.enable
+        assert preg is not None and not preg.p_flag  # P is the proxy's own flag
+    d2, _ = deployment(2, proxy_source=0)
+    assert all(m.header(UmeProxySrc) is None for m in to_stores(d2))
+
+
+def test_proxy_source_without_regid_or_session_id_is_one_config_error() -> None:
+    with pytest.raises(ValueError, match="explicit RegID") as refused:
+        SourceConfig(ume_store=(StoreSpec("10.0.0.2", STORE_PORT),), ume_proxy_source=1)
+    assert "\n" not in str(refused.value)
+    SourceConfig(ume_store=(StoreSpec("10.0.0.2", STORE_PORT, reg_id=5),), ume_proxy_source=1)
+    SourceConfig(ume_store=(StoreSpec("10.0.0.2", STORE_PORT),), ume_proxy_source=1,
+                 ume_session_id=9)
