@@ -233,6 +233,7 @@ class Watched:
         token: this store's token (PROXY).
         holder: the winning claim known so far (FOLLOWING).
         reelect: the next claim is a re-election.
+        interval: its ``proxy-election-interval`` in seconds (None: the store's default).
     """
 
     phase: Phase = Phase.ACTIVE
@@ -241,6 +242,7 @@ class Watched:
     token: int = 0
     holder: Claim | None = None
     reelect: bool = False
+    interval: float | None = None
 
 
 @dataclass
@@ -251,7 +253,8 @@ class ProxyElection:
         store_index: this store's index in the group (``ume_psrc_election_token.store_index``).
         store: this store's (IP, port).
         peers: the group's other stores, index -> (IP, port).
-        interval: ``proxy-election-interval`` in seconds.
+        interval: ``proxy-election-interval`` in seconds, for sources watched without one
+            of their own (the option is a topic's: :meth:`watch` takes the topic's value).
         rng: where the waits and tokens come from.
     """
 
@@ -271,10 +274,13 @@ class ProxyElection:
 
     # --- inputs ----------------------------------------------------------------------------
 
-    def watch(self, source: SourceKey, reg_id: int) -> None:
-        """A source asking for a proxy registered here: it takes part in elections."""
+    def watch(self, source: SourceKey, reg_id: int, interval: float | None = None) -> None:
+        """A source asking for a proxy registered here: it takes part in elections, with
+        its topic's ``proxy-election-interval`` (seconds) when given."""
+        if interval is not None and interval <= 0:
+            raise ValueError(f"proxy-election-interval {interval}: more than 0")
         entry = self.sources.setdefault(source, Watched())
-        entry.reg_id = reg_id
+        entry.reg_id, entry.interval = reg_id, interval
 
     def source_timed_out(self, source: SourceKey, now: float) -> None:
         """The source's activity timeout ran out here: start the random wait."""
@@ -290,7 +296,7 @@ class ProxyElection:
             return
         if entry.phase is Phase.PROXY:
             self._actions.append(DeleteProxy(source, "source returned"))
-        self.sources[source] = Watched(reg_id=entry.reg_id)
+        self.sources[source] = Watched(reg_id=entry.reg_id, interval=entry.interval)
 
     def forget(self, source: SourceKey) -> None:
         """The source's state was deleted here: no more elections for it."""
@@ -369,7 +375,8 @@ class ProxyElection:
 
     def _wait(self, entry: Watched, now: float) -> None:
         entry.phase = Phase.WAITING
-        entry.deadline = now + self.rng.uniform(WAIT_LOW, WAIT_HIGH) * self.interval
+        interval = self.interval if entry.interval is None else entry.interval
+        entry.deadline = now + self.rng.uniform(WAIT_LOW, WAIT_HIGH) * interval
 
     def _follow(self, entry: Watched, claim: Claim) -> None:
         entry.phase, entry.deadline, entry.token, entry.holder = \

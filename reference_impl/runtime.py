@@ -124,7 +124,8 @@ def store_settings(store: StoreConfig, *, resolver: Addr, seed: int | None = Non
         disk_state_directory=root / store.disk_state_directory,
         retransmission_request_processing_rate=store.retransmission_request_processing_rate,
         resolver=resolver, seed=seed, rpp_supported=era.rpp_supported,
-        rpp_late_join_unconsumed=era.rpp_late_join_unconsumed)
+        rpp_late_join_unconsumed=era.rpp_late_join_unconsumed,
+        allow_proxy_source=store.allow_proxy_source)
 
 
 def source_config(client: ClientConfig) -> SourceConfig:

@@ -379,6 +379,7 @@ class TopicPolicy:
     retransmission_request_forwarding: int = 0
 
 
+    proxy_election_interval: int = 60_000  # the proxy election's wait: [0.5, 1.5] x this
 @dataclass(frozen=True)
 class TopicRule:
     """One ``<topic>``: a pattern (direct = exact, else a regular expression) and its options."""
@@ -423,7 +424,6 @@ class StoreSettings:
         allow_proxy_source: ``allow-proxy-source``: the store takes part in proxy-source
             elections for sources that ask for a proxy (see "Proxy sources" in
             :meth:`StoreCore._proxy_start`).
-        proxy_election_interval: ``proxy-election-interval``, milliseconds.
         proxy_stores: the Quorum/Consensus group's stores, this one included; a store's
             index in the election is its position here (empty: the store elects alone).
     """
@@ -443,7 +443,6 @@ class StoreSettings:
     rpp_supported: bool = True
     rpp_late_join_unconsumed: bool = False
     allow_proxy_source: bool = False
-    proxy_election_interval: int = 60_000
     proxy_stores: tuple[Addr, ...] = ()
 
     def policy_for(self, topic: str) -> TopicPolicy | None:
@@ -1746,7 +1745,7 @@ class StoreCore(ContextCore):
         peers = {i: addr for i, addr in enumerate(group) if i != index}
         seed = None if settings.seed is None else f"proxy {settings.seed}"
         self._proxy = ProxyElection(index, self.addr, peers,
-                                    settings.proxy_election_interval / 1000,
+                                    TopicPolicy().proxy_election_interval / 1000,
                                     random.Random(seed))
 
     def _proxy_registered(self, src: SourceState, message: LbmcMessage, preg: Header) -> None:
@@ -1769,7 +1768,7 @@ class StoreCore(ContextCore):
                 key = SourceKey(src.request_addr[0], src.request_addr[1], src.transport_idx,
                                 src.topic_idx)
                 self._proxy_keys[src.reg_id] = key
-                election.watch(key, src.reg_id)
+                election.watch(key, src.reg_id, src.policy.proxy_election_interval / 1000)
         self._proxy_apply()
 
     def _proxy_timed_out(self, client: Client) -> None:

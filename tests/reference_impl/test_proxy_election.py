@@ -5,6 +5,7 @@ of claim deliveries between any number of stores still leaves exactly one proxy)
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -214,3 +215,49 @@ def test_any_delivery_order_leaves_exactly_one_proxy(n: int, seed: int,
         if e.store_index != holders[0]:
             holder = e.sources[SRC].holder
             assert holder is not None and holder.store_index == holders[0]
+
+
+def test_a_source_waits_by_its_own_topics_interval() -> None:
+    e = group(1)[0]
+    e.watch(SRC, reg_id=1000, interval=100.0)
+    e.source_timed_out(SRC, 0.0)
+    deadline = e.next_timer()
+    assert deadline is not None and WAIT_LOW * 100.0 <= deadline <= WAIT_HIGH * 100.0
+    with pytest.raises(ValueError, match="more than 0"):
+        e.watch(SRC, reg_id=1000, interval=0.0)
+
+
+PROXY_XML = """<?xml version="1.0"?>
+<ume-store version="1.2">
+  <daemon><log>stored.log</log></daemon>
+  <stores>
+    <store name="s" port="14567">
+      <ume-attributes>
+        <option type="store" name="allow-proxy-source" value="1"/>
+      </ume-attributes>
+      <topics>
+        <topic pattern="orders" type="direct">
+          <ume-attributes>
+            <option type="store" name="proxy-election-interval" value="2500"/>
+          </ume-attributes>
+        </topic>
+      </topics>
+    </store>
+  </stores>
+</ume-store>
+"""
+
+
+def test_the_store_configuration_reaches_the_store_core(tmp_path: Path) -> None:
+    from reference_impl import runtime
+    from reference_impl.config.store_xml import parse_store_config
+
+    config = parse_store_config(PROXY_XML, "s.xml")
+    settings = runtime.store_settings(config.stores[0], resolver=("127.0.0.1", 15380),
+                                      base=tmp_path)
+    assert settings.allow_proxy_source
+    policy = settings.policy_for("orders")
+    assert policy is not None and policy.proxy_election_interval == 2500
+    off = parse_store_config(PROXY_XML.replace('value="1"', 'value="0"'), "s.xml")
+    assert not runtime.store_settings(off.stores[0], resolver=("127.0.0.1", 15380),
+                                      base=tmp_path).allow_proxy_source

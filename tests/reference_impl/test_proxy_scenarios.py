@@ -25,7 +25,8 @@ ACTIVITY = 1.0  # the stores' source-activity-timeout, s
 INTERVAL = 0.2  # proxy-election-interval, s: waits of 0.1 .. 0.3 s
 JITTER = LinkConfig(delay=0.02, jitter=0.06)  # up to 80 ms one way: claims cross often
 RULES = (TopicRule(".*", TopicPolicy(source_activity_timeout=int(ACTIVITY * 1000),
-                                     source_check_interval=50, keepalive_interval=300),
+                                     source_check_interval=50, keepalive_interval=300,
+                                     proxy_election_interval=int(INTERVAL * 1000)),
                    kind="PCRE"),)
 NAMES = ["s0", "s1", "s2"]
 SETTLE = ACTIVITY + 1.5 * INTERVAL + 1.5  # timeout, longest wait, claims under jitter
@@ -37,7 +38,7 @@ def deployment(seed: int, *, allow: bool = True, proxy_source: int = 1,
     group = tuple((d._host(n), STORE_PORT) for n in NAMES)  # addresses before the stores
     for i, name in enumerate(NAMES):
         d.add_store(name, topics=RULES, seed=seed * 10 + i, allow_proxy_source=allow,
-                    proxy_election_interval=int(INTERVAL * 1000), proxy_stores=group)
+                    proxy_stores=group)
     specs = tuple(StoreSpec(ip, port) for ip, port in group)
     src = d.add_source("src", TOPIC, ume_store=specs, ume_session_id=0x5E55,
                        ume_proxy_source=proxy_source, ume_registration_interval=500)
