@@ -234,10 +234,14 @@ def write_html(run: RunResult, path: Path) -> None:
 <details><summary>IUT log during the case</summary><pre>{html.escape(r.iut_log[-8000:])}</pre>
 </details>
 </details>""")
+    # a passive run judges every role seen in its captures (ump conform --capture)
+    passive = any(getattr(r, "entity", None) is not None for r in run.results)
+    kind = "passive: every store, source and receiver seen" if passive else \
+        run.profile.role.value
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>ump conform: {html.escape(run.profile.name)}</title><style>{_CSS}</style></head>
-<body><h1>Conformance of {html.escape(run.profile.name)} ({run.profile.role.value})</h1>
+<body><h1>Conformance of {html.escape(run.profile.name)} ({kind})</h1>
 <p>{len(run.results)} cases in {run.seconds:.1f} s, time scale {run.time_scale}:
 {summary}. Exit code <b>{run.exit_code}</b>
 ({'no MUST case failed' if run.exit_code == 0 else 'a MUST case failed or errored'}).</p>

@@ -152,6 +152,14 @@ def test_a_mutant_demo_fails_the_case_of_its_rule(tmp_path: Path, mutant: str) -
                       if r.message != ACTIVE_ONLY])
         failing = [r for r in results if r.spec.id == case_id and r.verdict is Verdict.FAIL]
         assert all(r.decided_by for r in failing)
+    # the command says so too: exit code 1, the case's line
+    work = tmp_path / "work"
+    cli = _ump("conform", "--capture", "demo.pcap", "--source-config", str(work / "source.cfg"),
+               "--receiver-config", str(work / "receiver.cfg"), "--out", "out", cwd=tmp_path)
+    assert cli.returncode == 1, cli.stdout + cli.stderr
+    for case_id in cases:
+        assert any(line.startswith(case_id) and " fail " in line
+                   for line in cli.stdout.splitlines()), cli.stdout
 
 
 @pytest.mark.parametrize("name", sorted(
@@ -253,6 +261,7 @@ def test_conform_capture_writes_the_reports_with_entities_and_frames(tmp_path: P
     assert active_only and all(c["verdict"] == "unsupported" for c in active_only)
     html = (tmp_path / "out" / "report.html").read_text()
     assert "ump dissect" in html and "--store-port 14567" in html
+    assert "(passive: every store, source and receiver seen)" in html
     junit = (tmp_path / "out" / "junit.xml").read_text()
     assert "[store 127.3.0.1:14567]" in junit
 
