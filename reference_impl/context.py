@@ -35,13 +35,18 @@ another topic's traffic on a shared group, not bad input, so it is only counted
 (``stats["lbtrm_foreign"]``), never logged (our choice: a receiver on a busy group would
 otherwise log every datagram of every topic it does not subscribe to).  One exception: a
 datagram from the source IP and unicast port of a session we receive, under a session ID that
-is neither that session's nor one it had before, is that source restarted (LBT-RM has no
-reset, and a restarted source draws a new ID): the session is replaced at once, on the same
-stand-in connection, and starts at that datagram (:meth:`ContextCore.swap_lbtrm_session`; the
-subclass hears :class:`~reference_impl.lbtru_session.SessionReset`).  Waiting for the new
-session's TIR instead would lose what the source sent before it arrived, with nothing after
-it to show the gap.  Session IDs replaced so are kept (:attr:`ContextCore.lbtrm_retired`), so
-a stale datagram or advertisement of the old run never brings it back.
+is neither that session's nor one it had before, may be that source restarted (LBT-RM has no
+reset, and a restarted source draws a new ID).  A *provisional* session for it starts at that
+datagram and holds what it delivers (at most :data:`PROVISIONAL_HELD` payloads, the oldest
+dropped first); once a TIR of our topic names that session (:meth:`ContextCore.promote_lbtrm`)
+it replaces the old one on the same stand-in connection, the subclass hears
+:class:`~reference_impl.lbtru_session.SessionReset`, then the held payloads.  Waiting for the
+TIR before starting would lose what the source sent before it arrived, with nothing after it
+to show the gap; delivering before it would hand another application's data to our routes if
+an unrelated source took the port.  A provisional session nobody confirms ends with its
+activity timeout, or with the session it could have replaced.  Session IDs replaced are kept
+(:attr:`ContextCore.lbtrm_retired`), so a stale datagram or advertisement of the old run never
+brings it back.
 
 Malformed input never raises out of a core: it becomes an :class:`~reference_impl.events.
 InputDropped` event and a log line, and the state is untouched (issue 3, "Bad input").
@@ -71,6 +76,7 @@ from reference_impl.lbtru_session import (
     LbtruSourceSession,
     LbtruSourceSettings,
     SessionReset,
+    SourceTimedOut,
 )
 from reference_impl.lbtru_session import Event as LbtruEvent
 from reference_impl.sim import (
@@ -93,6 +99,9 @@ _MSGLEN = CONTROL_BASE.names.index("msglen")
 _RM_HEADER = lbtrm.COMMON.codec  # LBT-RM's common header: which session a datagram is for
 _RM_PORT = lbtrm.COMMON.names.index("ucast_port")
 _RM_SID = lbtrm.COMMON.names.index("session_id")
+PROVISIONAL_HELD = 10_000
+"""Most payloads a provisional LBT-RM session holds until its TIR confirms it (see the module
+docstring); beyond that the oldest are dropped (counted in ``stats["lbtrm_held_dropped"]``)."""
 
 
 @dataclass(eq=False)
@@ -153,6 +162,7 @@ class LbtruBinding:
     session: LbtruSourceSession | LbtruReceiverSession | LbtrmSourceSession
     conn: Connection | None = None
     group: Addr | None = None
+    held: list[bytes] | None = None  # a provisional LBT-RM session's payloads (see above)
 
 
 class ContextCore:
@@ -262,15 +272,61 @@ class ContextCore:
         return {port for _, port in self.groups}
 
     def _lbtrm_restarted(self, port: int, key: tuple[str, int, int]) -> LbtruBinding | None:
-        """A datagram of no session of ours on an LBT-RM port: the new session of a source we
-        receive there, if it is one (see the module docstring), swapped in; else None."""
+        """A datagram of no session of ours on an LBT-RM port: when it comes from the address
+        and unicast port of a source we receive there, a provisional session for it (see the
+        module docstring); else None."""
         source = (key[0], key[1])
         if key[2] in self.lbtrm_retired.get(source, ()):
             return None
-        old = next((b for b in self.lbtru if b.port == port and b.group is not None
-                    and isinstance(b.session, LbtrmReceiverSession)
-                    and b.session.source == source), None)
-        return None if old is None else self.swap_lbtrm_session(old, key[2])
+        old = self.lbtru_receiving(source)
+        if old is None or old.port != port or old.group is None:
+            return None
+        session = self._lbtrm_session(old.group, source, key[2])
+        binding = LbtruBinding(port, session, None, old.group, held=[])
+        self.lbtru.append(binding)
+        return binding
+
+    def _lbtrm_session(self, group: Addr, source: Addr, session_id: int,
+                       ) -> LbtrmReceiverSession:
+        """A receiving session; its NAK backoff draws are seeded from the addresses, so a run
+        stays a function of its seed."""
+        seed = zlib.crc32(f"{self.ip}:{group[0]}:{group[1]}/{source[0]}:{source[1]}/"
+                          f"{session_id}".encode())
+        return LbtrmReceiverSession(source[0], source[1], session_id,
+                                    self.lbtrm_receiver_settings, now=self.now, seed=seed)
+
+    def promote_lbtrm(self, source: Addr, session_id: int) -> LbtruBinding | None:
+        """A TIR of our topic names session ``session_id`` of the LBT-RM source at ``source``
+        (IP, unicast port): if we hold a provisional session for it and still receive that
+        source's previous session, the provisional one takes over (see the module docstring)
+        and is returned; else None."""
+        key = (source[0], source[1], session_id)
+        provisional = next((b for b in self.lbtru if b.held is not None and b.conn is None
+                            and isinstance(b.session, LbtrmReceiverSession)
+                            and b.session.key == key), None)
+        old = self.lbtru_receiving(source)
+        if provisional is None:
+            return None
+        if old is None or old.conn is None:  # the old session ended meanwhile: join afresh
+            self.lbtru.remove(provisional)
+            return None
+        self._retire(old)
+        provisional.conn = old.conn
+        held, provisional.held = provisional.held or [], None
+        self.on_lbtru_event(provisional, SessionReset())
+        for payload in held:
+            if provisional.conn.open:
+                self._feed_datagram(provisional.conn, payload)
+        return provisional
+
+    def _retire(self, old: LbtruBinding) -> None:
+        """Stop an LBT-RM receiving session that a newer run of its source replaces."""
+        session = old.session
+        assert isinstance(session, LbtrmReceiverSession)
+        self.lbtrm_retired.setdefault(session.source, set()).add(session.session_id)
+        session.close()
+        if old in self.lbtru:
+            self.lbtru.remove(old)
 
     def swap_lbtrm_session(self, old: LbtruBinding, session_id: int) -> LbtruBinding:
         """Replace the LBT-RM receiving session of ``old`` by session ``session_id`` of the
@@ -278,14 +334,8 @@ class ContextCore:
         retired, and :meth:`on_lbtru_event` told with a :class:`SessionReset`."""
         session = old.session
         assert isinstance(session, LbtrmReceiverSession) and old.group is not None
-        self.lbtrm_retired.setdefault(session.source, set()).add(session.session_id)
-        session.close()
-        if old in self.lbtru:
-            self.lbtru.remove(old)
-        seed = zlib.crc32(f"{self.ip}:{old.group[0]}:{old.group[1]}/{session.source[0]}:"
-                          f"{session.source[1]}/{session_id}".encode())
-        new = LbtrmReceiverSession(session.source[0], session.source[1], session_id,
-                                   self.lbtrm_receiver_settings, now=self.now, seed=seed)
+        self._retire(old)
+        new = self._lbtrm_session(old.group, session.source, session_id)
         binding = LbtruBinding(old.port, new, old.conn, old.group)
         self.lbtru.append(binding)
         self.on_lbtru_event(binding, SessionReset())
@@ -563,10 +613,7 @@ class ContextCore:
             self.lbtru_ports.add(group[1])
             if self.join_group is not None:
                 self.join_group(group)
-        seed = zlib.crc32(f"{self.ip}:{group[0]}:{group[1]}/{source[0]}:{source[1]}/"
-                          f"{session_id}".encode())
-        session = LbtrmReceiverSession(source[0], source[1], session_id,
-                                       self.lbtrm_receiver_settings, now=self.now, seed=seed)
+        session = self._lbtrm_session(group, source, session_id)
         conn = Connection(((self.ip, group[1]), source), outgoing=True, open=True, tag=tag,
                           datagrams=True)
         binding = LbtruBinding(group[1], session, conn, group)
@@ -579,13 +626,21 @@ class ContextCore:
                     None)
 
     def close_lbtru(self, binding: LbtruBinding) -> None:
-        """Stop a session: no more datagrams, timers or events from it."""
-        if isinstance(binding.session, LbtruReceiverSession):
-            binding.session.close()
+        """Stop a session: no more datagrams, timers or events from it (nor from the
+        provisional LBT-RM sessions that could only have replaced it)."""
+        session = binding.session
+        if isinstance(session, LbtruReceiverSession):
+            session.close()
         if binding.conn is not None:
             binding.conn.open = False
         if binding in self.lbtru:
             self.lbtru.remove(binding)
+        if isinstance(session, LbtrmReceiverSession) and binding.conn is not None:
+            for other in [b for b in self.lbtru if b.held is not None and b.conn is None
+                          and isinstance(b.session, LbtrmReceiverSession)
+                          and b.session.source == session.source]:
+                other.session.close()  # type: ignore[union-attr]
+                self.lbtru.remove(other)
 
     def _pump_lbtru(self, binding: LbtruBinding) -> None:
         """Hand over what one call into a session produced: delivered payloads into the LBMC
@@ -595,6 +650,15 @@ class ContextCore:
             if isinstance(event, Delivered):
                 if binding.conn is not None and binding.conn.open:
                     self._feed_datagram(binding.conn, event.payload)
+                elif binding.held is not None:  # provisional: until its TIR confirms it
+                    binding.held.append(event.payload)
+                    if len(binding.held) > PROVISIONAL_HELD:
+                        del binding.held[0]
+                        self.stats["lbtrm_held_dropped"] = \
+                            self.stats.get("lbtrm_held_dropped", 0) + 1
+            elif binding.held is not None and binding.conn is None:
+                if isinstance(event, SourceTimedOut) and binding in self.lbtru:
+                    self.lbtru.remove(binding)  # nobody confirmed it
             else:
                 self.on_lbtru_event(binding, event)
 

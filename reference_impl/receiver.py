@@ -832,16 +832,17 @@ class ReceiverCore(ContextCore):
                 self._rest()
 
     def _lbtrm_rerun(self, transport: Addr, sid: int) -> bool:
-        """True when an LBT-RM TIR needs no join: it names a run of the source already
-        replaced (stale), or a new run of one we receive, whose session is swapped in here
-        (SessionReset follows: see :meth:`~reference_impl.context.ContextCore.
-        swap_lbtrm_session`)."""
+        """True when an LBT-RM TIR of our topic needs no join: it names a run of the source
+        already replaced (stale).  A new run of a source we receive takes over here, from the
+        provisional session that started at its first datagram, else from now (SessionReset
+        follows: see :meth:`~reference_impl.context.ContextCore.promote_lbtrm`)."""
         if sid in self.lbtrm_retired.get(transport, ()):
             return True
         binding = self.lbtru_receiving(transport)
         if binding is None or binding.group is None:
             return False
-        if getattr(binding.session, "session_id", None) != sid:
+        if getattr(binding.session, "session_id", None) != sid \
+                and self.promote_lbtrm(transport, sid) is None:
             self.swap_lbtrm_session(binding, sid)
         return False
 

@@ -71,7 +71,8 @@ def logs(d: SimDeployment, name: str) -> list[str]:
 
 
 def rm_session(core: ContextCore) -> LbtrmReceiverSession:
-    sessions = [b.session for b in core.lbtru if isinstance(b.session, LbtrmReceiverSession)]
+    sessions = [b.session for b in core.lbtru
+                if isinstance(b.session, LbtrmReceiverSession) and b.conn is not None]
     assert len(sessions) == 1, sessions
     return sessions[0]
 
@@ -179,6 +180,43 @@ def test_a_restarted_source_is_a_new_session_that_store_and_receiver_follow() ->
     send(d, 5)
     d.run(2)
     assert delivered(d) == list(range(45))
+
+
+def test_another_application_taking_a_dead_sources_port_is_never_delivered() -> None:
+    # the source dies; before its sessions time out, a source of another topic (no stores)
+    # binds the same unicast port and sends on the same group: its datagrams look like a
+    # restart, but no TIR of our topic confirms them, so nothing reaches the store or the
+    # receiver (they are held by a provisional session, then dropped with it)
+    d = deployment()
+    send(d, 10)
+    d.run(1)
+    old = d.sources["src"].lbtrm_session
+    assert old is not None
+    d.kill("src")
+    d.run(1)
+    stranger = SourceCore("another.topic", SourceConfig(transport="lbt-rm"), ip=d.ips["src"],
+                          transport_port=14371, request_port=14391, lbmr_port=14402,
+                          resolver=d.resolver_addr, now=d.now, lbtrm_port=LBTRM_SOURCE_PORT)
+    d.net.restart("src", {14402: stranger, 14371: stranger, 14391: stranger,
+                          LBTRM_SOURCE_PORT: stranger})
+    assert stranger.lbtrm_session is not None
+    assert stranger.lbtrm_session.group == old.group  # same port, same group
+    for i in range(20):
+        stranger.send(b"not yours %d" % i)
+        d.run(0.001)
+    d.run(3)
+    assert delivered(d) == list(range(10))
+    store = d.stores["store"]
+    (state,) = store.sources.values()
+    assert state.repo is not None and len(state.repo) == 10
+    for core in (store, d.receivers["rcv"]):
+        held = [b for b in core.lbtru if b.held is not None]
+        assert len(held) == 1 and held[0].conn is None and len(held[0].held or []) >= 20
+        assert rm_session(core).session_id == old.session_id  # still the old run's
+        assert not [text for text in logs(d, "store") if "new session" in text]
+    d.run(61)  # the old session times out (60 s), and the provisional one with it
+    for core in (store, d.receivers["rcv"]):
+        assert [b for b in core.lbtru if b.held is not None] == []
 
 
 def test_a_datagram_of_another_session_on_the_group_port_is_counted_not_logged() -> None:
