@@ -29,12 +29,14 @@ It does three things, in this order:
    pieces of the decode (``_recordwalk``, ``_netheaders``) cannot be imported from a zip, so
    executors fed the zip run their numpy and Python equivalents, which give the same rows.
 2. **Sizes** ``spark.sql.shuffle.partitions`` (:func:`size_shuffle_partitions`): Spark's
-   default of 200 partitions costs far more than the work on a capture (a 12,000-frame
-   DataFrame decode took 74 s with it).  Without an input size it becomes one partition per
-   core the session has (``defaultParallelism``); :func:`size_shuffle_partitions` with the
-   capture's bytes gives one per :data:`SHUFFLE_PARTITION_BYTES` as well, in whole waves of the
-   cores.  A value given at launch (``--conf``, ``SparkConf``, ``config=`` here) or set at run
-   time to anything but 200 is the user's and is kept.
+   default of 200 partitions costs far more than the work on a capture: the DataFrame decode
+   (``decode_frames``) of a 12,058-frame capture took 278-387 s with it and 54-83 s with two
+   (one per core), on the 2-core machine while other jobs kept its load average at 10-22.
+   Without an input size it becomes one partition per core the session has
+   (``defaultParallelism``); :func:`size_shuffle_partitions` with the capture's bytes gives
+   one per :data:`SHUFFLE_PARTITION_BYTES` as well, in whole waves of the cores.  A value
+   given at launch (``--conf``, ``SparkConf``, ``config=`` here) or set at run time to
+   anything but 200 is the user's and is kept.
 3. Registers the ``pcap`` data source (:class:`~spark_analysis.pcap_source.PcapDataSource`).
 
 **Which Python the workers run.**  Spark starts its Python workers with ``PYSPARK_PYTHON``,

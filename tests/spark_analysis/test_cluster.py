@@ -39,7 +39,7 @@ from tests.reference_impl.loopback import free_port
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 STORE_PORT = 14567
-START_TIMEOUT = 120.0
+START_TIMEOUT = 300.0
 
 HIDE_PROJECT = '''\
 """Test cluster executors: spark_analysis and wire only from a zip on the path (shipped)."""
