@@ -460,7 +460,14 @@ async def start_source(host: AioHost, topic: str, client: ClientConfig, *,
                     await host.bind_udp(core, (ip, lbtrm))
                     rm = core.lbtrm_session
                     assert rm is not None  # multicast out of our own IP, loop on
-                    host.join_multicast(core, rm.group[0], interface=ip, local=(ip, lbtrm))
+                    try:
+                        host.join_multicast(core, rm.group[0], interface=ip,
+                                            local=(ip, lbtrm))
+                    except HostError as exc:  # not a port race: no other port helps
+                        raise RuntimeError_(
+                            f"source {topic}: cannot send LBT-RM to {rm.group[0]} from {ip}: "
+                            f"{exc} (on one machine, scripts/ensure-multicast sets loopback "
+                            f"up for multicast)") from None
         except HostError as exc:  # the core was dropped from the host: try other ports
             _lost_race(host, exc)
             continue

@@ -27,9 +27,10 @@ from pathlib import Path
 import pytest
 
 from reference_impl import runtime
-from reference_impl.aio import AioHost
+from reference_impl.aio import AioHost, HostError
 from reference_impl.capture import LoopbackCapture
 from reference_impl.config import parse_client_config
+from reference_impl.context import ContextCore
 from reference_impl.source import SourceCore
 from tests.reference_impl.loopback import IP, free_port, loopback
 from tests.reference_impl.oracle_capture import assert_tshark_agrees, start_capture
@@ -148,3 +149,39 @@ def test_an_lbtrm_deployment_of_ump_processes_dissects_cleanly_port_to_port(
         assert (row[3], int(row[4])) == (IP, ucast) and int(row[2]) == dport, row
     retransmitted = [row for row in data if row[7] in ("1", "True")]
     assert len(retransmitted) >= len(LOST_FIRST_COPIES)
+
+
+def test_a_source_that_cannot_send_multicast_says_so_in_one_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    port = free_port(socket.SOCK_DGRAM)
+    client = parse_client_config(f"source transport lbt-rm\n"
+                                 f"source transport_lbtrm_source_port {port}\n")
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise HostError("cannot join 224.10.10.10 on 127.0.0.1: No such device")
+
+    async def start() -> None:
+        async with AioHost() as host:
+            monkeypatch.setattr(host, "join_multicast", refuse)
+            await runtime.start_source(host, TOPIC, client)
+
+    with pytest.raises(runtime.RuntimeError_, match=r"cannot send LBT-RM to 224\.10\.10\.1.* "
+                                                    r"scripts/ensure-multicast"):
+        asyncio.run(start())
+
+
+def test_a_group_a_receiver_cannot_bind_is_logged_not_fatal(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def join() -> bool:
+        async with AioHost() as host:
+            core = ContextCore("c", IP)
+            await host.bind_udp(core, (IP, 0))
+            join = runtime.group_joiner(host, core, IP)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+                taken.bind(("0.0.0.0", 0))  # without SO_REUSEADDR: nobody can share it
+                join((GROUP, taken.getsockname()[1]))
+            return host.closed
+
+    with caplog.at_level("ERROR", logger="ump"):
+        assert asyncio.run(join()) is False  # the host (and the process) goes on
+    assert any("cannot receive LBT-RM group 224.10.10.13" in r.message for r in caplog.records)
