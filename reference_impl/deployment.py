@@ -123,7 +123,10 @@ class SimDeployment:
         store = make()
         self._factories[name] = make
         self.stores[name] = store
-        self._bind(name, store, [LBMR_PORT, port, LBTRU_RECEIVER_PORT])
+        ports = [LBMR_PORT, port, LBTRU_RECEIVER_PORT]
+        if store.settings.proxy_port:  # its proxy sources' transport (reference_impl/proxy.py)
+            ports.append(store.settings.proxy_port)
+        self._bind(name, store, ports)
         return store
 
     def add_source(self, name: str, topic: str, stores: list[str] | None = None,

@@ -312,7 +312,9 @@ from wire.lbmc import (
     LbmcMessage,
     MessageType,
     PregError,
+    Sri,
     SriReq,
+    TopicIdx,
     Topicname,
     UmeAck,
     UmeClientLifetime,
@@ -323,6 +325,8 @@ from wire.lbmc import (
     UmePsrcElectionToken,
     UmeRxreq,
     UmeSid,
+    UmeStoreExt,
+    UmeStoreGroup,
     UmeStoreid,
     parse_message,
 )
@@ -379,9 +383,9 @@ class TopicPolicy:
     repository_disk_write_delay: int = 0
     source_flight_size_bytes_maximum: int = 4_194_304
     retransmission_request_forwarding: int = 0
-
-
     proxy_election_interval: int = 60_000  # the proxy election's wait: [0.5, 1.5] x this
+
+
 @dataclass(frozen=True)
 class TopicRule:
     """One ``<topic>``: a pattern (direct = exact, else a regular expression) and its options."""
@@ -428,6 +432,8 @@ class StoreSettings:
             :meth:`StoreCore._proxy_start`).
         proxy_stores: the Quorum/Consensus group's stores, this one included; a store's
             index in the election is its position here (empty: the store elects alone).
+        proxy_port: the TCP port (bound by the driver) the store's proxy sources advertise
+            as their transport and request port (0: the store port itself).
     """
 
     name: str
@@ -446,6 +452,7 @@ class StoreSettings:
     rpp_late_join_unconsumed: bool = False
     allow_proxy_source: bool = False
     proxy_stores: tuple[Addr, ...] = ()
+    proxy_port: int = 0
 
     def policy_for(self, topic: str) -> TopicPolicy | None:
         for rule in self.topics:
@@ -674,6 +681,8 @@ class StoreCore(ContextCore):
                                     f"{name!r} ({where})")
 
     def on_lbmr(self, packet: lbmr.LbmrPacket, addr: Addr) -> None:
+        if packet.tqrs and self._proxy is not None:  # a proxy source answers for its topic
+            self._proxy_advertise({getattr(q, "name", None) for q in packet.tqrs})
         if isinstance(packet.ext, lbmr.CtxInfo):
             self._on_context_info(packet.ext, addr)
         for tir in packet.tirs:
@@ -897,6 +906,9 @@ class StoreCore(ContextCore):
         if message.header(UmePsrcElectionToken) is not None:
             self._on_proxy_claim(conn, raw)  # another store's proxy registration
             return
+        sri_req = message.header(SriReq)
+        if sri_req is not None and self._proxy_sri(conn, sri_req):
+            return  # a late receiver asking our proxy source
         handled = False
         for header in message.headers:
             if isinstance(header, UmePreg):
@@ -1831,6 +1843,8 @@ class StoreCore(ContextCore):
                 src = self.sources.get(reg_id)
                 topic = src.topic if src is not None else "?"
                 if isinstance(action, CreateProxy):
+                    if src is not None:
+                        self.send_lbmr(lbmr.LbmrPacket(tirs=[self._proxy_tir(src)]))
                     self.emit(ProxySourceCreated(topic, reg_id, action.token, action.reelect))
                     self.log(Level.NOTICE, f"proxy source created for topic {topic!r} (source "
                                            f"RegID {reg_id}, election token "
@@ -1847,6 +1861,62 @@ class StoreCore(ContextCore):
             self.cancel_timer("proxy")
         else:
             self.set_timer("proxy", at)
+
+    def _proxied(self) -> list[SourceState]:
+        """The sources this store runs a proxy source for."""
+        if self._proxy is None:
+            return []
+        out = []
+        for key in self._proxy.proxies():
+            src = self.sources.get(self._proxy.sources[key].reg_id)
+            if src is not None:
+                out.append(src)
+        return out
+
+    def _proxy_tir(self, src: SourceState) -> lbmr.Tir:
+        """The proxy source's advertisement of ``src``'s topic.  *Choice* (the guide says
+        only that the proxy "sends topic advertisements"): the proxy's transport and request
+        address are the store port itself, and it names this store as the one to register
+        with, under the source's RegID here, so a late receiver connects to this store,
+        gets its SRI there (:meth:`_proxy_sri`), registers and recovers from the
+        repository."""
+        ip, port = self.addr
+        proxy_port = self.settings.proxy_port or port
+        lead = src.repo.lead_sqn if src.repo is not None else None
+        options: list[lbmr.Record] = [
+            lbmr.ToptUme(store=1, latejoin=1, qccap=1, store_tcp_port=port, store_tcp_addr=ip,
+                         src_tcp_port=proxy_port, src_tcp_addr=ip, src_reg_id=src.reg_id,
+                         transport_idx=src.transport_idx, high_seqnum=lead or 0,
+                         low_seqnum=0),
+            lbmr.ToptUmeStore(grp_idx=0, store_tcp_port=port, store_idx=0, store_ip_addr=ip,
+                              src_reg_id=src.reg_id),
+            lbmr.ToptExfunc(src_tcp_port=proxy_port, src_ip_addr=ip, ume=1, lj=1)]
+        return lbmr.Tir(name=src.topic, ttl=1, index=src.topic_idx,
+                        info=lbmr.TcpInfo(ip=ip, port=proxy_port), options=options)
+
+    def _proxy_advertise(self, names: set[str | None]) -> None:
+        tirs: list[lbmr.Record] = [self._proxy_tir(s) for s in self._proxied()
+                                   if s.topic in names]
+        for i in range(0, len(tirs), _TQRS_PER_QUERY):
+            self.send_lbmr(lbmr.LbmrPacket(tirs=tirs[i:i + _TQRS_PER_QUERY]))
+
+    def _proxy_sri(self, conn: Connection, req: Header) -> bool:
+        """Answer an SRI request for a source we proxy (on the connection it came on, the
+        one the receiver joined as the proxy's transport): the repository's range and this
+        store, as the source's SRI would name it.  False when no proxy of ours matches."""
+        src = next((s for s in self._proxied() if (s.transport_idx, s.topic_idx)
+                    == (req.transport_idx, req.topic_idx)), None)
+        if src is None:
+            return False
+        repo = src.repo
+        low = repo.trail_sqn if repo is not None else None
+        high = repo.lead_sqn if repo is not None else None
+        self.write(conn, control(
+            Sri(version=1, low_sqn=low or 0, high_sqn=high or 0, initial_sqn_known=1),
+            TopicIdx(tidx=src.topic_idx), UmeStoreGroup(grp_idx=0, grp_sz=1),
+            UmeStoreExt(grp_idx=0, store_tcp_port=self.addr[1], store_idx=0,
+                        store_ip_addr=self.addr[0], src_reg_id=src.reg_id)))
+        return True
 
     def proxies(self) -> list[str]:
         """The topics this store runs a proxy source for (tests, web monitor)."""

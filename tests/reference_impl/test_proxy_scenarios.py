@@ -29,6 +29,7 @@ RULES = (TopicRule(".*", TopicPolicy(source_activity_timeout=int(ACTIVITY * 1000
                                      proxy_election_interval=int(INTERVAL * 1000)),
                    kind="PCRE"),)
 NAMES = ["s0", "s1", "s2"]
+PROXY_PORT = 14372  # the stores' proxy sources' transport (in the LBT-TCP source port range)
 SETTLE = ACTIVITY + 1.5 * INTERVAL + 1.5  # timeout, longest wait, claims under jitter
 
 
@@ -38,7 +39,7 @@ def deployment(seed: int, *, allow: bool = True, proxy_source: int = 1,
     group = tuple((d._host(n), STORE_PORT) for n in NAMES)  # addresses before the stores
     for i, name in enumerate(NAMES):
         d.add_store(name, topics=RULES, seed=seed * 10 + i, allow_proxy_source=allow,
-                    proxy_stores=group)
+                    proxy_stores=group, proxy_port=PROXY_PORT)
     specs = tuple(StoreSpec(ip, port) for ip, port in group)
     src = d.add_source("src", TOPIC, ume_store=specs, ume_session_id=0x5E55,
                        ume_proxy_source=proxy_source, ume_registration_interval=500)
@@ -109,6 +110,28 @@ def test_proxy_takeover_and_source_return() -> None:
     assert len(holders(d)) == 1
 
 
+def test_a_late_receiver_registers_through_the_proxy_and_recovers() -> None:
+    """Guide "Proxy Sources": the proxy's advertisements "allow new receivers to join the
+    source's transport session and request Source Registration Information (SRI) to register
+    with the store and request retransmissions"."""
+    d, src = deployment(7)
+    sent = [src.send(b"m%d" % i) for i in range(10)]
+    d.run(1.0)
+    assert src.inflight == 0
+    d.kill("src")
+    d.run(SETTLE)
+    (holder,) = holders(d)
+    late = d.add_receiver("late", TOPIC)
+    d.run(8.0)
+    got = [e for e in d.events("late") if isinstance(e, ev.MessageDelivered)]
+    assert [e.sequence_number for e in got] == sent
+    assert all(e.retransmission for e in got)
+    (ok,) = [e for e in d.events("late") if isinstance(e, ev.ReceiverRegistrationSuccess)]
+    assert ok.store.addr == d.stores[holder].addr
+    assert late.complete
+    assert created(d, "late") == []  # (the receiver makes no proxy, of course)
+
+
 @pytest.mark.parametrize("seed", [3, 11, 29])
 def test_store_of_the_proxy_killed_triggers_a_reelection(seed: int) -> None:
     d, _ = deployment(seed)
@@ -128,6 +151,10 @@ def test_no_proxy_without_allow_proxy_source() -> None:
     d.kill("src")
     d.run(SETTLE)
     assert holders(d) == [] and all(created(d, n) == [] for n in NAMES)
+    # and nobody answers for the topic: a late receiver cannot register
+    d.add_receiver("late", TOPIC)
+    d.run(5.0)
+    assert [e for e in d.events("late") if isinstance(e, ev.ReceiverRegistrationSuccess)] == []
 
 
 def test_no_proxy_for_a_source_that_did_not_ask() -> None:

@@ -2,7 +2,8 @@
 
 Two captures: a simulator run of a real election between three reference stores (the source's
 PREGs with ``ume_proxy_src``, the stores' claims - PREG with the P flag, ``ume_pser``,
-``ume_psrc_election_token`` - under jitter, so several stores claim), and hand-built claims with
+``ume_psrc_election_token`` - under jitter, so several stores claim; then the winner's topic
+advertisement and SRI to a late receiver), and hand-built claims with
 edge values (token 0xFFFFFFFF, store index 255, re-election flag, RegID 0).  Each must dissect
 with no disagreement in any field, no malformed frame and no error (docs/wire-lbmc.md §2.1:
 ume_proxy_src, ume_pser, ume_psrc_election_token).
@@ -31,6 +32,9 @@ def test_a_simulated_election_dissects_identically_in_tshark(tmp_path: Path) -> 
     d.run(scenario.SETTLE)
     assert len(scenario.holders(d)) == 1
     made = sum(len(scenario.created(d, n)) for n in scenario.NAMES)
+    late = d.add_receiver("late", scenario.TOPIC)  # the proxy's TIR and SRI in the capture
+    d.run(3.0)
+    assert late.complete
     pcap = tmp_path / "proxy-election.pcap"
     d.write_pcap(pcap)
     portmap = PortMap(store_ports=[STORE_PORT])
@@ -43,6 +47,11 @@ def test_a_simulated_election_dissects_identically_in_tshark(tmp_path: Path) -> 
     assert all("lbmc.ume_pser.source_ip" in n for n in claims)
     asks = [n for n in names if "lbmc.ume_proxy_src.flags.enable" in n]
     assert len(asks) >= 3  # the source's PREG at each store
+    proxy_tirs = [n for r in reports for o in r.occurrences
+                   for n in [dict(o.fields)] if n.get("lbmr.topt.ume.src_tcp_port")
+                   == scenario.PROXY_PORT]
+    assert proxy_tirs  # the proxy advertised the topic on its own port
+    assert any("lbmc.sri.high_sqn" in n for n in names)
     assert check_against_tshark(pcap, reports, portmap) == []
 
 
