@@ -66,7 +66,11 @@ restarts the SRI version count, the session reconnects by itself.
 An LBT-RM source (TIR with the 16-byte LBT-RM form) is received the same way through an
 :class:`~reference_impl.lbtrm_session.LbtrmReceiverSession` on the group's destination port
 (:meth:`~reference_impl.context.ContextCore.open_lbtrm_receiver`); a TIR of a known source
-with another session ID is that source restarted (LBT-RM has no reset), joined afresh.
+with another session ID is that source restarted (LBT-RM has no reset): its new session takes
+over (:meth:`~reference_impl.context.ContextCore.promote_lbtrm`) and, as for an LBT-RU reset,
+only the SRI version count restarts.  *Choice*: the source string (``LBTRM:ip:port:session:
+group:port``) keeps the first session's ID for the whole per-source flow, so deliveries before
+and after a restart name one source, as they do over LBT-TCP and LBT-RU.
 
 Data is taken only from the source's connections (its transport) and retransmissions only
 from the stores the receiver registered with; SRI only from the source.  Anything else (a
