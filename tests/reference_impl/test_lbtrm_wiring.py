@@ -182,6 +182,30 @@ def test_a_restarted_source_is_a_new_session_that_store_and_receiver_follow() ->
     assert delivered(d) == list(range(45))
 
 
+def test_what_a_restarted_source_sends_before_its_tir_arrives_is_held_then_delivered() -> None:
+    # the receiver hears of the new run from the resolver only 0.5 s late: the new session's
+    # first datagrams start a provisional session, which the TIR then confirms
+    d = deployment(ume_session_id=11)
+    send(d, 10)
+    d.run(1)
+    d.kill("src")
+    d.run(1)
+    d.net.set_link("resolver", "rcv", LinkConfig(delay=0.5))
+    src = d.restart("src")
+    assert isinstance(src, SourceCore)
+    assert d.run_until(lambda: src.complete, 20, step=0.01)
+    send(d, 10)
+    rcv = d.receivers["rcv"]
+    held = [b for b in rcv.lbtru if b.held is not None]
+    assert len(held) == 1 and held[0].held, "the new run's data was not held"
+    assert delivered(d) == list(range(10))  # nothing of it delivered yet
+    d.run(3)
+    assert delivered(d) == list(range(20))
+    assert [b for b in rcv.lbtru if b.held is not None] == []
+    assert src.lbtrm_session is not None
+    assert rm_session(rcv).session_id == src.lbtrm_session.session_id
+
+
 def test_another_application_taking_a_dead_sources_port_is_never_delivered() -> None:
     # the source dies; before its sessions time out, a source of another topic (no stores)
     # binds the same unicast port and sends on the same group: its datagrams look like a
