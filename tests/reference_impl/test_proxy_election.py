@@ -261,3 +261,23 @@ def test_the_store_configuration_reaches_the_store_core(tmp_path: Path) -> None:
     off = parse_store_config(PROXY_XML.replace('value="1"', 'value="0"'), "s.xml")
     assert not runtime.store_settings(off.stores[0], resolver=("127.0.0.1", 15380),
                                       base=tmp_path).allow_proxy_source
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_mutated_claims_never_raise_and_dropped_ones_change_nothing(data: st.DataObject) -> None:
+    """Bit flips, inserted, deleted and overwritten bytes in a genuine claim: the machine never
+    raises; whatever it drops leaves every source's state and its timer as they were."""
+    from tests.reference_impl.strategies import mutated
+
+    e = group(3)[1]
+    e.source_timed_out(SRC, 0.0)
+    raw = data.draw(mutated(claim_from(0, 0x1234)))
+    before = ({k: vars(v).copy() for k, v in e.sources.items()}, e.next_timer())
+    e.on_claim(raw, store_addr(0), 1.0)
+    actions = e.actions()
+    if any(isinstance(a, Dropped) for a in actions):
+        assert len(actions) == 1
+        assert ({k: vars(v) for k, v in e.sources.items()}, e.next_timer()) == before
+    else:  # the edits left a well-formed claim of store 0 for the watched source
+        assert e.sources[SRC].phase is Phase.FOLLOWING
