@@ -9,9 +9,9 @@ dissect``) and folds the UM messages into :class:`Observed`:
   (matched on the same TCP connection, reversed, by registration kind and indexes; a response
   the capture lacks leaves ``response`` empty);
 * **sources and receivers** (:class:`Client`): the registrations of one client, which is one
-  topic plus its Session ID when it sends one, else the RegID it was granted (a client
-  restarted with its Session ID is the same client: "How Stores Associate Session IDs and
-  RegIDs", docs/semantics.md §1.1 step 4);
+  topic plus its Session ID when it sends one, else the RegID it asked for or was granted and
+  its host (a client restarted with its Session ID, or its RegID on its host, is the same
+  client: "How Stores Associate Session IDs and RegIDs", docs/semantics.md §1.1 step 4);
 * **data** (:class:`Data`): every data message with its transport address, topic index,
   sequence number and kind (data, proactive retransmission, retransmission; wire-lbmc.md §1.2);
 * **transports of sources**: which transport address carries the source that holds RegID R at
@@ -273,12 +273,13 @@ class Observed:
             if reg.source != (role == "source") or reg.deregister:
                 continue
             topic = reg.topic or "?"
+            host = reg.resp_addr[0]
             if reg.session_id:
                 key = f"sid {reg.session_id:#x}"
             elif reg.reg_id:
-                key = f"regid {reg.reg_id}"
+                key = f"regid {reg.reg_id} on {host}"
             elif reg.granted and reg.response is not None:
-                key = f"regid {reg.response.reg_id}"
+                key = f"regid {reg.response.reg_id} on {host}"
             else:
                 key = f"from {show(reg.resp_addr)}"
             out.setdefault((topic, key), Client(role, topic, key)).registrations.append(reg)
@@ -302,6 +303,11 @@ def _get(fields: list[tuple[str, Any]], name: str, default: Any = 0) -> Any:
         if key == name:
             return value
     return default
+
+
+def _answer_ip(ip: str, src: Addr) -> str:
+    """A PREG's answer address: 0.0.0.0 there means the address it came from."""
+    return src[0] if ip in ("0.0.0.0", "") else ip
 
 
 def _all(fields: list[tuple[str, Any]], name: str) -> list[Any]:
@@ -372,7 +378,7 @@ class _Builder:
                 transport_idx=_get(f, "lbmc.ume_preg.transport_idx"),
                 topic_idx=_get(f, "lbmc.ume_preg.topic_idx"), topic=topic,
                 session_id=_get(f, "lbmc.ume_sid.sid"),
-                resp_addr=(_get(f, "lbmc.ume_preg.resp_ip", src[0]),
+                resp_addr=(_answer_ip(_get(f, "lbmc.ume_preg.resp_ip", src[0]), src),
                            _get(f, "lbmc.ume_preg.resp_port", src[1])),
                 deregister=bool(_get(f, "lbmc.ume_preg.flags.d_flag")))
             self.obs.registrations.append(reg)

@@ -38,6 +38,7 @@ from conformance.passive.observe import (
 from reference_impl.config.client import load_client_config, parse_client_config
 from reference_impl.demo import Demo, Started, keep_own_frames
 from wire.pcap import PcapWriter, read_capture
+from wire.tshark import PortMap
 
 ROOT = Path(__file__).resolve().parents[2]
 MUTANT_STORE = Path(__file__).with_name("mutant_store.py")
@@ -54,10 +55,11 @@ PASSIVE_CATCHES = {
 }
 
 
-def _judged(paths: list[Path], configs: Path | None = None) -> list[PassiveResult]:
+def _judged(paths: list[Path], configs: Path | None = None,
+            ports: PortMap | None = None) -> list[PassiveResult]:
     """The verdicts over ``paths``; with the demo's UM configuration files from ``configs``
     (its work directory) as ``--source-config`` / ``--receiver-config`` give them."""
-    obs = observe(paths)
+    obs = observe(paths, ports)
     if configs is not None:
         obs.source_options = load_client_config(configs / "source.cfg").source
         obs.receiver_options = load_client_config(configs / "receiver.cfg").receiver
@@ -168,6 +170,49 @@ def test_a_mutant_demo_fails_the_case_of_its_rule(tmp_path: Path, mutant: str) -
 def test_committed_captures_have_no_false_failure(name: str) -> None:
     base = ROOT / "captures" / ("" if "/" in name else "reference")
     _no_fail(_judged([base / name]))
+
+
+CORPUS = ROOT / "captures" / "corpus"
+EXPECTED = CORPUS / "expected-conform"
+"""``<capture>.json``: the passive verdicts of each corpus capture (``UMP_UPDATE_EXPECTED=1``
+rewrites them; review the diff)."""
+
+
+def verdict_rows(path: Path) -> list[dict[str, object]]:
+    """The passive verdicts of ``path`` as the expected files hold them: every case that
+    judged something or said why not, with its entity and deciding frames (cases judged only
+    actively are left out, so a new active case does not touch these files)."""
+    rows: list[dict[str, object]] = [
+        {"case": r.spec.id, "entity": r.entity, "verdict": r.verdict.value,
+         "frames": r.decided_by, "message": r.message}
+        for r in _judged([path], ports=PortMap(store_ports=[14567]))  # the corpus's port
+        if r.message != ACTIVE_ONLY]
+    return sorted(rows, key=lambda row: (str(row["case"]), str(row["entity"]),
+                                         str(row["message"])))
+
+
+@pytest.mark.parametrize("name", ["basic", "qc3", "lossy-lbtrm", "restarts", "real-traits",
+                                  "not-um", "planted"])
+def test_corpus_verdicts_match_the_expected_files(name: str) -> None:
+    rows = verdict_rows(CORPUS / f"{name}.pcap")
+    expected = EXPECTED / f"{name}.json"
+    if os.environ.get("UMP_UPDATE_EXPECTED"):
+        EXPECTED.mkdir(exist_ok=True)
+        expected.write_text(json.dumps(rows, indent=1) + "\n")
+    assert rows == json.loads(expected.read_text()), (
+        f"passive verdicts of {name}.pcap changed: rerun with UMP_UPDATE_EXPECTED=1 and review "
+        f"the diff of {expected.relative_to(ROOT)}")
+
+
+def test_planted_anomalies_fail_their_cases() -> None:
+    """captures/corpus/planted.pcap (hand-built, tests/spark_analysis/analysis_corpus.py) plants
+    anomalies; those a requirement forbids fail its case."""
+    rows = verdict_rows(CORPUS / "planted.pcap")
+    failing = {str(r["case"]) for r in rows if r["verdict"] == "fail"}
+    assert failing == {
+        "PSV-RCV-002",  # a NAK for a number the session had not reached
+        "QRM-STORE-001",  # two receivers granted one RegID, the first still acknowledging
+    }
 
 
 def test_restarts_corpus_decides_receiver_and_source_reregistration() -> None:

@@ -41,6 +41,7 @@ KNOWN_CODES = range(1, 7)
 
 needs("REG-STORE-001", "no source registration asking for RegID 0 was answered")
 needs("REG-STORE-003", "no source registration was granted")
+needs("QRM-STORE-001", "no receiver registration was granted")
 needs("REG-STORE-004", "no source re-registered with a store that had granted it before")
 needs("REG-STORE-010", "no receiver re-registered with a store that had granted it before")
 needs("REG-STORE-013", "no source deregistration was answered")
@@ -140,6 +141,45 @@ def _same_source(a: Registration, b: Registration) -> bool:
     if a.session_id or b.session_id:
         return a.session_id == b.session_id
     return True
+
+
+@passive_for("QRM-STORE-001")
+def one_regid_one_active_receiver(obs: Observed) -> list[Judgement]:
+    """A RegID granted to a second receiver while the first still acknowledges (its
+    consumption ACKs after the grant show it active) fails: the store must refuse "any new
+    request for the receiver's RegID" within its activity timeout."""
+    out = []
+    owner = {id(r): c.name for c in obs.clients("receiver") for r in c.registrations}
+    for store, regs in _by_store(obs).items():
+        grants = [r for r in regs if not r.source and r.granted and r.response is not None]
+        if not grants:
+            continue
+        clash = None
+        for i, first in enumerate(grants):
+            for second in grants[i + 1:]:
+                assert first.response is not None and second.response is not None
+                if first.response.reg_id != second.response.reg_id or \
+                        owner.get(id(first)) == owner.get(id(second)):
+                    continue
+                later = [a for a in obs.acks if a.kind == "consumption"
+                         and (a.src, a.dst) == first.conn and a.frame > second.response.frame
+                         and first.response.reg_id in (a.rcv_reg_id, a.id_2)]
+                if later:
+                    clash = (first, second, later[0].frame)
+                    break
+            if clash:
+                break
+        if clash:
+            first, second, ack = clash
+            out.append(failed(
+                store, f"RegID {second.response.reg_id if second.response else '?'} granted to "
+                       f"a second receiver (frame {second.frame}) while the first still "
+                       f"acknowledged (frame {ack})", [*first.frames, *second.frames, ack],
+                expected="a refusal", observed="granted"))
+        else:
+            out.append(passed(store, f"{len(grants)} receiver grant(s): no RegID held by two "
+                                     "active receivers", [f for r in grants for f in r.frames]))
+    return out
 
 
 @passive_for("REG-STORE-004")
