@@ -335,6 +335,9 @@ async def start_stores(host: AioHost, config: StoreDaemonConfig, *, resolver: Ad
         except OSError as exc:
             raise RuntimeError_(f"store {store.name!r}: cannot listen on port {settings.port}: "
                                 f"{exc.strerror}") from None
+        if settings.allow_proxy_source:  # its proxy sources' transport: any free port
+            proxy = await host.listen_tcp(core, (listen_ip, 0))
+            core.use_proxy_port(proxy[1])
         cores.append(core)
         log.info('Store "%s" ready to accept registrations on %s:%d', store.name,
                  settings.ip, settings.port)

@@ -1862,6 +1862,10 @@ class StoreCore(ContextCore):
         else:
             self.set_timer("proxy", at)
 
+    def use_proxy_port(self, port: int) -> None:
+        """The driver listens for the proxy sources' transport on ``port``."""
+        self.settings = replace(self.settings, proxy_port=port)
+
     def _proxied(self) -> list[SourceState]:
         """The sources this store runs a proxy source for."""
         if self._proxy is None:

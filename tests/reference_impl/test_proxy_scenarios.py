@@ -10,14 +10,24 @@ time and the token has to break the tie.
 
 from __future__ import annotations
 
+import asyncio
+import socket
+from pathlib import Path
+
 import pytest
 
 from reference_impl import events as ev
+from reference_impl import runtime
+from reference_impl.aio import AioHost
+from reference_impl.config import ClientConfig
+from reference_impl.config.store_xml import parse_store_config
+from reference_impl.config.store_xml_writer import disk_store_xml
 from reference_impl.deployment import STORE_PORT, SimDeployment
 from reference_impl.proxy import Claim, SourceKey, encode_claim
 from reference_impl.sim import CallbackEndpoint, LinkConfig
 from reference_impl.source import SourceConfig, SourceCore, StoreSpec
 from reference_impl.store import StoreCore, TopicPolicy, TopicRule
+from tests.reference_impl.loopback import free_port
 from wire.lbmc import LbmcMessage, UmePreg, UmeProxySrc, parse_messages
 
 TOPIC = "proxy.orders"
@@ -243,3 +253,50 @@ def test_proxy_source_without_regid_or_session_id_is_one_config_error() -> None:
     SourceConfig(ume_store=(StoreSpec("10.0.0.2", STORE_PORT, reg_id=5),), ume_proxy_source=1)
     SourceConfig(ume_store=(StoreSpec("10.0.0.2", STORE_PORT),), ume_proxy_source=1,
                  ume_session_id=9)
+
+
+# --- on real sockets: ump store's proxy port, a late receiver recovering through it ------------
+
+
+async def _late_receiver_on_loopback(tmp_path: Path) -> tuple[list[int], int]:
+    resolver_port, store_port = free_port(socket.SOCK_DGRAM), free_port()
+    config = parse_store_config(disk_store_xml(
+        "proxy", store_port, r"proxy\..*", repository="memory",
+        store_options={"allow-proxy-source": 1},
+        topic_options={"source-activity-timeout": 1000, "source-check-interval": 100,
+                       "keepalive-interval": 300, "proxy-election-interval": 200}))
+
+    def client(**sections: dict[str, object]) -> ClientConfig:
+        mapping: dict[str, dict[str, object]] = {
+            "context": {"resolver_unicast_daemon": f"127.0.0.1:{resolver_port}"}}
+        mapping.update(sections)
+        return ClientConfig.from_mapping(mapping)
+
+    async with AioHost() as host:
+        await runtime.run_resolver(host, ("127.0.0.1", resolver_port))
+        (store,) = await runtime.start_stores(host, config, resolver=("127.0.0.1", resolver_port),
+                                              base=tmp_path)
+        assert store.settings.proxy_port not in (0, store_port)
+        source = await runtime.start_source(host, TOPIC, client(source={
+            "ume_store": [f"127.0.0.1:{store_port}"], "ume_session_id": 77,
+            "ume_proxy_source": 1}))
+        await host.wait_until(lambda: source.complete, timeout=15)
+        await runtime.send_messages(host, source, 20)
+        await host.wait_until(lambda: source.inflight == 0, timeout=10)
+        host.forget(source)  # the source process dies: its sockets close
+        await host.wait_until(lambda: store.proxies() == [TOPIC], timeout=10)
+        receiver = await runtime.start_receiver(host, TOPIC, client())
+        delivered: list[int] = []
+
+        def on_event(core: object, event: ev.Event) -> None:
+            if isinstance(event, ev.MessageDelivered):
+                delivered.append(event.sequence_number)
+        runtime.handle_events(host, [receiver], on_event)
+        await host.wait_until(lambda: len(delivered) >= 20, timeout=15)
+        return delivered, len(store.receivers)
+
+
+def test_a_late_receiver_recovers_through_the_proxy_on_loopback(tmp_path: Path) -> None:
+    delivered, receivers = asyncio.run(asyncio.wait_for(
+        _late_receiver_on_loopback(tmp_path), 60))
+    assert delivered == list(range(20)) and receivers == 1
