@@ -242,6 +242,8 @@ class Observed:
         registrations / data / acks / rxreqs: in capture order.
         transport: LBT-RU / LBT-RM data, session messages, NAKs and NCFs, in capture order.
         sri: (transport address, store address, RegID) -> frames of SRIs naming them.
+        tirs: (topic, the source's request address when its UME option names it) -> the
+            transport addresses its advertisements (TIRs) name (docs/wire-transports.md §4.4).
         source_options / receiver_options: the deployment's UM configuration of its
             sources / receivers when given (``--source-config``): configured limits are then
             judged exactly; without it they are reported as informational.
@@ -259,6 +261,7 @@ class Observed:
     rxreqs: list[Rxreq] = field(default_factory=list)
     transport: list[Tpkt] = field(default_factory=list)
     sri: dict[tuple[Addr, Addr, int], list[int]] = field(default_factory=dict)
+    tirs: dict[tuple[str, Addr | None], set[Addr]] = field(default_factory=dict)
     source_options: SourceOptions | None = None
     receiver_options: ReceiverOptions | None = None
 
@@ -288,6 +291,18 @@ class Observed:
     def transports(self, store: Addr, reg_id: int) -> set[Addr]:
         """The transport addresses whose SRI names ``reg_id`` at ``store``: the source's."""
         return {t for (t, s, r) in self.sri if s == store and r == reg_id}
+
+    def source_transports(self, reg: Registration) -> set[Addr]:
+        """A source registration's transport addresses: those whose SRI names its RegID at
+        the store, and those its topic's advertisements name (a TIR with a UME option must
+        name the PREG's answer address too)."""
+        out = set()
+        if reg.granted and reg.response is not None:
+            out |= self.transports(reg.store, reg.response.reg_id)
+        if reg.topic is not None:
+            out |= self.tirs.get((reg.topic, reg.resp_addr), set())
+            out |= self.tirs.get((reg.topic, None), set())
+        return out
 
     def stability_acks(self, reg: Registration) -> list[Ack]:
         """The stability ACKs the store sent on ``reg``'s connection (to the source), for its
@@ -335,6 +350,30 @@ class _Builder:
                 self.message(report, occ, src, dst)
             elif occ.protocol in ("lbtru", "lbtrm"):
                 self.transport(report, occ, src, dst)
+            elif occ.protocol == "lbmr":
+                self.tir(occ)
+
+    def tir(self, occ: Occurrence) -> None:
+        """The transport a topic advertisement names, per topic (one TIR per topic here; a
+        packet with several TIRs repeats the fields, which are then paired in order)."""
+        f = occ.fields
+        names = _all(f, "lbmr.tir.name")
+        if len(names) != 1:
+            return  # several TIRs in one packet: their options cannot be paired safely
+        where: Addr | None = None
+        for ip_name, port_name in (("lbmr.tir.tcp.ip", "lbmr.tir.tcp.port"),
+                                   ("lbmr.tir.lbtru.ip", "lbmr.tir.lbtru.port"),
+                                   ("lbmr.tir.lbtrm.srcip", "lbmr.tir.lbtrm.sport")):
+            ip, port = _get(f, ip_name, None), _get(f, port_name, None)
+            if isinstance(ip, str) and isinstance(port, int):
+                where = (ip, port)
+        if where is None:
+            return
+        ip, port = _get(f, "lbmr.topt.ume.src_tcp_addr", None), _get(
+            f, "lbmr.topt.ume.src_tcp_port", None)
+        request: Addr | None = (ip, port) if isinstance(ip, str) and isinstance(port, int) \
+            else None
+        self.obs.tirs.setdefault((names[0], request), set()).add(where)
 
     def transport(self, report: FrameReport, occ: Occurrence, src: Addr, dst: Addr) -> None:
         f = occ.fields

@@ -212,6 +212,7 @@ def test_planted_anomalies_fail_their_cases() -> None:
     assert failing == {
         "PSV-RCV-002",  # a NAK for a number the session had not reached
         "QRM-STORE-001",  # two receivers granted one RegID, the first still acknowledging
+        "PSV-STORE-002",  # a stability ACK for a sequence number never sent
     }
 
 

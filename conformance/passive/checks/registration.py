@@ -349,7 +349,7 @@ def no_data_before_registration(obs: Observed) -> list[Judgement]:
         checked = []
         for reg in windows:
             assert reg.response is not None
-            transports = obs.transports(reg.store, reg.response.reg_id)
+            transports = obs.source_transports(reg)
             if not transports:
                 continue
             checked.append(reg)
@@ -370,6 +370,6 @@ def no_data_before_registration(obs: Observed) -> list[Judgement]:
                               [f for r in checked for f in r.frames]))
         elif windows:
             out.append(unsupported(client.name, "its transport was not identified (no SRI "
-                                                "naming its RegID was captured)"))
+                                                "or TIR naming it was captured)"))
     return out
 

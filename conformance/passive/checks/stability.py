@@ -72,7 +72,7 @@ def incarnations(obs: Observed) -> list[Incarnation]:
             if not reg.granted or reg.response is None:
                 continue
             end = next((r.frame for r in regs[i + 1:] if r.store == reg.store), None)
-            transports = obs.transports(reg.store, reg.response.reg_id)
+            transports = obs.source_transports(reg)
             data = [d for d in obs.data if sent_by(d, reg, transports)
                     and d.frame > reg.response.frame and (end is None or d.frame < end)]
             acks = [a for a in obs.stability_acks(reg) if end is None or a.frame < end]
