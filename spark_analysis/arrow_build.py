@@ -3,7 +3,7 @@
 The byte-level tools every columnar decoder shares (see :mod:`spark_analysis.columnar` for
 the overview): :class:`ByteView` reads a fixed layout's members (the derived
 :class:`wire.fastpath.FastLayout` of a Construct struct) for all rows at once with one
-strided gather; :class:`_Binary` is a batch's frame bytes in place; the rest build Arrow
+strided gather; :class:`BinaryColumn` is a batch's frame bytes in place; the rest build Arrow
 arrays (binary, text, dictionary, masked, list, all-null) straight from numpy buffers
 without a Python object per value, because Spark ships every field of every row.
 """
@@ -110,7 +110,7 @@ def read_members(bv: ByteView, layout: FastLayout, pos: np.ndarray,
             for name in ((records.dtype.names or ()) if names is None else names)}
 
 
-def _views_of(values: dict[str, np.ndarray], views: Mapping[str, tuple[str, Bit]]) -> None:
+def views_of(values: dict[str, np.ndarray], views: Mapping[str, tuple[str, Bit]]) -> None:
     """Add every bit view whose member was read (``(raw & mask) >> shift``)."""
     for view, (member, bit) in views.items():
         raw = values.get(member)
@@ -119,7 +119,7 @@ def _views_of(values: dict[str, np.ndarray], views: Mapping[str, tuple[str, Bit]
 
 
 @dataclass
-class _Binary:
+class BinaryColumn:
     """The values buffer and the per-row [start, start+length) of an Arrow binary column."""
 
     bv: ByteView
@@ -127,7 +127,7 @@ class _Binary:
     lengths: np.ndarray
 
     @classmethod
-    def of(cls, column: pa.Array | pa.ChunkedArray) -> _Binary:
+    def of(cls, column: pa.Array | pa.ChunkedArray) -> BinaryColumn:
         if isinstance(column, pa.ChunkedArray):
             column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
         if pa.types.is_large_binary(column.type) or pa.types.is_large_string(column.type):
@@ -152,7 +152,7 @@ class _Binary:
         return cls(ByteView(data), starts, lengths)
 
 
-def _running_offsets(counts: np.ndarray, dtype: type[np.integer] = np.int64) -> np.ndarray:
+def running_offsets(counts: np.ndarray, dtype: type[np.integer] = np.int64) -> np.ndarray:
     """``[0, c0, c0 + c1, ...]``: where each of ``len(counts)`` runs of ``counts`` items
     starts, and the total at the end (the offsets of an Arrow list or string column, of a
     gathered byte buffer)."""
@@ -161,8 +161,8 @@ def _running_offsets(counts: np.ndarray, dtype: type[np.integer] = np.int64) -> 
     return offsets
 
 
-def _gather_ranges(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
-                   ) -> tuple[np.ndarray, np.ndarray]:
+def gather_ranges(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """Concatenate ``data[s:s+l]`` for every range: (bytes, int32 offsets), vectorised.
 
     Ranges of similar length (topic names, most payloads) are read as one fixed-width row
@@ -174,7 +174,7 @@ def _gather_ranges(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
     total = int(lengths.sum())
     if 0 < data.size < _VIEW_LIMIT and total < _VIEW_LIMIT and total > 8 * len(lengths):
         return _gather_by_views(data, starts.astype(np.int64), lengths)
-    offsets = _running_offsets(lengths)
+    offsets = running_offsets(lengths)
     total = int(offsets[-1])
     if total == 0:
         return np.zeros(0, np.uint8), offsets.astype(np.int32)
@@ -202,7 +202,7 @@ as (length, 4-byte prefix, buffer index, int32 offset)."""
 
 def _gather_by_views(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
                      ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_gather_ranges` by Arrow: the ranges become a ``binary_view`` array over
+    """:func:`gather_ranges` by Arrow: the ranges become a ``binary_view`` array over
     ``data`` (a few numpy operations per row, no byte touched but prefixes) and Arrow's cast
     to ``binary`` copies them, one ``memcpy`` each: about 13 times faster than the masked
     numpy gather on TCP payloads."""
@@ -239,20 +239,20 @@ def _cast_views(views: np.ndarray, data: np.ndarray, n: int) -> tuple[np.ndarray
     return values, offsets
 
 
-def _binary_array(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
-    values, offsets = _gather_ranges(data, starts, lengths)
+def binary_array(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    values, offsets = gather_ranges(data, starts, lengths)
     return pa.Array.from_buffers(pa.binary(), len(lengths),
                                  [None, pa.py_buffer(offsets), pa.py_buffer(values)])
 
 
-def _text_array(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
-                cut_at_nul: bool = True) -> pa.Array:
+def text_array(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+               cut_at_nul: bool = True) -> pa.Array:
     """Text members (topic names) as strings, cut at the first NUL like tshark displays them.
 
     The bytes are UTF-8, as :func:`wire.fields.bytes_text` reads them; a name that is not valid
     UTF-8 (which ``wire`` keeps byte for byte with surrogate escapes, something an Arrow string
     cannot hold) shows each bad byte as U+FFFD.  Valid UTF-8 (the norm) stays vectorised."""
-    values, offsets = _gather_ranges(data, starts, lengths)
+    values, offsets = gather_ranges(data, starts, lengths)
     n = len(lengths)
     if cut_at_nul and values.size:
         nul = np.flatnonzero(values == 0)
@@ -263,7 +263,7 @@ def _text_array(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
             cut = first != np.iinfo(np.int64).max
             new_len = np.diff(offsets).astype(np.int64)
             new_len[cut] = first[cut] - offsets[:-1][cut]
-            return _text_array(values, offsets[:-1].astype(np.int64), new_len, False)
+            return text_array(values, offsets[:-1].astype(np.int64), new_len, False)
     array = pa.Array.from_buffers(pa.string(), n,
                                   [None, pa.py_buffer(offsets), pa.py_buffer(values)])
     if values.size == 0 or int(values.max()) < 0x80:
@@ -288,10 +288,10 @@ def encode_files(column: pa.ChunkedArray | pa.Array) -> pa.DictionaryArray:
     return pc.dictionary_encode(column)
 
 
-def _dictionary_strings(codes: np.ndarray, names: Sequence[str | None],
-                        valid: np.ndarray | None = None) -> pa.DictionaryArray:
+def dictionary_strings(codes: np.ndarray, names: Sequence[str | None],
+                       valid: np.ndarray | None = None) -> pa.DictionaryArray:
     """A dictionary-typed string column (:data:`DICTIONARY_STRING`) from small integer codes
-    (enum-like columns: protocol, types), null where ``valid`` is false.  :func:`_table`
+    (enum-like columns: protocol, types), null where ``valid`` is false.  :func:`table_of`
     casts it to plain strings where the schema says so."""
     names = list(names)
     if None in names:  # a code without a name is a null (a dictionary holds no nulls)
@@ -299,12 +299,12 @@ def _dictionary_strings(codes: np.ndarray, names: Sequence[str | None],
         named = np.array([n is not None for n in names])[codes]
         valid = named if valid is None else valid & named
         names = [n if n is not None else "" for n in names]
-    indices = _masked(np.where(valid, codes, 0) if valid is not None else codes, valid,
-                      pa.int32())
+    indices = masked_array(np.where(valid, codes, 0) if valid is not None else codes, valid,
+                           pa.int32())
     return pa.DictionaryArray.from_arrays(indices, arrow_array(names, pa.string()))
 
 
-def _ipv4_strings(values: np.ndarray) -> pa.DictionaryArray:
+def ipv4_strings(values: np.ndarray) -> pa.DictionaryArray:
     """Dotted IPv4 strings for u32 values, dictionary-typed: hashed to the few distinct
     addresses first, each formatted once."""
     encoded = pc.dictionary_encode(arrow_array(values.astype(np.int64)))
@@ -408,7 +408,7 @@ def _python_array(values: Sequence[Any], kind: pa.DataType) -> pa.Array:
         counts = np.array([0 if v is None else len(v) for v in values], np.int64)
         flat = [item for v in values if v is not None for item in v]
         return pa.ListArray.from_arrays(
-            _list_offsets(counts), _python_array(flat, kind.value_type), type=kind,
+            list_offsets(counts), _python_array(flat, kind.value_type), type=kind,
             mask=None if nulls is None else arrow_array(nulls))
     return pa.array(values, kind)
 
@@ -430,7 +430,7 @@ def _validity(valid: np.ndarray | None, rows: int) -> tuple[pa.Buffer | None, in
 def _utf8(value: str) -> bytes:
     """A Python string as UTF-8 for an Arrow string; a name :mod:`wire` read from bytes that
     are not UTF-8 (kept with surrogate escapes, which UTF-8 cannot hold) shows each bad byte
-    as U+FFFD, as :func:`_text_array` does."""
+    as U+FFFD, as :func:`text_array` does."""
     try:
         return value.encode(TEXT_ENCODING)
     except UnicodeEncodeError:
@@ -440,8 +440,8 @@ def _utf8(value: str) -> bytes:
 def _string_array(values: list[str | None], mask: np.ndarray | None = None) -> pa.Array:
     """A string array of Python strings (None: null), from buffers."""
     encoded = [_utf8(v) if v is not None else b"" for v in values]
-    offsets = _running_offsets(np.fromiter(map(len, encoded), np.int64, len(encoded)),
-                               np.int32)
+    offsets = running_offsets(np.fromiter(map(len, encoded), np.int64, len(encoded)),
+                              np.int32)
     missing = np.fromiter((v is None for v in values), bool, len(values))
     if mask is not None:
         missing |= np.asarray(mask, bool)
@@ -461,13 +461,13 @@ def _numpy_dtype(dtype: pa.DataType) -> np.dtype:
         str(dtype), str(dtype)))
 
 
-def _masked(values: np.ndarray, valid: np.ndarray | None, dtype: pa.DataType) -> pa.Array:
+def masked_array(values: np.ndarray, valid: np.ndarray | None, dtype: pa.DataType) -> pa.Array:
     """``values`` as ``dtype`` with nulls where ``valid`` is false."""
     arr = arrow_array(values, dtype)
-    return arr if valid is None else _with_nulls(arr, valid)
+    return arr if valid is None else with_nulls(arr, valid)
 
 
-def _with_nulls(arr: pa.Array, valid: np.ndarray) -> pa.Array:
+def with_nulls(arr: pa.Array, valid: np.ndarray) -> pa.Array:
     """``arr`` (no nulls, offset 0) with nulls where ``valid`` is false."""
     validity, nulls = _validity(valid, len(arr))
     if validity is None:
@@ -492,7 +492,7 @@ def null_array(dtype: pa.DataType, rows: int) -> pa.Array:
     return cached.slice(0, rows)
 
 
-def _sparse_strings(rows: int, texts: Mapping[int, str]) -> pa.Array:
+def sparse_strings(rows: int, texts: Mapping[int, str]) -> pa.Array:
     """A string column that is null except at a few rows (reasons of malformed packets)."""
     if not texts:
         return null_array(pa.string(), rows)
@@ -503,26 +503,26 @@ def _sparse_strings(rows: int, texts: Mapping[int, str]) -> pa.Array:
     at = np.fromiter(texts.keys(), np.int64, len(texts))
     codes[at] = [index[text] for text in texts.values()]
     valid[at] = True
-    return _dictionary_strings(codes, distinct, valid)
+    return dictionary_strings(codes, distinct, valid)
 
 
-def _constant(text: str, rows: int) -> pa.DictionaryArray:
+def constant_strings(text: str, rows: int) -> pa.DictionaryArray:
     """A dictionary-typed string column holding ``text`` in every row."""
     return pa.DictionaryArray.from_arrays(arrow_array(np.zeros(rows, np.int32)),
                                           arrow_array([text], pa.string()))
 
 
-def _ver_type(bits: Mapping[str, Bit], raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def ver_type_of(bits: Mapping[str, Bit], raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ((raw & bits["version"].mask) >> bits["version"].shift,
             (raw & bits["type"].mask) >> bits["type"].shift)
 
 
-def _list_offsets(counts: np.ndarray) -> pa.Array:
+def list_offsets(counts: np.ndarray) -> pa.Array:
     """The int32 offsets array of a list column whose rows hold ``counts`` values each."""
-    return arrow_array(_running_offsets(counts, np.int32))
+    return arrow_array(running_offsets(counts, np.int32))
 
 
-def _table(schema: pa.Schema, n: int, columns: Mapping[str, pa.Array]) -> pa.Table:
+def table_of(schema: pa.Schema, n: int, columns: Mapping[str, pa.Array]) -> pa.Table:
     """A table of ``schema`` from the given columns; the others are all null."""
     arrays = []
     for fld in schema:

@@ -3,9 +3,9 @@
 The rules are :mod:`wire.detect`'s, the one detector ``ump dissect`` and the Scapy helpers
 use too: its functions are numpy expressions over header values, so this module only reads
 the header members they test (for all rows at once, through the derived layouts of
-:mod:`wire.lbtrm`, :mod:`wire.lbtru` and :mod:`wire.lbmr`) and hands them over.  Nothing about ports, versions
-or types is written here.  The clean-decode half of the content rules is the decoders'
-(:meth:`spark_analysis.transport_columns._UdpResult.clean`,
+:mod:`wire.lbtrm`, :mod:`wire.lbtru` and :mod:`wire.lbmr`) and hands them over.  Nothing
+about ports, versions or types is written here.  The clean-decode half of the content rules
+is the decoders' (:meth:`spark_analysis.transport_columns._UdpResult.clean`,
 :func:`wire.detect.lbmr_clean` on each parsed LBMR packet).
 """
 
@@ -18,13 +18,13 @@ from wire.detect import LBMR, LBTRM, LBTRU, PROTOCOLS
 from wire.tshark import PortMap
 
 from .arrow_build import ByteView, read_members
-from .framing import _Network
+from .framing import Network
 
 __all__ = ["LBMR", "LBTRM", "LBTRU", "PROTOCOLS", "classify_udp", "lbmr_content_test",
            "lbtrm_content_test", "lbtru_content_test", "tcp_candidates"]
 
 
-def _in(values: np.ndarray, bounds: tuple[int, int]) -> np.ndarray:
+def in_range(values: np.ndarray, bounds: tuple[int, int]) -> np.ndarray:
     return (values >= bounds[0]) & (values <= bounds[1])
 
 
@@ -56,7 +56,7 @@ def lbmr_content_test(bv: ByteView, pstart: np.ndarray, pend: np.ndarray) -> np.
     return out
 
 
-def classify_udp(bv: ByteView, net: _Network, rows: np.ndarray, ports: PortMap) -> np.ndarray:
+def classify_udp(bv: ByteView, net: Network, rows: np.ndarray, ports: PortMap) -> np.ndarray:
     """The protocol code (:data:`wire.detect.PROTOCOLS`) the port rules give each UDP row
     (0: none): :func:`wire.detect.udp_port_rules`."""
     pstart, pend = net.pstart[rows], net.pend[rows]
@@ -65,6 +65,6 @@ def classify_udp(bv: ByteView, net: _Network, rows: np.ndarray, ports: PortMap) 
         lambda at: lbtrm_content_test(bv, pstart[at], pend[at]), ports)
 
 
-def tcp_candidates(net: _Network, rows: np.ndarray, ports: PortMap) -> np.ndarray:
+def tcp_candidates(net: Network, rows: np.ndarray, ports: PortMap) -> np.ndarray:
     """:func:`wire.detect.tcp_port_rule` of each TCP row."""
     return detect.tcp_port_rule(net.sport[rows], net.dport[rows], ports)

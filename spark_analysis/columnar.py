@@ -88,13 +88,13 @@ from wire.detect import LBTRM_CONTENT_VERSIONS, LBTRU_CONTENT_VERSIONS
 
 from .arrow_build import (  # re-exported: the public decode API
     ByteView,
-    _binary_array,
-    _table,
     arrow_array,
+    binary_array,
     empty_table,
     encode_files,
     member_at,
     null_array,
+    table_of,
 )
 from .classify import (
     LBMR,
@@ -107,46 +107,46 @@ from .classify import (
     tcp_candidates,
 )
 from .framing import (
-    _PROTO_TCP,
-    _PROTO_UDP,
     NETWORK_DECODE,
-    _decode_network,
-    _frame_columns,
-    _Frames,
-    _Network,
-    _Skips,
+    PROTO_TCP,
+    PROTO_UDP,
+    Frames,
+    Network,
+    Skips,
+    decode_network,
+    frame_columns,
 )
 from .lbmr_columns import (
-    _decode_lbmr,
-    _lbmr_tables,
+    decode_lbmr,
+    lbmr_tables,
 )
 from .reassembly import (  # re-exported: the public decode API
-    _NO_PAYLOAD,
+    NO_PAYLOAD,
     reassemble_tcp,
 )
 from .schemas import (  # re-exported: the public decode API
-    _ADVERTISEMENTS_D,
-    _MESSAGE_CORE_D,
-    _MESSAGES_D,
-    _PACKETS_D,
-    _TCP_SEGMENTS_D,
     ADVERTISEMENTS_SCHEMA,
+    ADVERTISEMENTS_STORED,
     CATEGORICAL_COLUMNS,
     DICTIONARY_STRING,
     FRAME_SCHEMA,
     HEADER_TABLE_SCHEMAS,
     MESSAGE_CORE_SCHEMA,
+    MESSAGE_CORE_STORED,
     MESSAGE_HEADER_COLUMNS,
     MESSAGE_KEY,
     MESSAGES_SCHEMA,
+    MESSAGES_STORED_WIDE,
     PACKETS_SCHEMA,
+    PACKETS_STORED,
     SKIPPED_SCHEMA,
     STORED_SCHEMAS,
     TCP_SEGMENTS_SCHEMA,
+    TCP_SEGMENTS_STORED,
     DecodedTables,
     DecodeOptions,
-    _concat,
-    _concat_headers,
+    concat_headers,
+    concat_or_empty,
     concat_tables,
     dictionary_schema,
     flow_key_columns,
@@ -156,10 +156,10 @@ from .schemas import (  # re-exported: the public decode API
 )
 from .splits import RecordChunk
 from .transport_columns import (
-    _LBTRM_DECODER,
-    _LBTRU_DECODER,
-    _decode_udp,
-    _udp_tables,
+    LBTRM_DECODER,
+    LBTRU_DECODER,
+    decode_udp,
+    udp_tables,
 )
 
 __all__ = [
@@ -207,7 +207,7 @@ def decode_batch(batch: pa.RecordBatch | pa.Table, options: DecodeOptions | None
     """Stage 1 (stateless): every frame of ``batch`` to packets, messages, advertisements and
     skipped counts; TCP segments of candidate LBT-TCP connections go to ``tcp_segments``.
     With ``stored``, the tables come in the stored form (:class:`DecodedTables`)."""
-    tables = _decode_frames(_Frames.of(batch), options or DecodeOptions(), stored)
+    tables = _decode_frames(Frames.of(batch), options or DecodeOptions(), stored)
     return tables if stored else tables.public()
 
 
@@ -216,41 +216,41 @@ def decode_chunk(file: str, chunk: RecordChunk, options: DecodeOptions | None = 
     """:func:`decode_batch` of the records of a reader chunk
     (:meth:`spark_analysis.splits.SplitReader.chunks`), read where they lie in the chunk's
     buffer: the same tables as decoding the Arrow batches of those records."""
-    tables = _decode_frames(_Frames.of_chunk(file, chunk), options or DecodeOptions(), stored)
+    tables = _decode_frames(Frames.of_chunk(file, chunk), options or DecodeOptions(), stored)
     return tables if stored else tables.public()
 
 
-def _decode_frames(fr: _Frames, options: DecodeOptions, stored: bool) -> DecodedTables:
+def _decode_frames(fr: Frames, options: DecodeOptions, stored: bool) -> DecodedTables:
     ports = options.ports
-    skips = _Skips()
-    net = _decode_network(fr, skips)
+    skips = Skips()
+    net = decode_network(fr, skips)
     bv = fr.data.bv
     packets: list[pa.Table] = []
     messages: list[pa.Table] = []
     headers: list[dict[str, pa.Table]] = []
     adverts: list[pa.Table] = []
 
-    udp = np.flatnonzero(net.proto == _PROTO_UDP)
+    udp = np.flatnonzero(net.proto == PROTO_UDP)
     proto = classify_udp(bv, net, udp, ports)
     open_rows = udp[proto == 0]
     if not options.content_heuristics:
         skips.add(open_rows, "UDP matches no UM port rule")
         open_rows = open_rows[:0]
 
-    for decoder, code, versions in ((_LBTRM_DECODER, LBTRM, LBTRM_CONTENT_VERSIONS),
-                                    (_LBTRU_DECODER, LBTRU, LBTRU_CONTENT_VERSIONS)):
+    for decoder, code, versions in ((LBTRM_DECODER, LBTRM, LBTRM_CONTENT_VERSIONS),
+                                    (LBTRU_DECODER, LBTRU, LBTRU_CONTENT_VERSIONS)):
         by_port = udp[proto == code]
         test = lbtrm_content_test if code == LBTRM else lbtru_content_test
         trial = open_rows[test(bv, net.pstart[open_rows], net.pend[open_rows])]
         rows = np.concatenate([by_port, trial])
         if not rows.size:
             continue
-        res = _decode_udp(decoder, bv, net, rows)
+        res = decode_udp(decoder, bv, net, rows)
         n_port = len(by_port)
         content_ok = np.flatnonzero(res.clean(versions)[n_port:]) + n_port
         for positions, how in ((np.arange(n_port), "port"), (content_ok, "content")):
             if positions.size:
-                p, m, h = _udp_tables(fr, net, res, positions, how, stored)
+                p, m, h = udp_tables(fr, net, res, positions, how, stored)
                 packets.append(p)
                 messages.append(m)
                 headers.append(h)
@@ -262,15 +262,15 @@ def _decode_frames(fr: _Frames, options: DecodeOptions, stored: bool) -> Decoded
                        "content")):
         if not rows.size:
             continue
-        accepted, decoded = _decode_lbmr(fr, net, rows, strict=how == "content")
-        p, a = _lbmr_tables(fr, net, decoded, how)
+        accepted, decoded = decode_lbmr(fr, net, rows, strict=how == "content")
+        p, a = lbmr_tables(fr, net, decoded, how)
         packets.append(p)
         adverts.append(a)
         if how == "content":
             open_rows = open_rows[~np.isin(open_rows, rows[accepted])]
     skips.add(open_rows, "UDP matches no UM port rule and decodes as no UM protocol")
 
-    tcp = np.flatnonzero(net.proto == _PROTO_TCP)
+    tcp = np.flatnonzero(net.proto == PROTO_TCP)
     candidate = tcp_candidates(net, tcp, ports)
     skips.add(tcp[~candidate], "TCP matches no LBT-TCP port range")
     tcp = tcp[candidate]
@@ -278,7 +278,7 @@ def _decode_frames(fr: _Frames, options: DecodeOptions, stored: bool) -> Decoded
     # stream epoch); the rest (pure ACKs, a quarter of a busy capture) are counted here
     # instead of being shipped there.
     empty = (net.pend[tcp] <= net.pstart[tcp]) & ((net.tcp_flags[tcp] & pcap.TCP_SYN) == 0)
-    skips.add(tcp[empty], _NO_PAYLOAD)
+    skips.add(tcp[empty], NO_PAYLOAD)
     tcp = tcp[~empty]
     # grouped by flow (capture order within): a flow's payloads then lie back to back in the
     # shipped buffer, and stage 2 gathers them in long runs
@@ -286,23 +286,23 @@ def _decode_frames(fr: _Frames, options: DecodeOptions, stored: bool) -> Decoded
     segments = _tcp_segments_table(fr, net, tcp, stored)
 
     return DecodedTables(
-        _concat(packets, _PACKETS_D),
-        _concat(messages, _MESSAGE_CORE_D if stored else _MESSAGES_D),
-        _concat(adverts, _ADVERTISEMENTS_D),
-        skips.table(fr.files, fr.file_offset), segments, _concat_headers(headers))
+        concat_or_empty(packets, PACKETS_STORED),
+        concat_or_empty(messages, MESSAGE_CORE_STORED if stored else MESSAGES_STORED_WIDE),
+        concat_or_empty(adverts, ADVERTISEMENTS_STORED),
+        skips.table(fr.files, fr.file_offset), segments, concat_headers(headers))
 
 
-def _tcp_segments_table(fr: _Frames, net: _Network, rows: np.ndarray, stored: bool,
+def _tcp_segments_table(fr: Frames, net: Network, rows: np.ndarray, stored: bool,
                         ) -> pa.Table:
-    schema = _TCP_SEGMENTS_D if stored else TCP_SEGMENTS_SCHEMA
+    schema = TCP_SEGMENTS_STORED if stored else TCP_SEGMENTS_SCHEMA
     if not rows.size:
         return empty_table(schema)
-    columns = _frame_columns(fr, net, rows)  # no dotted addresses: stage 2 never reads them
+    columns = frame_columns(fr, net, rows)  # no dotted addresses: stage 2 never reads them
     columns["seq"] = arrow_array(net.seq[rows], pa.int64())
     columns["tcp_flags"] = arrow_array(net.tcp_flags[rows], pa.int32())
-    columns["payload"] = _binary_array(fr.data.bv.data, net.pstart[rows],
-                                       net.pend[rows] - net.pstart[rows])
-    return _table(schema, len(rows), columns)
+    columns["payload"] = binary_array(fr.data.bv.data, net.pstart[rows],
+                                      net.pend[rows] - net.pstart[rows])
+    return table_of(schema, len(rows), columns)
 
 
 # =============================================================================================

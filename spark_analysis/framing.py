@@ -1,10 +1,10 @@
 """Network framing of a batch of captured frames, column-wise: link, IPv4, UDP/TCP.
 
-:class:`_Frames` holds one input batch; :func:`_decode_network` reads the link header
+:class:`Frames` holds one input batch; :func:`decode_network` reads the link header
 (Ethernet with VLAN tags, Linux SLL/SLL2, null/loopback, raw IP), IPv4 and UDP/TCP of every
-frame at once into a :class:`_Network` (compiled ``_netheaders.c`` where built, else numpy:
+frame at once into a :class:`Network` (compiled ``_netheaders.c`` where built, else numpy:
 the same result).  What does not get as far as a UDP/TCP payload is counted in
-:class:`_Skips` with the reason :func:`wire.pcap.decode_frame` would give: nothing is
+:class:`Skips` with the reason :func:`wire.pcap.decode_frame` would give: nothing is
 dropped silently.
 """
 
@@ -21,13 +21,13 @@ from wire import pcap
 from wire.fastpath import FastLayout
 
 from .arrow_build import (
+    BinaryColumn,
     ByteView,
-    _Binary,
-    _constant,
-    _ipv4_strings,
-    _masked,
     arrow_array,
+    constant_strings,
     empty_table,
+    ipv4_strings,
+    masked_array,
     member_at,
     numpy_of,
     read_member,
@@ -44,7 +44,7 @@ from .splits import RecordChunk
 # =============================================================================================
 
 
-class _Skips:
+class Skips:
     """Frames that are not UM packets, by reason (aggregated per file at the end)."""
 
     def __init__(self) -> None:
@@ -100,7 +100,7 @@ class _Skips:
 # Link, IPv4, UDP/TCP
 # =============================================================================================
 
-_PROTO_UDP, _PROTO_TCP = 17, 6
+PROTO_UDP, PROTO_TCP = 17, 6
 _NULL_FAMILY_INET = 2
 _IPV4_ETHERTYPE = 0x0800
 _VLAN_ETHERTYPES = (0x8100, 0x88A8)
@@ -122,12 +122,12 @@ _NETWORK_SKIPS: dict[str, str | Callable[[int], str]] = {
     "tcp_data_offset": "TCP data offset does not fit the segment",
     "tcp_fragment": "IPv4 fragment of a TCP segment (reassembly not supported)",
 }
-"""Why :func:`_decode_network` skips a frame, by the names both of its versions use (the
+"""Why :func:`decode_network` skips a frame, by the names both of its versions use (the
 reasons of :func:`wire.pcap.decode_frame`); a function of the link type, ethertype or IP
 protocol where the reason names one."""
 
 
-def _skip_network(skips: _Skips, reason: str, rows: np.ndarray,
+def _skip_network(skips: Skips, reason: str, rows: np.ndarray,
                   values: np.ndarray | None = None) -> None:
     text = _NETWORK_SKIPS[reason]
     if callable(text):
@@ -169,7 +169,7 @@ def _network_params() -> dict[str, int]:
         "ip_protocol_at": _be_member(pcap.IP4, "protocol", 1),
         "ip_src_at": _be_member(pcap.IP4, "src", 4), "ip_dst_at": _be_member(pcap.IP4, "dst", 4),
         "frag_offset_mask": _FRAG_OFFSET, "more_fragments_mask": _MORE_FRAGMENTS,
-        "proto_udp": _PROTO_UDP, "proto_tcp": _PROTO_TCP,
+        "proto_udp": PROTO_UDP, "proto_tcp": PROTO_TCP,
         "udp_size": pcap.UDP.size, "udp_sport_at": _be_member(pcap.UDP, "sport", 2),
         "udp_dport_at": _be_member(pcap.UDP, "dport", 2),
         "tcp_size": pcap.TCP.size, "tcp_sport_at": _be_member(pcap.TCP, "sport", 2),
@@ -197,7 +197,7 @@ NETWORK_DECODE = "compiled" if _compiled_network is not None else "numpy"
 
 
 @dataclass
-class _Frames:
+class Frames:
     """One input batch: identity columns and the frame bytes."""
 
     n: int
@@ -205,11 +205,11 @@ class _Frames:
     file_offset: np.ndarray
     ts_ns: pa.Array  # may hold nulls (pcapng simple packet blocks carry no time)
     linktype: np.ndarray
-    data: _Binary
+    data: BinaryColumn
     single_file: str | None = None  # the one file of the batch (the usual case)
 
     @classmethod
-    def of(cls, batch: pa.RecordBatch | pa.Table) -> _Frames:
+    def of(cls, batch: pa.RecordBatch | pa.Table) -> Frames:
         names = set(batch.schema.names)
         missing = [c for c in ("file", "file_offset", "ts_ns", "linktype", "data")
                    if c not in names]
@@ -240,30 +240,30 @@ class _Frames:
             single = files[0].as_py()
         files = pc.dictionary_encode(files)  # taken per table row: codes, not texts
         return cls(len(batch), files, ints("file_offset"), ts_ns, ints("linktype"),
-                   _Binary.of(column("data")), single)
+                   BinaryColumn.of(column("data")), single)
 
     @classmethod
-    def of_chunk(cls, file: str, chunk: RecordChunk) -> _Frames:
+    def of_chunk(cls, file: str, chunk: RecordChunk) -> Frames:
         """The records of a reader chunk, bytes read in place (nothing copied or packed)."""
         n = len(chunk)
         valid = chunk.ts_valid
-        ts_ns = _masked(chunk.ts_ns, valid, pa.int64())
-        data = _Binary(ByteView(np.frombuffer(chunk.buf, np.uint8)),
-                       chunk.data_at.astype(np.int64), chunk.caplen.astype(np.int64))
-        return cls(n, _constant(file, n), chunk.offset.astype(np.int64), ts_ns,
+        ts_ns = masked_array(chunk.ts_ns, valid, pa.int64())
+        data = BinaryColumn(ByteView(np.frombuffer(chunk.buf, np.uint8)),
+                            chunk.data_at.astype(np.int64), chunk.caplen.astype(np.int64))
+        return cls(n, constant_strings(file, n), chunk.offset.astype(np.int64), ts_ns,
                    chunk.linktype.astype(np.int64), data, file)
 
-    def take(self, rows: np.ndarray) -> _Frames:
+    def take(self, rows: np.ndarray) -> Frames:
         """The frames ``rows`` (their bytes stay where they are)."""
         take = arrow_array(rows)
-        return _Frames(len(rows), self.files.take(take), self.file_offset[rows],
-                       self.ts_ns.take(take), self.linktype[rows],
-                       _Binary(self.data.bv, self.data.starts[rows], self.data.lengths[rows]),
-                       self.single_file)
+        return Frames(len(rows), self.files.take(take), self.file_offset[rows],
+                      self.ts_ns.take(take), self.linktype[rows],
+                      BinaryColumn(self.data.bv, self.data.starts[rows], self.data.lengths[rows]),
+                      self.single_file)
 
 
 @dataclass
-class _Network:
+class Network:
     """Per frame row (length n; meaningful where ``proto`` is set): the L4 view."""
 
     proto: np.ndarray
@@ -282,7 +282,7 @@ class _Network:
     icmp: np.ndarray | None = None
 
     @classmethod
-    def empty(cls, n: int) -> _Network:
+    def empty(cls, n: int) -> Network:
         def zeros() -> np.ndarray:
             return np.zeros(n, np.int64)
         return cls(proto=zeros(), src=zeros(), dst=zeros(), sport=zeros(), dport=zeros(),
@@ -294,13 +294,13 @@ class _Network:
         (hashed) and formatted once per batch."""
         cached = self.text.get(which)
         if cached is None:
-            encoded = _ipv4_strings(getattr(self, which))
+            encoded = ipv4_strings(getattr(self, which))
             cached = self.text[which] = (numpy_of(encoded.indices), encoded.dictionary)
         indices, dictionary = cached
         return pa.DictionaryArray.from_arrays(arrow_array(indices[rows]), dictionary)
 
 
-def _decode_network(fr: _Frames, skips: _Skips) -> _Network:
+def decode_network(fr: Frames, skips: Skips) -> Network:
     """Link header (Ethernet with VLAN tags, Linux SLL/SLL2, null/loopback, raw IP) and IPv4,
     then UDP/TCP, for every frame at once; what does not get that far is counted in ``skips``
     with the reasons :func:`wire.pcap.decode_frame` gives (:data:`_NETWORK_SKIPS`).
@@ -325,19 +325,19 @@ def _decode_network(fr: _Frames, skips: _Skips) -> _Network:
             icmp = o["value"][which] == pcap.PROTO_ICMP
             icmp_rows, which = which[icmp], which[~icmp]
         _skip_network(skips, reason, which, o["value"][which])
-    net = _Network(proto=o["proto"], src=o["src"], dst=o["dst"], sport=o["sport"],
-                   dport=o["dport"], pstart=o["pstart"], pend=o["pend"], seq=o["seq"],
-                   tcp_flags=o["tcp_flags"], first_fragment=o["first_fragment"].astype(bool))
+    net = Network(proto=o["proto"], src=o["src"], dst=o["dst"], sport=o["sport"],
+                  dport=o["dport"], pstart=o["pstart"], pend=o["pend"], seq=o["seq"],
+                  tcp_flags=o["tcp_flags"], first_fragment=o["first_fragment"].astype(bool))
     if icmp_rows.size:
         _merge_rows(net, icmp_rows, fr.take(icmp_rows), skips)
     return net
 
 
-def _merge_rows(net: _Network, rows: np.ndarray, sub: _Frames, skips: _Skips) -> None:
+def _merge_rows(net: Network, rows: np.ndarray, sub: Frames, skips: Skips) -> None:
     """Decode the frames ``rows`` (``sub`` holds them) with :func:`_decode_network_numpy`
     into ``net``: how the compiled decode hands over the rare frames it does not read (ICMP
     errors quoting a datagram)."""
-    sub_skips = _Skips()
+    sub_skips = Skips()
     got = _decode_network_numpy(sub, sub_skips)
     for part, reason in sub_skips.parts():
         skips.add(rows[part], reason)
@@ -350,8 +350,8 @@ def _merge_rows(net: _Network, rows: np.ndarray, sub: _Frames, skips: _Skips) ->
         net.icmp[rows] = got.icmp
 
 
-def _decode_network_numpy(fr: _Frames, skips: _Skips) -> _Network:
-    """:func:`_decode_network` in numpy: the reference the compiled version is held to."""
+def _decode_network_numpy(fr: Frames, skips: Skips) -> Network:
+    """:func:`decode_network` in numpy: the reference the compiled version is held to."""
     n = fr.n
     bv, start, length, lt = fr.data.bv, fr.data.starts, fr.data.lengths, fr.linktype
     l3 = np.full(n, -1, np.int64)
@@ -400,28 +400,28 @@ def _decode_network_numpy(fr: _Frames, skips: _Skips) -> _Network:
     rows, ihl = rows[keep], ihl[keep]
     ip = {k: v[keep] for k, v in ip.items()}
 
-    net = _Network.empty(n)
+    net = Network.empty(n)
     end = np.minimum(length[rows], l3[rows] + ip["total_length"])
     body = l3[rows] + ihl
     proto = ip["protocol"]
     first_fragment = (ip["flags_frag"] & _MORE_FRAGMENTS) != 0
 
-    udp = proto == _PROTO_UDP
+    udp = proto == PROTO_UDP
     short = udp & (end - body < pcap.UDP.size)
     _skip_network(skips, "udp_truncated", rows[short])
     udp &= ~short
-    tcp = proto == _PROTO_TCP
+    tcp = proto == PROTO_TCP
     short = tcp & (end - body < pcap.TCP.size)
     _skip_network(skips, "tcp_truncated", rows[short])
     tcp &= ~short
-    other = (proto != _PROTO_UDP) & (proto != _PROTO_TCP)
+    other = (proto != PROTO_UDP) & (proto != PROTO_TCP)
     quoted = _icmp_quoted(bv, start[rows], body, end, other & (proto == pcap.PROTO_ICMP))
     other &= ~quoted.ok
     _skip_network(skips, "not_udp_tcp", rows[other], proto[other])
 
     r = rows[udp]
     ports = read_members(bv, pcap.UDP, start[r] + body[udp], ("sport", "dport"))
-    net.proto[r] = _PROTO_UDP
+    net.proto[r] = PROTO_UDP
     net.sport[r], net.dport[r] = ports["sport"], ports["dport"]
     net.pstart[r] = start[r] + body[udp] + pcap.UDP.size
     net.pend[r] = start[r] + end[udp]
@@ -437,7 +437,7 @@ def _decode_network_numpy(fr: _Frames, skips: _Skips) -> _Network:
     _skip_network(skips, "tcp_fragment", r[fragment])
     good = ~bad & ~fragment
     r = r[good]
-    net.proto[r] = _PROTO_TCP
+    net.proto[r] = PROTO_TCP
     net.sport[r], net.dport[r] = head["sport"][good], head["dport"][good]
     net.seq[r] = head["seq"][good]
     net.tcp_flags[r] = head["offset_flags"][good] & _TCP_FLAG_BITS
@@ -450,7 +450,7 @@ def _decode_network_numpy(fr: _Frames, skips: _Skips) -> _Network:
 
     if quoted.ok.any():  # the UDP datagram an ICMP error quotes, with its own addresses
         r, q = rows[quoted.ok], quoted.ok
-        net.proto[r] = _PROTO_UDP
+        net.proto[r] = PROTO_UDP
         net.src[r], net.dst[r] = quoted.src[q], quoted.dst[q]
         net.sport[r], net.dport[r] = quoted.sport[q], quoted.dport[q]
         net.pstart[r] = start[r] + quoted.pstart[q]
@@ -507,11 +507,11 @@ def _icmp_quoted(bv: ByteView, start: np.ndarray, body: np.ndarray, end: np.ndar
     return out
 
 
-def _frame_columns(fr: _Frames, net: _Network, frame_rows: np.ndarray) -> dict[str, pa.Array]:
+def frame_columns(fr: Frames, net: Network, frame_rows: np.ndarray) -> dict[str, pa.Array]:
     """The frame's file, offset and time and its addresses and ports as numbers."""
     take = arrow_array(frame_rows)
     return {
-        "file": (_constant(fr.single_file, len(frame_rows)) if fr.single_file is not None
+        "file": (constant_strings(fr.single_file, len(frame_rows)) if fr.single_file is not None
                  else fr.files.take(take)),
         "file_offset": arrow_array(fr.file_offset[frame_rows], pa.int64()),
         "ts_ns": fr.ts_ns.take(take),
@@ -522,17 +522,17 @@ def _frame_columns(fr: _Frames, net: _Network, frame_rows: np.ndarray) -> dict[s
     }
 
 
-def _identity(fr: _Frames, net: _Network, frame_rows: np.ndarray, protocol: str,
-              ) -> dict[str, pa.Array]:
-    """:func:`_frame_columns` with the protocol and the dotted addresses (and the ICMP
+def identity_columns(fr: Frames, net: Network, frame_rows: np.ndarray, protocol: str,
+                     ) -> dict[str, pa.Array]:
+    """:func:`frame_columns` with the protocol and the dotted addresses (and the ICMP
     error quoting each datagram, when a row of the batch is quoted in one)."""
-    out = {**_frame_columns(fr, net, frame_rows),
-           "protocol": _constant(protocol, len(frame_rows)),
+    out = {**frame_columns(fr, net, frame_rows),
+           "protocol": constant_strings(protocol, len(frame_rows)),
            "src_ip": net.ip_strings("src", frame_rows),
            "dst_ip": net.ip_strings("dst", frame_rows)}
     if net.icmp is not None:
         icmp = net.icmp[frame_rows]
         quoted = icmp >= 0
-        out["icmp_type"] = _masked((icmp >> 8).astype(np.int32), quoted, pa.int32())
-        out["icmp_code"] = _masked((icmp & 0xFF).astype(np.int32), quoted, pa.int32())
+        out["icmp_type"] = masked_array((icmp >> 8).astype(np.int32), quoted, pa.int32())
+        out["icmp_code"] = masked_array((icmp & 0xFF).astype(np.int32), quoted, pa.int32())
     return out

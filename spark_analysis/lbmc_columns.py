@@ -3,7 +3,7 @@
 :func:`decode_lbmc` walks the LBMC messages of many payload regions at once (breadth first:
 iteration ``k`` reads the ``k``-th message, then the ``k``-th extended header, of every
 region that still has one; the deep tail finishes in a scalar loop) with the acceptance
-rules of :func:`wire.lbmc.parse_message`.  :func:`_messages_table` builds the ``messages``
+rules of :func:`wire.lbmc.parse_message`.  :func:`messages_table` builds the ``messages``
 table and the typed header columns (:data:`spark_analysis.schemas.MESSAGE_HEADER_COLUMNS`)
 from the result.
 """
@@ -21,30 +21,30 @@ from wire.fastpath import derive
 
 from .arrow_build import (
     ByteView,
-    _dictionary_strings,
-    _ipv4_strings,
-    _list_offsets,
-    _masked,
-    _sparse_strings,
-    _table,
-    _text_array,
-    _with_nulls,
     arrow_array,
+    dictionary_strings,
+    ipv4_strings,
+    list_offsets,
+    masked_array,
     null_array,
     numpy_of,
     read_members,
+    sparse_strings,
+    table_of,
+    text_array,
+    with_nulls,
 )
 from .schemas import (
-    _HEADER_TABLES_D,
-    _LBMC_TYPE_NAMES,
-    _MESSAGE_CORE_D,
-    _MESSAGES_D,
     HEADER_TABLE_PREFIX,
+    HEADER_TABLES_STORED,
+    LBMC_TYPE_NAMES,
+    MESSAGE_CORE_STORED,
     MESSAGE_HEADER_COLUMNS,
     MESSAGE_KEY,
+    MESSAGES_STORED_WIDE,
     ColumnPart,
     HeaderColumn,
-    _struct_type,
+    parts_struct_type,
 )
 
 
@@ -54,12 +54,12 @@ def _convert(part: ColumnPart, raw: np.ndarray) -> pa.Array:
         values = (raw & part.bit.mask) >> part.bit.shift
         when = part.bit.when
         if when is None:
-            return _masked(values, None, part.type)
+            return masked_array(values, None, part.type)
         distinct = np.unique(raw)
         allowed = distinct[np.array([bool(when(int(v))) for v in distinct], dtype=bool)]
-        return _masked(values, np.isin(raw, allowed), part.type)
+        return masked_array(values, np.isin(raw, allowed), part.type)
     if part.kind == "ipv4":  # a struct field: plain strings (struct types are fixed)
-        return _ipv4_strings(raw).cast(pa.string())
+        return ipv4_strings(raw).cast(pa.string())
     if part.kind == "bytes":
         width = raw.dtype.itemsize
         fixed = pa.Array.from_buffers(pa.binary(width), len(raw),
@@ -67,15 +67,15 @@ def _convert(part: ColumnPart, raw: np.ndarray) -> pa.Array:
         return fixed.cast(pa.binary())
     if pa.types.is_decimal(part.type):
         return arrow_array(raw.astype(np.uint64)).cast(part.type)
-    return _masked(raw, None, part.type)
+    return masked_array(raw, None, part.type)
 
 
 def _struct_array(parts: Sequence[ColumnPart], raw: Mapping[str, np.ndarray],
                   count: int) -> pa.StructArray:
     if count == 0:
-        return arrow_array([], _struct_type(parts))
+        return arrow_array([], parts_struct_type(parts))
     arrays = [_convert(p, raw[p.member]) for p in parts]
-    return pa.StructArray.from_arrays(arrays, fields=list(_struct_type(parts)))
+    return pa.StructArray.from_arrays(arrays, fields=list(parts_struct_type(parts)))
 
 
 def _spread_struct(parts: Sequence[ColumnPart], raw: Mapping[str, np.ndarray],
@@ -83,7 +83,7 @@ def _spread_struct(parts: Sequence[ColumnPart], raw: Mapping[str, np.ndarray],
     """A struct column of ``rows`` rows with the values ``raw`` at rows ``owner`` (unique) and
     nulls elsewhere: scattered with numpy before conversion (an Arrow ``take`` with null
     indices is many times slower)."""
-    struct_type = _struct_type(parts)
+    struct_type = parts_struct_type(parts)
     if not len(owner):
         return null_array(struct_type, rows)
     present = np.zeros(rows, bool)
@@ -173,7 +173,7 @@ def _message_error(code: int, off: int, val: int, hcode: int) -> str:
 
 
 @dataclass
-class _Lbmc:
+class LbmcColumns:
     """Messages found in a set of byte regions (one row per message, region-major order),
     and their extended-header occurrences (``h_*``, one row per header)."""
 
@@ -200,7 +200,7 @@ class _Lbmc:
     def count(self) -> int:
         return len(self.region)
 
-    def take(self, keep: np.ndarray) -> _Lbmc:
+    def take(self, keep: np.ndarray) -> LbmcColumns:
         """The messages selected by the boolean ``keep`` (headers renumbered)."""
         new_index = np.cumsum(keep) - 1
         hk = keep[self.h_msg]
@@ -208,8 +208,8 @@ class _Lbmc:
         for name in ("region", "index", "start", "msglen", "mtype", "first", "err", "err_off",
                      "err_val", "err_hcode", "tidx", "sqn", "terminator", "payload_len"):
             fields[name] = getattr(self, name)[keep]
-        return _Lbmc(**fields, h_msg=new_index[self.h_msg[hk]], h_code=self.h_code[hk],
-                     h_pos=self.h_pos[hk], h_len=self.h_len[hk])
+        return LbmcColumns(**fields, h_msg=new_index[self.h_msg[hk]], h_code=self.h_code[hk],
+                           h_pos=self.h_pos[hk], h_len=self.h_len[hk])
 
     def error_text(self, i: int) -> str | None:
         code = int(self.err[i])
@@ -220,7 +220,7 @@ class _Lbmc:
 
 
 def decode_lbmc(bv: ByteView, rstart: np.ndarray, rend: np.ndarray, *,
-                single: bool = False) -> _Lbmc:
+                single: bool = False) -> LbmcColumns:
     """Every LBMC message in the regions ``[rstart, rend)`` of ``bv``, as
     :func:`wire.lbmc.iter_messages` walks a datagram (``single``: each region is exactly one
     framed message, the LBT-TCP case).
@@ -322,12 +322,12 @@ def decode_lbmc(bv: ByteView, rstart: np.ndarray, rend: np.ndarray, *,
     hcols = {k: (np.concatenate(v) if v else np.zeros(0, np.int64)) for k, v in h_parts.items()}
     horder = np.argsort(hcols["msg"], kind="stable")  # chain order within each message
     payload_len = np.where((err == 0) & (terminator == _NHDR_DATA), mend - hpos, 0)
-    return _Lbmc(region=cols["region"], index=cols["index"], start=start, msglen=msglen,
-                 mtype=mtype, first=cols["first"], err=err, err_off=err_off,
-                 err_val=cols["err_val"], err_hcode=err_hcode, tidx=tidx, sqn=sqn,
-                 terminator=terminator, payload_len=payload_len,
-                 h_msg=hcols["msg"][horder], h_code=hcols["code"][horder],
-                 h_pos=hcols["pos"][horder], h_len=hcols["len"][horder])
+    return LbmcColumns(region=cols["region"], index=cols["index"], start=start, msglen=msglen,
+                       mtype=mtype, first=cols["first"], err=err, err_off=err_off,
+                       err_val=cols["err_val"], err_hcode=err_hcode, tidx=tidx, sqn=sqn,
+                       terminator=terminator, payload_len=payload_len,
+                       h_msg=hcols["msg"][horder], h_code=hcols["code"][horder],
+                       h_pos=hcols["pos"][horder], h_len=hcols["len"][horder])
 
 
 _SCALAR_DEPTH = 32
@@ -401,7 +401,7 @@ def _chain_scalar(bv: ByteView, messages: np.ndarray, start: np.ndarray, mend: n
             h_parts[name].append(np.array(column, np.int64))
 
 
-def _stop_at_first_error(msgs: _Lbmc, regions: int) -> _Lbmc:
+def stop_at_first_error(msgs: LbmcColumns, regions: int) -> LbmcColumns:
     """Drop the messages after a region's first bad one (a datagram's decoder stops there)."""
     bad = msgs.err != 0
     if not bad.any():
@@ -412,7 +412,7 @@ def _stop_at_first_error(msgs: _Lbmc, regions: int) -> _Lbmc:
     return msgs if keep.all() else msgs.take(keep)
 
 
-def _labels(msgs: _Lbmc, transport: np.ndarray) -> pa.Array:
+def _labels(msgs: LbmcColumns, transport: np.ndarray) -> pa.Array:
     """tshark's Info label per message (:meth:`wire.lbmc.LbmcMessage.label`), column-wise;
     ``transport`` per message: carried on a transport channel (else data without SRCIDX is
     ``RX-DATA``)."""
@@ -429,10 +429,10 @@ def _labels(msgs: _Lbmc, transport: np.ndarray) -> pa.Array:
     names = [*lbmc.LABEL_ORDER, "", "DATA", "DATA[REQ]", "RX-DATA", "RX-DATA[REQ]"]
     base = len(lbmc.LABEL_ORDER) + 1
     code = np.where(data, base + request + 2 * (~transport & ~srcidx), rank)
-    return _dictionary_strings(code, names, msgs.err == 0)
+    return dictionary_strings(code, names, msgs.err == 0)
 
 
-def _typed_headers(bv: ByteView, msgs: _Lbmc,
+def _typed_headers(bv: ByteView, msgs: LbmcColumns,
                    ) -> Iterator[tuple[HeaderColumn, np.ndarray, dict[str, np.ndarray]]]:
     """Per typed header column that some message of ``msgs`` carries: the owning message of
     each value (ascending; repeated for a repeated header) and the raw member values."""
@@ -450,7 +450,7 @@ def _typed_headers(bv: ByteView, msgs: _Lbmc,
                                           {p.member for p in column.parts})
 
 
-def _header_columns(bv: ByteView, msgs: _Lbmc) -> dict[str, pa.Array]:
+def _header_columns(bv: ByteView, msgs: LbmcColumns) -> dict[str, pa.Array]:
     """The typed header columns of ``msgs``, one row per message (null where absent)."""
     m = msgs.count
     out = {column.name: null_array(column.arrow_type, m) for column in MESSAGE_HEADER_COLUMNS}
@@ -458,14 +458,14 @@ def _header_columns(bv: ByteView, msgs: _Lbmc) -> dict[str, pa.Array]:
         if column.repeated:
             counts = np.bincount(owner, minlength=m)
             out[column.name] = pa.ListArray.from_arrays(
-                _list_offsets(counts), _struct_array(column.parts, raw, len(owner)),
+                list_offsets(counts), _struct_array(column.parts, raw, len(owner)),
                 mask=arrow_array(counts == 0))
         else:
             out[column.name] = _spread_struct(column.parts, raw, owner, m)
     return out
 
 
-def _header_tables(bv: ByteView, msgs: _Lbmc, key: Mapping[str, pa.Array],
+def _header_tables(bv: ByteView, msgs: LbmcColumns, key: Mapping[str, pa.Array],
                    ) -> dict[str, pa.Table]:
     """The typed headers of ``msgs`` as stored (:data:`HEADER_TABLE_SCHEMAS`, categorical key
     columns dictionary-typed): per header, only the messages that carry it, built from those
@@ -475,20 +475,20 @@ def _header_tables(bv: ByteView, msgs: _Lbmc, key: Mapping[str, pa.Array],
         values = _struct_array(column.parts, raw, len(owner))
         if column.repeated:
             owner, counts = np.unique(owner, return_counts=True)
-            values = pa.ListArray.from_arrays(_list_offsets(counts), values)
+            values = pa.ListArray.from_arrays(list_offsets(counts), values)
         take = arrow_array(owner)
         name = f"{HEADER_TABLE_PREFIX}{column.name}"
-        out[name] = _table(_HEADER_TABLES_D[name], len(owner), {
+        out[name] = table_of(HEADER_TABLES_STORED[name], len(owner), {
             **{k: key[k].take(take) for k in MESSAGE_KEY}, column.name: values})
     return out
 
 
-def _core_header_columns(bv: ByteView, msgs: _Lbmc) -> dict[str, pa.Array]:
+def _core_header_columns(bv: ByteView, msgs: LbmcColumns) -> dict[str, pa.Array]:
     """``header_codes`` and ``topic_name`` of ``msgs``."""
     m = msgs.count
     out: dict[str, pa.Array] = {}
-    out["header_codes"] = pa.ListArray.from_arrays(_list_offsets(np.bincount(msgs.h_msg,
-                                                                             minlength=m)),
+    out["header_codes"] = pa.ListArray.from_arrays(list_offsets(np.bincount(msgs.h_msg,
+                                                                            minlength=m)),
                                                    arrow_array(msgs.h_code, pa.int32()))
     sel = np.flatnonzero(msgs.h_code == _TOPICNAME.code)
     owner, first = np.unique(msgs.h_msg[sel], return_index=True)
@@ -499,14 +499,14 @@ def _core_header_columns(bv: ByteView, msgs: _Lbmc) -> dict[str, pa.Array]:
     lengths[owner] = msgs.h_len[sel] - _TOPIC_AT
     present = np.zeros(m, bool)
     present[owner] = True
-    out["topic_name"] = _with_nulls(_text_array(bv.data, starts, lengths), present)
+    out["topic_name"] = with_nulls(text_array(bv.data, starts, lengths), present)
     return out
 
 
-def _messages_table(bv: ByteView, msgs: _Lbmc, identity: Mapping[str, pa.Array],
-                    transport: np.ndarray, extra: Mapping[str, pa.Array] | None = None,
-                    msg_index: np.ndarray | None = None, stored: bool = False,
-                    ) -> tuple[pa.Table, dict[str, pa.Table]]:
+def messages_table(bv: ByteView, msgs: LbmcColumns, identity: Mapping[str, pa.Array],
+                   transport: np.ndarray, extra: Mapping[str, pa.Array] | None = None,
+                   msg_index: np.ndarray | None = None, stored: bool = False,
+                   ) -> tuple[pa.Table, dict[str, pa.Table]]:
     """The messages table and, when ``stored``, apart from it its header tables
     (:func:`split_messages`); ``identity`` columns are already one value per message."""
     m = msgs.count
@@ -516,18 +516,18 @@ def _messages_table(bv: ByteView, msgs: _Lbmc, identity: Mapping[str, pa.Array],
     columns.update(extra or {})
     columns["msg_index"] = arrow_array(msgs.index if msg_index is None else msg_index, pa.int32())
     columns["type"] = arrow_array(msgs.mtype, pa.int32())
-    type_names = [_LBMC_TYPE_NAMES.get(t) for t in range(16)]  # type: ignore[call-overload]
-    columns["message_type"] = _dictionary_strings(msgs.mtype, type_names)
+    type_names = [LBMC_TYPE_NAMES.get(t) for t in range(16)]  # type: ignore[call-overload]
+    columns["message_type"] = dictionary_strings(msgs.mtype, type_names)
     columns["label"] = _labels(msgs, transport)
     columns["msglen"] = arrow_array(msgs.msglen, pa.int32())
-    columns["tidx"] = _masked(msgs.tidx, data, pa.int64())
-    columns["sqn"] = _masked(msgs.sqn, data, pa.int64())
-    columns["payload_length"] = _masked(msgs.payload_len, ok, pa.int32())
+    columns["tidx"] = masked_array(msgs.tidx, data, pa.int64())
+    columns["sqn"] = masked_array(msgs.sqn, data, pa.int64())
+    columns["payload_length"] = masked_array(msgs.payload_len, ok, pa.int32())
     if (~ok).any():
-        columns["malformed_reason"] = _sparse_strings(
+        columns["malformed_reason"] = sparse_strings(
             m, {i: msgs.error_text(i) or "" for i in np.flatnonzero(~ok).tolist()})
     columns.update(_core_header_columns(bv, msgs))
     if stored:
-        return _table(_MESSAGE_CORE_D, m, columns), _header_tables(bv, msgs, columns)
+        return table_of(MESSAGE_CORE_STORED, m, columns), _header_tables(bv, msgs, columns)
     columns.update(_header_columns(bv, msgs))
-    return _table(_MESSAGES_D, m, columns), {}
+    return table_of(MESSAGES_STORED_WIDE, m, columns), {}

@@ -18,27 +18,27 @@ from wire.detect import lbmr_clean
 from wire.errors import WireError
 
 from .arrow_build import (
-    _constant,
-    _table,
     arrow_array,
+    constant_strings,
     empty_table,
     python_table,
+    table_of,
 )
 from .framing import (
-    _Frames,
-    _identity,
-    _Network,
+    Frames,
+    Network,
+    identity_columns,
 )
 from .schemas import (
-    _ADVERTISEMENTS_D,
-    _PACKETS_D,
     ADVERTISEMENT_OPTION_COLUMNS,
     ADVERTISEMENTS_SCHEMA,
-    _struct_pyvalue,
+    ADVERTISEMENTS_STORED,
+    PACKETS_STORED,
+    struct_pyvalue,
 )
 from .transport_columns import (
-    _P_FRAGMENT,
-    _packet_error,
+    P_FRAGMENT,
+    packet_error,
 )
 
 # =============================================================================================
@@ -78,7 +78,7 @@ def _advertisement_rows(packet: lbmr.LbmrPacket) -> list[dict[str, Any]]:
         }
         for column in ADVERTISEMENT_OPTION_COLUMNS:
             found = [o for o in tir.options or [] if isinstance(o, column.cls)]
-            got = [_struct_pyvalue(column.parts, o.resolved()) for o in found]
+            got = [struct_pyvalue(column.parts, o.resolved()) for o in found]
             row[column.name] = (got or None) if column.repeated else (got[0] if got else None)
         rows.append(row)
     return rows
@@ -124,8 +124,8 @@ def _parse_lbmr(payload: bytes, strict: bool) -> _LbmrParsed:
     return result
 
 
-def _decode_lbmr(fr: _Frames, net: _Network, frame_rows: np.ndarray, strict: bool,
-                 ) -> tuple[np.ndarray, list[_LbmrRow]]:
+def decode_lbmr(fr: Frames, net: Network, frame_rows: np.ndarray, strict: bool,
+                ) -> tuple[np.ndarray, list[_LbmrRow]]:
     """Parse each datagram; returns (accepted mask, per accepted row: frame row, packet type,
     malformed reason, advertisement rows).  ``strict``: content-claimed, refuse on error."""
     accepted = np.zeros(len(frame_rows), bool)
@@ -138,30 +138,30 @@ def _decode_lbmr(fr: _Frames, net: _Network, frame_rows: np.ndarray, strict: boo
             continue
         accepted[i] = True
         if error is None and net.first_fragment[row]:
-            error = _packet_error("lbmr", _P_FRAGMENT, 0, 0, (), None)
+            error = packet_error("lbmr", P_FRAGMENT, 0, 0, (), None)
         out.append((row, ptype, error, adverts))
     return accepted, out
 
 
-def _lbmr_tables(fr: _Frames, net: _Network, decoded: list[_LbmrRow], classified_by: str,
-                 ) -> tuple[pa.Table, pa.Table]:
+def lbmr_tables(fr: Frames, net: Network, decoded: list[_LbmrRow], classified_by: str,
+                ) -> tuple[pa.Table, pa.Table]:
     if not decoded:
-        return empty_table(_PACKETS_D), empty_table(_ADVERTISEMENTS_D)
+        return empty_table(PACKETS_STORED), empty_table(ADVERTISEMENTS_STORED)
     rows = np.array([d[0] for d in decoded], np.int64)
-    columns = _identity(fr, net, rows, "lbmr")
-    columns["classified_by"] = _constant(classified_by, len(rows))
+    columns = identity_columns(fr, net, rows, "lbmr")
+    columns["classified_by"] = constant_strings(classified_by, len(rows))
     columns["payload_length"] = arrow_array(net.pend[rows] - net.pstart[rows], pa.int32())
     columns["packet_type"] = arrow_array([d[1] for d in decoded], pa.string())
     columns["messages"] = arrow_array(np.zeros(len(rows), np.int32))
     columns["malformed_reason"] = arrow_array([d[2] for d in decoded], pa.string())
-    packets = _table(_PACKETS_D, len(rows), columns)
+    packets = table_of(PACKETS_STORED, len(rows), columns)
     owners = np.array([d[0] for d in decoded for _ in d[3]], np.int64)
     records = [r for d in decoded for r in d[3]]
     if not records:
-        return packets, empty_table(_ADVERTISEMENTS_D)
-    ident = _identity(fr, net, owners, "lbmr")
+        return packets, empty_table(ADVERTISEMENTS_STORED)
+    ident = identity_columns(fr, net, owners, "lbmr")
     adverts = python_table(records, pa.schema(
         [f for f in ADVERTISEMENTS_SCHEMA if f.name not in ident]))
     cols = {**{n: ident[n] for n in ADVERTISEMENTS_SCHEMA.names if n in ident},
             **{n: adverts.column(n) for n in adverts.column_names}}
-    return packets, _table(_ADVERTISEMENTS_D, len(records), cols)
+    return packets, table_of(ADVERTISEMENTS_STORED, len(records), cols)

@@ -29,37 +29,37 @@ from wire import lbmc, pcap
 from wire.lbttcp import entry_test
 
 from .arrow_build import (
+    BinaryColumn,
     ByteView,
-    _Binary,
-    _constant,
-    _gather_ranges,
-    _ipv4_strings,
-    _running_offsets,
-    _sparse_strings,
-    _table,
     arrow_array,
+    constant_strings,
     empty_table,
     encode_files,
+    gather_ranges,
+    ipv4_strings,
     member_at,
     numpy_of,
     read_member,
+    running_offsets,
+    sparse_strings,
+    table_of,
 )
 from .classify import (
-    _in,
+    in_range,
 )
 from .framing import (
-    _Skips,
+    Skips,
 )
 from .lbmc_columns import (
-    _messages_table,
     decode_lbmc,
+    messages_table,
 )
 from .schemas import (
-    _ADVERTISEMENTS_D,
-    _PACKETS_D,
-    _TCP_SEGMENTS_D,
+    ADVERTISEMENTS_STORED,
     FLOW_KEY,
     MESSAGES_SCHEMA,
+    PACKETS_STORED,
+    TCP_SEGMENTS_STORED,
     DecodedTables,
     DecodeOptions,
 )
@@ -74,7 +74,7 @@ if member_at(lbmc.CONTROL_BASE, "msglen")[0] != np.dtype(">u2"):
 _MIN_FRAME = lbmc.CONTROL_BASE.size
 _MSGLEN_DTYPE = member_at(lbmc.CONTROL_BASE, "msglen")[0]
 _SEQ_MOD = 1 << 32
-_NO_PAYLOAD = "TCP segment without payload"
+NO_PAYLOAD = "TCP segment without payload"
 
 
 class _TcpOut:
@@ -129,7 +129,7 @@ def _reassemble_epoch(out: _TcpOut, raw: bytes, rows: np.ndarray, seq: np.ndarra
     syn = (flags[rows] & pcap.TCP_SYN) != 0
     useq = useq + syn  # data of a SYN segment starts after the SYN's sequence number
     has_data = plen[rows] > 0
-    out.skips[_NO_PAYLOAD].extend(rows[~has_data].tolist())
+    out.skips[NO_PAYLOAD].extend(rows[~has_data].tolist())
     data_rows = rows[has_data]
     data_useq = useq[has_data]
     order = np.lexsort((data_rows, data_useq))
@@ -365,8 +365,8 @@ def reassemble_tcp(segments: pa.Table | pa.RecordBatch, options: DecodeOptions |
         starts = [a, *(a + np.flatnonzero(flags[a + 1:b] & pcap.TCP_SYN) + 1).tolist(), b]
         for s, e in itertools.pairwise(starts):
             _reassemble_epoch(out, raw, np.arange(s, e), seq, flags, seg.pstart, seg.plen)
-    transport = (_in(seg.ints["src_port"], options.ports.lbttcp_source)
-                 | _in(seg.ints["dst_port"], options.ports.lbttcp_source))
+    transport = (in_range(seg.ints["src_port"], options.ports.lbttcp_source)
+                 | in_range(seg.ints["dst_port"], options.ports.lbttcp_source))
     tables = _tcp_tables(seg, out, transport, stored)
     return tables if stored else tables.public()
 
@@ -426,7 +426,7 @@ class _Segments:
     def files(self, input_rows: np.ndarray) -> pa.Array:
         """The ``file`` column of input rows (a constant when there is one file)."""
         if len(self.file_names) == 1:
-            return _constant(self.file_names[0].as_py(), len(input_rows))
+            return constant_strings(self.file_names[0].as_py(), len(input_rows))
         return pa.DictionaryArray.from_arrays(
             arrow_array(self.file_codes[input_rows], pa.int32()), self.file_names)
 
@@ -441,10 +441,10 @@ class _Segments:
             "file_offset": arrow_array(self.ints["file_offset"][rows], pa.int64()),
             "ts_ns": _flat(pc.take(ts.combine_chunks() if ts.num_chunks != 1 else ts,
                                    arrow_array(take))),
-            "protocol": _constant("lbttcp", len(rows)),
-            "src_ip": _ipv4_strings(src),
+            "protocol": constant_strings("lbttcp", len(rows)),
+            "src_ip": ipv4_strings(src),
             "src_port": arrow_array(self.ints["src_port"][rows].astype(np.int32)),
-            "dst_ip": _ipv4_strings(dst),
+            "dst_ip": ipv4_strings(dst),
             "dst_port": arrow_array(self.ints["dst_port"][rows].astype(np.int32)),
             "src_ip_int": arrow_array(src, pa.int64()),
             "dst_ip_int": arrow_array(dst, pa.int64()),
@@ -459,7 +459,7 @@ def _gather_sorted(column: pa.ChunkedArray | pa.Array, order: np.ndarray,
     buffer are one slice (stage 1 ships each flow's payloads adjacent, so a flow is a few
     long runs); without such runs it falls back to the vectorised byte gather."""
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-    parts = [_Binary.of(c) for c in chunks if len(c)]
+    parts = [BinaryColumn.of(c) for c in chunks if len(c)]
     if not parts:
         empty = np.zeros(0, np.int64)
         return b"", empty, empty.copy()
@@ -472,9 +472,9 @@ def _gather_sorted(column: pa.ChunkedArray | pa.Array, order: np.ndarray,
     new_run = np.ones(n, bool)
     new_run[1:] = (starts[1:] != ends[:-1]) | (chunk_of[1:] != chunk_of[:-1])
     first = np.flatnonzero(new_run)
-    offsets = _running_offsets(lengths)
+    offsets = running_offsets(lengths)
     if len(first) * 8 > n and len(parts) == 1:
-        values, _ = _gather_ranges(parts[0].bv.data, starts, lengths)
+        values, _ = gather_ranges(parts[0].bv.data, starts, lengths)
         return values.tobytes(), offsets[:-1], lengths.astype(np.int64)
     last = np.append(first[1:], n) - 1
     views = [p.bv.data.data for p in parts]
@@ -513,7 +513,7 @@ def _tcp_tables(seg: _Segments, out: _TcpOut, transport: np.ndarray, stored: boo
 
     rows = np.sort(np.concatenate([nothing, *out.row_parts]))
     columns = seg.identity(rows)
-    columns["classified_by"] = _constant("port", len(rows))
+    columns["classified_by"] = constant_strings("port", len(rows))
     columns["payload_length"] = arrow_array(seg.plen[rows].astype(np.int32))
     columns["tcp_seq"] = arrow_array(seg.ints["seq"][rows], pa.int64())
     columns["retransmission"] = arrow_array(np.isin(rows, np.array(out.retx, np.int64)))
@@ -521,16 +521,16 @@ def _tcp_tables(seg: _Segments, out: _TcpOut, transport: np.ndarray, stored: boo
     columns["messages"] = arrow_array(np.bincount(owner[ok], minlength=n)[rows], pa.int32())
     if out.reason:
         at = np.searchsorted(rows, np.fromiter(out.reason.keys(), np.int64, len(out.reason)))
-        columns["malformed_reason"] = _sparse_strings(
+        columns["malformed_reason"] = sparse_strings(
             len(rows), dict(zip(at.tolist(), out.reason.values(), strict=True)))
-    packets = _table(_PACKETS_D, len(rows), columns)
+    packets = table_of(PACKETS_STORED, len(rows), columns)
     mident = {k: v for k, v in seg.identity(owner).items() if k in MESSAGES_SCHEMA.names}
-    messages, headers = _messages_table(bv, msgs, mident, transport[owner], msg_index=index,
-                                        stored=stored)
-    skips = _Skips()
+    messages, headers = messages_table(bv, msgs, mident, transport[owner], msg_index=index,
+                                       stored=stored)
+    skips = Skips()
     for reason, skipped_rows in sorted(out.skips.items()):
         skips.add(seg.order[np.array(skipped_rows, np.int64)], reason)
     skipped = skips.table(seg.files(np.arange(n)),
                           numpy_of(seg.table.column("file_offset")).astype(np.int64))
-    return DecodedTables(packets, messages, empty_table(_ADVERTISEMENTS_D), skipped,
-                         empty_table(_TCP_SEGMENTS_D), headers)
+    return DecodedTables(packets, messages, empty_table(ADVERTISEMENTS_STORED), skipped,
+                         empty_table(TCP_SEGMENTS_STORED), headers)

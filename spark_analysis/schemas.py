@@ -153,7 +153,7 @@ def struct_parts(struct_def: cs.Struct, prefix: str,
     return tuple(parts)
 
 
-def _struct_type(parts: Sequence[ColumnPart]) -> pa.StructType:
+def parts_struct_type(parts: Sequence[ColumnPart]) -> pa.StructType:
     return _struct_type_of(tuple(parts))
 
 
@@ -164,7 +164,7 @@ def _struct_type_of(parts: tuple[ColumnPart, ...]) -> pa.StructType:
                       for p in parts])
 
 
-def _struct_pyvalue(parts: Sequence[ColumnPart], values: Mapping[str, Any]) -> dict[str, Any]:
+def struct_pyvalue(parts: Sequence[ColumnPart], values: Mapping[str, Any]) -> dict[str, Any]:
     """One struct column value from a record's Python values (the LBMR path)."""
     out: dict[str, Any] = {}
     for part in parts:
@@ -204,7 +204,7 @@ class HeaderColumn:
 
     @property
     def struct_type(self) -> pa.StructType:
-        return _struct_type(self.parts)
+        return parts_struct_type(self.parts)
 
     @property
     def arrow_type(self) -> pa.DataType:
@@ -257,7 +257,7 @@ class OptionColumn:
 
     @property
     def arrow_type(self) -> pa.DataType:
-        st = _struct_type(self.parts)
+        st = parts_struct_type(self.parts)
         return pa.list_(st) if self.repeated else st
 
 
@@ -337,7 +337,7 @@ PACKETS_SCHEMA = pa.schema([
 """One row per UM packet: a UDP datagram of LBT-RM, LBT-RU or LBMR, or a TCP segment with
 payload on an LBT-TCP connection.  Columns that do not apply to a packet type are null."""
 
-_LBMC_TYPE_NAMES = {
+LBMC_TYPE_NAMES = {
     lbmc.MessageType.MESSAGE: "data", lbmc.MessageType.EOT: "eot",
     lbmc.MessageType.PRORX: "proactive_retrans", lbmc.MessageType.CONTROL: "control",
     lbmc.MessageType.RETRANS: "retrans",
@@ -406,7 +406,7 @@ def split_messages(messages: pa.Table) -> tuple[pa.Table, dict[str, pa.Table]]:
         name = f"{HEADER_TABLE_PREFIX}{column.name}"
         present = values.is_valid()
         rows = messages.select([*MESSAGE_KEY, column.name]).filter(present)
-        wanted = _HEADER_TABLES_D if dictionaries else HEADER_TABLE_SCHEMAS
+        wanted = HEADER_TABLES_STORED if dictionaries else HEADER_TABLE_SCHEMAS
         headers[name] = rows.cast(wanted[name])
     return core, headers
 
@@ -538,12 +538,12 @@ above still call them nullable, so that every table of the module has one schema
 source; :func:`spark_analysis.decode.decode_to_parquet` stores them as required Parquet
 columns, which spares the writer a definition level per value (see there)."""
 
-_PACKETS_D = STORED_SCHEMAS["packets"]
-_MESSAGE_CORE_D = STORED_SCHEMAS["messages"]
-_ADVERTISEMENTS_D = STORED_SCHEMAS["advertisements"]
-_TCP_SEGMENTS_D = STORED_SCHEMAS["tcp_segments"]
-_HEADER_TABLES_D = {name: STORED_SCHEMAS[name] for name in HEADER_TABLE_SCHEMAS}
-_MESSAGES_D = dictionary_schema(MESSAGES_SCHEMA)  # the wide table, before the public cast
+PACKETS_STORED = STORED_SCHEMAS["packets"]
+MESSAGE_CORE_STORED = STORED_SCHEMAS["messages"]
+ADVERTISEMENTS_STORED = STORED_SCHEMAS["advertisements"]
+TCP_SEGMENTS_STORED = STORED_SCHEMAS["tcp_segments"]
+HEADER_TABLES_STORED = {name: STORED_SCHEMAS[name] for name in HEADER_TABLE_SCHEMAS}
+MESSAGES_STORED_WIDE = dictionary_schema(MESSAGES_SCHEMA)  # the wide table, before the public cast
 
 FLOW_KEY = ("src_ip_int", "src_port", "dst_ip_int", "dst_port")
 """The columns naming one direction of a TCP connection (the stage-2 grouping key)."""
@@ -583,10 +583,10 @@ class DecodedTables:
 
     @classmethod
     def empty(cls, stored: bool = False) -> DecodedTables:
-        packets, messages, adverts = ((_PACKETS_D, _MESSAGE_CORE_D, _ADVERTISEMENTS_D)
+        packets, messages, adverts = ((PACKETS_STORED, MESSAGE_CORE_STORED, ADVERTISEMENTS_STORED)
                                       if stored else
                                       (PACKETS_SCHEMA, MESSAGES_SCHEMA, ADVERTISEMENTS_SCHEMA))
-        segments = _TCP_SEGMENTS_D if stored else TCP_SEGMENTS_SCHEMA
+        segments = TCP_SEGMENTS_STORED if stored else TCP_SEGMENTS_SCHEMA
         return cls(empty_table(packets), empty_table(messages), empty_table(adverts),
                    empty_table(SKIPPED_SCHEMA), empty_table(segments))
 
@@ -610,7 +610,7 @@ def _cast(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return table if table.schema == schema else table.cast(schema)
 
 
-def _concat(tables: Sequence[pa.Table], schema: pa.Schema) -> pa.Table:
+def concat_or_empty(tables: Sequence[pa.Table], schema: pa.Schema) -> pa.Table:
     tables = [t for t in tables if t.num_rows]
     if not tables:
         return empty_table(schema)
@@ -620,7 +620,7 @@ def _concat(tables: Sequence[pa.Table], schema: pa.Schema) -> pa.Table:
 def merge_skipped(tables: Sequence[pa.Table]) -> pa.Table:
     """One ``skipped`` table (:data:`SKIPPED_SCHEMA`) from several: frames summed and the
     first offset kept per file and reason."""
-    table = _concat(tables, SKIPPED_SCHEMA)
+    table = concat_or_empty(tables, SKIPPED_SCHEMA)
     if not table.num_rows:
         return table
     # a handful of rows: merged in Python (Table.group_by would import pandas, see
@@ -640,16 +640,16 @@ def concat_tables(parts: Sequence[DecodedTables]) -> DecodedTables:
     the parts must all be in the public form or all in the stored form."""
     like = parts[0] if parts else DecodedTables.empty()
     return DecodedTables(
-        _concat([p.packets for p in parts], like.packets.schema),
-        _concat([p.messages for p in parts], like.messages.schema),
-        _concat([p.advertisements for p in parts], like.advertisements.schema),
+        concat_or_empty([p.packets for p in parts], like.packets.schema),
+        concat_or_empty([p.messages for p in parts], like.messages.schema),
+        concat_or_empty([p.advertisements for p in parts], like.advertisements.schema),
         merge_skipped([p.skipped for p in parts]),
-        _concat([p.tcp_segments for p in parts], like.tcp_segments.schema),
-        _concat_headers([p.headers for p in parts]),
+        concat_or_empty([p.tcp_segments for p in parts], like.tcp_segments.schema),
+        concat_headers([p.headers for p in parts]),
     )
 
 
-def _concat_headers(parts: Sequence[Mapping[str, pa.Table]]) -> dict[str, pa.Table]:
+def concat_headers(parts: Sequence[Mapping[str, pa.Table]]) -> dict[str, pa.Table]:
     names = sorted({name for part in parts for name in part})
-    return {name: _concat([p[name] for p in parts if name in p], _HEADER_TABLES_D[name])
+    return {name: concat_or_empty([p[name] for p in parts if name in p], HEADER_TABLES_STORED[name])
             for name in names}

@@ -5,7 +5,7 @@ One decoder (:class:`_TransportDecoder`) for both transports, driven by the
 (packet layouts, counted lists, options), so no offset is written here.  :class:`_UdpResult`
 holds a decode of some UDP rows with the LBMC messages of its DATA packets; its
 :meth:`_UdpResult.clean` is the strict acceptance the content heuristics require;
-:func:`_udp_tables` turns it into ``packets`` and ``messages`` rows.
+:func:`udp_tables` turns it into ``packets`` and ``messages`` rows.
 """
 
 from __future__ import annotations
@@ -29,35 +29,35 @@ from wire.transport import CountOf, RestOf, TransportCodec
 
 from .arrow_build import (
     ByteView,
-    _constant,
-    _dictionary_strings,
-    _list_offsets,
-    _masked,
-    _running_offsets,
-    _sparse_strings,
-    _table,
-    _ver_type,
-    _views_of,
     arrow_array,
+    constant_strings,
+    dictionary_strings,
+    list_offsets,
+    masked_array,
     member_at,
     read_member,
     read_members,
+    running_offsets,
+    sparse_strings,
+    table_of,
+    ver_type_of,
+    views_of,
 )
 from .framing import (
-    _Frames,
-    _identity,
-    _Network,
+    Frames,
+    Network,
+    identity_columns,
 )
 from .lbmc_columns import (
-    _Lbmc,
-    _messages_table,
-    _stop_at_first_error,
+    LbmcColumns,
     decode_lbmc,
+    messages_table,
+    stop_at_first_error,
 )
 from .schemas import (
-    _PACKETS_D,
     MESSAGES_SCHEMA,
     PACKETS_SCHEMA,
+    PACKETS_STORED,
 )
 
 # =============================================================================================
@@ -116,7 +116,7 @@ _OPTION_COLUMNS = {"session_id": "session_id", "client_id": "client_id"}
 
 # packet error codes
 (_P_SHORT, _P_TYPE, _P_FIXED, _P_LIST, _P_OPT_END, _P_OPT_ZERO, _P_OPT_FIXED, _P_OPT_SHORT,
- _P_OPT_OVER, _P_LBMC, _P_FRAGMENT) = range(1, 12)
+ _P_OPT_OVER, _P_LBMC, P_FRAGMENT) = range(1, 12)
 
 
 class _TransportDecoder:
@@ -142,7 +142,7 @@ class _TransportDecoder:
         short = length < self.codec.header_size
         res.fail(np.flatnonzero(short), _P_SHORT, 0, length[short], self.codec.header_size)
         rows = np.flatnonzero(~short)
-        version, ptype = _ver_type(self.ver_type_bits, bv.u8(pstart[rows]))
+        version, ptype = ver_type_of(self.ver_type_bits, bv.u8(pstart[rows]))
         res.ptype[rows] = ptype
         res.version[rows] = version
         known = np.isin(ptype, list(self.packets))
@@ -157,7 +157,7 @@ class _TransportDecoder:
             res.fail(r[~fits], _P_FIXED, 0, length[r][~fits], plan.fast.size, plan.prefix)
             r = r[fits]
             values = read_members(bv, plan.fast, pstart[r])
-            _views_of(values, plan.views)
+            views_of(values, plan.views)
             cur = plan.fast.size + np.zeros(len(r), np.int64)
             lists = []
             ok = np.ones(len(r), bool)
@@ -312,7 +312,7 @@ class _Transport:
         values = np.concatenate([p[2] for p in parts])[order]
         selected = np.zeros(self.n, bool)
         selected[rows] = True
-        return pa.ListArray.from_arrays(_list_offsets(counts[rows]),
+        return pa.ListArray.from_arrays(list_offsets(counts[rows]),
                                         arrow_array(values[selected[owner]], pa.int64()),
                                         mask=arrow_array(~present[rows]))
 
@@ -320,19 +320,19 @@ class _Transport:
         code = int(self.err[row])
         if not code:
             return None
-        return _packet_error(self.decoder.name, code, int(self.err_off[row]),
-                             int(self.err_val[row]), self.err_aux.get(row, ()), lbmc_reason)
+        return packet_error(self.decoder.name, code, int(self.err_off[row]),
+                            int(self.err_val[row]), self.err_aux.get(row, ()), lbmc_reason)
 
 
 def _gather_index(starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    offsets = _running_offsets(counts)
+    offsets = running_offsets(counts)
     total = int(offsets[-1])
     idx = np.arange(total, dtype=np.int64) + np.repeat(starts - offsets[:-1], counts)
     return idx, offsets
 
 
-def _packet_error(protocol: str, code: int, off: int, val: int, aux: tuple[Any, ...],
-                  lbmc_reason: str | None) -> str:
+def packet_error(protocol: str, code: int, off: int, val: int, aux: tuple[Any, ...],
+                 lbmc_reason: str | None) -> str:
     need = aux[0] if aux else 0
     header = aux[1] if len(aux) > 1 else protocol
     if code == _P_SHORT:
@@ -356,13 +356,13 @@ def _packet_error(protocol: str, code: int, off: int, val: int, aux: tuple[Any, 
         return f"{header} at offset {off}: hdr_len {val} runs past the end of the datagram"
     if code == _P_LBMC:
         return f"{protocol}/{lbmc_reason}" if lbmc_reason else f"{protocol}: bad LBMC message"
-    if code == _P_FRAGMENT:
+    if code == P_FRAGMENT:
         return "IPv4 fragment: the datagram continues in later fragments (not reassembled)"
     return f"{protocol}: error {code}"
 
 
-_LBTRM_DECODER = _TransportDecoder(lbtrm.CODEC)
-_LBTRU_DECODER = _TransportDecoder(lbtru.CODEC)
+LBTRM_DECODER = _TransportDecoder(lbtrm.CODEC)
+LBTRU_DECODER = _TransportDecoder(lbtru.CODEC)
 
 
 # =============================================================================================
@@ -376,7 +376,7 @@ class _UdpResult:
 
     frame_rows: np.ndarray
     transport: _Transport
-    messages: _Lbmc
+    messages: LbmcColumns
     region_rows: np.ndarray  # region index -> position in frame_rows
     pstart: np.ndarray
     pend: np.ndarray
@@ -413,15 +413,15 @@ class _UdpResult:
         return out & (data_ok | other_ok)
 
 
-def _decode_udp(decoder: _TransportDecoder, bv: ByteView, net: _Network, frame_rows: np.ndarray,
-                ) -> _UdpResult:
+def decode_udp(decoder: _TransportDecoder, bv: ByteView, net: Network, frame_rows: np.ndarray,
+               ) -> _UdpResult:
     pstart, pend = net.pstart[frame_rows], net.pend[frame_rows]
     tr = decoder.decode(bv, pstart, pend)
     lbmc_types = [code for code, plan in decoder.packets.items()
                   if getattr(plan.cls, "carries_lbmc", False)]
     region_rows = np.flatnonzero((tr.err == 0) & np.isin(tr.ptype, lbmc_types))
     msgs = decode_lbmc(bv, pstart[region_rows] + tr.body_end[region_rows], pend[region_rows])
-    msgs = _stop_at_first_error(msgs, len(region_rows))
+    msgs = stop_at_first_error(msgs, len(region_rows))
     return _UdpResult(frame_rows, tr, msgs, region_rows, pstart, pend)
 
 
@@ -429,27 +429,27 @@ def _decode_udp(decoder: _TransportDecoder, bv: ByteView, net: _Network, frame_r
 _BOOL_COLUMNS = ("retransmission", "syn")
 
 
-def _udp_tables(fr: _Frames, net: _Network, res: _UdpResult, positions: np.ndarray,
-                classified_by: str, stored: bool,
-                ) -> tuple[pa.Table, pa.Table, dict[str, pa.Table]]:
+def udp_tables(fr: Frames, net: Network, res: _UdpResult, positions: np.ndarray,
+               classified_by: str, stored: bool,
+               ) -> tuple[pa.Table, pa.Table, dict[str, pa.Table]]:
     """Packets and messages tables for ``positions`` (into ``res.frame_rows``), and the header
-    tables when ``stored`` (see :func:`_messages_table`)."""
+    tables when ``stored`` (see :func:`messages_table`)."""
     decoder = res.transport.decoder
     tr = res.transport
     frame_rows = res.frame_rows[positions]
     k = len(positions)
-    columns = _identity(fr, net, frame_rows, decoder.name)
-    columns["classified_by"] = _constant(classified_by, k)
+    columns = identity_columns(fr, net, frame_rows, decoder.name)
+    columns["classified_by"] = constant_strings(classified_by, k)
     columns["payload_length"] = arrow_array((res.pend - res.pstart)[positions], pa.int32())
     type_codes = tr.ptype[positions]
     names = [decoder.type_names.get(t) for t in range(16)]
-    columns["packet_type"] = _dictionary_strings(type_codes, names, type_codes >= 0)
+    columns["packet_type"] = dictionary_strings(type_codes, names, type_codes >= 0)
     for name, (data, valid) in tr.values.items():
         if name in _BOOL_COLUMNS:
-            columns[name] = _masked(data[positions] != 0, valid[positions], pa.bool_())
+            columns[name] = masked_array(data[positions] != 0, valid[positions], pa.bool_())
         else:
             fld = PACKETS_SCHEMA.field(name)
-            columns[name] = _masked(data[positions], valid[positions], fld.type)
+            columns[name] = masked_array(data[positions], valid[positions], fld.type)
     for column in _LIST_COLUMNS.values():
         arr = tr.list_array(column, positions)
         if arr is not None:
@@ -473,10 +473,10 @@ def _udp_tables(fr: _Frames, net: _Network, res: _UdpResult, positions: np.ndarr
             parts.append(f"{decoder.name} message {int(msgs.index[bad])} at offset "
                          f"{offset}: {msgs.error_text(bad)}")
         if fragment[i]:
-            parts.append(_packet_error(decoder.name, _P_FRAGMENT, 0, 0, (), None))
+            parts.append(packet_error(decoder.name, P_FRAGMENT, 0, 0, (), None))
         reasons[i] = "; ".join(parts)
-    columns["malformed_reason"] = _sparse_strings(k, reasons)
-    packets = _table(_PACKETS_D, k, columns)
+    columns["malformed_reason"] = sparse_strings(k, reasons)
+    packets = table_of(PACKETS_STORED, k, columns)
 
     # messages of the selected rows
     selected = np.zeros(len(res.frame_rows), bool)
@@ -485,13 +485,13 @@ def _udp_tables(fr: _Frames, net: _Network, res: _UdpResult, positions: np.ndarr
     keep = selected[res.region_rows[msgs.region]] if msgs.count else np.zeros(0, bool)
     msgs = msgs.take(keep) if not keep.all() else msgs
     owner = res.region_rows[msgs.region]
-    ident = _identity(fr, net, res.frame_rows[owner], decoder.name)
+    ident = identity_columns(fr, net, res.frame_rows[owner], decoder.name)
     ident = {name: ident[name] for name in MESSAGES_SCHEMA.names if name in ident}
     extra = {}
     for name, column in (("session_id", "session_id"), ("transport_sqn", "sqn")):
         got = tr.values.get(column)
         if got is not None:
-            extra[name] = _masked(got[0][owner], got[1][owner], pa.int64())
-    messages, headers = _messages_table(fr.data.bv, msgs, ident, np.ones(msgs.count, bool),
-                                        extra, stored=stored)
+            extra[name] = masked_array(got[0][owner], got[1][owner], pa.int64())
+    messages, headers = messages_table(fr.data.bv, msgs, ident, np.ones(msgs.count, bool),
+                                       extra, stored=stored)
     return packets, messages, headers

@@ -802,7 +802,7 @@ def test_gather_ranges_equals_slicing(lengths: str) -> None:
             lo, hi = {"any": (0, 40), "long": (13, 40), "inline": (0, 12)}[lengths]
             length = rng.integers(lo, hi + 1, n)
         start = np.array([rng.integers(0, size - k + 1) for k in length.tolist()])
-        values, offsets = arrow_build._gather_ranges(data, start, length)
+        values, offsets = arrow_build.gather_ranges(data, start, length)
         assert values.tobytes() == b"".join(
             data[a:a + k].tobytes() for a, k in zip(start.tolist(), length.tolist(), strict=True))
         assert offsets.dtype == np.int32
@@ -871,8 +871,8 @@ def test_the_stored_form_gives_the_same_rows() -> None:
     empty = reassemble_tcp(public.tcp_segments.slice(0, 0), options, stored=True)
     assert empty.stored and empty.packets.schema == schemas.dictionary_schema(
         schemas.PACKETS_SCHEMA)
-    names = arrow_build._dictionary_strings(np.array([0, 1, 2, 1]), ["a", None, "c"],
-                                         np.array([True, True, True, False]))
+    names = arrow_build.dictionary_strings(np.array([0, 1, 2, 1]), ["a", None, "c"],
+                                           np.array([True, True, True, False]))
     assert names.to_pylist() == ["a", None, "c", None]
     records = records_of([udp_frame(SRC, 1234, RCV, 5678, b"hello"),
                           tcp_frame(SRC, 1234, RCV, 5678, 1, 1, pcap.TCP_ACK, b"x"),
@@ -1053,7 +1053,7 @@ def test_topic_names_are_read_as_the_wire_reads_them(names: list[str | bytes]) -
     data = np.frombuffer(b"".join(raws), dtype=np.uint8)
     lengths = np.array([len(r) for r in raws], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    got = arrow_build._text_array(data, starts, lengths).to_pylist()
+    got = arrow_build.text_array(data, starts, lengths).to_pylist()
     expected = [r.split(b"\0")[0].decode("utf-8", "replace") for r in raws]
     assert got == expected
     for raw, value in zip(raws, got, strict=True):

@@ -143,7 +143,7 @@ def junk_frames(draw: st.DrawFn) -> tuple[int, bytes]:
     return draw(st.sampled_from(LINKTYPES)), draw(st.binary(max_size=70))
 
 
-def batch(items: list[tuple[int, bytes]], gaps: list[int]) -> framing._Frames:
+def batch(items: list[tuple[int, bytes]], gaps: list[int]) -> framing.Frames:
     """The frames in one buffer with ``gaps`` bytes of filler between them (so the decode
     must keep to each frame's range)."""
     data, starts = bytearray(), []
@@ -152,17 +152,17 @@ def batch(items: list[tuple[int, bytes]], gaps: list[int]) -> framing._Frames:
         starts.append(len(data))
         data += frame
     n = len(items)
-    binary = arrow_build._Binary(arrow_build.ByteView(np.frombuffer(bytes(data), np.uint8)),
-                              np.array(starts, np.int64),
-                              np.array([len(f) for _, f in items], np.int64))
-    return framing._Frames(n, arrow_build._constant("f.pcap", n), np.arange(n, dtype=np.int64),
-                            pa.array(range(n), pa.int64()),
-                            np.array([lt for lt, _ in items], np.int64), binary, "f.pcap")
+    binary = arrow_build.BinaryColumn(
+        arrow_build.ByteView(np.frombuffer(bytes(data), np.uint8)), np.array(starts, np.int64),
+        np.array([len(f) for _, f in items], np.int64))
+    return framing.Frames(n, arrow_build.constant_strings("f.pcap", n),
+                          np.arange(n, dtype=np.int64), pa.array(range(n), pa.int64()),
+                          np.array([lt for lt, _ in items], np.int64), binary, "f.pcap")
 
 
-def assert_same_decode(fr: framing._Frames) -> None:
-    compiled_skips, numpy_skips = framing._Skips(), framing._Skips()
-    compiled = framing._decode_network(fr, compiled_skips)
+def assert_same_decode(fr: framing.Frames) -> None:
+    compiled_skips, numpy_skips = framing.Skips(), framing.Skips()
+    compiled = framing.decode_network(fr, compiled_skips)
     reference = framing._decode_network_numpy(fr, numpy_skips)
     for name in NETWORK_FIELDS:
         assert getattr(compiled, name).tolist() == getattr(reference, name).tolist(), name
@@ -173,7 +173,7 @@ def assert_same_decode(fr: framing._Frames) -> None:
 
 @st.composite
 def batches(draw: st.DrawFn, frame: st.SearchStrategy[tuple[int, bytes]],
-            ) -> framing._Frames:
+            ) -> framing.Frames:
     items = draw(st.lists(frame, max_size=25))
     gaps = draw(st.lists(st.integers(0, 3), min_size=len(items), max_size=len(items)))
     return batch(items, gaps)
@@ -202,20 +202,20 @@ UDP_LENGTH = len(UDP_FRAME[1])
                  packed(pcap.ETH, ethertype=0x8100) + packed(pcap.VLAN, ethertype=0x0800))],
                [0]))  # a VLAN tag, then nothing
 @example(batch([(TCP_FRAME[0], TCP_FRAME[1][:-3])], [0]))  # no payload: data offset = end
-def test_same_as_numpy_on_header_by_header_frames(fr: framing._Frames) -> None:
+def test_same_as_numpy_on_header_by_header_frames(fr: framing.Frames) -> None:
     assert_same_decode(fr)
 
 
 @settings(max_examples=200)
 @given(batches(junk_frames()))
-def test_same_as_numpy_on_arbitrary_bytes(fr: framing._Frames) -> None:
+def test_same_as_numpy_on_arbitrary_bytes(fr: framing.Frames) -> None:
     assert_same_decode(fr)
 
 
 def test_known_frames() -> None:
     """Two frames decoded by hand: what both versions must give."""
     fr = batch([UDP_FRAME, TCP_FRAME], [0, 1])
-    net = framing._decode_network(fr, framing._Skips())
+    net = framing.decode_network(fr, framing.Skips())
     tcp_start = UDP_LENGTH + 1
     assert net.proto.tolist() == [17, 6]
     assert net.src.tolist() == [0x0A000001, 0x0A000001]
