@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from reference_impl import consumer, explicit_ack, runtime
 from reference_impl.aio import AioHost, run_forever
-from reference_impl.config import ConfigError, profile_names
+from reference_impl.config import ClientConfig, ConfigError, profile_names
 from reference_impl.config.store_xml import StoreDaemonConfig, load_store_config
 from reference_impl.config.values import one_line, shown
 from reference_impl.events import (
@@ -170,7 +170,14 @@ def cmd_resolver(args: argparse.Namespace) -> int:
 
 
 def _store_lbm_config(config_file: str, config: StoreDaemonConfig, profile: str) -> Addr | None:
-    """The resolver daemon named by the ``<lbm-config>`` file, read like ``ump source -c``.
+    """The resolver daemon named by the ``<lbm-config>`` file (see :func:`_store_lbm_client`)."""
+    client = _store_lbm_client(config_file, config, profile)
+    return None if client is None else runtime.resolver_of(client)
+
+
+def _store_lbm_client(config_file: str, config: StoreDaemonConfig,
+                      profile: str) -> ClientConfig | None:
+    """The ``<lbm-config>`` file, read like ``ump source -c`` (None: there is none).
 
     An error in that file names the file and its line, plus the store file's ``<lbm-config>``
     line; a file that cannot be read at all (missing, a directory, not UTF-8) is reported at
@@ -189,7 +196,7 @@ def _store_lbm_config(config_file: str, config: StoreDaemonConfig, profile: str)
         raise ConfigError(exc.file, exc.line,
                           f"{exc.message} (read as the <lbm-config> of "
                           f"{config_file}:{daemon.lbm_config_line})", exc.column) from None
-    return runtime.resolver_of(client)
+    return client
 
 
 def _check_store_directories(config_file: str, config: StoreDaemonConfig, base: Path) -> None:
@@ -222,6 +229,9 @@ def cmd_store(args: argparse.Namespace) -> int:
     try:
         config = load_store_config(args.config, profile=args.profile)
         resolver = args.resolver or _store_lbm_config(args.config, config, args.profile)
+        group: tuple[Addr, ...] = ()
+        if any(store.allow_proxy_source for store in config.stores):  # proxy elections' group
+            group = runtime.proxy_group(_store_lbm_client(args.config, config, args.profile))
         base = Path(args.config).resolve().parent
         _check_store_directories(args.config, config, base)
     except ConfigError as exc:
@@ -232,7 +242,8 @@ def cmd_store(args: argparse.Namespace) -> int:
 
     async def setup(host: AioHost) -> None:
         try:
-            cores = await runtime.start_stores(host, config, resolver=resolver, base=base)
+            cores = await runtime.start_stores(host, config, resolver=resolver, base=base,
+                                               proxy_group=group)
         except StoreFileError as exc:  # damaged state or cache: the operator decides
             raise ConfigError(str(exc.path), exc.line, exc.reason) from None
         runtime.handle_events(host, list(cores), lambda core, event: runtime.log_event(event))

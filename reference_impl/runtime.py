@@ -307,9 +307,22 @@ async def run_resolver(host: AioHost, address: Addr = DEFAULT_RESOLVER) -> Resol
     return core
 
 
+def proxy_group(client: ClientConfig | None) -> tuple[Addr, ...]:
+    """The Quorum/Consensus group a store's proxy-source elections run in: the ``source
+    ume_store`` addresses of the daemon's ``<lbm-config>`` file (the product creates its proxy
+    sources from that configuration).  *Choice*: ``ume_store_name`` entries are left out (a
+    store learns no other store's address from a name); empty: each store elects alone."""
+    if client is None:
+        return ()
+    return tuple((entry.ip, entry.port) for entry in client.source.stores
+                 if isinstance(entry, StoreAddress))
+
+
 async def start_stores(host: AioHost, config: StoreDaemonConfig, *, resolver: Addr,
-                       base: Path | None = None, seed: int | None = None) -> list[StoreCore]:
-    """Bind one store core per ``<store>``; the web monitor is the caller's business."""
+                       base: Path | None = None, seed: int | None = None,
+                       proxy_group: tuple[Addr, ...] = ()) -> list[StoreCore]:
+    """Bind one store core per ``<store>``; the web monitor is the caller's business.
+    ``proxy_group``: the stores of proxy-source elections (:func:`proxy_group`)."""
     cores = []
     for store in config.stores:
         settings = store_settings(store, resolver=resolver, seed=seed, base=base,
@@ -321,6 +334,8 @@ async def start_stores(host: AioHost, config: StoreDaemonConfig, *, resolver: Ad
         settings = dataclasses.replace(
             settings, lbtru_port=free_udp_port(settings.ip, LBTRU_RECEIVER_PORTS))
         listen_ip = "0.0.0.0" if store.interface in ("0.0.0.0", "") else settings.ip
+        if settings.allow_proxy_source:
+            settings = dataclasses.replace(settings, proxy_stores=proxy_group)
         if settings.port == 0:
             # "any free port": picked before the core exists, because the core names its port
             # in context advertisements and registration answers (a port another process takes

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import uuid
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,14 @@ import pytest
 from reference_impl import events as ev
 from reference_impl import runtime
 from reference_impl.aio import AioHost
-from reference_impl.config import ClientConfig
+from reference_impl.config import ClientConfig, parse_client_config
 from reference_impl.config.store_xml import parse_store_config
-from reference_impl.config.store_xml_writer import disk_store_xml
+from reference_impl.config.store_xml_writer import (
+    StoreXml,
+    TopicXml,
+    disk_store_xml,
+    store_daemon_xml,
+)
 from reference_impl.deployment import STORE_PORT, SimDeployment
 from reference_impl.proxy import Claim, SourceKey, encode_claim
 from reference_impl.sim import CallbackEndpoint, LinkConfig
@@ -258,7 +264,14 @@ def test_proxy_source_without_regid_or_session_id_is_one_config_error() -> None:
 # --- on real sockets: ump store's proxy port, a late receiver recovering through it ------------
 
 
+def loopback_topic() -> str:
+    """A topic of this run only: another test run on the machine at the same time (its
+    stores, sources and resolvers on other ports) cannot answer for it."""
+    return f"proxy.{uuid.uuid4().hex[:12]}"
+
+
 async def _late_receiver_on_loopback(tmp_path: Path) -> tuple[list[int], int]:
+    topic = loopback_topic()
     resolver_port, store_port = free_port(socket.SOCK_DGRAM), free_port()
     config = parse_store_config(disk_store_xml(
         "proxy", store_port, r"proxy\..*", repository="memory",
@@ -277,15 +290,15 @@ async def _late_receiver_on_loopback(tmp_path: Path) -> tuple[list[int], int]:
         (store,) = await runtime.start_stores(host, config, resolver=("127.0.0.1", resolver_port),
                                               base=tmp_path)
         assert store.settings.proxy_port not in (0, store_port)
-        source = await runtime.start_source(host, TOPIC, client(source={
+        source = await runtime.start_source(host, topic, client(source={
             "ume_store": [f"127.0.0.1:{store_port}"], "ume_session_id": 77,
             "ume_proxy_source": 1}))
         await host.wait_until(lambda: source.complete, timeout=15)
         await runtime.send_messages(host, source, 20)
         await host.wait_until(lambda: source.inflight == 0, timeout=10)
         host.forget(source)  # the source process dies: its sockets close
-        await host.wait_until(lambda: store.proxies() == [TOPIC], timeout=10)
-        receiver = await runtime.start_receiver(host, TOPIC, client())
+        await host.wait_until(lambda: store.proxies() == [topic], timeout=10)
+        receiver = await runtime.start_receiver(host, topic, client())
         delivered: list[int] = []
 
         def on_event(core: object, event: ev.Event) -> None:
@@ -300,3 +313,56 @@ def test_a_late_receiver_recovers_through_the_proxy_on_loopback(tmp_path: Path) 
     delivered, receivers = asyncio.run(asyncio.wait_for(
         _late_receiver_on_loopback(tmp_path), 60))
     assert delivered == list(range(20)) and receivers == 1
+
+
+def test_the_proxy_group_is_the_lbm_config_files_ume_store_list() -> None:
+    client = parse_client_config("source ume_store 127.0.0.1:14567\n"
+                                 "source ume_store 127.0.0.1:14568:5:1\n"
+                                 "source ume_store_name other:7\n")
+    assert runtime.proxy_group(client) == (("127.0.0.1", 14567), ("127.0.0.1", 14568))
+    assert runtime.proxy_group(None) == ()
+
+
+async def _two_stores_on_loopback(tmp_path: Path) -> tuple[list[bool], list[int]]:
+    topic_name = loopback_topic()
+    resolver_port = free_port(socket.SOCK_DGRAM)
+    ports = [free_port(), free_port()]
+    topic: dict[str, str | int] = {"repository-type": "memory", "source-activity-timeout": 1000,
+             "source-check-interval": 100, "keepalive-interval": 300,
+             "proxy-election-interval": 200}
+    config = parse_store_config(store_daemon_xml([
+        StoreXml(f"p{i}", port, options={"allow-proxy-source": 1},
+                 topics=[TopicXml(r"proxy\..*", topic)]) for i, port in enumerate(ports)]))
+    resolver = {"resolver_unicast_daemon": f"127.0.0.1:{resolver_port}"}
+    lbm = ClientConfig.from_mapping({"context": resolver, "source": {
+        "ume_store": [f"127.0.0.1:{p}" for p in ports]}})
+    async with AioHost() as host:
+        await runtime.run_resolver(host, ("127.0.0.1", resolver_port))
+        cores = await runtime.start_stores(host, config, resolver=("127.0.0.1", resolver_port),
+                                           base=tmp_path, proxy_group=runtime.proxy_group(lbm))
+        source = await runtime.start_source(host, topic_name, ClientConfig.from_mapping({
+            "context": resolver, "source": {
+                "ume_store": [f"127.0.0.1:{p}:0:0" for p in ports], "ume_session_id": 78,
+                "ume_proxy_source": 1}}))
+        await host.wait_until(lambda: source.complete, timeout=15)
+        await runtime.send_messages(host, source, 5)
+        await host.wait_until(lambda: source.inflight == 0, timeout=10)
+        host.forget(source)
+        await host.wait_until(lambda: any(c.proxies() for c in cores), timeout=10)
+        await asyncio.sleep(1.0)  # a second claim, had both created one, has settled by now
+        receiver = await runtime.start_receiver(host, topic_name, ClientConfig.from_mapping(
+            {"context": resolver}))
+        delivered: list[int] = []
+
+        def on_event(core: object, event: ev.Event) -> None:
+            if isinstance(event, ev.MessageDelivered):
+                delivered.append(event.sequence_number)
+        runtime.handle_events(host, [receiver], on_event)
+        await host.wait_until(lambda: len(delivered) >= 5, timeout=15)
+        return [c.proxies() == [topic_name] for c in cores], delivered
+
+
+def test_two_stores_of_one_daemon_elect_one_proxy_on_loopback(tmp_path: Path) -> None:
+    proxies, delivered = asyncio.run(asyncio.wait_for(_two_stores_on_loopback(tmp_path), 60))
+    assert sorted(proxies) == [False, True]
+    assert delivered == list(range(5))
