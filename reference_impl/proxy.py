@@ -26,8 +26,13 @@ simulator scenario drives:
    on an unreliable path.
 5. The original source registering again (:meth:`ProxyElection.source_returned`) deletes the
    proxy (reason ``"source returned"``) and ends the election.
-6. A store whose proxy-holding peer dies (:meth:`ProxyElection.peer_lost`) starts a new wait,
-   and its claim then carries the PSER re-election flag.
+6. A store whose proxy-holding peer dies (:meth:`ProxyElection.peer_lost`: its connection
+   went) starts a new wait, and its claim then carries the PSER re-election flag.  *Choice*
+   (the guide only says the other stores "detect a source failure again"): a running proxy
+   repeats its claim to every other store each ``proxy-election-interval``, and a store that
+   hears none from the proxy it follows for :data:`SILENCE` intervals treats its store as
+   dead too, so a proxy cut off without its connections being reset is replaced as well
+   (when the cut heals, the two proxies' claims meet and the lower one goes, as in 4).
 
 Bad input (issue 20 "Bad input"): a claim that does not decode, that names a source this store
 does not watch (a PSER for an unknown source), or that is forged - its sender is not a store of
@@ -55,6 +60,10 @@ Addr = tuple[str, int]
 
 WAIT_LOW, WAIT_HIGH = 0.5, 1.5
 """The random wait after the activity timeout, as multiples of ``proxy-election-interval``."""
+
+SILENCE = 3.0
+"""A proxy's store that sent no claim for this many ``proxy-election-interval``s is taken for
+dead (module docstring, 6); the proxy repeats its claim every interval."""
 
 _CTXINST0 = bytes(8)
 
@@ -234,6 +243,8 @@ class Watched:
         holder: the winning claim known so far (FOLLOWING).
         reelect: the next claim is a re-election.
         interval: its ``proxy-election-interval`` in seconds (None: the store's default).
+        refresh: when the proxy repeats its claim next (PROXY).
+        heard: when the followed proxy's store last claimed (FOLLOWING).
     """
 
     phase: Phase = Phase.ACTIVE
@@ -243,6 +254,8 @@ class Watched:
     holder: Claim | None = None
     reelect: bool = False
     interval: float | None = None
+    refresh: float | None = None
+    heard: float | None = None
 
 
 @dataclass
@@ -309,7 +322,7 @@ class ProxyElection:
         for entry in self.sources.values():
             holder = entry.holder
             if entry.phase is Phase.FOLLOWING and holder and holder.store_index == store_index:
-                entry.holder = None
+                entry.holder, entry.heard = None, None
                 entry.reelect = True
                 self._wait(entry, now)
 
@@ -332,7 +345,7 @@ class ProxyElection:
         if entry.phase is Phase.PROXY:
             if claim.rank() > (entry.token, self.store_index):
                 self._actions.append(DeleteProxy(claim.source, "election lost"))
-                self._follow(entry, claim)
+                self._follow(entry, claim, now)
             else:  # we win: make sure the loser hears it (module docstring, 4)
                 self._actions.append(SendClaim(claim.store, encode_claim(self._claim(
                     claim.source, entry))))
@@ -341,25 +354,38 @@ class ProxyElection:
                 and entry.holder.store_index != claim.store_index \
                 and entry.holder.rank() > claim.rank():
             return  # a claim losing to the proxy we follow: its store deletes its proxy
-        self._follow(entry, claim)
+        self._follow(entry, claim, now)
 
     def on_timer(self, now: float) -> None:
-        """Waits that ended: create the proxy and claim it at every other store."""
+        """Waits that ended: create the proxy and claim it at every other store; running
+        proxies repeat their claim; a followed proxy silent too long is elected again."""
         for source, entry in sorted(self.sources.items()):
+            interval = self._interval(entry)
             if entry.phase is Phase.WAITING and entry.deadline is not None \
                     and entry.deadline <= now:
                 entry.phase, entry.deadline = Phase.PROXY, None
                 entry.token = self.rng.randint(1, 0xFFFFFFFF)
                 self._actions.append(CreateProxy(source, entry.token, entry.reelect))
-                data = encode_claim(self._claim(source, entry))
-                for index in sorted(self.peers):
-                    self._actions.append(SendClaim(self.peers[index], data))
+                self._claim_everywhere(source, entry, now)
+            elif entry.phase is Phase.PROXY and entry.refresh is not None \
+                    and entry.refresh <= now:
+                self._claim_everywhere(source, entry, now)
+            elif entry.phase is Phase.FOLLOWING and entry.heard is not None \
+                    and entry.heard + SILENCE * interval <= now and entry.holder is not None:
+                self.peer_lost(entry.holder.store_index, now)
 
     # --- outputs ---------------------------------------------------------------------------
 
     def next_timer(self) -> float | None:
-        """The earliest end of a wait, or None."""
-        deadlines = [e.deadline for e in self.sources.values() if e.deadline is not None]
+        """The earliest end of a wait, claim repeat or follower's patience, or None."""
+        deadlines = []
+        for e in self.sources.values():
+            if e.deadline is not None:
+                deadlines.append(e.deadline)
+            if e.phase is Phase.PROXY and e.refresh is not None:
+                deadlines.append(e.refresh)
+            if e.phase is Phase.FOLLOWING and e.heard is not None:
+                deadlines.append(e.heard + SILENCE * self._interval(e))
         return min(deadlines) if deadlines else None
 
     def actions(self) -> list[Action]:
@@ -373,14 +399,23 @@ class ProxyElection:
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def _wait(self, entry: Watched, now: float) -> None:
-        entry.phase = Phase.WAITING
-        interval = self.interval if entry.interval is None else entry.interval
-        entry.deadline = now + self.rng.uniform(WAIT_LOW, WAIT_HIGH) * interval
+    def _interval(self, entry: Watched) -> float:
+        return self.interval if entry.interval is None else entry.interval
 
-    def _follow(self, entry: Watched, claim: Claim) -> None:
+    def _wait(self, entry: Watched, now: float) -> None:
+        entry.phase, entry.refresh = Phase.WAITING, None
+        entry.deadline = now + self.rng.uniform(WAIT_LOW, WAIT_HIGH) * self._interval(entry)
+
+    def _follow(self, entry: Watched, claim: Claim, now: float) -> None:
         entry.phase, entry.deadline, entry.token, entry.holder = \
             Phase.FOLLOWING, None, 0, claim
+        entry.refresh, entry.heard = None, now
+
+    def _claim_everywhere(self, source: SourceKey, entry: Watched, now: float) -> None:
+        data = encode_claim(self._claim(source, entry))
+        for index in sorted(self.peers):
+            self._actions.append(SendClaim(self.peers[index], data))
+        entry.refresh = now + self._interval(entry)
 
     def _claim(self, source: SourceKey, entry: Watched) -> Claim:
         return Claim(source, self.store, self.store_index, entry.token, entry.reelect,

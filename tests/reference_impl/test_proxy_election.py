@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reference_impl.proxy import (
+    SILENCE,
     WAIT_HIGH,
     WAIT_LOW,
     Claim,
@@ -84,8 +85,8 @@ def test_a_claim_during_the_wait_means_no_proxy_here() -> None:
     e = group(3)[1]
     e.source_timed_out(SRC, 0.0)
     e.on_claim(claim_from(0, 5), store_addr(0), 1.0)
-    assert e.next_timer() is None
-    e.on_timer(100.0)
+    assert e.next_timer() == 1.0 + SILENCE * INTERVAL  # only the patience with the proxy
+    e.on_timer(1.0 + SILENCE * INTERVAL - 0.01)
     assert e.actions() == [] and e.proxies() == []
     assert e.sources[SRC].phase is Phase.FOLLOWING
 
@@ -128,7 +129,7 @@ def test_dead_proxy_store_triggers_a_reelection() -> None:
     e.source_timed_out(SRC, 0.0)
     e.on_claim(claim_from(0, 9), store_addr(0), 1.0)
     e.peer_lost(2, 2.0)  # not the holder: nothing
-    assert e.next_timer() is None
+    assert e.sources[SRC].phase is Phase.FOLLOWING
     e.peer_lost(0, 2.0)
     deadline = e.next_timer()
     assert deadline is not None and deadline >= 2.0 + WAIT_LOW * INTERVAL
@@ -281,3 +282,25 @@ def test_mutated_claims_never_raise_and_dropped_ones_change_nothing(data: st.Dat
         assert ({k: vars(v) for k, v in e.sources.items()}, e.next_timer()) == before
     else:  # the edits left a well-formed claim of store 0 for the watched source
         assert e.sources[SRC].phase is Phase.FOLLOWING
+
+
+def test_a_proxy_repeats_its_claim_and_a_silent_one_is_replaced() -> None:
+    holder, follower = group(2)
+    holder.source_timed_out(SRC, 0.0)
+    holder.on_timer(100.0)
+    first = [a for a in holder.actions() if isinstance(a, SendClaim)]
+    follower.on_claim(first[0].data, store_addr(0), 100.0)
+    # each interval the proxy claims again, and the follower's patience starts over
+    for k in range(1, 4):
+        at = holder.next_timer()
+        assert at == 100.0 + k * INTERVAL
+        holder.on_timer(at)
+        (again,) = holder.actions()
+        assert isinstance(again, SendClaim) and decode_claim(again.data) == decode_claim(
+            first[0].data)
+        follower.on_claim(again.data, store_addr(0), at)
+        assert follower.next_timer() == at + SILENCE * INTERVAL
+    # then the proxy's store goes silent (cut off, its connection not reset)
+    last = 100.0 + 3 * INTERVAL
+    follower.on_timer(last + SILENCE * INTERVAL)
+    assert follower.sources[SRC].phase is Phase.WAITING and follower.sources[SRC].reelect

@@ -29,7 +29,7 @@ from reference_impl.config.store_xml_writer import (
     store_daemon_xml,
 )
 from reference_impl.deployment import STORE_PORT, SimDeployment
-from reference_impl.proxy import Claim, SourceKey, encode_claim
+from reference_impl.proxy import SILENCE, Claim, SourceKey, encode_claim
 from reference_impl.sim import CallbackEndpoint, LinkConfig
 from reference_impl.source import SourceConfig, SourceCore, StoreSpec
 from reference_impl.store import StoreCore, TopicPolicy, TopicRule
@@ -160,6 +160,27 @@ def test_store_of_the_proxy_killed_triggers_a_reelection(seed: int) -> None:
     assert len(survivors) == 1, holders(d)
     (again,) = created(d, survivors[0])[-1:]
     assert again.reelect
+
+
+def test_a_proxy_cut_off_is_replaced_and_one_survives_the_heal() -> None:
+    """The proxy's store is cut off from the others without its connections being reset
+    (streams stall): its claims stop arriving, the others elect again after SILENCE
+    intervals; when the cut heals the two proxies' claims meet and one goes."""
+    d, _ = deployment(17)
+    d.kill("src")
+    d.run(SETTLE)
+    (first,) = holders(d)
+    others = [n for n in NAMES if n != first]
+    d.net.partition([first], others)
+    d.run((SILENCE + 1.5) * INTERVAL + 1.0)
+    assert first in holders(d) and len(holders(d)) == 2  # one on each side of the cut
+    (second,) = [n for n in holders(d) if n != first]
+    assert created(d, second)[-1].reelect
+    d.net.heal()
+    d.run(3 * INTERVAL + 1.0)
+    assert len(holders(d)) == 1
+    loser = first if holders(d) == [second] else second
+    assert deleted(d, loser)[-1].reason == "election lost"
 
 
 def test_no_proxy_without_allow_proxy_source() -> None:
