@@ -427,6 +427,9 @@ def test_judge_consumption_acks_name_the_assigned_regid() -> None:
     obs = _obs(registrations=[_reg(1), recv], data=data, acks=[])
     assert _verdicts(_one(obs, "RCV-REC-005"), "RCV-REC-005") == {Verdict.INFORMATIONAL}
     obs.receiver_options = parse_client_config("receiver ume_explicit_ack_only 0\n").receiver
+    # only the source's data seen: it may have gone to another listener
+    assert _verdicts(_one(obs, "RCV-REC-005"), "RCV-REC-005") == {Verdict.INFORMATIONAL}
+    obs.data = [*data, Data(20, 2.0, STORE, RCV_CONN, 1, 0, "retrans")]  # delivered to it
     assert _verdicts(_one(obs, "RCV-REC-005"), "RCV-REC-005") == {Verdict.FAIL}
 
 

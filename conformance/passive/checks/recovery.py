@@ -10,11 +10,13 @@ connection.  Choices where the guide is silent on what traffic shows:
 * the limits are configured values: with the receivers' UM configuration
   (``--receiver-config``) they are judged; without it the observed maximum outstanding / the
   shortest re-request gap is reported as informational;
-* consumption ACKs (RCV-REC-005) are expected from a receiver registration once its source
-  sent data after the grant and the capture goes on for :data:`ACK_GRACE` seconds more; an
-  explicit-ACK-only receiver acknowledges only what its application acknowledges, so a
+* consumption ACKs (RCV-REC-005) are expected from a receiver registration once the store
+  retransmitted messages to it (what the capture shows it got: live data on a transport may
+  have gone to another listener) and the capture goes on for :data:`ACK_GRACE` seconds more;
+  an explicit-ACK-only receiver acknowledges only what its application acknowledges, so a
   receiver without any ACK fails only with its configuration given (``--receiver-config``,
-  ``ume_explicit_ack_only`` 0), and is informational otherwise.  An ACK naming a RegID other
+  ``ume_explicit_ack_only`` 0), and is informational otherwise (also when only its source's
+  data, not a retransmission to it, was captured).  An ACK naming a RegID other
   than the one the store assigned fails in any case;
 * a re-request sooner than 75 % of ``retransmit_request_interval`` fails (the margin the active
   case RCV-REC-003 allows for timer granularity).
@@ -157,10 +159,14 @@ def consumption_acked_with_assigned_regid(obs: Observed) -> list[Judgement]:
             transports = obs.transports(reg.store, reg.src_reg_id)
             sent = [d for d in obs.data if d.src in transports and d.kind == "data"
                     and d.frame > resp.frame and d.time < end - ACK_GRACE]
+            # what the capture shows this receiver got: the store's retransmissions to it
+            # (live data on a transport may have gone to another listener)
+            got = [d for d in obs.data if d.kind == "retrans" and (d.src, d.dst) == (
+                reg.store, reg.conn[0]) and d.frame > resp.frame and d.time < end - ACK_GRACE]
             on_conn = [a for a in obs.acks if a.kind == "consumption"
                        and (a.src, a.dst) == reg.conn and a.frame > resp.frame]
             acks = [a for a in on_conn if {a.rcv_reg_id, a.id_2} - {0} == {resp.reg_id}]
-            if not sent and not acks:
+            if not sent and not got and not acks:
                 continue
             where = f"{client.name} at store {show(reg.store)}"
             # one connection carries the registrations of every topic the receiver has there
@@ -175,15 +181,17 @@ def consumption_acked_with_assigned_regid(obs: Observed) -> list[Judgement]:
             elif acks:
                 out.append(passed(where, f"{len(acks)} consumption ACK(s) with RegID "
                                          f"{resp.reg_id}", [*reg.frames, acks[0].frame]))
-            elif opts is not None and not opts.ume_explicit_ack_only:
-                out.append(failed(where, f"no consumption ACK after its source's data (frame "
-                                         f"{sent[0].frame} on)", [*reg.frames, sent[0].frame],
-                                  expected="consumption ACKs", observed="none"))
-            elif opts is None:
-                out.append(informational(where, "no consumption ACK (no --receiver-config "
-                                                "given: an explicit-ACK-only receiver may "
-                                                "have had nothing to acknowledge)",
-                                         [*reg.frames, sent[0].frame]))
+            elif got and opts is not None and not opts.ume_explicit_ack_only:
+                out.append(failed(where, f"no consumption ACK after the store's "
+                                         f"retransmissions to it (frame {got[0].frame} on)",
+                                  [*reg.frames, got[0].frame], expected="consumption ACKs",
+                                  observed="none"))
+            elif opts is None or not got:
+                why = ("no --receiver-config given: an explicit-ACK-only receiver may have had "
+                       "nothing to acknowledge" if opts is None else
+                       "the capture shows no message delivered to it, only its source's data")
+                out.append(informational(where, f"no consumption ACK ({why})",
+                                         [*reg.frames, (got or sent)[0].frame]))
             else:
                 out.append(unsupported(where, "an explicit-ACK-only receiver: what it "
                                               "acknowledges is its application's choice"))
