@@ -245,6 +245,9 @@ class Watched:
         interval: its ``proxy-election-interval`` in seconds (None: the store's default).
         refresh: when the proxy repeats its claim next (PROXY).
         heard: when the followed proxy's store last claimed (FOLLOWING).
+        gone: the source's activity timed out here (only then does a lost proxy mean a new
+            election; a store that followed a claim while the source was still alive to it
+            just stops following).
     """
 
     phase: Phase = Phase.ACTIVE
@@ -256,6 +259,7 @@ class Watched:
     interval: float | None = None
     refresh: float | None = None
     heard: float | None = None
+    gone: bool = False
 
 
 @dataclass
@@ -298,9 +302,11 @@ class ProxyElection:
     def source_timed_out(self, source: SourceKey, now: float) -> None:
         """The source's activity timeout ran out here: start the random wait."""
         entry = self.sources.get(source)
-        if entry is None or entry.phase is not Phase.ACTIVE:
+        if entry is None:
             return
-        self._wait(entry, now)
+        entry.gone = True
+        if entry.phase is Phase.ACTIVE:
+            self._wait(entry, now)
 
     def source_returned(self, source: SourceKey, now: float) -> None:
         """The original source registered again: its proxy (if ours) goes, the election ends."""
@@ -323,8 +329,11 @@ class ProxyElection:
             holder = entry.holder
             if entry.phase is Phase.FOLLOWING and holder and holder.store_index == store_index:
                 entry.holder, entry.heard = None, None
-                entry.reelect = True
-                self._wait(entry, now)
+                if entry.gone:
+                    entry.reelect = True
+                    self._wait(entry, now)
+                else:
+                    entry.phase = Phase.ACTIVE
 
     def on_claim(self, data: bytes, sender: Addr, now: float) -> None:
         """Another store's claim arrived from ``sender``."""

@@ -588,6 +588,8 @@ class StoreCore(ContextCore):
         self._lock_fd: int | None = None  # held while the store runs on its state directory
         self._proxy: ProxyElection | None = None  # proxy-source elections (allow-proxy-source)
         self._proxy_keys: dict[int, SourceKey] = {}  # watched source RegID -> election key
+        # proxied source RegID -> the receivers' connections to its proxy (closed with it)
+        self._proxy_conns: dict[int, list[Connection]] = {}
         self._proxy_start()
         if settings.disk_state_directory is not None:
             directory = Path(settings.disk_state_directory)
@@ -1601,7 +1603,11 @@ class StoreCore(ContextCore):
 
     def _keepalive(self, client: Client) -> None:
         no_tir = isinstance(client, SourceState) and not client.tir_seen
+        # a source a proxy would stand in for is asked to answer (R flag): an idle but live
+        # source must not look gone at its activity timeout (see _proxy_start)
+        answer = isinstance(client, SourceState) and client.reg_id in self._proxy_keys
         self._send_client(client, control(UmeKeepalive(
+            r_flag=int(answer),
             t_flag=int(no_tir), type=KeepaliveType.STORE, transport_idx=client.transport_idx,
             topic_idx=client.topic_idx, reg_id=client.reg_id)))
 
@@ -1746,9 +1752,11 @@ class StoreCore(ContextCore):
         PREG on the store port, and a connection that carried claims going away is that
         store lost (a re-election when it held the proxy).  *Choices*: a source asking for a
         proxy with RegID 0 and no Session ID is registered but not watched (a WARNING says
-        why); a watched source without a state lifetime keeps its state after its activity
-        timeout (the proxy stands in for it) until it returns or is deregistered, with a
-        state lifetime its state (and the proxy) goes when that ends; the watch is not
+        why); the store's keepalives to a watched source ask for an answer (R flag), so a
+        live source that sends nothing is not taken for gone; a watched source without a
+        state lifetime keeps its state after its activity timeout (the proxy stands in for
+        it) until it returns or is deregistered, with a state lifetime its state (and the
+        proxy) goes when that ends; the watch is not
         journalled, so a restarted store watches a source again when it re-registers."""
         settings = self.settings
         if not settings.allow_proxy_source:
@@ -1851,6 +1859,9 @@ class StoreCore(ContextCore):
                                            f"{action.token:#010x}"
                                            f"{', re-election' if action.reelect else ''})")
                 else:
+                    for conn in self._proxy_conns.pop(reg_id, []):
+                        if conn.open:  # its receivers look for the topic's source again
+                            self.close_connection(conn)
                     self.emit(ProxySourceDeleted(topic, reg_id, action.reason))
                     self.log(Level.NOTICE, f"proxy source deleted for topic {topic!r} (source "
                                            f"RegID {reg_id}: {action.reason})")
@@ -1915,6 +1926,9 @@ class StoreCore(ContextCore):
         repo = src.repo
         low = repo.trail_sqn if repo is not None else None
         high = repo.lead_sqn if repo is not None else None
+        joined = self._proxy_conns.setdefault(src.reg_id, [])
+        if conn not in joined:
+            joined.append(conn)
         self.write(conn, control(
             Sri(version=1, low_sqn=low or 0, high_sqn=high or 0, initial_sqn_known=1),
             TopicIdx(tidx=src.topic_idx), UmeStoreGroup(grp_idx=0, grp_sz=1),

@@ -287,6 +287,7 @@ def test_mutated_claims_never_raise_and_dropped_ones_change_nothing(data: st.Dat
 def test_a_proxy_repeats_its_claim_and_a_silent_one_is_replaced() -> None:
     holder, follower = group(2)
     holder.source_timed_out(SRC, 0.0)
+    follower.source_timed_out(SRC, 0.0)
     holder.on_timer(100.0)
     first = [a for a in holder.actions() if isinstance(a, SendClaim)]
     follower.on_claim(first[0].data, store_addr(0), 100.0)
@@ -304,3 +305,18 @@ def test_a_proxy_repeats_its_claim_and_a_silent_one_is_replaced() -> None:
     last = 100.0 + 3 * INTERVAL
     follower.on_timer(last + SILENCE * INTERVAL)
     assert follower.sources[SRC].phase is Phase.WAITING and follower.sources[SRC].reelect
+
+
+def test_a_stale_claim_after_the_source_returned_starts_no_election() -> None:
+    """The source came back here; a claim its proxy sent before being deleted arrives late.
+    The store follows it, and when that proxy falls silent it goes back to the live source
+    instead of electing a proxy for it."""
+    e = group(3)[1]
+    e.source_timed_out(SRC, 0.0)
+    e.on_claim(claim_from(0, 5), store_addr(0), 1.0)
+    e.source_returned(SRC, 2.0)
+    e.on_claim(claim_from(0, 5), store_addr(0), 2.1)  # late
+    e.on_timer(2.1 + SILENCE * INTERVAL)
+    assert e.sources[SRC].phase is Phase.ACTIVE and e.next_timer() is None
+    e.on_timer(1000.0)
+    assert e.proxies() == [] and e.actions() == []

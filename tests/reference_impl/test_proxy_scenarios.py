@@ -58,7 +58,8 @@ def deployment(seed: int, *, allow: bool = True, proxy_source: int = 1,
                     proxy_stores=group, proxy_port=PROXY_PORT)
     specs = tuple(StoreSpec(ip, port) for ip, port in group)
     src = d.add_source("src", TOPIC, ume_store=specs, ume_session_id=0x5E55,
-                       ume_proxy_source=proxy_source, ume_registration_interval=500)
+                       ume_proxy_source=proxy_source, ume_registration_interval=500,
+                       ume_proactive_keepalive_interval=250)  # heard well within ACTIVITY
     assert d.run_until(lambda: src.complete, 10)
     return d, src
 
@@ -126,6 +127,32 @@ def test_proxy_takeover_and_source_return() -> None:
     assert len(holders(d)) == 1
 
 
+def test_a_receiver_of_the_proxy_follows_the_returned_source() -> None:
+    """A late receiver joined the proxy; the source returns: the proxy goes (its receivers'
+    connections to it are closed), no store elects another one while the source is alive,
+    and the receiver gets the returned source's new messages."""
+    d, src = deployment(7)
+    for i in range(5):
+        src.send(b"m%d" % i)
+    d.run(1.0)
+    d.kill("src")
+    d.run(SETTLE)
+    d.add_receiver("late", TOPIC)
+    d.run(4.0)
+    got = [e.sequence_number for e in d.events("late") if isinstance(e, ev.MessageDelivered)]
+    assert got == [0, 1, 2, 3, 4]
+    back = d.restart("src")
+    assert isinstance(back, SourceCore)
+    assert d.run_until(lambda: back.complete, 10)
+    d.run(1.0)
+    assert holders(d) == []
+    new = [back.send(b"n%d" % i) for i in range(5)]
+    d.run(6.0)
+    assert holders(d) == []  # the source is alive: no election after all
+    got = [e.sequence_number for e in d.events("late") if isinstance(e, ev.MessageDelivered)]
+    assert set(new) <= set(got)
+
+
 def test_a_late_receiver_registers_through_the_proxy_and_recovers() -> None:
     """Guide "Proxy Sources": the proxy's advertisements "allow new receivers to join the
     source's transport session and request Source Registration Information (SRI) to register
@@ -177,7 +204,9 @@ def test_a_proxy_cut_off_is_replaced_and_one_survives_the_heal() -> None:
     (second,) = [n for n in holders(d) if n != first]
     assert created(d, second)[-1].reelect
     d.net.heal()
-    d.run(3 * INTERVAL + 1.0)
+    # a claim connection opened during the cut waits out the simulator's 3 s connect timeout
+    # before it is opened again; then one interval for the next claim
+    d.run(3.0 + 3 * INTERVAL + 1.0)
     assert len(holders(d)) == 1
     loser = first if holders(d) == [second] else second
     assert deleted(d, loser)[-1].reason == "election lost"
@@ -311,13 +340,13 @@ async def _late_receiver_on_loopback(tmp_path: Path) -> tuple[list[int], int]:
         (store,) = await runtime.start_stores(host, config, resolver=("127.0.0.1", resolver_port),
                                               base=tmp_path)
         assert store.settings.proxy_port not in (0, store_port)
-        source = await runtime.start_source(host, topic, client(source={
-            "ume_store": [f"127.0.0.1:{store_port}"], "ume_session_id": 77,
-            "ume_proxy_source": 1}))
-        await host.wait_until(lambda: source.complete, timeout=15)
-        await runtime.send_messages(host, source, 20)
-        await host.wait_until(lambda: source.inflight == 0, timeout=10)
-        host.forget(source)  # the source process dies: its sockets close
+        async with AioHost() as process:  # the source's process: it ends with the block
+            source = await runtime.start_source(process, topic, client(source={
+                "ume_store": [f"127.0.0.1:{store_port}"], "ume_session_id": 77,
+                "ume_proxy_source": 1}))
+            await process.wait_until(lambda: source.complete, timeout=15)
+            await runtime.send_messages(process, source, 20)
+            await process.wait_until(lambda: source.inflight == 0, timeout=10)
         await host.wait_until(lambda: store.proxies() == [topic], timeout=10)
         receiver = await runtime.start_receiver(host, topic, client())
         delivered: list[int] = []
@@ -361,14 +390,14 @@ async def _two_stores_on_loopback(tmp_path: Path) -> tuple[list[bool], list[int]
         await runtime.run_resolver(host, ("127.0.0.1", resolver_port))
         cores = await runtime.start_stores(host, config, resolver=("127.0.0.1", resolver_port),
                                            base=tmp_path, proxy_group=runtime.proxy_group(lbm))
-        source = await runtime.start_source(host, topic_name, ClientConfig.from_mapping({
-            "context": resolver, "source": {
-                "ume_store": [f"127.0.0.1:{p}:0:0" for p in ports], "ume_session_id": 78,
-                "ume_proxy_source": 1}}))
-        await host.wait_until(lambda: source.complete, timeout=15)
-        await runtime.send_messages(host, source, 5)
-        await host.wait_until(lambda: source.inflight == 0, timeout=10)
-        host.forget(source)
+        async with AioHost() as process:  # the source's process: it ends with the block
+            source = await runtime.start_source(process, topic_name, ClientConfig.from_mapping({
+                "context": resolver, "source": {
+                    "ume_store": [f"127.0.0.1:{p}:0:0" for p in ports], "ume_session_id": 78,
+                    "ume_proxy_source": 1}}))
+            await process.wait_until(lambda: source.complete, timeout=15)
+            await runtime.send_messages(process, source, 5)
+            await process.wait_until(lambda: source.inflight == 0, timeout=10)
         await host.wait_until(lambda: any(c.proxies() for c in cores), timeout=10)
         await asyncio.sleep(1.0)  # a second claim, had both created one, has settled by now
         receiver = await runtime.start_receiver(host, topic_name, ClientConfig.from_mapping(
