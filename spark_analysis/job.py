@@ -281,6 +281,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
     with _sql_settings(spark, SMALL_CAPTURE_SQL if small else {}):
         result = analyze(tables, options, small=small,
                          progress=lambda step: _step(spark, log, step))
+        log(f"writing {len(result.outputs)} results")
         try:
             counts: dict[str, int] = {}
             for name, df in result.outputs.items():

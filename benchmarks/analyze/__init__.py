@@ -253,11 +253,20 @@ def generated_capture(cache: Path, frames: int, seed: int) -> Capture:
 
 
 def steps(stderr: str) -> list[tuple[str, float]]:
-    """``ump analyze``'s progress lines as (step, seconds until the next line): where the
-    time went.  The last line ("done in ...") closes the list."""
+    """``ump analyze``'s progress lines as (step, seconds): where the time went.
+
+    A step's line is printed when it starts, so the time until the next line is its own;
+    a ``wrote NAME: N rows`` line is printed when that output is written, so the time since
+    the line before is the writing of NAME, and the time before the last line ("done in
+    ...") is the writing of ``summary.json`` and ``report.html``.  Every gap between two lines
+    is counted once."""
     marks = [(float(m.group(1)), m.group(2).strip()) for m in
              (_STEP.match(line) for line in stderr.splitlines()) if m]
-    return [(text, later - at) for (at, text), (later, _) in itertools.pairwise(marks)]
+    spent = [0.0] * len(marks)
+    for i, ((at, _), (later, text)) in enumerate(itertools.pairwise(marks)):
+        spent[i + 1 if text.startswith(("wrote ", "done in ")) else i] += later - at
+    return [("summary.json and report.html" if text.startswith("done in ") else text, spent[i])
+            for i, (_, text) in enumerate(marks)]
 
 
 def run_analyze(capture: Capture, out: Path, master: str | None,

@@ -22,11 +22,17 @@ def test_steps_are_the_gaps_between_progress_lines() -> None:
         "some Spark noise",
         "ump analyze: [  10.3s] decoding [######] 100%  in 2.0s",
         "ump analyze: [  12.8s]   packets",
-        "ump analyze: [  20.0s] done in 20.0s: x/report.html"])
+        "ump analyze: [  20.0s] writing 2 results",
+        "ump analyze: [  21.0s]   wrote anomalies: 3 rows",
+        "ump analyze: [  24.0s]   wrote registrations: 5 rows",
+        "ump analyze: [  25.0s] done in 25.0s: x/report.html"])
     got = steps(stderr)
-    assert [text for text, _ in got] == ["1 capture file(s); results in x", "starting Spark",
-                                         "decoding [######] 100%  in 2.0s", "packets"]
-    assert [round(s, 1) for _, s in got] == [0.1, 10.0, 2.5, 7.2]
+    assert [text for text, _ in got] == [
+        "1 capture file(s); results in x", "starting Spark", "decoding [######] 100%  in 2.0s",
+        "packets", "writing 2 results", "wrote anomalies: 3 rows", "wrote registrations: 5 rows",
+        "summary.json and report.html"]
+    # a step's time follows its line; an output's time (written, then reported) precedes it
+    assert [round(s, 1) for _, s in got] == [0.1, 10.0, 2.5, 7.2, 0.0, 1.0, 3.0, 1.0]
 
 
 def test_tree_memory_sums_every_process_of_the_tree() -> None:
