@@ -9,9 +9,11 @@ dissect``) and folds the UM messages into :class:`Observed`:
   (matched on the same TCP connection, reversed, by registration kind and indexes; a response
   the capture lacks leaves ``response`` empty);
 * **sources and receivers** (:class:`Client`): the registrations of one client, which is one
-  topic plus its Session ID when it sends one, else the RegID it asked for or was granted and
-  its host (a client restarted with its Session ID, or its RegID on its host, is the same
-  client: "How Stores Associate Session IDs and RegIDs", docs/semantics.md §1.1 step 4);
+  topic plus its Session ID when it sends one; else, for a source (one RegID per store), the
+  request address its PREGs ask the answers to go to, and for a receiver the RegID it asked
+  for or was granted and its host (a client restarted with its Session ID, or its RegID on its
+  host, is the same client: "How Stores Associate Session IDs and RegIDs", docs/semantics.md
+  §1.1 step 4);
 * **data** (:class:`Data`): every data message with its transport address, topic index,
   sequence number and kind (data, proactive retransmission, retransmission; wire-lbmc.md §1.2);
 * **transports of sources**: which transport address carries the source that holds RegID R at
@@ -279,6 +281,9 @@ class Observed:
             host = reg.resp_addr[0]
             if reg.session_id:
                 key = f"sid {reg.session_id:#x}"
+            elif reg.source:
+                # a source has one RegID per store: its request address is what they share
+                key = f"request port {show(reg.resp_addr)}"
             elif reg.reg_id:
                 key = f"regid {reg.reg_id} on {host}"
             elif reg.granted and reg.response is not None:

@@ -473,3 +473,21 @@ def test_judge_no_proactive_resend_once_acknowledged_or_nacked() -> None:
     obs = _obs(registrations=[_reg(1)], data=[first, early], acks=[])
     obs.source_options = cfg
     assert _verdicts(_one(obs, "SRC-PRX-001"), "SRC-PRX-001") == {Verdict.FAIL}
+
+
+def test_evidence_of_a_conformance_run_against_the_reference_is_judged_without_failure(
+        tmp_path: Path) -> None:
+    """Each case's evidence.pcap of an active run (the harness's peers and the reference IUT)
+    judged passively: no failure, with the store ports the active report names."""
+    run = _ump("conform", "--suite", "registration", "--out", "act", cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    cases = json.loads((tmp_path / "act" / "results.json").read_text())["cases"]
+    judged = 0
+    for case in cases:
+        if not case["pcap"]:
+            continue
+        ports = PortMap(store_ports=case["store_ports"])
+        results = _judged([tmp_path / "act" / case["pcap"]], ports=ports)
+        _no_fail(results)
+        judged += any(r.verdict is Verdict.PASS for r in results)
+    assert judged >= 10  # most cases' traffic decides something
