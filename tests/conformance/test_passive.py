@@ -491,3 +491,20 @@ def test_evidence_of_a_conformance_run_against_the_reference_is_judged_without_f
         _no_fail(results)
         judged += any(r.verdict is Verdict.PASS for r in results)
     assert judged >= 10  # most cases' traffic decides something
+
+
+@pytest.mark.parametrize(("case_id", "catches"), [
+    ("SRC-ROB-003", "PSV-STORE-002"),  # the harness store ACKs sequence numbers never sent
+    ("SRC-ROB-002", "PSV-STORE-001"),  # the harness store refuses with an unknown error code
+])
+def test_faults_a_harness_store_plays_on_purpose_are_seen_passively(
+        tmp_path: Path, case_id: str, catches: str) -> None:
+    run = _ump("conform", "--iut", "source", "-k", case_id, "--out", "act", cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    case = json.loads((tmp_path / "act" / "results.json").read_text())["cases"][0]
+    results = _judged([tmp_path / "act" / case["pcap"]],
+                      ports=PortMap(store_ports=case["store_ports"]))
+    failing = {r.spec.id for r in results if r.verdict is Verdict.FAIL}
+    assert failing == {catches}
+    assert all(r.entity.startswith("store ") for r in results
+               if r.verdict is Verdict.FAIL)  # the harness's store, not the source IUT
