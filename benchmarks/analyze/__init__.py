@@ -347,7 +347,12 @@ def run_tshark(capture: Capture) -> Measured:
 
 
 def _fail(what: str, run: Measured) -> RuntimeError:
-    tail = " | ".join(run.stderr.strip().splitlines()[-3:])
+    """The failure in one line: the first Java or Python exception named on stderr (the
+    cause, e.g. an OutOfMemoryError, precedes a long stack) and the last line."""
+    lines = run.stderr.strip().splitlines()
+    causes = [line.strip() for line in lines
+              if re.search(r"(Error|Exception)(:|$)", line) and not line.startswith("\tat ")]
+    tail = " | ".join([*causes[:2], *lines[-1:]])
     return RuntimeError(f"{what} exited with {run.returncode}: {tail}")
 
 

@@ -10,7 +10,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.analyze import TreeMemory, measure, report, spark_jobs, steps, target_for
+from benchmarks.analyze import (
+    Measured,
+    TreeMemory,
+    _fail,
+    measure,
+    report,
+    spark_jobs,
+    steps,
+    target_for,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -114,3 +123,15 @@ def test_spark_jobs_group_the_event_log_by_step(tmp_path: Path) -> None:
     packets = rows["packets"]
     assert (packets["jobs"], packets["tasks"], packets["seconds"]) == (1, 2, 2.5)
     assert packets["task_seconds"] == 2.0 and packets["cpu_seconds"] == 1.5
+
+
+def test_a_failed_run_names_its_cause() -> None:
+    stderr = "\n".join([
+        "ump analyze: [ 1.0s] starting Spark",
+        "java.lang.OutOfMemoryError: Java heap space",
+        "\tat org.apache.spark.storage.BlockManager.doPut(BlockManager.scala:1)",
+        *["\tat x.y(Z.java:1)"] * 50,
+        "ump analyze: An error occurred while calling o2924.localCheckpoint. (--debug ...)"])
+    error = _fail("ump analyze", Measured([], 1, 1.0, 1.0, 0, 0, 1, "", stderr))
+    assert str(error).startswith("ump analyze exited with 1: java.lang.OutOfMemoryError: Java "
+                                 "heap space | ump analyze: An error occurred")
