@@ -15,7 +15,7 @@ dissect``) and folds the UM messages into :class:`Observed`:
   host, is the same client: "How Stores Associate Session IDs and RegIDs", docs/semantics.md
   §1.1 step 4);
 * **data** (:class:`Data`): every data message with its transport address, topic index,
-  sequence number and kind (data, proactive retransmission, retransmission; wire-lbmc.md §1.2);
+  sequence number and kind (data, proactive retransmission, retransmission; docs/wire-lbmc.md §1.2);
 * **transports of sources**: which transport address carries the source that holds RegID R at
   store S, learnt from the SRIs the source sends on its transport (each names a store's
   address and the source's RegID there, docs/semantics.md §1.3);
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 Addr = tuple[str, int]
 
 DATA_KINDS = {0: "data", 2: "prorx", 10: "retrans"}
-"""LBMC data types that carry a message and a sequence number (wire-lbmc.md §1.2)."""
+"""LBMC data types that carry a message and a sequence number (docs/wire-lbmc.md §1.2)."""
 
 
 def show(addr: Addr | None) -> str:
@@ -61,7 +61,7 @@ class PregResp:
         frame / time: where it was captured.
         reg_id: the RegID granted (or echoed in a refusal).
         old: the O flag: the store already had state for this client.
-        error: the E flag: a refusal; ``code`` is then its error code (wire-lbmc.md §2.1).
+        error: the E flag: a refusal; ``code`` is then its error code (docs/wire-lbmc.md §2.1).
         low_sqn / high_sqn: the receiver's start / the highest sequence number held.
         deregister: the D flag (an answer to a deregistration).
     """
@@ -150,7 +150,7 @@ class Ack:
         src / dst: the frame's addresses.
         sqn: the sequence number acknowledged.
         rcv_reg_id: the receiver's RegID (consumption ACKs).
-        id_2: a topic index from a store, a RegID from a receiver (wire-lbmc.md §2.1).
+        id_2: a topic index from a store, a RegID from a receiver (docs/wire-lbmc.md §2.1).
         nak: the NAK bit on a stability ACK (docs/semantics.md §1.8).
     """
 

@@ -195,7 +195,7 @@ def test_a_transport_loss_declares_the_gap_the_next_live_message_shows() -> None
     store = joined_store(TopicPolicy(repository_size_threshold=1 << 30))
     (src,) = store.sources.values()
     _feed(store, TRANSPORT_CONN, data_message(1, 0, b"m0"))
-    binding: Any = SimpleNamespace(conn=store.connections[TRANSPORT_CONN])
+    binding: Any = SimpleNamespace(conn=store.connections[TRANSPORT_CONN], group=None)
     store.on_lbtru_event(binding, Lost(10, 12, "ncf"))  # transport sequence numbers
     # a proactive retransmission of 1 first says nothing of the gap: stored
     acks = _writes(_feed(store, SOURCE_CONN, data_message(1, 1, b"m1", MessageType.PRORX)))

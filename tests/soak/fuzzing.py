@@ -391,7 +391,7 @@ class _Sink(io.TextIOBase):
         self.statuses: Counter[str] = Counter()
 
     def write(self, text: str) -> int:
-        if text.startswith("# "):
+        if text.startswith("# ") and " frames: " in text:  # (not the content-found note)
             self.summary = text
         elif text.startswith('{"frame"'):
             at = text.find(self.STATUS) + len(self.STATUS)
@@ -517,7 +517,8 @@ def run_cli(path: Path, mode: list[str]) -> tuple[int, str, str]:
     proc = subprocess.run([sys.executable, "-m", "ump", "dissect", str(path), "--store-port",
                            str(STORE_PORT), *mode], capture_output=True, text=True,
                           timeout=CHUNK_HANG_SECONDS, check=False)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("# ")]
+    lines = [line for line in proc.stdout.splitlines()
+             if line.startswith("# ") and " frames: " in line]
     return proc.returncode, lines[-1] + "\n" if lines else "", proc.stderr
 
 
@@ -627,7 +628,9 @@ def store_bench() -> CoreBench:
         {"source": bench.source_conn, "transport": bench.transport_conn,
          "receiver": bench.receiver_conn},
         {"transport": data + messages[:200], "receiver": requests + messages[:200],
-         "source": source_side + registrations[:2] + messages[:200],
+         # registrations weighted up: two seeds among 200 corpus messages left a 2000-frame
+         # smoke run with no registration at all whenever the corpus changed
+         "source": source_side + registrations[:2] * 10 + messages[:200],
          "stranger": registrations + requests + messages,
          "lbmr": [p.build() for p in bad.VALID_LBMR] + udp},
         bad.STRANGER_IP,
