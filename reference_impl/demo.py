@@ -247,7 +247,13 @@ def keep_own_frames(path: Path, ports: frozenset[int]) -> tuple[int, int]:
     Why: the capture filter names UM's port ranges (a source's transport and request ports
     are the first free ones of 14371-14395), which other processes on the machine use too; a
     demo run next to another would otherwise check their traffic with its own.  A frame
-    without UDP or TCP is kept (nothing says it is foreign)."""
+    without UDP or TCP is kept (nothing says it is foreign).
+
+    Multicast (LBT-RM) needs more: every receiving process on the machine binds the group's
+    destination port (14400) with SO_REUSEADDR, so that port is in ``ports`` and says nothing
+    about whose a frame is.  A datagram to a multicast group is ours when it comes from one of
+    our ports; a port some multicast datagram went to is left out of the unicast test too (a
+    NAK another demo's receiver sends from it is not ours)."""
     from wire import WireError
     from wire.pcap import PCAP_MAGIC_NS, PcapWriter, decode_frame, read_capture
 
@@ -255,6 +261,13 @@ def keep_own_frames(path: Path, ports: frozenset[int]) -> tuple[int, int]:
     os.replace(path, everything)
     with everything.open("rb") as fh:
         nanosecond = int.from_bytes(fh.read(4), "little") == PCAP_MAGIC_NS
+    group_ports: set[int] = set()
+    for rec in read_capture(everything):
+        with contextlib.suppress(WireError):
+            seg = decode_frame(rec.linktype, rec.data)
+            if _is_multicast(seg.dst):
+                group_ports.add(seg.dport)
+    unicast_ports = ports - group_ports
     kept = dropped = 0
     writer: PcapWriter | None = None
     try:
@@ -263,7 +276,10 @@ def keep_own_frames(path: Path, ports: frozenset[int]) -> tuple[int, int]:
                 writer = PcapWriter(path, linktype=rec.linktype, nanosecond=nanosecond)
             try:
                 seg = decode_frame(rec.linktype, rec.data)
-                ours = seg.sport in ports or seg.dport in ports
+                if _is_multicast(seg.dst):
+                    ours = seg.sport in ports
+                else:
+                    ours = seg.sport in unicast_ports or seg.dport in unicast_ports
             except WireError:
                 ours = True
             if ours:
@@ -277,6 +293,12 @@ def keep_own_frames(path: Path, ports: frozenset[int]) -> tuple[int, int]:
         writer.close()
     everything.unlink()
     return kept, dropped
+
+
+def _is_multicast(ip: str) -> bool:
+    """Whether ``ip`` (dotted IPv4) is a multicast group, 224.0.0.0/4."""
+    first = ip.split(".", 1)[0]
+    return first.isdigit() and 224 <= int(first) <= 239
 
 
 def last_line(text: str) -> str:
