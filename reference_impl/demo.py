@@ -253,9 +253,14 @@ def keep_own_frames(path: Path, ports: frozenset[int]) -> tuple[int, int]:
     destination port (14400) with SO_REUSEADDR, so that port is in ``ports`` and says nothing
     about whose a frame is.  A datagram to a multicast group is ours when it comes from one of
     our ports; a port some multicast datagram went to is left out of the unicast test too (a
-    NAK another demo's receiver sends from it is not ours)."""
+    NAK another demo's receiver sends from it is not ours).
+
+    A TCP connection whose first captured segment is not a SYN began before the capture, so
+    before any of our processes started: it is another process's, even on a port one of ours
+    binds later (a source's transport port is the first free one of a shared range; the
+    previous holder's last segments arrive mid-stream, where no dissector can agree)."""
     from wire import WireError
-    from wire.pcap import PCAP_MAGIC_NS, PcapWriter, decode_frame, read_capture
+    from wire.pcap import PCAP_MAGIC_NS, TCP_SYN, PcapWriter, decode_frame, read_capture
 
     everything = path.with_name(path.name + ".all")
     os.replace(path, everything)
@@ -268,6 +273,8 @@ def keep_own_frames(path: Path, ports: frozenset[int]) -> tuple[int, int]:
             if _is_multicast(seg.dst):
                 group_ports.add(seg.dport)
     unicast_ports = ports - group_ports
+    connections: dict[tuple[str, int, str, int], bool] = {}
+    """Whether each TCP connection (its two ends, the lower first) began with a SYN."""
     kept = dropped = 0
     writer: PcapWriter | None = None
     try:
@@ -280,6 +287,10 @@ def keep_own_frames(path: Path, ports: frozenset[int]) -> tuple[int, int]:
                     ours = seg.sport in ports
                 else:
                     ours = seg.sport in unicast_ports or seg.dport in unicast_ports
+                if ours and seg.proto == "tcp":
+                    ends = sorted([(seg.src, seg.sport), (seg.dst, seg.dport)])
+                    key = (ends[0][0], ends[0][1], ends[1][0], ends[1][1])
+                    ours = connections.setdefault(key, bool(seg.flags & TCP_SYN))
             except WireError:
                 ours = True
             if ours:

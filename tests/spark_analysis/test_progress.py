@@ -14,8 +14,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
-
 from spark_analysis import job
 from spark_analysis.progress import TaskBar, render_bar, spark_task_counter
 
