@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from conformance.evidence import Addr, Recorder
-from conformance.iut import ClientUnderTest, UmOptions
+from conformance.iut import ClientUnderTest, StoreUnderTest, UmOptions
 from conformance.peers import HarnessReceiver, HarnessResolver, HarnessSource
 from conformance.profile import IutProfile
 from conformance.store_peer import HarnessStore, SourceTap
@@ -102,6 +102,11 @@ class CaseContext(Protocol):
 
     def wait_tir(self, topic: str | None = None, timeout: float = 3.0) -> lbmr.Tir:
         """The TIR the IUT advertised for ``topic`` (default: :attr:`iut_topic`)."""
+        ...
+
+    def store_group(self, size: int) -> list[StoreUnderTest]:
+        """The store IUT as ``size`` instances of one Quorum/Consensus group (profile
+        ``instances``; unsupported with fewer), the case's IUT first."""
         ...
 
     # --- time ---------------------------------------------------------------------------------

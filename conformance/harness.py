@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import shutil
 import time
 from collections.abc import Callable
 from typing import Any
@@ -234,6 +235,41 @@ class Harness:
             raise HarnessError("only a store IUT is restarted by its case")
         self.iut.restart(kill=kill)
         self.note("the IUT is ready again")
+
+    def store_group(self, size: int) -> list[StoreUnderTest]:
+        """The store IUT as ``size`` instances of one Quorum/Consensus group (profile
+        ``instances``; unsupported when it allows fewer): the case's IUT, started again with
+        the group in its ``<lbm-config>`` file, and ``size - 1`` more launched here with the
+        case's options, each in a work directory of its own (``<IUT directory>-<n>``), stopped
+        when the case ends.  The case's IUT is retired after the case (its configuration names
+        this group)."""
+        iut = self.iut
+        if not isinstance(iut, StoreUnderTest):
+            raise HarnessError("only a store IUT runs as a group")
+        if not iut.profile.launches or iut.profile.instances < size:
+            raise Unsupported(f"the case needs {size} instances of the store as one "
+                              f"Quorum/Consensus group, and the profile allows "
+                              f"{iut.profile.instances if iut.profile.launches else 'none'} "
+                              f"(its 'instances' key, for a launched store)")
+        members = [iut]
+        for n in range(1, size):
+            workdir = iut.workdir.with_name(f"{iut.workdir.name}-{n}")
+            shutil.rmtree(workdir, ignore_errors=True)
+            members.append(StoreUnderTest(iut.profile, workdir, iut.resolver, iut.setup,
+                                          time_scale=iut.time_scale))
+        group = tuple(m.addr for m in members)
+        for member in members:
+            member.group = group
+        self.note("starting the store as a group of " + ", ".join(
+            f"{a[0]}:{a[1]}" for a in group))
+        self.restarted = True
+        iut.restart()
+        for member in members[1:]:
+            self.closers.append(member.stop)
+            member.start()
+        if tuple(m.addr for m in members) != group:  # a port taken before an instance bound it
+            raise HarnessError("an instance of the group had to move to another port")
+        return members
 
     # --- verdicts -----------------------------------------------------------------------------
 

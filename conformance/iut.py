@@ -216,6 +216,10 @@ class StoreUnderTest(IutProcess):
         self.web_monitor: Addr | None = \
             ("127.0.0.1", free_port()) if profile.web_monitor and profile.launches else None
         """Where the store's web monitor listens (profile ``web_monitor``), else None."""
+        self.group: tuple[Addr, ...] = ()
+        """The Quorum/Consensus group this store is an instance of (profile ``instances``):
+        its ``<lbm-config>`` file names them in ``source ume_store`` lines (group 0, RegID 0),
+        the configuration the product creates its proxy sources from."""
 
     # --- configuration ------------------------------------------------------------------------
 
@@ -223,7 +227,8 @@ class StoreUnderTest(IutProcess):
         self.workdir.mkdir(parents=True, exist_ok=True)
         lbm = self.workdir / "lbm.cfg"
         lbm.write_text("# written by ump conform: topic resolution through the harness\n"
-                       f"context resolver_unicast_daemon {self.resolver[0]}:{self.resolver[1]}\n")
+                       f"context resolver_unicast_daemon {self.resolver[0]}:{self.resolver[1]}\n"
+                       + "".join(StoreEntry(addr).line() + "\n" for addr in self.group))
         store = dict(BASE_STORE_OPTIONS)
         store.update(dict(self.setup.store_options))
         topic = dict(BASE_TOPIC_OPTIONS)

@@ -140,7 +140,7 @@ def passive_for(id: str) -> Callable[[PassiveJudge], PassiveJudge]:
 
 
 SUITES = ("registration", "recovery", "robustness", "flight-size", "proactive-retransmit",
-          "durability", "rpp-matrix", "rpp", "quorum")
+          "durability", "rpp-matrix", "rpp", "quorum", "proxy")
 
 
 def all_cases(role: Role | None = None) -> list[CaseSpec]:

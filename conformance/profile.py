@@ -61,6 +61,13 @@ consumption out of order); the case that needs it is unsupported without them.
 on a free port in its XML; cases that judge what only the store's own statistics show (the
 RPP suite's skipped disk writes) read its JSON pages there and do not judge it without one.
 
+``instances = 3`` (a launched store) says how many instances of the store the harness may launch
+as one Quorum/Consensus group (the proxy-source suite needs two or three; default 1: those cases
+are unsupported).  Each instance gets a work directory, a port and a umestored XML of its own (the
+product's format, the case's options), and every instance's ``<lbm-config>`` file names all the
+group's stores in ``source ume_store`` lines, from which the product creates its proxy sources
+(guide "Proxy Sources"); the launch command is the same, its placeholders filled per instance.
+
 A store IUT may also be reached at an ``address``; a source or receiver IUT must be launched,
 because its configuration names the peers the harness plays for the case.
 
@@ -136,6 +143,7 @@ class IutProfile:
     would_block_text: str | None = None
     explicit_ack_args: tuple[str, ...] | None = None
     consume_args: tuple[str, ...] | None = None
+    instances: int = 1
 
     @property
     def launches(self) -> bool:
@@ -148,7 +156,7 @@ class IutProfile:
 REFERENCE_STORE = IutProfile(
     name="ump-harness reference store", role=Role.STORE,
     launch=("{python}", "-m", "ump", "store", "-c", "{config}", "--profile", "{version}"),
-    ready="ready to accept registrations", web_monitor=True)
+    ready="ready to accept registrations", web_monitor=True, instances=3)
 """The default IUT: this project's store, started per case like any third-party store (with
 its web monitor)."""
 
@@ -180,7 +188,8 @@ BUILTIN_PROFILES: dict[str, IutProfile] = {
 
 _IUT_KEYS = ("name", "role", "version", "launch", "address", "ready", "start_timeout",
              "stop_signal", "deregister_signal", "rpp_topic", "spp_topic", "web_monitor",
-             "nonblocking_args", "would_block_text", "explicit_ack_args", "consume_args")
+             "nonblocking_args", "would_block_text", "explicit_ack_args", "consume_args",
+             "instances")
 _CASE_KEYS = ("skip", "known_failure", "reason")
 
 
@@ -281,6 +290,7 @@ def parse_profile(data: Mapping[str, Any], source: str = "<profile>") -> IutProf
     nonblocking_args, would_block_text = _nonblocking(where, iut, role)
     explicit_ack_args = _explicit_ack(where, iut, role)
     consume_args = _explicit_ack(where, iut, role, "consume_args")
+    instances = _instances(where, iut, role, launch is not None)
     name = iut.get("name", role.value)
     cases: dict[str, CaseExpectation] = {}
     raw_cases = data.get("cases", {})
@@ -304,7 +314,22 @@ def parse_profile(data: Mapping[str, Any], source: str = "<profile>") -> IutProf
                       cases=cases, source=source, rpp_topic=topics["rpp_topic"],
                       spp_topic=topics["spp_topic"], web_monitor=web_monitor,
                       nonblocking_args=nonblocking_args, would_block_text=would_block_text,
-                      explicit_ack_args=explicit_ack_args, consume_args=consume_args)
+                      explicit_ack_args=explicit_ack_args, consume_args=consume_args,
+                      instances=instances)
+
+
+def _instances(where: str, iut: Mapping[str, Any], role: Role, launched: bool) -> int:
+    """``instances`` (see the module docstring), checked: a whole number from 1 for a
+    launched store (the harness can start more of a store only when it starts it at all)."""
+    if "instances" not in iut:
+        return 1
+    value = iut["instances"]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ProfileError(f"{where}: instances must be a whole number from 1, not {value!r}")
+    if value > 1 and (role is not Role.STORE or not launched):
+        raise ProfileError(f"{where}: instances is for a launched store IUT (the harness "
+                           f"starts the group's instances itself)")
+    return value
 
 
 def _nonblocking(where: str, iut: Mapping[str, Any], role: Role

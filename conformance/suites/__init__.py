@@ -10,12 +10,14 @@ flight-size suite (source IUT, SRC-FLT-*): :mod:`.flight_size`; the proactive-re
 rpp-matrix suite (the guide's "UMP Version RPP Compatibility Matrix", one case per cell and role:
 MTX-STORE-*, SRC-MTX-*, RCV-MTX-*): :mod:`.rpp_matrix`.  The quorum suite: :mod:`.quorum_source`
 (SRC-QRM-*), :mod:`.quorum_receiver` (RCV-QRM-*) and :mod:`.quorum_store` (QRM-STORE-*).
+The proxy suite (store IUT run as a group of instances, PXY-STORE-*): :mod:`.proxy`.
 """
 
 from conformance.suites import (
     durability,
     flight_size,
     proactive,
+    proxy,
     quorum_receiver,
     quorum_source,
     quorum_store,
@@ -29,6 +31,6 @@ from conformance.suites import (
     source,
 )
 
-__all__ = ["durability", "flight_size", "proactive", "quorum_receiver",
+__all__ = ["durability", "flight_size", "proactive", "proxy", "quorum_receiver",
            "quorum_source", "quorum_store", "receiver", "recovery", "registration",
            "robustness", "robustness_clients", "rpp", "rpp_matrix", "source"]
