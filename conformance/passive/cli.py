@@ -3,8 +3,9 @@
 The port options are ``ump dissect``'s (:func:`wire.cli.add_port_options`): one port map
 decides what is UM in every tool.  Store ports the capture's own TIRs and SRIs name are added
 to it (:func:`conformance.passive.observe.observe`).  ``--source-config`` /
-``--receiver-config`` give the deployment's UM configuration files, so configured limits
-(flight size, stability timeout, retransmission requests) are judged rather than reported.
+``--receiver-config`` give the deployment's UM configuration files and ``--store-config`` its
+umestored XML, so configured limits (flight size, stability timeout, retransmission requests,
+store keepalives and retransmission rate) are judged rather than reported.
 
 Exit codes as an active run: 0 no MUST case failed, 1 one did, 2 bad options or a file that is
 not a capture (one line on stderr, no traceback).
@@ -30,6 +31,10 @@ def add_capture_options(p: argparse.ArgumentParser) -> None:
                         "configured limits exactly")
     g.add_argument("--receiver-config", type=Path, metavar="CFG",
                    help="the receivers' UM configuration file (flat lbm.cfg)")
+    g.add_argument("--store-config", type=Path, metavar="XML",
+                   help="the stores' umestored XML: judge their configured limits "
+                        "(keepalive-interval, retransmission-request-processing-rate) exactly; "
+                        "a store is matched by its TCP port")
     g.add_argument("--no-content-heuristics", action="store_true",
                    help="find UM by port rules only, as tshark does (as on ump dissect)")
     add_port_options(p)
@@ -58,6 +63,15 @@ def main_capture(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             print(f"ump conform: {exc}", file=sys.stderr)
             return 2
+    store_config = None
+    if args.store_config is not None:
+        from reference_impl.config.store_xml import load_store_config
+
+        try:
+            store_config = load_store_config(args.store_config)
+        except (ConfigError, OSError) as exc:
+            print(f"ump conform: {args.store_config}: {exc}", file=sys.stderr)
+            return 2
     cases = select(passive_cases(), suites=args.suite, keywords=args.keywords)
     if not cases:
         print("ump conform: no case matches the selection", file=sys.stderr)
@@ -77,6 +91,7 @@ def main_capture(args: argparse.Namespace) -> int:
         return 2
     obs.source_options = options.get("source")
     obs.receiver_options = options.get("receiver")
+    obs.store_config = store_config
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     result = run_passive(obs, cases, out.absolute())

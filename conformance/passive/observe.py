@@ -21,7 +21,12 @@ dissect``) and folds the UM messages into :class:`Observed`:
   address and the source's RegID there, docs/semantics.md §1.3);
 * **ACKs** (:class:`Ack`): stability ACKs (store to source, type 1) and consumption ACKs
   (receiver to store, type 0), with the NAK bit (docs/wire-lbmc.md §2.1);
-* **retransmission requests** (:class:`Rxreq`) and the store's retransmissions.
+* **retransmission requests** (:class:`Rxreq`) and the store's retransmissions;
+* **SRIs** (:class:`Sri`): each with its overall version and its store entries (address,
+  the source's RegID there, the store's own version), docs/semantics.md §1.3;
+* **keepalives** (:class:`Keepalive`) and, per direction of every connection carrying LBMC,
+  the frames sent on it (:attr:`Observed.heard`: what tells a peer the other side is alive,
+  docs/semantics.md §1.11, §1.12).
 
 Every item keeps its frame number and time, which the judges cite as evidence.  What the
 capture could not show is recorded too (:attr:`Observed.problems`: a damaged end, frames
@@ -42,6 +47,7 @@ from wire.tshark import PortMap
 
 if TYPE_CHECKING:
     from reference_impl.config.client import ReceiverOptions, SourceOptions
+    from reference_impl.config.store_xml import StoreConfig, StoreDaemonConfig
 
 Addr = tuple[str, int]
 
@@ -185,6 +191,56 @@ class Rxreq:
 
 
 @dataclass
+class StoreEntry:
+    """One store an SRI names (a ``ume_store_ext`` header, docs/wire-lbmc.md §2.1)."""
+
+    store: Addr
+    reg_id: int
+    version: int
+    store_idx: int
+    grp_idx: int
+
+
+@dataclass
+class Sri:
+    """A Source Registration Information message on a source's transport (docs/semantics.md
+    §1.3).
+
+    Attributes:
+        frame / time: where it was captured.
+        src: the transport address that sent it.
+        tidx: the topic index it is for (its ``topic_idx`` header; 0 without one).
+        version: the overall version.
+        stores: the stores it names, in order.
+    """
+
+    frame: int
+    time: float
+    src: Addr
+    tidx: int
+    version: int
+    stores: list[StoreEntry]
+
+
+@dataclass
+class Keepalive:
+    """A UME keepalive (docs/wire-lbmc.md §2.1): ``kind`` store, receiver or source (who sent
+    it); ``respond``: the R flag (response requested)."""
+
+    frame: int
+    time: float
+    src: Addr
+    dst: Addr
+    kind: str
+    respond: bool
+    reg_id: int
+
+
+KEEPALIVE_KINDS = {0: "store", 1: "receiver", 2: "source"}
+"""The keepalive's type field: who sent it (docs/wire-lbmc.md §2.1)."""
+
+
+@dataclass
 class Tpkt:
     """An LBT-RU or LBT-RM packet that takes part in NAK-based reliability
     (docs/wire-transports.md §1.3-1.5, §2.3-2.4).
@@ -246,9 +302,15 @@ class Observed:
         sri: (transport address, store address, RegID) -> frames of SRIs naming them.
         tirs: (topic, the source's request address when its UME option names it) -> the
             transport addresses its advertisements (TIRs) name (docs/wire-transports.md §4.4).
+        sris: every SRI, in capture order.
+        keepalives: every UME keepalive, in capture order.
+        heard: (sender, receiver) -> the (frame, time) of every frame carrying LBMC from one
+            to the other: what a store or client hears of its peer on a connection.
         source_options / receiver_options: the deployment's UM configuration of its
             sources / receivers when given (``--source-config``): configured limits are then
             judged exactly; without it they are reported as informational.
+        store_config: the stores' umestored XML when given (``--store-config``).
+        end_time: the time of the last frame of the capture(s).
     """
 
     paths: list[Path]
@@ -264,8 +326,13 @@ class Observed:
     transport: list[Tpkt] = field(default_factory=list)
     sri: dict[tuple[Addr, Addr, int], list[int]] = field(default_factory=dict)
     tirs: dict[tuple[str, Addr | None], set[Addr]] = field(default_factory=dict)
+    sris: list[Sri] = field(default_factory=list)
+    keepalives: list[Keepalive] = field(default_factory=list)
+    heard: dict[tuple[Addr, Addr], list[tuple[int, float]]] = field(default_factory=dict)
     source_options: SourceOptions | None = None
     receiver_options: ReceiverOptions | None = None
+    store_config: StoreDaemonConfig | None = None
+    end_time: float = 0.0
 
     @property
     def stores(self) -> list[Addr]:
@@ -309,6 +376,23 @@ class Observed:
             out |= self.tirs.get((reg.topic, None), set())
         return out
 
+    def store_config_of(self, store: Addr) -> StoreConfig | None:
+        """The ``<store>`` of ``--store-config`` serving ``store``: the one on its TCP port
+        (of several, the one whose interface holds its address: the XML may have been written
+        for another host's addresses); None without the XML or with no store on that port."""
+        if self.store_config is None:
+            return None
+        import ipaddress
+
+        on_port = [sc for sc in self.store_config.stores if sc.port == store[1]]
+        for sc in on_port:
+            try:
+                if ipaddress.IPv4Address(store[0]) in sc.interface_network:
+                    return sc
+            except ValueError:
+                break
+        return on_port[0] if on_port else None
+
     def stability_acks(self, reg: Registration) -> list[Ack]:
         """The stability ACKs the store sent on ``reg``'s connection (to the source), for its
         topic (a store's ACK names the topic index in ``id_2``: one connection can carry
@@ -343,6 +427,7 @@ class _Builder:
 
     def frame(self, report: FrameReport) -> None:
         self.obs.frames += 1
+        self.obs.end_time = max(self.obs.end_time, report.time)
         if report.status == "malformed":
             self.obs.problems.append(f"frame {report.number} is malformed: {report.reason}")
         if report.status != "um" or report.src is None or report.dst is None:
@@ -350,6 +435,8 @@ class _Builder:
         self.obs.um_frames += 1
         src: Addr = (report.src, report.sport or 0)
         dst: Addr = (report.dst, report.dport or 0)
+        if any(occ.protocol == "lbmc" for occ in report.occurrences):
+            self.obs.heard.setdefault((src, dst), []).append((report.number, report.time))
         for occ in report.occurrences:
             if occ.protocol == "lbmc":
                 self.message(report, occ, src, dst)
@@ -413,6 +500,12 @@ class _Builder:
         f = occ.fields
         names = {name for name, _ in f}
         where = (report.number, report.time)
+        if "lbmc.ume_keepalive.type" in names:
+            self.obs.keepalives.append(Keepalive(
+                *where, src=src, dst=dst,
+                kind=KEEPALIVE_KINDS.get(_get(f, "lbmc.ume_keepalive.type"), "?"),
+                respond=bool(_get(f, "lbmc.ume_keepalive.flags.r_flag")),
+                reg_id=_get(f, "lbmc.ume_keepalive.reg_id")))
         if "lbmc.ume_preg.reg_id" in names:
             topic = _get(f, "lbmc.topicname.topic", None)
             reg = Registration(
@@ -450,10 +543,18 @@ class _Builder:
                                          reg_id=_get(f, "lbmc.ume_rxreq.id_2"),
                                          sqn=_get(f, "lbmc.ume_rxreq.seqnum")))
         elif "lbmc.sri.version" in names:
-            for ip, port, reg_id in zip(_all(f, "lbmc.ume_store_ext.store_ip_addr"),
-                                        _all(f, "lbmc.ume_store_ext.store_tcp_port"),
-                                        _all(f, "lbmc.ume_store_ext.src_reg_id"), strict=False):
-                self.obs.sri.setdefault((src, (ip, port), reg_id), []).append(report.number)
+            entries = [StoreEntry((ip, port), reg_id, version, idx, grp) for
+                       ip, port, reg_id, version, idx, grp in zip(
+                           _all(f, "lbmc.ume_store_ext.store_ip_addr"),
+                           _all(f, "lbmc.ume_store_ext.store_tcp_port"),
+                           _all(f, "lbmc.ume_store_ext.src_reg_id"),
+                           _all(f, "lbmc.ume_store_ext.version"),
+                           _all(f, "lbmc.ume_store_ext.store_idx"),
+                           _all(f, "lbmc.ume_store_ext.grp_idx"), strict=False)]
+            for e in entries:
+                self.obs.sri.setdefault((src, e.store, e.reg_id), []).append(report.number)
+            self.obs.sris.append(Sri(*where, src=src, tidx=_get(f, "lbmc.topic_idx.tidx"),
+                                     version=_get(f, "lbmc.sri.version"), stores=entries))
         elif "lbmc.sqn" in names and _get(f, "lbmc.type", -1) in DATA_KINDS:
             self.obs.data.append(Data(*where, src=src, dst=dst, tidx=_get(f, "lbmc.tidx"),
                                       sqn=_get(f, "lbmc.sqn"),

@@ -196,3 +196,57 @@ def consumption_acked_with_assigned_regid(obs: Observed) -> list[Judgement]:
                 out.append(unsupported(where, "an explicit-ACK-only receiver: what it "
                                               "acknowledges is its application's choice"))
     return out
+
+
+RATE_SLACK = 1.25
+"""The rate check's allowance: 25 % over the configured rate plus :data:`RATE_BURST`
+messages in any one second (the active case REC-STORE-005's margin for one burst)."""
+
+RATE_BURST = 5
+
+needs("REC-STORE-005", "no retransmission from a store was captured")
+
+
+def busiest_second(times: list[float]) -> tuple[int, int, int]:
+    """(most messages within any one second, index of its first, index of its last) of the
+    sorted ``times``."""
+    best, first, last = 0, 0, 0
+    lo = 0
+    for hi, t in enumerate(times):
+        while t - times[lo] >= 1.0:
+            lo += 1
+        if hi - lo + 1 > best:
+            best, first, last = hi - lo + 1, lo, hi
+    return best, first, last
+
+
+@passive_for("REC-STORE-005")
+def retransmission_rate(obs: Observed) -> list[Judgement]:
+    """A store's retransmissions (to every receiver) within any one second stay within its
+    ``retransmission-request-processing-rate`` from ``--store-config``; informational with the
+    busiest second without it."""
+    by_store: dict[Addr, list[Data]] = {}
+    for d in obs.data:
+        if d.kind == "retrans":
+            by_store.setdefault(d.src, []).append(d)
+    out = []
+    for store, sent in sorted(by_store.items()):
+        count, i, j = busiest_second([d.time for d in sent])
+        frames = [sent[i].frame, sent[j].frame]
+        name = f"store {show(store)}"
+        sc = obs.store_config_of(store)
+        what = (f"{len(sent)} retransmission(s), at most {count} within one second (frames "
+                f"{frames[0]}-{frames[1]})")
+        if sc is None:
+            why = ("no --store-config given" if obs.store_config is None
+                   else "--store-config has no store on that port")
+            out.append(informational(name, f"{what} ({why})", frames, observed=count))
+            continue
+        rate = sc.retransmission_request_processing_rate
+        most = int(rate * RATE_SLACK) + RATE_BURST
+        if count > most:
+            out.append(failed(name, what, frames, expected=f"<= {most} (rate {rate}/s)",
+                              observed=count))
+        else:
+            out.append(passed(name, f"{what}, within the rate {rate}/s", frames))
+    return out

@@ -1,0 +1,232 @@
+"""The passive judges of SRIs, liveness and the store's retransmission rate
+(conformance/passive/checks/sri.py, liveness.py, recovery.py), on hand-built observations, and
+``ump conform --capture --store-config``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.model import Verdict
+from conformance.passive.judge import PassiveResult, judge, passive_cases
+from conformance.passive.observe import (
+    Data,
+    Observed,
+    PregResp,
+    Registration,
+    Sri,
+    StoreEntry,
+    observe,
+)
+from reference_impl.config.client import load_client_config
+from reference_impl.config.store_xml import (
+    StoreDaemonConfig,
+    load_store_config,
+    parse_store_config,
+)
+from reference_impl.demo import disk_store_xml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+A = ("10.0.0.9", 14567)
+B = ("10.0.0.10", 14567)
+CONN_A = ("10.0.0.1", 40000)
+CONN_B = ("10.0.0.1", 40001)
+TRANSPORT = ("10.0.0.1", 14371)
+
+
+def _reg(frame: int, t: float, store: tuple[str, int], conn: tuple[str, int],
+         granted: int) -> Registration:
+    reg = Registration(frame, t, (conn, store), store, True, 0, 0, 1, 1, "topic", 0x55,
+                       ("10.0.0.1", 14391), False)
+    reg.response = PregResp(frame + 1, t + 0.01, granted, False, False, 0, 0, 0, False)
+    return reg
+
+
+def _sri(frame: int, t: float, version: int, *entries: tuple[tuple[str, int], int, int]) -> Sri:
+    return Sri(frame, t, TRANSPORT, 1, version,
+               [StoreEntry(store, reg_id, v, i, 0) for i, (store, reg_id, v) in
+                enumerate(entries)])
+
+
+def _obs(**kw: object) -> Observed:
+    obs = Observed([Path("hand-built.pcap")], frames=1000, um_frames=1000)
+    for key, value in kw.items():
+        setattr(obs, key, value)
+    # the SRIs name the transport: the source's transport is found from them
+    for s in obs.sris:
+        for e in s.stores:
+            obs.sri.setdefault((s.src, e.store, e.reg_id), []).append(s.frame)
+    return obs
+
+
+def _verdicts(obs: Observed, case_id: str) -> set[Verdict]:
+    return {r.verdict for r in _judged(obs, case_id)}
+
+
+def _judged(obs: Observed, case_id: str) -> list[PassiveResult]:
+    return judge(obs, [s for s in passive_cases() if s.id == case_id])
+
+
+# --- SRI content and versions -------------------------------------------------------------
+
+
+def test_sri_naming_the_granted_regids_passes_and_a_wrong_regid_fails() -> None:
+    regs = [_reg(1, 0.1, A, CONN_A, 11), _reg(3, 0.1, B, CONN_B, 22)]
+    good = _obs(registrations=regs, sris=[_sri(10, 0.5, 1, (A, 11, 1), (B, 22, 1))])
+    assert _verdicts(good, "SRC-REG-006") == {Verdict.PASS}
+    # a TIR names the transport, so the wrong SRI is still the source's
+    tirs = {("topic", None): {TRANSPORT}}
+    bad = _obs(registrations=regs, tirs=tirs,
+               sris=[_sri(10, 0.5, 1, (A, 11, 1), (B, 23, 1))])
+    results = _judged(bad, "SRC-REG-006")
+    assert {r.verdict for r in results} == {Verdict.FAIL}
+    assert results[0].decided_by == [3, 4, 10]  # the grant and the SRI
+
+
+def test_sri_leaving_out_a_store_still_heard_fails_and_a_silent_one_does_not() -> None:
+    regs = [_reg(1, 0.1, A, CONN_A, 11), _reg(3, 0.1, B, CONN_B, 22)]
+    sris = [_sri(10, 0.5, 1, (A, 11, 1), (B, 22, 1)), _sri(20, 3.0, 1, (A, 11, 1))]
+    heard = {(B, CONN_B): [(15, 2.5)]}
+    assert _verdicts(_obs(registrations=regs, sris=sris, heard=heard),
+                     "SRC-REG-006") == {Verdict.FAIL}
+    # B last heard 2.4 s before: the source may have declared it unresponsive
+    assert _verdicts(_obs(registrations=regs, sris=sris, heard={(B, CONN_B): [(4, 0.6)]}),
+                     "SRC-REG-006") == {Verdict.PASS}
+
+
+def test_sri_versions_rise_with_a_store_that_registered_again() -> None:
+    regs = [_reg(1, 0.1, A, CONN_A, 11), _reg(3, 0.1, B, CONN_B, 22)]
+    first = _sri(10, 0.5, 1, (A, 11, 1), (B, 22, 1))
+    again = _reg(30, 5.0, B, CONN_B, 22)
+    later = _sri(40, 5.5, 2, (A, 11, 1), (B, 22, 2))
+    assert _verdicts(_obs(registrations=[*regs, again], sris=[first, later]),
+                     "SRC-REG-008") == {Verdict.PASS}
+    # no re-registration with B: its version may not rise
+    assert _verdicts(_obs(registrations=regs, sris=[first, later]),
+                     "SRC-REG-008") == {Verdict.FAIL}
+    # B re-registered, but the overall version stayed
+    same = _sri(40, 5.5, 1, (A, 11, 1), (B, 22, 2))
+    assert _verdicts(_obs(registrations=[*regs, again], sris=[first, same]),
+                     "SRC-REG-008") == {Verdict.FAIL}
+    # a store's version going down (the overall version up: not a restart)
+    down = _sri(40, 5.5, 2, (A, 11, 0), (B, 22, 1))
+    assert _verdicts(_obs(registrations=regs, sris=[first, down]),
+                     "SRC-REG-008") == {Verdict.FAIL}
+    # a lower overall version: the source restarted, nothing to compare
+    restart = _sri(40, 5.5, 1, (A, 11, 1), (B, 22, 1))
+    assert _verdicts(_obs(registrations=regs, sris=[later, restart]),
+                     "SRC-REG-008") == {Verdict.UNSUPPORTED}
+
+
+# --- liveness ---------------------------------------------------------------------------------
+
+
+STORE_XML = disk_store_xml(
+    "s", 14567, "topic", store_options={"retransmission-request-processing-rate": 40},
+    topic_options={"keepalive-interval": 500, "source-check-interval": 100})
+"""A store on port 14567: 40 retransmissions a second, keepalives every 500 ms."""
+
+
+def _store_config() -> StoreDaemonConfig:
+    return parse_store_config(STORE_XML.encode(), "store.xml")
+
+
+def test_store_keepalive_silence_is_judged_with_the_store_xml() -> None:
+    reg = _reg(1, 0.1, A, CONN_A, 11)
+    client = [(f, f / 10) for f in range(10, 60, 5)]  # the source talks until 5.5 s
+    quiet = {(CONN_A, A): client, (A, CONN_A): [(12, 1.2), (30, 2.0), (50, 5.0)]}
+    obs = _obs(registrations=[reg], heard=quiet)
+    assert _verdicts(obs, "PSV-STORE-003") == {Verdict.INFORMATIONAL}
+    obs.store_config = _store_config()
+    results = _judged(obs, "PSV-STORE-003")
+    assert {r.verdict for r in results} == {Verdict.FAIL}  # 3 s silent, limit 0.85 s
+    assert results[0].decided_by == [30, 50]
+    kept = {(CONN_A, A): client,
+            (A, CONN_A): [(f + 1, f / 10 + 0.05) for f in range(5, 60, 5)]}
+    obs = _obs(registrations=[reg], heard=kept)
+    obs.store_config = _store_config()
+    assert _verdicts(obs, "PSV-STORE-003") == {Verdict.PASS}
+
+
+def test_source_reregisters_with_one_silent_store_only_after_its_activity_timeout(
+        tmp_path: Path) -> None:
+    cfg = tmp_path / "source.cfg"
+    cfg.write_text("source ume_store_activity_timeout 2000\n")
+    opts = load_client_config(cfg).source
+    regs = [_reg(1, 0.1, A, CONN_A, 11), _reg(3, 0.1, B, CONN_B, 22)]
+    soon = _reg(30, 3.0, B, ("10.0.0.1", 40002), 22)  # B last heard at 2.0 s: 1 s of silence
+    heard = {(B, CONN_B): [(10, 1.0), (20, 2.0)]}
+    obs = _obs(registrations=[*regs, soon], heard=heard)
+    assert _verdicts(obs, "SRC-QRM-015") == {Verdict.INFORMATIONAL}
+    obs.source_options = opts
+    assert _verdicts(obs, "SRC-QRM-015") == {Verdict.FAIL}
+    late = _reg(30, 4.5, B, ("10.0.0.1", 40002), 22)
+    obs = _obs(registrations=[*regs, late], heard=heard)
+    obs.source_options = opts
+    assert _verdicts(obs, "SRC-QRM-015") == {Verdict.PASS}
+    # re-registering with both stores at once is a restart: not judged
+    restart = [_reg(30, 3.0, A, ("10.0.0.1", 40003), 11), soon]
+    obs = _obs(registrations=[*regs, *restart], heard=heard)
+    obs.source_options = opts
+    assert _verdicts(obs, "SRC-QRM-015") == {Verdict.UNSUPPORTED}
+
+
+# --- the store's retransmission rate ---------------------------------------------------------
+
+
+def test_store_retransmission_rate_within_the_configured_rate() -> None:
+    rcv = ("10.0.0.2", 40005)
+    fast = [Data(100 + i, 1.0 + i * 0.005, A, rcv, 1, i, "retrans") for i in range(100)]
+    obs = _obs(data=fast)
+    assert _verdicts(obs, "REC-STORE-005") == {Verdict.INFORMATIONAL}
+    obs.store_config = _store_config()
+    results = _judged(obs, "REC-STORE-005")
+    assert {r.verdict for r in results} == {Verdict.FAIL}  # 100 in 0.5 s, rate 40/s
+    paced = [Data(100 + i, 1.0 + i / 40, A, rcv, 1, i, "retrans") for i in range(100)]
+    obs = _obs(data=paced)
+    obs.store_config = _store_config()
+    assert _verdicts(obs, "REC-STORE-005") == {Verdict.PASS}
+
+
+def test_conform_capture_takes_a_store_config(tmp_path: Path) -> None:
+    xml = tmp_path / "store.xml"
+    xml.write_text(STORE_XML)
+    run = subprocess.run(
+        [sys.executable, "-m", "ump", "conform", "--capture",
+         str(ROOT / "captures" / "corpus" / "restarts.pcap"), "--store-port", "14567",
+         "--store-config", str(xml), "--out", str(tmp_path / "out"), "-k", "REC-STORE-005"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("REC-STORE-005")]
+    # a generated store retransmits 143 messages within a second: above 40/s
+    assert any(" fail " in line for line in lines), run.stdout + run.stderr
+    bad = subprocess.run(
+        [sys.executable, "-m", "ump", "conform", "--capture",
+         str(ROOT / "captures" / "corpus" / "basic.pcap"), "--store-config",
+         str(tmp_path / "missing.xml"), "--out", str(tmp_path / "out2")],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+
+
+# --- the reference demo, judged with every configuration file it ran with -------------------
+
+
+@pytest.mark.parametrize("transport", ["tcp", "lbt-ru"])
+def test_demo_judged_with_its_store_xml_has_no_failure(tmp_path: Path, transport: str) -> None:
+    from tests.conformance.test_passive import _capture_demo
+
+    pcap = _capture_demo(tmp_path, transport)
+    work = tmp_path / "work"
+    obs = observe([pcap])
+    obs.source_options = load_client_config(work / "source.cfg").source
+    obs.receiver_options = load_client_config(work / "receiver.cfg").receiver
+    obs.store_config = load_store_config(work / "store.xml")
+    results = judge(obs, passive_cases())
+    fails = [f"{r.spec.id} {r.message}" for r in results if r.verdict is Verdict.FAIL]
+    assert not fails, fails
+    decided = {r.spec.id: r.verdict for r in results}
+    assert decided["SRC-REG-006"] is Verdict.PASS  # the SRIs name the demo's store
+    assert decided["PSV-STORE-003"] is Verdict.PASS  # judged against the store's XML
