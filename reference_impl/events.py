@@ -401,12 +401,15 @@ class MessageDelivered:
         source: the source it came from, as the product's source string
             (``TCP:10.0.0.5:14371``, ``LBT-RU:10.0.0.5:14380``); a receiver joins every
             source of its topic, each with its own order.  Empty when not known.
+        otr: it came from off-transport recovery (the product's ``LBM_MSG_FLAG_OTR``;
+            :mod:`reference_impl.otr`): the transport had given up on it.
     """
 
     sequence_number: int
     payload: bytes = field(repr=False)
     retransmission: bool = False
     source: str = ""
+    otr: bool = False
 
 
 @dataclass(frozen=True)
@@ -420,6 +423,27 @@ class UnrecoverableLoss:
 
     first: int
     last: int
+
+
+@dataclass(frozen=True)
+class OtrRequested:
+    """The receiver asked a store for messages its transport gave up on (off-transport
+    recovery, :mod:`reference_impl.otr`).
+
+    Attributes:
+        first, last: the lowest and highest sequence number asked for.
+        count: how many sequence numbers were asked for (the gap's numbers still missing).
+        attempt: 1 for a gap's first request, then 2, 3 ... as it is asked again.
+        store: the store asked (its request address).
+        source: the source string of the source whose messages they are.
+    """
+
+    first: int
+    last: int
+    count: int
+    attempt: int
+    store: Addr
+    source: str = ""
 
 
 # --- store events (store log / daemon statistics events) ----------------------------------------
@@ -517,6 +541,6 @@ Event = (
     | DeliveryConfirmation | MessageReclaimed | FlightSizeNotification | SourceDeregistered
     | RppNotAcknowledged | ReceiverRegistrationSuccess | ReceiverRegistrationComplete
     | ReceiverRegistrationError | ReceiverDeregistered | RegistrationChange | MessageDelivered
-    | UnrecoverableLoss | ClientRegistered | ClientRejected | ClientStateDeleted
+    | UnrecoverableLoss | OtrRequested | ClientRegistered | ClientRejected | ClientStateDeleted
     | ProxySourceCreated | ProxySourceDeleted
 )

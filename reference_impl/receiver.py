@@ -59,8 +59,10 @@ An LBT-RU source (its TIR carries an LBT-RU transport, and the receiver has an `
 is received through an :class:`~reference_impl.lbtru_session.LbtruReceiverSession` from that
 port; its payloads enter the LBMC path the LBT-TCP transport uses (the session's stand-in
 connection, :class:`~reference_impl.context.LbtruBinding`).  What the transport declares lost
-needs nothing special: the next message delivered opens the gap in the topic sequence numbers
-and recovery asks the stores, as for any gap.  A session that times out (or never connects)
+shows as a gap in the topic sequence numbers once the next message is delivered: off-transport
+recovery (:mod:`reference_impl.otr`) asks the stores for it, after ``otr_request_initial_delay``
+and paced, and delivers it with the OTR flag; without ``use_otr`` it is lost at once
+(:meth:`ReceiverCore._transport_gap`).  A session that times out (or never connects)
 counts as a transport connection lost (resolve again); a reset (the source restarted) only
 restarts the SRI version count, the session reconnects by itself.
 An LBT-RM source (TIR with the 16-byte LBT-RM form) is received the same way through an
@@ -132,6 +134,7 @@ from reference_impl.events import (
     Addr,
     Level,
     MessageDelivered,
+    OtrRequested,
     ReceiverDeregistered,
     ReceiverRegistrationComplete,
     ReceiverRegistrationError,
@@ -151,6 +154,7 @@ from reference_impl.lbtru_session import (
     SourceTimedOut,
 )
 from reference_impl.lbtru_session import Event as LbtruEvent
+from reference_impl.otr import OtrCore, OtrLost, OtrSettings, otr_applies
 from reference_impl.rpp import SPP, check_mode, receiver_options
 from wire import lbmr
 from wire.fields import ipv4_to_int
@@ -230,6 +234,10 @@ class ReceiverConfig:
     retransmit_request_message_timeout: int = 10_000
     resolver_query_interval: int = 1000
     rpp_supported: bool = True
+    use_otr: int = 2  # off-transport recovery (reference_impl.otr): 2 = persistent only
+    otr_request_initial_delay: int = 2000
+    otr_request_minimum_interval: int = 1000
+    otr_request_maximum_interval: int = 10000
 
     def __post_init__(self) -> None:
         check_mode("receiver", self.ume_receiver_paced_persistence, self.rpp_supported)
@@ -246,11 +254,21 @@ class ReceiverConfig:
         if self.retransmit_request_maximum < 0:
             raise ValueError(f"retransmit_request_maximum must be 0 (no cap) or a positive "
                              f"number of messages, not {self.retransmit_request_maximum}")
+        self.otr_settings  # noqa: B018 - validates the OTR timers
 
     @property
     def rpp_mode(self) -> int:
         """The RPP mode the receiver registers with (0 SPP, 1 blocking, 2 non-blocking)."""
         return self.ume_receiver_paced_persistence if self.rpp_supported else SPP
+
+    @property
+    def otr_settings(self) -> OtrSettings:
+        """The OTR pacing (:mod:`reference_impl.otr`); a gap is given up
+        ``retransmit_request_message_timeout`` after its first OTR request."""
+        return OtrSettings.from_ms(self.otr_request_initial_delay,
+                                   self.otr_request_minimum_interval,
+                                   self.otr_request_maximum_interval,
+                                   self.retransmit_request_message_timeout)
 
 
 @dataclass(eq=False)
@@ -297,6 +315,7 @@ class Source:
 class _Held:
     payload: bytes
     retransmission: bool
+    otr: bool = False
 
 
 @dataclass
@@ -399,6 +418,7 @@ class SourceSession:
     _chunk_work: bool = False  # messages of the current chunk await on_chunk_done
     assembling: Reassembly | None = None  # the fragmented message being delivered
     frag_ends: dict[int, int] = field(default_factory=dict)  # delivered: first -> last sqn
+    otr: OtrCore | None = None  # the transport's gaps OTR waits for (reference_impl.otr)
 
     def store_at(self, addr: Addr) -> StoreReg | None:
         """Our registration with the store at ``addr``, if its SRI names it."""
@@ -523,7 +543,7 @@ class ReceiverCore(ContextCore):
         self._consume_on_delivery = not config.ume_explicit_ack_only
         self.deregistered = False  # every store confirmed the deregistration
         self.stats.update(delivered=0, retransmissions=0, duplicates=0, requests=0, lost=0,
-                          unconfirmed=0)
+                          unconfirmed=0, otr_requests=0)
         self.set_timer("resolve", now)
 
     # --- sessions -----------------------------------------------------------------------------
@@ -575,7 +595,7 @@ class ReceiverCore(ContextCore):
         return st
 
     def _drop_session(self, st: SourceSession) -> None:
-        for name in ("sri-request", "register", "rx", "ack", "keepalive"):
+        for name in ("sri-request", "register", "rx", "ack", "keepalive", "otr"):
             self.cancel_timer(f"{name} {st.sid}")
         self._by_sid.pop(st.sid, None)
 
@@ -1144,12 +1164,12 @@ class ReceiverCore(ContextCore):
 
     def on_lbtru_event(self, binding: LbtruBinding, event: LbtruEvent) -> None:
         # Lost needs nothing here: the session then delivers what follows the loss, whose
-        # LBMC sequence numbers open the gap that recovery from the stores fills (_on_data)
+        # LBMC sequence numbers open the gap that OTR fills from the stores (_transport_gap)
         conn = binding.conn
         if isinstance(event, Lost):
             kind = "LBT-RU" if binding.group is None else "LBT-RM"
             self.log(Level.INFO, f"{kind} transport lost sqn {event.first}..{event.last} "
-                                 f"({event.reason}); recovering from the stores")
+                                 f"({event.reason}); off-transport recovery")
         elif isinstance(event, Connected):
             self.log(Level.INFO, f"LBT-RU session connected (client ID {event.client_id})")
         elif isinstance(event, SessionReset):
@@ -1463,6 +1483,7 @@ class ReceiverCore(ContextCore):
                 st.unconfirmed.append((sqn, payload))
             return
         st.requests.pop(sqn, None)  # live or retransmitted, it is here: stop asking for it
+        otr = st.otr is not None and st.otr.received(sqn) and retransmission
         high = st.high_seen
         if high is None or sqn > high:
             nxt = st.next_sqn
@@ -1470,7 +1491,9 @@ class ReceiverCore(ContextCore):
                 # a gap above everything seen (or, before anything was seen, above where
                 # delivery starts: a source that sent before we joined its transport)
                 base = nxt if high is None or high + 1 < nxt else high + 1
-                if sqn > base:
+                if sqn > base and high is not None and st.stores:
+                    self._transport_gap(st, base, sqn)  # off-transport recovery's
+                elif sqn > base:
                     st.missing.add(base, sqn)
             st.high_seen = sqn
         if st.next_sqn is None:
@@ -1489,13 +1512,13 @@ class ReceiverCore(ContextCore):
                     st.next_sqn = sqn + 1
                     self._fragment_delivered(st, sqn, payload, retransmission)
                     return
-                self.emit(MessageDelivered(sqn, payload, retransmission, st.name))
+                self.emit(MessageDelivered(sqn, payload, retransmission, st.name, otr))
                 self.stats["delivered"] += 1
                 st.next_sqn = sqn + 1
                 if self._consume_on_delivery:
                     st.consumed = sqn
                 return
-        st.held[sqn] = _Held(payload, retransmission)
+        st.held[sqn] = _Held(payload, retransmission, otr)
 
     def on_chunk_done(self, conn: Connection) -> None:
         shared = isinstance(conn.tag, StoreReg) and len(self.sessions) > 1
@@ -1536,7 +1559,7 @@ class ReceiverCore(ContextCore):
                     delivered += 1
                     last = nxt
             elif item is not None:
-                emit(MessageDelivered(nxt, item.payload, item.retransmission, name))
+                emit(MessageDelivered(nxt, item.payload, item.retransmission, name, item.otr))
                 requests.pop(nxt, None)
                 delivered += 1
                 last = nxt
@@ -1652,6 +1675,60 @@ class ReceiverCore(ContextCore):
         if requests or waiting:
             self.set_timer_if_later(
                 self._t("rx"), now + self.config.retransmit_request_interval / 1000)
+
+    # --- off-transport recovery (reference_impl.otr) ---------------------------------------
+
+    def _transport_gap(self, st: SourceSession, base: int, sqn: int) -> None:
+        """The transport skipped ``[base, sqn)`` after registration: with ``use_otr`` for
+        this (persistent) source it is asked for by OTR, paced; without, it is lost at once
+        (stores take no part in transport recovery: guide "Receiver Recovery").  Numbers the
+        registration recovery still asks for stay its own."""
+        if st.missing.ranges:
+            base = max(base, st.missing.ranges[-1][1])
+        if st.requests:
+            base = max(base, max(st.requests) + 1)
+        if sqn <= base:
+            return
+        if not otr_applies(self.config.use_otr, persistent=True):
+            self.log(Level.WARNING, f"{st.name}: transport lost sqn {base}..{sqn - 1} and "
+                                    f"use_otr is 0: not recovered")
+            self._give_up(list(range(base, sqn)))
+            return
+        if st.otr is None:
+            st.otr = OtrCore(self.config.otr_settings)
+        st.otr.gap(base, sqn, self.now)
+        self._arm_otr(st)
+
+    def _arm_otr(self, st: SourceSession) -> None:
+        due = st.otr.deadline() if st.otr is not None else None
+        name = f"otr {st.sid}"
+        if due is None:
+            self.cancel_timer(name)
+        else:
+            self.set_timer(name, due)
+
+    def _otr_due(self) -> None:
+        """Send the OTR requests due now (each attempt of a gap to the next registered
+        store), give up what timed out."""
+        st = self._cur
+        otr = st.otr
+        if otr is None:
+            return
+        otr.forget_below(st.next_sqn or 0)
+        stores = self.registered_stores
+        for action in otr.due(self.now):
+            if isinstance(action, OtrLost):
+                self._give_up(list(action.sequence_numbers))
+                continue
+            sqns = [s for s in action.sequence_numbers if s not in st.held]
+            if not sqns or not stores or self.source is None:
+                continue  # no store to ask now: asked again at the next interval
+            store = stores[(action.attempt - 1 + st.sid) % len(stores)]
+            self.stats["otr_requests"] += len(sqns)
+            self._send_rxreqs(store, sqns)
+            self.emit(OtrRequested(sqns[0], sqns[-1], len(sqns), action.attempt,
+                                   store.info.addr, st.name))
+        self._arm_otr(st)
 
     def _send_rxreqs(self, store: StoreReg, sqns: list[int]) -> None:
         """One RXREQ per sequence number, written to the store in one go."""
@@ -1826,6 +1903,8 @@ class ReceiverCore(ContextCore):
                                         min(r.next_attempt for r in waiting))
         elif kind == "rx":
             self._retry_requests()
+        elif kind == "otr":
+            self._otr_due()
         elif kind == "ack":
             self._send_acks()
             self.set_timer(self._t("ack"), self.now + cfg.ume_ack_batching_interval / 1000)
