@@ -7,6 +7,8 @@ Examples::
     ump conform --iut acme-store.toml --suite registration --out conform-out
     ump conform --iut acme-store.toml -k "REG-STORE-00 and not collision" --time-scale 3
     ump conform --jobs 2                          # two cases at a time (same reports)
+    ump conform --transport lbt-rm                # the harness's sources send on LBT-RM
+    ump conform --transport all --suite recovery  # each store case on LBT-TCP, -RU and -RM
     ump conform --list                            # the cases, with their requirements
     ump conform --capture prod.pcap --store-port 14567   # judge a capture (passive)
 
@@ -17,6 +19,13 @@ default is 1 (serial: what a slow or single-instance IUT expects); 2 suits a two
 ``--capture FILE [FILE...]`` judges captured traffic instead of an IUT: every store, source and
 receiver in the captures against the requirements traffic can decide (the same cases, judged
 passively; see :mod:`conformance.passive`), with ``ump dissect``'s port options.
+
+``--transport {tcp,lbt-ru,lbt-rm,all}`` (default: the profile's ``transport``, else ``tcp``): the
+transport the harness's sources send their data on to a store IUT; ``all`` runs every store
+case on each of the three in turn (one report, each case's transport shown; the evidence of
+LBT-RU and LBT-RM runs is ``<out>/cases/<ID>.<transport>/``).  Source and receiver cases run
+on LBT-TCP (on another transport they are ``unsupported``); the ``lbt-rm`` suite's cases are
+about LBT-RM and run on it whatever the option says.
 
 Exit code 0 when no MUST case failed or errored (and no known failure passed), 1 otherwise,
 2 for a bad profile or bad options.
@@ -29,7 +38,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conformance.model import SUITES, Verdict, all_cases
+from conformance.model import SUITES, CaseSpec, Role, Verdict, all_cases
+from conformance.udp_transport import LABELS, TRANSPORTS
 
 
 def _scale(text: str) -> float:
@@ -71,11 +81,40 @@ def register(sub: Any) -> None:
     p.add_argument("--jobs", "-j", type=_jobs, default=1, metavar="N",
                    help="run N cases at a time, each with its own IUT and ports; same "
                         "reports, in case order (default 1; 2 suits a two-core machine)")
+    p.add_argument("--transport", choices=(*TRANSPORTS, "all"), default=None,
+                   help="what the harness's sources send on to a store IUT: tcp (LBT-TCP), "
+                        "lbt-ru, lbt-rm, or all three in turn (default: the profile's "
+                        "transport, else tcp)")
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
     from conformance.passive.cli import add_capture_options
 
     add_capture_options(p)
     p.set_defaults(handler=main)
+
+
+def _run_transports(run: Any, profile: Any, args: argparse.Namespace, cases: list[CaseSpec],
+                    transport: str, progress: Any) -> Any:
+    """Run ``cases`` on ``transport``, or (``all``) every case on LBT-TCP and then the store
+    cases that are not about one transport on LBT-RU and on LBT-RM: one result, in that
+    order."""
+    if transport != "all":
+        return run(profile, args.out, cases=cases, time_scale=args.time_scale,
+                   progress=progress, jobs=args.jobs, transport=transport)
+    total = None
+    for kind in TRANSPORTS:
+        chosen = cases if kind == "tcp" else \
+            [c for c in cases if c.role is Role.STORE and c.transport is None]
+        if not chosen:
+            continue
+        print(f"ump conform: {len(chosen)} cases on {LABELS[kind]}", file=sys.stderr)
+        part = run(profile, args.out, cases=chosen, time_scale=args.time_scale,
+                   progress=progress, jobs=args.jobs, transport=kind)
+        if total is None:
+            total = part
+        else:
+            total.results.extend(part.results)
+            total.seconds += part.seconds
+    return total
 
 
 def main(args: argparse.Namespace) -> int:
@@ -119,9 +158,9 @@ def main(args: argparse.Namespace) -> int:
 
     from conformance.report import write_all
 
+    chosen = args.transport or profile.transport
     try:
-        result = run(profile, args.out, cases=cases, time_scale=args.time_scale,
-                     progress=progress, jobs=args.jobs)
+        result = _run_transports(run, profile, args, cases, chosen, progress)
     except OSError as exc:
         print(f"ump conform: {exc}", file=sys.stderr)
         return 2

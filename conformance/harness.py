@@ -48,9 +48,10 @@ class Harness:
 
     def __init__(self, spec: CaseSpec, iut: IutProcess, resolver: HarnessResolver,
                  recorder: Recorder, *, time_scale: float = 1.0, seed: int = 0,
-                 ports: PortPlan = DEFAULT_PORTS) -> None:
+                 ports: PortPlan = DEFAULT_PORTS, transport: str = "tcp") -> None:
         """``ports``: the ports the case's peers prefer (a parallel run's worker passes its
-        share, :meth:`PortPlan.share`)."""
+        share, :meth:`PortPlan.share`); ``transport``: what the harness's sources send their
+        data on in front of a store IUT (:mod:`conformance.udp_transport`)."""
         self.spec = spec
         self.iut = iut
         self.resolver = resolver
@@ -58,7 +59,8 @@ class Harness:
         self.time_scale = time_scale
         self.closers: list[Callable[[], None]] = []
         self.env = PeerEnv(recorder, time_scale, store_addr=lambda: self.store_addr,
-                           wait_tir=resolver.wait_tir, closers=self.closers, ports=ports)
+                           wait_tir=resolver.wait_tir, closers=self.closers, ports=ports,
+                           transport=transport if isinstance(iut, StoreUnderTest) else "tcp")
         """What the peers get of the case (they hold no reference to the harness)."""
         self.random = random.Random(f"{seed}:{spec.id}")
         self._topics = itertools.count(1)

@@ -73,6 +73,8 @@ class CaseSpec:
         timeout: seconds the case may take at ``--time-scale 1``.
         alone: the case must not run next to another case (``ump conform --jobs``): it uses a
             fixed well-known port, or measures timing that other cases' load would distort.
+        transport: the transport the case is about (``lbt-rm``): it runs on that one whatever
+            ``--transport`` says; None: a store case runs on the run's transport.
         run: the check; it drives a :class:`~conformance.context.CaseContext` (the harness)
             and raises a :class:`Conclusion` (or returns for ``pass``).
     """
@@ -90,6 +92,7 @@ class CaseSpec:
     needs_restart: bool = False
     timeout: float = 10.0
     alone: bool = False
+    transport: str | None = None
 
     @property
     def doc(self) -> str:
@@ -110,7 +113,8 @@ def case(id: str, *, title: str, suite: str, section: str, requirement: str,
          strength: Strength = Strength.MUST, role: Role = Role.STORE,
          store_options: dict[str, str | int] | None = None,
          topic_options: dict[str, str | int] | None = None,
-         needs_restart: bool = False, timeout: float = 10.0, alone: bool = False
+         needs_restart: bool = False, timeout: float = 10.0, alone: bool = False,
+         transport: str | None = None
          ) -> Callable[[Callable[[CaseContext], None]], Callable[[CaseContext], None]]:
     """Register the decorated function as a conformance case (IDs must be unique)."""
     def register(fn: Callable[[CaseContext], None]) -> Callable[[CaseContext], None]:
@@ -120,7 +124,7 @@ def case(id: str, *, title: str, suite: str, section: str, requirement: str,
             id=id, title=title, suite=suite, role=role, section=section,
             requirement=" ".join(requirement.split()), strength=strength, run=fn,
             store_options=dict(store_options or {}), topic_options=dict(topic_options or {}),
-            needs_restart=needs_restart, timeout=timeout, alone=alone)
+            needs_restart=needs_restart, timeout=timeout, alone=alone, transport=transport)
         return fn
     return register
 

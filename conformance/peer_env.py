@@ -31,6 +31,8 @@ class PeerEnv:
             ``None``; the harness stores use it to join a source IUT's transport.
         closers: what to close when the case ends, last opened first (shared with the case).
         ports: the ports the peers prefer (the run's, or its worker's share in a parallel run).
+        transport: the transport a harness source sends its data on in front of a store IUT
+            (``tcp``, ``lbt-ru`` or ``lbt-rm``: :mod:`conformance.udp_transport`).
     """
 
     recorder: Recorder
@@ -39,6 +41,7 @@ class PeerEnv:
     wait_tir: Callable[[str, float], lbmr.Tir | None]
     closers: list[Callable[[], None]] = field(default_factory=list)
     ports: PortPlan = DEFAULT_PORTS
+    transport: str = "tcp"
 
     def scaled(self, seconds: float) -> float:
         """``seconds`` at the run's time scale."""

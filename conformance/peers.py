@@ -28,7 +28,16 @@ from typing import TYPE_CHECKING, Any
 
 from scapy.packet import Packet
 
-from conformance.net import DEFAULT_PORTS, Datagram, Listener, TcpLink, UdpPort, connect, has
+from conformance.net import (
+    DEFAULT_PORTS,
+    Datagram,
+    Listener,
+    NoAnswer,
+    TcpLink,
+    UdpPort,
+    connect,
+    has,
+)
 from conformance.packets import (
     LBMC,
     LBMC_Extopt,
@@ -45,6 +54,7 @@ from conformance.packets import (
     LBMC_UmeStoreGroup,
 )
 from conformance.peer_env import PeerEnv
+from conformance.udp_transport import TCP, DataLink, UdpTransport
 from wire import lbmr
 from wire.lbmc import (
     AckType,
@@ -181,6 +191,13 @@ class HarnessSource(_Client):
         self._confirmations: list[tuple[float, LbmcMessage]] = []
         self.transport = Listener("127.0.0.1", env.recorder, f"{name} transport",
                                   ports=env.ports.rotated(env.ports.transport))
+        self.udp: UdpTransport | None = None
+        """The LBT-RU or LBT-RM session the source's data goes on in front of a store IUT
+        (``env.transport``; None: LBT-TCP, :attr:`transport`)."""
+        if env.transport != TCP and not self.stores:
+            self.udp = UdpTransport(env.transport, env.recorder, f"{name} transport")
+            env.on_close(self.udp.close)
+            env.note(f"{name}: {self.udp.describe()}")
         self.request = Listener("127.0.0.1", env.recorder, f"{name} request port",
                                 ports=env.ports.rotated(env.ports.request),
                                 on_message=self._on_request)
@@ -198,7 +215,8 @@ class HarnessSource(_Client):
         request = self.request.addr
         return lbmr.Tir(
             name=self.topic, ttl=1, index=self.topic_idx,
-            info=lbmr.TcpInfo(ip=self.transport.addr[0], port=self.transport.addr[1]),
+            info=self.udp.info() if self.udp is not None else
+            lbmr.TcpInfo(ip=self.transport.addr[0], port=self.transport.addr[1]),
             options=[
                 lbmr.ToptUme(store=1, latejoin=1, qccap=1, store_tcp_port=store[1],
                              store_tcp_addr=store[0], src_tcp_port=request[1],
@@ -229,8 +247,15 @@ class HarnessSource(_Client):
 
     # --- data and stability -------------------------------------------------------------------
 
-    def store_links(self, timeout: float = 3.0) -> list[TcpLink]:
-        """The store's connections to this source's transport (waits for the first)."""
+    def store_links(self, timeout: float = 3.0) -> list[DataLink]:
+        """The store's connections to this source's transport (waits for the first); on
+        LBT-RU and LBT-RM the transport session itself, once the store listens to it."""
+        if self.udp is not None:
+            if not self.udp.wait_receiver(self.env.scaled(timeout)):
+                raise NoAnswer(f"{self.name}: expected the store joining the transport: "
+                               f"nothing within {self.env.scaled(timeout):.2f} s "
+                               f"({self.udp.describe()})")
+            return [self.udp]
         self.transport.expect_link(self.env.scaled(timeout), "the store joining the transport")
         return [x for x in self.transport.links if not x.closed]
 

@@ -68,6 +68,10 @@ product's format, the case's options), and every instance's ``<lbm-config>`` fil
 group's stores in ``source ume_store`` lines, from which the product creates its proxy sources
 (guide "Proxy Sources"); the launch command is the same, its placeholders filled per instance.
 
+``transport = "lbt-rm"`` (a store IUT; ``tcp``, ``lbt-ru``, ``lbt-rm`` or ``all``) is the
+transport the harness's sources send their data on to the store when ``ump conform`` is given
+no ``--transport`` (default ``tcp``; :mod:`conformance.udp_transport`).
+
 A store IUT may also be reached at an ``address``; a source or receiver IUT must be launched,
 because its configuration names the peers the harness plays for the case.
 
@@ -136,6 +140,7 @@ class IutProfile:
     deregister_signal: signal.Signals | None = None
     cases: Mapping[str, CaseExpectation] = field(default_factory=dict)
     source: str = "<built-in>"
+    transport: str = "tcp"
     rpp_topic: str | None = None
     spp_topic: str | None = None
     web_monitor: bool = False
@@ -189,8 +194,10 @@ BUILTIN_PROFILES: dict[str, IutProfile] = {
 _IUT_KEYS = ("name", "role", "version", "launch", "address", "ready", "start_timeout",
              "stop_signal", "deregister_signal", "rpp_topic", "spp_topic", "web_monitor",
              "nonblocking_args", "would_block_text", "explicit_ack_args", "consume_args",
-             "instances")
+             "instances", "transport")
 _CASE_KEYS = ("skip", "known_failure", "reason")
+TRANSPORT_CHOICES = ("tcp", "lbt-ru", "lbt-rm", "all")
+"""What ``transport`` may say (the transports of :mod:`conformance.udp_transport`, or all)."""
 
 
 def _unknown(where: str, key: str, known: tuple[str, ...]) -> ProfileError:
@@ -292,6 +299,13 @@ def parse_profile(data: Mapping[str, Any], source: str = "<profile>") -> IutProf
     consume_args = _explicit_ack(where, iut, role, "consume_args")
     instances = _instances(where, iut, role, launch is not None)
     name = iut.get("name", role.value)
+    transport = iut.get("transport", "tcp")
+    if transport not in TRANSPORT_CHOICES:
+        raise ProfileError(f"{where}: transport must be one of {', '.join(TRANSPORT_CHOICES)}, "
+                           f"not {transport!r}")
+    if transport != "tcp" and role is not Role.STORE:
+        raise ProfileError(f"{where}: transport is for a store IUT (the harness's sources "
+                           f"send to a store on it)")
     cases: dict[str, CaseExpectation] = {}
     raw_cases = data.get("cases", {})
     if not isinstance(raw_cases, Mapping):
@@ -313,6 +327,7 @@ def parse_profile(data: Mapping[str, Any], source: str = "<profile>") -> IutProf
                       stop_signal=stop_signal, deregister_signal=deregister_signal,
                       cases=cases, source=source, rpp_topic=topics["rpp_topic"],
                       spp_topic=topics["spp_topic"], web_monitor=web_monitor,
+                      transport=transport,
                       nonblocking_args=nonblocking_args, would_block_text=would_block_text,
                       explicit_ack_args=explicit_ack_args, consume_args=consume_args,
                       instances=instances)

@@ -20,6 +20,7 @@ from typing import Any
 from conformance.model import Role, Verdict
 from conformance.runner import CaseResult, RunResult
 from conformance.suites.rpp_matrix import CASE_OF, CELL_OF
+from conformance.udp_transport import LABELS as TRANSPORT_LABELS
 from reference_impl import rpp
 
 _COLORS = {
@@ -40,6 +41,7 @@ def case_json(r: CaseResult, out: Path) -> dict[str, Any]:
         "id": spec.id, "title": spec.title, "suite": spec.suite, "role": spec.role.value,
         "section": spec.section, "requirement": spec.requirement,
         "strength": spec.strength.value, "verdict": r.verdict.value, "message": r.message,
+        "transport": r.transport,
         "expected": _text(r.expected), "observed": _text(r.observed),
         "seconds": round(r.seconds, 3), "known_failure": r.known_failure,
         "counts_against": r.counts_against,
@@ -62,6 +64,12 @@ def write_json(run: RunResult, path: Path) -> None:
             "exit_code": run.exit_code, "counts": run.counts(),
             "cases": [case_json(r, run.out) for r in run.results]}
     path.write_text(json.dumps(data, indent=1))
+
+
+def _transport_tag(r: CaseResult) -> str:
+    """`` [LBT-RU]`` after a case that ran on another transport than LBT-TCP (a run on every
+    transport lists a store case once per transport; its ID stays)."""
+    return "" if r.transport == "tcp" else f" [{TRANSPORT_LABELS.get(r.transport, r.transport)}]"
 
 
 def write_junit(run: RunResult, path: Path) -> None:
@@ -87,8 +95,11 @@ def write_junit(run: RunResult, path: Path) -> None:
             entity = getattr(r, "entity", None)  # passive runs: one testcase per entity
             tc = ET.SubElement(el, "testcase", classname=f"conformance.{suite}",
                                name=f"{r.spec.id} {r.spec.title}"
-                                    + (f" [{entity}]" if entity else ""),
+                                    + (f" [{entity}]" if entity else "")
+                                    + _transport_tag(r),
                                time=f"{r.seconds:.3f}")
+            props = ET.SubElement(tc, "properties")
+            ET.SubElement(props, "property", name="transport", value=r.transport)
             detail = (f"{r.spec.strength.value} [{r.spec.section}] {r.spec.requirement}\n"
                       f"expected: {_text(r.expected)}\nobserved: {_text(r.observed)}\n"
                       f"evidence: {r.pcap}")
@@ -186,12 +197,14 @@ def _decided_by(r: CaseResult) -> str:
     captures: list[Path] = getattr(r, "captures", [])
     if not frames:
         return "no frames (nothing in the capture decided it)"
+    from conformance.passive.evidence import dissect_command
+
     names = " ".join(html.escape(str(p)) for p in captures)
     listed = ", ".join(str(f) for f in frames)
-    pattern = "|".join(f"^ *{f} " for f in frames)
-    ports = f" --store-port {','.join(map(str, r.store_ports))}" if r.store_ports else ""
-    return (f"{html.escape(getattr(r, 'entity', ''))}, frames {listed} of {names}: "
-            f"<code>ump dissect {names}{ports} --brief | grep -E '{pattern}'</code>")
+    page: str | None = getattr(r, "page", None)
+    shown = f' (<a href="{html.escape(page)}">dissected</a>)' if page else ""
+    return (f"{html.escape(getattr(r, 'entity', ''))}, frames {listed} of {names}{shown}: "
+            f"<code>{html.escape(dissect_command(captures, frames, r.store_ports))}</code>")
 
 
 def write_html(run: RunResult, path: Path) -> None:
@@ -204,9 +217,13 @@ def write_html(run: RunResult, path: Path) -> None:
         spec = r.spec
         anchor = spec.id if getattr(r, "entity", None) is None else f"{spec.id}-{i}"
         known = f" (known failure {html.escape(r.known_failure)})" if r.known_failure else ""
+        label = TRANSPORT_LABELS.get(r.transport, r.transport)
+        if r.transport != "tcp" and getattr(r, "entity", None) is None:
+            anchor = f"{spec.id}-{r.transport}"
         index.append(f'<tr><td><a href="#{anchor}">{spec.id}</a></td><td>{_badge(r.verdict)}'
                      f"{known}"
-                     f"</td><td>{spec.strength.value}</td><td>{html.escape(spec.suite)}</td>"
+                     f"</td><td>{html.escape(label)}</td>"
+                     f"<td>{spec.strength.value}</td><td>{html.escape(spec.suite)}</td>"
                      f"<td>{html.escape(spec.title)}</td><td>{r.seconds:.2f} s</td></tr>")
         ports = ",".join(str(p) for p in r.store_ports)
         whose = "the IUT's port" if r.iut_port is not None else "the harness stores' ports"
@@ -220,7 +237,8 @@ def write_html(run: RunResult, path: Path) -> None:
             pcap = _decided_by(r)
         blocks.append(f"""
 <details id="{anchor}" {'open' if r.counts_against else ''}>
-<summary>{_badge(r.verdict)} <b>{spec.id}</b> {html.escape(spec.title)}</summary>
+<summary>{_badge(r.verdict)} <b>{spec.id}</b> {html.escape(spec.title)}{_transport_tag(r)}
+</summary>
 <p class="req"><b>{spec.strength.value}</b> — guide section “{html.escape(spec.section)}”:
 {html.escape(spec.requirement)}</p>
 <p>{html.escape(r.message) or "as required"}</p>
@@ -245,8 +263,8 @@ def write_html(run: RunResult, path: Path) -> None:
 <p>{len(run.results)} cases in {run.seconds:.1f} s, time scale {run.time_scale}:
 {summary}. Exit code <b>{run.exit_code}</b>
 ({'no MUST case failed' if run.exit_code == 0 else 'a MUST case failed or errored'}).</p>
-<table id="index"><tr><th>case</th><th>verdict</th><th>strength</th><th>suite</th>
-<th>title</th><th>time</th></tr>{''.join(index)}</table>
+<table id="index"><tr><th>case</th><th>verdict</th><th>transport</th><th>strength</th>
+<th>suite</th><th>title</th><th>time</th></tr>{''.join(index)}</table>
 {matrix_html(run.results)}
 <h2>Cases</h2>{''.join(blocks)}
 </body></html>"""

@@ -6,6 +6,11 @@ directory per case (``<out>/cases/<ID>/``: ``evidence.pcap``, ``timeline.json``,
 :class:`~conformance.iut.StoreSetup` share an IUT process, and a case that restarts the IUT,
 or after which the IUT is no longer running, ends that process's use.
 
+Transports (``ump conform --transport``): the harness's sources send their data to a store IUT
+on LBT-TCP, LBT-RU or LBT-RM (:mod:`conformance.udp_transport`); a case keeps its ID on every
+transport, its result names the transport (:attr:`CaseResult.transport`) and its evidence of a
+run on LBT-RU or LBT-RM is ``<out>/cases/<ID>.<transport>/``.
+
 A source or receiver IUT gets a fresh work directory and process for every case, which starts it
 itself once the peers it plays (stores, a source) listen, and stops it at the end: its
 configuration names those peers.
@@ -81,6 +86,9 @@ class CaseResult:
     store_ports: list[int] = field(default_factory=list)
     """TCP ports to decode as UM store ports in the evidence: the store IUT's, or the
     harness's stores' in front of a source or receiver IUT."""
+    transport: str = "tcp"
+    """The transport the case ran on (``tcp``, ``lbt-ru``, ``lbt-rm``: the run's
+    ``--transport`` for a store case, the case's own for one about a transport)."""
 
     @property
     def unexpected_pass(self) -> bool:
@@ -141,10 +149,13 @@ def _keyword(expr: str, text: str) -> bool:
 class Runner:
     def __init__(self, profile: IutProfile, out: Path, *, time_scale: float = 1.0,
                  progress: Callable[[CaseResult], None] | None = None,
-                 ports: PortPlan = DEFAULT_PORTS, iut_prefix: str = "") -> None:
+                 ports: PortPlan = DEFAULT_PORTS, iut_prefix: str = "",
+                 transport: str = "tcp") -> None:
         """``ports`` and ``iut_prefix`` (of the IUT work directories' names) are a parallel
-        run's worker's own (see the module docstring)."""
+        run's worker's own (see the module docstring); ``transport`` the harness sources'
+        (:func:`case_transport`)."""
         self.profile = profile
+        self.transport = transport
         self.ports = ports
         self.iut_prefix = iut_prefix
         # absolute once, here where the run directory is chosen: every path derived from it
@@ -226,7 +237,8 @@ class Runner:
     def run_case(self, spec: CaseSpec) -> CaseResult:
         started = time.monotonic()
         expectation = self.profile.expectation(spec.id)
-        result = CaseResult(spec, Verdict.PASS, known_failure=expectation.known_failure)
+        result = CaseResult(spec, Verdict.PASS, known_failure=expectation.known_failure,
+                            transport=case_transport(spec, self.transport))
         if expectation.skip is not None:
             result.verdict, result.skipped = Verdict.UNSUPPORTED, expectation.skip
             result.message = f"skipped by the profile: {expectation.skip}"
@@ -236,11 +248,16 @@ class Runner:
             result.message = f"the case tests a {spec.role.value}; the IUT is a " \
                              f"{self.profile.role.value}"
             return self._done(result, started)
+        if (why := transport_unsupported(spec, self.transport)) is not None:
+            result.verdict, result.message = Verdict.UNSUPPORTED, why
+            return self._done(result, started)
         if spec.needs_restart and self.profile.address is not None:
             result.verdict = Verdict.UNSUPPORTED
             result.message = "the case restarts the IUT, which needs a launch command"
             return self._done(result, started)
-        evidence = self.out / "cases" / spec.id
+        evidence = self.out / "cases" / (spec.id if spec.transport is not None
+                                         or result.transport == "tcp"
+                                         else f"{spec.id}.{result.transport}")
         if evidence.exists():
             shutil.rmtree(evidence)
         evidence.mkdir(parents=True)
@@ -256,7 +273,7 @@ class Runner:
             return self._finish(result, recorder, evidence, None, 0, started)
         log_offset = iut.log_size()
         harness = Harness(spec, iut, self.resolver, recorder, time_scale=self.time_scale,
-                          ports=self.ports)
+                          ports=self.ports, transport=result.transport)
         outcome: dict[str, BaseException | None] = {"exc": None}
 
         def body() -> None:
@@ -330,6 +347,27 @@ class Runner:
         if self.progress is not None:
             self.progress(result)
         return result
+
+
+def case_transport(spec: CaseSpec, transport: str) -> str:
+    """The transport ``spec`` runs on in a run on ``transport``: a case about one transport
+    (:attr:`CaseSpec.transport`) runs on it whatever the run's; a store case on the run's; a
+    source or receiver case on LBT-TCP (the harness plays its LBT-RU and LBT-RM sources only
+    in front of a store: :func:`transport_unsupported`)."""
+    if spec.transport is not None:
+        return spec.transport
+    return transport if spec.role is Role.STORE else "tcp"
+
+
+def transport_unsupported(spec: CaseSpec, transport: str) -> str | None:
+    """Why ``spec`` cannot run in a run on ``transport`` (None: it can).  A source or
+    receiver case not about a transport runs on LBT-TCP only: what it judges is the
+    persistence of a client whose transport the harness does not configure per case (the
+    LBT-RM suite judges that transport)."""
+    if transport == "tcp" or spec.role is Role.STORE or spec.transport is not None:
+        return None
+    return (f"the harness runs {spec.role.value} cases on LBT-TCP only; --transport "
+            f"{transport} judges stores (the lbt-rm suite judges a {spec.role.value}'s LBT-RM)")
 
 
 def segments(cases: list[CaseSpec], role: Role) -> list[list[int]]:
@@ -416,8 +454,8 @@ class _Schedule:
 
 
 def _run_parallel(profile: IutProfile, out: Path, cases: list[CaseSpec], *, jobs: int,
-                  time_scale: float, progress: Callable[[CaseResult], None] | None
-                  ) -> list[CaseResult]:
+                  time_scale: float, progress: Callable[[CaseResult], None] | None,
+                  transport: str = "tcp") -> list[CaseResult]:
     """Run ``cases`` on ``jobs`` workers; the results in case order."""
     schedule = _Schedule(cases, profile.role, progress)
 
@@ -425,7 +463,7 @@ def _run_parallel(profile: IutProfile, out: Path, cases: list[CaseSpec], *, jobs
         try:
             with Runner(profile, out, time_scale=time_scale,
                         ports=DEFAULT_PORTS.share(worker, jobs),
-                        iut_prefix=f"w{worker + 1}-") as runner:
+                        iut_prefix=f"w{worker + 1}-", transport=transport) as runner:
                 while (segment := schedule.take()) is not None:
                     try:
                         for index in segment:
@@ -457,9 +495,11 @@ def _run_parallel(profile: IutProfile, out: Path, cases: list[CaseSpec], *, jobs
 def run(profile: IutProfile, out: Path, *, suites: Iterable[str] = (),
         keywords: Iterable[str] = (), time_scale: float = 1.0,
         progress: Callable[[CaseResult], None] | None = None,
-        cases: list[CaseSpec] | None = None, jobs: int = 1) -> RunResult:
-    """Run the selected cases, ``jobs`` at a time (see the module docstring); the reports are
-    the caller's business (:mod:`.report`)."""
+        cases: list[CaseSpec] | None = None, jobs: int = 1,
+        transport: str = "tcp") -> RunResult:
+    """Run the selected cases, ``jobs`` at a time (see the module docstring), the harness's
+    sources in front of a store on ``transport``; the reports are the caller's business
+    (:mod:`.report`)."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, not {jobs}")
     chosen = cases if cases is not None else select(all_cases(profile.role), suites=suites,
@@ -467,9 +507,10 @@ def run(profile: IutProfile, out: Path, *, suites: Iterable[str] = (),
     started = time.monotonic()
     if jobs > 1 and len(chosen) > 1 and profile.address is None:
         results = _run_parallel(profile, out, chosen, jobs=jobs, time_scale=time_scale,
-                                progress=progress)
+                                progress=progress, transport=transport)
         return RunResult(profile, results, time.monotonic() - started, out.resolve(),
                          time_scale)
-    with Runner(profile, out, time_scale=time_scale, progress=progress) as runner:
+    with Runner(profile, out, time_scale=time_scale, progress=progress,
+                transport=transport) as runner:
         results = [runner.run_case(spec) for spec in chosen]
     return RunResult(profile, results, time.monotonic() - started, runner.out, time_scale)
