@@ -2165,7 +2165,34 @@ class StoreCore(ContextCore):
             "rx_total_dropped": self.rx.total_dropped,
             "patterns": [(r.pattern, r.kind) for r in self.settings.topics],
             "sources": sources,
+            "proxy": self.proxy_view(),
         }
+
+    def proxy_view(self) -> dict[str, object]:
+        """The store's part in proxy-source elections, as plain data (the web monitor's
+        "Proxy Sources"): whether it allows them, its proxy sources' port, the group's stores
+        and, per watched source, where its election stands here (``active``, ``waiting``,
+        ``proxy``: this store runs it, ``following``: the store of index ``holder`` does)."""
+        election = self._proxy
+        if election is None:
+            return {"allowed": False, "port": None, "group": [], "index": None, "sources": []}
+        group = dict(election.peers)
+        group[election.store_index] = election.store
+        watched = []
+        for key, entry in sorted(election.sources.items()):
+            src = self.sources.get(entry.reg_id)
+            if src is None:
+                continue  # its state went; the election forgets it next
+            holder = entry.holder.store_index if entry.holder is not None else None
+            watched.append({
+                "reg_id": entry.reg_id, "topic": src.topic, "session_id": src.session_id,
+                "source": f"{key.ip}:{key.port}", "state": str(entry.phase),
+                "token": entry.token or None,
+                "holder": election.store_index if entry.phase == "proxy" else holder,
+                "reelect": entry.reelect})
+        return {"allowed": True, "port": self.settings.proxy_port or self.addr[1],
+                "group": [f"{ip}:{port}" for _, (ip, port) in sorted(group.items())],
+                "index": election.store_index, "sources": watched}
 
 
 _POLICY_TYPES = {f.name: type(f.default) for f in fields(TopicPolicy)}

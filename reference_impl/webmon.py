@@ -50,6 +50,13 @@ third-party client without a request port; ``ump source`` and ``ump receiver`` a
 theirs) is shown at the address its registration connection comes from, where the store really
 reaches it.
 
+**Proxy sources.**  The store page adds a "Proxy Sources" section of this monitor's own (the
+product's pages show none; guide "Proxy Sources", docs/semantics.md §1.11): whether the store
+allows proxy sources, their port, the group it elects in, and per watched source where its
+election stands here (``active``, ``waiting``, ``proxy`` when this store runs it,
+``following`` another store's), the index of the store running the proxy and this store's
+election token.  JSON: ``proxy_sources``.
+
 **Threading.**  There is none.  The HTTP server runs on the asyncio loop that drives the cores
 (:class:`reference_impl.aio.AioHost` calls into a core only from loop callbacks), and a page is
 built in one synchronous stretch with no ``await`` in between, so it needs no lock (the
@@ -510,6 +517,7 @@ class WebMonitor:
             "total_dropped": snap["rx_total_dropped"],
             "patterns": [{"pattern": p, "type": k} for p, k in snap["patterns"]],
             "topics": [{"topic": t, "sources": s} for t, s in by_topic.items()],
+            "proxy_sources": self._proxy_sources(index, snap),
             "reset": self._reset_form(index),
         }
         body = [
@@ -537,8 +545,21 @@ class WebMonitor:
                 f'<A HREF="{esc(s["href"])}">{s["reg_id"]}({s["session_id"]})</A> '
                 for s in topic["sources"])
             body.append(f'<UL><LI>"{esc(topic["topic"])}" -  {links}</UL>')
+        body += _proxy_html(data["proxy_sources"])
         body += ["</DL>", _form_html(data["reset"])]
         return Page(f"Store {index}: {data['name']}", data, body)
+
+    def _proxy_sources(self, index: int, snap: dict[str, Any]) -> dict[str, Any]:
+        """The store page's "Proxy Sources" (guide "Proxy Sources"; this monitor's own
+        section, the product's pages show none): whether the store allows proxy sources,
+        their port, the group it elects in and each watched source's election state, with
+        the source page's ``href``."""
+        proxy = dict(snap.get("proxy") or {"allowed": False, "port": None, "group": [],
+                                            "index": None, "sources": []})
+        proxy["sources"] = [{**w, "href": f"/stores/{index}/{w['reg_id']}"}
+                            for w in proxy["sources"]]
+        proxy["running"] = sum(1 for w in proxy["sources"] if w["state"] == "proxy")
+        return proxy
 
     def _reset_form(self, index: int) -> dict[str, Any]:
         return {"href": f"/stores/{index}/reset", "method": "POST",
@@ -1126,6 +1147,25 @@ def _contiguous(repo: Repository) -> int | None:
     while sqn + 1 in repo:
         sqn += 1
     return sqn
+
+
+def _proxy_html(proxy: dict[str, Any]) -> list[str]:
+    """The "Proxy Sources" lines of the store page (see :meth:`WebMonitor._proxy_sources`):
+    one summary line, then one line per watched source (``state`` is ``active``,
+    ``waiting``, ``proxy`` or ``following``; ``holder`` the index of the store running its
+    proxy; ``-`` for none)."""
+    if not proxy["allowed"]:
+        return ["<DD>Proxy Sources: not allowed"]
+    lines = [f"<DD>Proxy Sources: {proxy['running']} running, port {proxy['port']}, "
+             f"store {proxy['index']} of group {esc(', '.join(proxy['group']))}"]
+    for w in proxy["sources"]:
+        token = "-" if w["token"] is None else f"{w['token']:08x}"
+        holder = "-" if w["holder"] is None else w["holder"]
+        lines.append(f'<UL><LI>Proxy election "{esc(w["topic"])}": <A HREF="{esc(w["href"])}">'
+                     f'{w["reg_id"]}({w["session_id"]})</A> source {esc(w["source"])}, '
+                     f'state {w["state"]}, holder {holder}, token {token}'
+                     f'{", re-election" if w["reelect"] else ""}</UL>')
+    return lines
 
 
 def _form_html(form: dict[str, Any]) -> str:

@@ -410,6 +410,43 @@ def client_timeout_ignored() -> None:
 MUTANTS["client-timeout-ignored"] = client_timeout_ignored
 
 
+# --- proxy sources (the proxy suite, issue 20) ----------------------------------------------------
+
+
+def proxy_never_elected() -> None:
+    """Never starts a proxy-source election: a watched source's activity timeout passes and no
+    store creates a proxy (guide "How Proxy Sources Operate": the stores elect one)."""
+    StoreCore._proxy_timed_out = lambda self, client: None  # type: ignore[method-assign]
+
+
+MUTANTS["proxy-never-elected"] = proxy_never_elected
+
+
+def two_proxies() -> None:
+    """Ignores the other stores' proxy claims (their proxy's PREG with the election token):
+    every store whose wait ends keeps a proxy of its own, so the group runs several (guide
+    "Proxy Source Elections": only one store keeps its proxy source)."""
+    StoreCore._on_proxy_claim = lambda self, conn, raw: None  # type: ignore[method-assign]
+
+
+MUTANTS["two-proxies"] = two_proxies
+
+
+def proxy_without_allow() -> None:
+    """Takes part in proxy-source elections whatever ``allow-proxy-source`` says (guide
+    "Enabling the Proxy Source Option": the stores must be configured for it)."""
+    import dataclasses
+
+    settings = runtime.store_settings
+
+    def patched(*args: Any, **kw: Any) -> Any:
+        return dataclasses.replace(settings(*args, **kw), allow_proxy_source=True)
+    runtime.store_settings = patched
+
+
+MUTANTS["proxy-without-allow"] = proxy_without_allow
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in MUTANTS:
         print(f"usage: mutant_store.py {{{','.join(MUTANTS)}}} STORE-ARGS...", file=sys.stderr)

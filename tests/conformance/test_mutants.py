@@ -51,10 +51,15 @@ CATCHES = {
     "answers-unknown-regid": ("quorum", "QRM-STORE-004"),
     "acks-are-not-activity": ("quorum", "QRM-STORE-005"),
     "client-timeout-ignored": ("quorum", "QRM-STORE-006"),
+    # proxy sources: a group of three instances (profile 'instances', issue 20)
+    "proxy-never-elected": ("proxy", "PXY-STORE-001"),
+    "two-proxies": ("proxy", "PXY-STORE-002"),
+    "proxy-without-allow": ("proxy", "PXY-STORE-007"),
 }
 
-ALONE = {"rpp"}
-"""Suites whose mutants run the catching case only."""
+ALONE = {"rpp", "proxy"}
+"""Suites whose mutants run the catching case only (each proxy case starts a group of three
+stores)."""
 
 CLIENT_VERSION = {"pre53-sets-rpp-flag": "pre-5.3"}
 """Client mutants that must run under a profile version other than the default."""
@@ -141,7 +146,7 @@ def test_every_mutant_is_caught(mutant: str, tmp_path: Path) -> None:
         "launch": [sys.executable, str(MUTANT), mutant, "-c", "{config}",
                    "--profile", "{version}"],
         "ready": "ready to accept registrations",
-        "web_monitor": True}}, f"<mutant {mutant}>")  # as the reference store's profile
+        "web_monitor": True, "instances": 3}}, f"<mutant {mutant}>")  # as the reference's
     if suite in ALONE:
         result = run(profile, tmp_path / "out", keywords=[catcher])
         assert [r.spec.id for r in result.results] == [catcher]

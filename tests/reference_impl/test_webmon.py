@@ -186,8 +186,29 @@ def scrape_store(text: str) -> dict[str, Any]:
         "patterns": [{"pattern": html.unescape(p), "type": k}
                      for p, k in re.findall(r'<UL><LI>"([^"]*)", (\w+)</UL>', text)],
         "topics": topics,
+        "proxy_sources": scrape_proxy(text),
         "reset": reset_form(text),
     }
+
+
+def scrape_proxy(text: str) -> dict[str, Any]:
+    """The store page's "Proxy Sources" section as its JSON shows it."""
+    summary = html.unescape(field(text, r"<DD>Proxy Sources: (.*)"))
+    if summary == "not allowed":
+        return {"allowed": False, "port": None, "group": [], "index": None, "sources": [],
+                "running": 0}
+    head = re.fullmatch(r"(\d+) running, port (\d+), store (\d+) of group (.*)", summary)
+    assert head is not None, summary
+    sources = [
+        {"topic": html.unescape(t), "href": h, "reg_id": int(r), "session_id": int(sid),
+         "source": src, "state": state, "holder": None if holder == "-" else int(holder),
+         "token": None if token == "-" else int(token, 16), "reelect": bool(again)}
+        for t, h, r, sid, src, state, holder, token, again in re.findall(
+            r'<UL><LI>Proxy election "([^"]*)": <A HREF="([^"]+)">(\d+)\((\d+)\)</A> '
+            r'source ([^,]+), state (\w+), holder (\S+), token ([0-9a-f-]+)'
+            r'(, re-election)?</UL>', text)]
+    return {"allowed": True, "running": int(head[1]), "port": int(head[2]),
+            "index": int(head[3]), "group": head[4].split(", "), "sources": sources}
 
 
 def reset_form(text: str) -> dict[str, str]:
@@ -832,3 +853,46 @@ async def test_reset_is_a_post_from_the_store_page_form_and_get_changes_nothing(
         status, _, body = await post(port, action + "?format=json", f"token={token}".encode())
         assert status == 200 and json.loads(body)["message"] == "Rate Statistics have been reset"
         assert (await fetch(base, "/stores/0?format=json")).json()["seconds"] == 0
+
+
+@async_test()
+async def test_store_pages_show_proxy_sources() -> None:
+    """Three stores of a group elect a proxy for a departed source: over real HTTP, exactly
+    one store page says it runs the proxy, the others follow that store, and each page's JSON
+    holds what its HTML shows (issue 20: "the web monitor shows proxy sources")."""
+    from tests.reference_impl.test_proxy_scenarios import NAMES, SETTLE, TOPIC, deployment
+
+    d, _ = deployment(3)
+    cores = [d.stores[n] for n in NAMES]
+    async with WebMonitor(cores, version=VERSION, clock=lambda: d.now,
+                          wall_clock=lambda: WALL, max_age=0.0) as mon:
+        base = f"http://127.0.0.1:{mon.port}"
+        before = [(await fetch(base, f"/stores/{i}?format=json")).json()["proxy_sources"]
+                  for i in range(3)]
+        assert [p["running"] for p in before] == [0, 0, 0]
+        assert all(p["allowed"] and [w["state"] for w in p["sources"]] == ["active"]
+                   for p in before)
+        d.kill("src")
+        d.run(SETTLE)
+        pages = [(await fetch(base, f"/stores/{i}")).text for i in range(3)]
+        data = [(await fetch(base, f"/stores/{i}?format=json")).json() for i in range(3)]
+    for page, json_page in zip(pages, data, strict=True):
+        assert scrape_proxy(page) == json_page["proxy_sources"]
+    proxies = [p["proxy_sources"] for p in data]
+    (holder,) = [i for i, p in enumerate(proxies) if p["running"] == 1]
+    assert [i for i, c in enumerate(cores) if c.proxies() == [TOPIC]] == [holder]
+    for i, p in enumerate(proxies):
+        (watched,) = p["sources"]
+        assert watched["topic"] == TOPIC and watched["holder"] == holder
+        assert watched["state"] == ("proxy" if i == holder else "following")
+        assert (watched["token"] is not None) == (i == holder)
+        assert p["index"] == i and len(p["group"]) == 3
+    assert f'state proxy, holder {holder}, token ' in pages[holder]
+
+
+@async_test()
+async def test_a_store_without_allow_proxy_source_says_so() -> None:
+    w = World()
+    async with w.monitor() as mon:
+        page = await fetch(f"http://127.0.0.1:{mon.port}", "/stores/0")
+    assert "<DD>Proxy Sources: not allowed" in page.text
