@@ -52,7 +52,8 @@ def case_json(r: CaseResult, out: Path) -> dict[str, Any]:
         "rpp_cell": ({"client": cell.client, "store": cell.store, "expected": cell.label}
                      if (cell := CELL_OF.get(spec.id)) is not None else None),
         # a passive run (ump conform --capture): the entity judged and the deciding frames
-        **({"entity": entity, "decided_by": getattr(r, "decided_by", [])}
+        **({"entity": entity, "decided_by": getattr(r, "decided_by", []),
+            "frames_page": getattr(r, "page", None)}
            if (entity := getattr(r, "entity", None)) is not None else {}),
     }
 

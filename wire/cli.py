@@ -143,6 +143,22 @@ def port_map(args: argparse.Namespace) -> PortMap:
     return ports
 
 
+def frame_list(text: str) -> set[int]:
+    """``12,40-45`` -> {12, 40, ..., 45}: frame numbers (1-based, as every tool counts)."""
+    out: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            first, last = int(lo), int(hi or lo)
+            if first < 1 or last < first:
+                raise ValueError(part)
+            out.update(range(first, last + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not frame numbers: {text!r} (e.g. 12,40-45)") \
+            from None
+    return out
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "dissect", help="print every UM message of a pcap/pcapng capture",
@@ -155,6 +171,10 @@ def register(sub: Any) -> None:
                    "per frame)")
     p.add_argument("--brief", action="store_true", help="one line per frame, no fields")
     p.add_argument("--um-only", action="store_true", help="omit frames that are not UM")
+    p.add_argument("--frames", type=frame_list, metavar="N,M,...",
+                   help="show only these frame numbers, e.g. 12,40-45 (the frames a "
+                        "passive verdict of ump conform --capture cites); the summary line "
+                        "still counts every frame")
     p.add_argument("--check-tshark", action="store_true",
                    help="also dissect with tshark and report every field where the two "
                         "disagree (exit status 1 if any; 2 if tshark cannot read the "
@@ -206,6 +226,8 @@ def run_dissect(args: argparse.Namespace) -> int:
         print(f"ump dissect: {path}: not a readable capture: {read_error}", file=sys.stderr)
         return 2
     shown = [r for r in reports if not (args.um_only and r.status == "not-um")]
+    if args.frames is not None:
+        shown = [r for r in shown if r.number in args.frames]
     out = sys.stdout
     if args.json:
         write_json(shown, out)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,8 @@ def add_capture_options(p: argparse.ArgumentParser) -> None:
 
 
 def main_capture(args: argparse.Namespace) -> int:
-    from conformance.passive.judge import ACTIVE_ONLY, passive_cases, run_passive
+    from conformance.passive.evidence import write_pages
+    from conformance.passive.judge import ACTIVE_ONLY, PassiveResult, passive_cases, run_passive
     from conformance.passive.observe import observe
     from conformance.report import write_all
     from conformance.runner import select
@@ -95,6 +97,9 @@ def main_capture(args: argparse.Namespace) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     result = run_passive(obs, cases, out.absolute())
+    write_pages([r for r in result.results if isinstance(r, PassiveResult)], out.absolute(),
+                replace(port_map(args), store_ports=obs.store_ports),
+                content=not args.no_content_heuristics)
     print(f"ump conform: {len(args.capture)} capture(s), {obs.frames} frames ({obs.um_frames} "
           f"UM): {len(obs.stores)} store(s), {len(obs.clients('source'))} source(s), "
           f"{len(obs.clients('receiver'))} receiver(s)", file=sys.stderr)

@@ -49,11 +49,14 @@ class PassiveResult(CaseResult):
         entity: the store, source or receiver judged ("capture" for a case judged once).
         decided_by: the frame numbers that decided the verdict.
         captures: the capture files judged (the frame numbers are theirs).
+        page: the evidence page showing those frames dissected, relative to the run's
+            output directory (:mod:`conformance.passive.evidence`), once written.
     """
 
     entity: str = "capture"
     decided_by: list[int] = field(default_factory=list)
     captures: list[Path] = field(default_factory=list)
+    page: str | None = None
 
 
 def why_nothing(obs: Observed, need: str | None = None) -> str:

@@ -230,3 +230,47 @@ def test_demo_judged_with_its_store_xml_has_no_failure(tmp_path: Path, transport
     decided = {r.spec.id: r.verdict for r in results}
     assert decided["SRC-REG-006"] is Verdict.PASS  # the SRIs name the demo's store
     assert decided["PSV-STORE-003"] is Verdict.PASS  # judged against the store's XML
+
+
+# --- evidence: the deciding frames, dissected ------------------------------------------------
+
+
+def test_frames_arg_and_the_dissect_frame_filter() -> None:
+    from conformance.passive.evidence import frames_arg
+
+    assert frames_arg([9, 3, 4, 5, 5, 12]) == "3-5,9,12"
+    run = subprocess.run(
+        [sys.executable, "-m", "ump", "dissect", str(ROOT / "captures" / "corpus" / "basic.pcap"),
+         "--store-port", "14567", "--brief", "--frames", "5-6,33"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    numbers = [int(line.split()[0]) for line in run.stdout.splitlines()
+               if not line.startswith("#")]
+    assert numbers == [5, 6, 33], run.stdout + run.stderr
+    bad = subprocess.run([sys.executable, "-m", "ump", "dissect", "x.pcap", "--frames", "0"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "not frame numbers" in bad.stderr
+
+
+def test_every_cited_verdict_links_a_page_of_its_frames_dissected(tmp_path: Path) -> None:
+    import json
+
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [sys.executable, "-m", "ump", "conform", "--capture",
+         str(ROOT / "captures" / "corpus" / "planted.pcap"), "--store-port", "14567",
+         "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 1, run.stdout + run.stderr  # planted faults fail
+    cases = json.loads((out / "results.json").read_text())["cases"]
+    cited = [c for c in cases if c.get("decided_by")]
+    assert cited and all(c["frames_page"] for c in cited)
+    html = (out / "report.html").read_text()
+    for case in cited:
+        page = (out / case["frames_page"]).read_text()
+        assert f'href="{case["frames_page"]}"' in html
+        command = page.splitlines()[1]
+        assert command.startswith("# ump dissect ") and " --frames " in command
+        shown = [int(line.split()[0]) for line in page.splitlines()[2:]
+                 if line[:6].strip().isdigit()]
+        assert shown == sorted(case["decided_by"]), (case["id"], page)
+    stable = next(c for c in cited if c["id"] == "PSV-STORE-002")
+    assert "--frames 6-7,40" in (out / stable["frames_page"]).read_text()
