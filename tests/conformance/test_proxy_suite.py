@@ -1,0 +1,91 @@
+"""``ump conform --suite proxy`` against the reference store run as a group of three instances:
+every PXY-STORE case passes, each instance's ``<lbm-config>`` names the whole group, and a
+profile that allows fewer instances than a case needs makes it unsupported, not failed.
+
+One run of the suite (about 75 s) and one of a single case.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.model import Role, Verdict, all_cases
+from conformance.profile import REFERENCE_STORE, ProfileError, parse_profile
+from conformance.runner import run as run_cases
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory
+        ) -> tuple[subprocess.CompletedProcess[str], Path, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("proxy") / "out"
+    proc = subprocess.run([sys.executable, "-m", "ump", "conform", "--suite", "proxy",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600,
+                          cwd=ROOT)
+    results = json.loads((out / "results.json").read_text()) if \
+        (out / "results.json").exists() else {}
+    return proc, out, results
+
+
+def test_every_proxy_case_passes_against_the_reference(
+        run: tuple[subprocess.CompletedProcess[str], Path, dict[str, Any]]) -> None:
+    proc, _, results = run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ids = {c.id for c in all_cases(Role.STORE) if c.suite == "proxy"}
+    assert ids == {f"PXY-STORE-00{n}" for n in range(1, 9)}
+    verdicts = {c["id"]: c["verdict"] for c in results["cases"]}
+    assert verdicts == {i: "pass" for i in ids}, results["cases"]
+
+
+def test_each_instance_names_the_whole_group_in_its_lbm_config(
+        run: tuple[subprocess.CompletedProcess[str], Path, dict[str, Any]]) -> None:
+    _, out, _ = run
+    groups = []
+    for lbm in sorted((out / "iut").glob("*/lbm.cfg")):
+        stores = re.findall(r"^source ume_store (127\.0\.0\.1:\d+):0:0$", lbm.read_text(), re.M)
+        if stores:
+            groups.append((lbm.parent.name, stores))
+    assert len(groups) >= 3 * 8 - 8  # two or three instances per case
+    by_case: dict[str, set[tuple[str, ...]]] = {}
+    for name, stores in groups:
+        by_case.setdefault(name.split("-")[0], set()).add(tuple(stores))
+    # every instance of one case's group wrote the same group, of two or three stores
+    assert all(len(g) == 1 and len(next(iter(g))) in (2, 3) for g in by_case.values()), by_case
+
+
+def test_a_profile_with_one_instance_makes_the_cases_unsupported(tmp_path: Path) -> None:
+    profile = parse_profile({"iut": {
+        "name": "one instance", "role": "store", "launch": list(REFERENCE_STORE.launch or ()),
+        "ready": "ready to accept registrations"}}, "<one instance>")
+    assert profile.instances == 1
+    result = run_cases(profile, tmp_path / "out", keywords=["PXY-STORE-002"])
+    (only,) = result.results
+    assert only.verdict is Verdict.UNSUPPORTED, (only.verdict, only.message)
+    assert "instances" in only.message
+    assert result.exit_code == 0
+
+
+@pytest.mark.parametrize(("iut", "message"), [
+    ({"role": "store", "launch": "x {config}", "instances": 0}, "whole number from 1"),
+    ({"role": "store", "launch": "x {config}", "instances": "3"}, "whole number from 1"),
+    ({"role": "store", "launch": "x {config}", "instances": True}, "whole number from 1"),
+    ({"role": "store", "address": "127.0.0.1:14567", "instances": 3}, "launched store"),
+    ({"role": "source", "launch": "x {topic}", "instances": 2}, "launched store"),
+])
+def test_instances_is_checked(iut: dict[str, object], message: str) -> None:
+    with pytest.raises(ProfileError, match=message):
+        parse_profile({"iut": iut}, "<profile>")
+
+
+def test_the_reference_profile_runs_a_group_of_three() -> None:
+    assert REFERENCE_STORE.instances == 3
+    assert parse_profile({"iut": {"role": "store", "launch": "x {config}", "instances": 2}},
+                         "<p>").instances == 2
