@@ -641,7 +641,9 @@ class DeliveryLog:
 
     ``source`` is the product's source string of the source it came from
     (``TCP:127.0.0.1:14371``): a receiver joins every source of its topic, and each numbers
-    its own messages, so order and uniqueness hold per source."""
+    its own messages, so order and uniqueness hold per source.  A message off-transport
+    recovery brought (:attr:`~reference_impl.events.MessageDelivered.otr`) also has
+    ``"otr": true``."""
 
     def __init__(self, out: TextIO) -> None:
         self.out = out
@@ -649,10 +651,11 @@ class DeliveryLog:
 
     def __call__(self, core: ContextCore, event: Event) -> None:
         if isinstance(event, MessageDelivered):
-            self.out.write(json.dumps({"sqn": event.sequence_number,
-                                       "rx": event.retransmission,
-                                       "payload": event.payload.decode("latin-1"),
-                                       "source": event.source}) + "\n")
+            row = {"sqn": event.sequence_number, "rx": event.retransmission,
+                   "payload": event.payload.decode("latin-1"), "source": event.source}
+            if event.otr:  # only when set: the lines of every other delivery are unchanged
+                row["otr"] = True
+            self.out.write(json.dumps(row) + "\n")
             self.count += 1
         else:
             log_event(event)

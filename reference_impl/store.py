@@ -1619,6 +1619,18 @@ class StoreCore(ContextCore):
             self.drop(conn.remote, f"RXREQ for sqn {seqnum} names unknown receiver RegID "
                                    f"{id_2}: nothing retransmitted", size)
             return
+        src = self.sources.get(rcv.source_reg_id)
+        high = src.high_received if src is not None else None
+        if src is not None and src.repo is not None and seqnum not in src.repo and (
+                high is None or 0 < (seqnum - high) & 0xFFFFFFFF < 1 << 31):
+            # not held and ahead of anything the source sent here (serial arithmetic): a
+            # request for a number the source never sent (e.g. a forged OTR request) is bad
+            # input, and the receiver's activity is not refreshed by it
+            self.drop(conn.remote, f"RXREQ from receiver RegID {id_2} for sqn {seqnum}, "
+                                   f"beyond the newest the store has from its source "
+                                   f"({'none' if high is None else high}): nothing "
+                                   f"retransmitted", size)
+            return
         rcv.last_activity = self.now
         self.rx.received += 1
         if len(self._rxq) >= 4 * self._rate:

@@ -11,11 +11,13 @@ rpp-matrix suite (the guide's "UMP Version RPP Compatibility Matrix", one case p
 MTX-STORE-*, SRC-MTX-*, RCV-MTX-*): :mod:`.rpp_matrix`.  The quorum suite: :mod:`.quorum_source`
 (SRC-QRM-*), :mod:`.quorum_receiver` (RCV-QRM-*) and :mod:`.quorum_store` (QRM-STORE-*).
 The proxy suite (store IUT run as a group of instances, PXY-STORE-*): :mod:`.proxy`.
+The otr suite (off-transport recovery: RCV-OTR-* and OTR-STORE-*): :mod:`.otr`.
 """
 
 from conformance.suites import (
     durability,
     flight_size,
+    otr,
     proactive,
     proxy,
     quorum_receiver,
@@ -31,6 +33,6 @@ from conformance.suites import (
     source,
 )
 
-__all__ = ["durability", "flight_size", "proactive", "proxy", "quorum_receiver",
+__all__ = ["durability", "flight_size", "otr", "proactive", "proxy", "quorum_receiver",
            "quorum_source", "quorum_store", "receiver", "recovery", "registration",
            "robustness", "robustness_clients", "rpp", "rpp_matrix", "source"]

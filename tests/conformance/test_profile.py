@@ -122,8 +122,8 @@ def test_builtin_profiles_launch_the_reference_source_and_receiver(tmp_path: Pat
 def test_every_case_has_a_stable_id_a_section_and_a_requirement() -> None:
     cases = all_cases()
     assert len({c.id for c in cases}) == len(cases) >= 40
-    prefixes = {Role.STORE: {"REG", "REC", "ROB", "PRX", "DUR", "RPP", "MTX", "QRM",
-                             "PXY"},
+    prefixes = {Role.STORE: {"REG", "REC", "ROB", "PRX", "DUR", "RPP", "MTX", "QRM", "PXY",
+                             "OTR"},
                 Role.SOURCE: {"SRC"},
                 Role.RECEIVER: {"RCV"}}
     for c in cases:

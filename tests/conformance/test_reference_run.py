@@ -62,7 +62,7 @@ def test_junit_lists_every_case_without_failures(
     assert not root.findall(".//failure") and not root.findall(".//error")
     assert {s.get("name") for s in root.findall("testsuite")} == {
         "registration", "recovery", "robustness", "proactive-retransmit", "durability",
-        "rpp-matrix", "rpp", "quorum", "proxy"}
+        "rpp-matrix", "rpp", "quorum", "proxy", "otr"}
 
 
 @pytest.mark.oracle

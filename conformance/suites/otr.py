@@ -1,0 +1,192 @@
+"""OTR suite: off-transport recovery (guide "Receiver Recovery"; docs/semantics.md §1.9).
+
+Receiver IUT (RCV-OTR-*): the harness plays the source and a store, as in the receiver suites
+(:mod:`.receiver`).  The transport "gives up" on a gap the way a real one does after its NAKs
+fail: the source's transport carries 0..4 and then 7..9, and only the store holds 5 and 6.  A
+receiver with ``use_otr`` must ask the store for them over its connection to the store's
+request port (an RXREQ: docs/wire-lbmc.md, "Off-transport recovery"), not before
+``otr_request_initial_delay``, again no sooner than ``otr_request_minimum_interval`` while they
+do not come, and deliver them in order with the OTR flag (``LBM_MSG_FLAG_OTR``: ``"otr": true``
+in the ``{deliveries}`` file); with ``use_otr`` 0 it must not ask.  Every OTR option is set
+explicitly, so the verdict does not depend on the IUT's version (``use_otr`` defaults to 2
+since UM 6.8, 0 before).
+
+Store IUT (OTR-STORE-*): an OTR request reaches a store as a retransmission request; one for a
+sequence number the store does not hold, or naming a RegID it does not know, is dropped
+without an answer and the store goes on serving the requests it can.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Mapping
+
+from conformance.context import CaseContext
+from conformance.model import Role, Strength, case
+from conformance.peers import HarnessSource
+from conformance.store_peer import HarnessStore
+from wire.lbmc import MessageType, UmeRxreq
+
+SUITE = "otr"
+
+PACING = {"receiver otr_request_initial_delay": 300,
+          "receiver otr_request_minimum_interval": 300,
+          "receiver otr_request_maximum_interval": 1000,
+          "receiver retransmit_request_message_timeout": 30000}
+
+
+def _otr_setup(h: CaseContext, options: Mapping[str, str | int]) -> tuple[HarnessSource,
+                                                                          HarnessStore]:
+    """A source registered with one harness store, the receiver started with ``options``
+    and registered, live 0..4 delivered."""
+    store = h.store()
+    src = h.source(topic=h.iut_topic, stores=(store,))
+    src.answer_sri_requests = True
+    h.start_iut(options=dict(options))
+    src.transport.expect_link(h.scaled(4.0), "the receiver joining the source's transport")
+    src.send_sri(src.sri(high=src.high_sent()))
+    h.wait_until(lambda: bool(store.granted), 3.0, "the receiver's registration")
+    h.check(bool(store.granted), "the receiver did not register with the store",
+            expected="a receiver PREG", observed=len(store.receiver_pregs()))
+    src.publish(*range(5))
+    h.wait_until(lambda: len(h.deliveries()) >= 5, 3.0, "live 0..4 delivered")
+    return src, store
+
+
+def _gap(src: HarnessSource) -> float:
+    """The transport skips 5 and 6 (only the store has them); returns when 7 was sent."""
+    src.publish(5, 6, live=False)
+    sent = time.monotonic()
+    src.publish(7, 8, 9)
+    return sent
+
+
+def _request_times(store: HarnessStore, sqns: set[int]) -> dict[int, list[float]]:
+    times: dict[int, list[float]] = {}
+    for seen in store.snapshot(store.rxreqs):
+        header = seen.message.header(UmeRxreq)
+        if header is not None and header.seqnum in sqns:
+            times.setdefault(header.seqnum, []).append(seen.at)
+    return times
+
+
+@case("RCV-OTR-001", suite=SUITE, role=Role.RECEIVER, timeout=20.0,
+      title="A gap the transport cannot repair is asked of the store and delivered with the "
+            "OTR flag",
+      section="Receiver Recovery",
+      requirement="Off Transport Recovery (OTR) does not require the receiver to restart if it "
+                  "detects a gap in the topic message sequence numbers it has received: when "
+                  "the transport gives up, OTR asks the store for the missing sequence "
+                  "numbers; recovered messages carry the OTR flag.")
+def gap_recovered_with_flag(h: CaseContext) -> None:
+    """``use_otr 2`` (persistent receivers): 5 and 6 must be requested from the store and
+    0..9 delivered once, in order, 5 and 6 as retransmissions carrying the OTR flag."""
+    src, store = _otr_setup(h, {"receiver use_otr": 2, **PACING})
+    _gap(src)
+    h.wait_until(lambda: {5, 6} <= set(store.rxreq_sqns()), 3.0, "OTR requests for 5 and 6")
+    h.check({5, 6} <= set(store.rxreq_sqns()), "the receiver did not ask the store for the "
+            "messages its transport skipped", expected="RXREQs for 5 and 6 (OTR)",
+            observed=sorted(set(store.rxreq_sqns())))
+    h.check_delivered(list(range(10)), retransmitted={5, 6})
+    flagged = sorted(int(str(d["sqn"])) for d in h.deliveries() if d.get("otr"))
+    h.check(flagged == [5, 6], "the OTR flag of the delivered messages is wrong",
+            expected=[5, 6], observed=flagged)
+
+
+@case("RCV-OTR-002", suite=SUITE, role=Role.RECEIVER, timeout=20.0,
+      title="OTR requests wait otr_request_initial_delay and repeat no sooner than "
+            "otr_request_minimum_interval",
+      section="Receiver Recovery",
+      requirement="OTR requests are paced by otr_request_initial_delay (the wait before the "
+                  "first request for a gap), otr_request_minimum_interval and "
+                  "otr_request_maximum_interval (the wait between repeated requests).")
+def pacing(h: CaseContext) -> None:
+    """Initial delay 800 ms, intervals 400..800 ms, a store that does not answer for 3 s: the
+    first request for 5 or 6 must come no sooner than 600 ms (a 25 % margin) after 7 revealed
+    the gap, the requests must be repeated, never twice within 300 ms, and then (the store
+    answering) 0..9 delivered."""
+    options = {"receiver use_otr": 2, **PACING,
+               "receiver otr_request_initial_delay": 800,
+               "receiver otr_request_minimum_interval": 400,
+               "receiver otr_request_maximum_interval": 800}
+    src, store = _otr_setup(h, options)
+    store.serve_rxreq = False
+    sent = _gap(src)
+    h.wait_until(lambda: False, 3.0, "three seconds of unanswered OTR requests")
+    times = _request_times(store, {5, 6})
+    h.check(bool(times), "the receiver never asked for the gap", expected="OTR requests",
+            observed="none")
+    first = min(t for ts in times.values() for t in ts) - sent
+    h.check(first >= h.scaled(0.6), "the first OTR request came before "
+            "otr_request_initial_delay", expected="no request within 800 ms of the gap",
+            observed=f"{first * 1000:.0f} ms")
+    repeats = {sqn: ts for sqn, ts in times.items() if len(ts) >= 2}
+    h.check(bool(repeats), "an unanswered OTR request was not repeated",
+            expected="a repeat within 3 s", observed={k: len(v) for k, v in times.items()})
+    gaps = sorted(b - a for ts in times.values() for a, b in itertools.pairwise(ts))
+    h.check(gaps[0] >= h.scaled(0.3), "an OTR request was repeated sooner than "
+            "otr_request_minimum_interval", expected="repeats at least 400 ms apart",
+            observed=f"shortest {gaps[0] * 1000:.0f} ms")
+    h.note(f"first request after {first * 1000:.0f} ms, repeats "
+           f"{', '.join(f'{g * 1000:.0f}' for g in gaps)} ms apart")
+    store.serve_rxreq = True
+    h.check_delivered(list(range(10)), timeout=5.0, retransmitted={5, 6})
+
+
+@case("RCV-OTR-003", suite=SUITE, role=Role.RECEIVER, timeout=20.0,
+      strength=Strength.SHOULD,
+      title="With use_otr 0 the receiver does not ask the store for a gap of the transport",
+      section="Receiver Recovery",
+      requirement="Normal loss retransmission over the UM transport operates identically in "
+                  "UMP; stores do not participate in transport-level loss retransmission. "
+                  "use_otr 0 turns off-transport recovery off.")
+def no_otr_when_off(h: CaseContext) -> None:
+    """``use_otr 0``: nothing may be asked for 5 and 6 within 2 s, and delivery must go on
+    with 7..9 (the loss reported, not waited on forever)."""
+    src, store = _otr_setup(h, {"receiver use_otr": 0, **PACING})
+    _gap(src)
+    h.wait_until(lambda: len(h.deliveries()) >= 8, 4.0, "7..9 delivered")
+    h.wait_until(lambda: False, 1.0, "OTR requests (must not come)")
+    asked = sorted({s for s in store.rxreq_sqns() if s in (5, 6)})
+    h.check(not asked, "the receiver asked the store for a transport gap with use_otr 0",
+            expected="no RXREQ for 5 or 6", observed=asked)
+    got = [int(str(d["sqn"])) for d in h.deliveries()]
+    h.check(got == [0, 1, 2, 3, 4, 7, 8, 9], "delivery did not go on past the lost messages",
+            expected=[0, 1, 2, 3, 4, 7, 8, 9], observed=got)
+
+
+@case("OTR-STORE-001", suite=SUITE, role=Role.STORE, timeout=15.0,
+      title="An OTR request for a number the store does not hold, or for an unknown RegID, is "
+            "dropped; the store goes on serving",
+      section="Receiver Recovery",
+      requirement="Receivers request missed messages from the store, which retransmits them "
+                  "if it has them; a request the store cannot serve gets no answer and "
+                  "changes nothing.",
+      topic_options={"receiver-new-registration-rollback": 2147483647})
+def out_of_range_requests_dropped(h: CaseContext) -> None:
+    """Source with 0..9 stable, a registered receiver: requests for 50 and 2**31 + 7 (never
+    sent) get nothing back within a second, nor does one naming a RegID the store never gave;
+    a request for 3 then still gets 3, as a retransmission."""
+    src = h.source()
+    h.check(not src.register(reg_id=0).e_flag, "the store refused the source")
+    src.send(*range(10))
+    src.expect_stable(9)
+    rcv = h.receiver(src)
+    h.check(not rcv.register(reg_id=0).e_flag, "the store refused the receiver")
+    link = rcv.connect()
+    for sqn in (50, 2**31 + 7):
+        rcv.rxreq(sqn)
+    own = rcv.reg_id
+    rcv.reg_id = (own + 7919) & 0xFFFFFFFF or 1
+    rcv.rxreq(4)
+    rcv.reg_id = own
+    h.wait_until(lambda: False, 1.0, "answers to the bad requests (must not come)")
+    answered = sorted(m.sqn for m in link.received if m.is_data_type)
+    h.check(not answered, "the store answered a request it could not serve",
+            expected="no data for 50, 2**31+7 or an unknown RegID", observed=answered)
+    rcv.rxreq(3)
+    got = rcv.expect_data(3)
+    h.check_equal(got.payload, bytes(src.data(3).payload), "the payload retransmitted for 3")
+    h.check(got.type == MessageType.RETRANS, "3 did not come back as a retransmission",
+            expected="LBMC type RETRANS", observed=got.label())
