@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from reference_impl import quorum, receiver, runtime, source
+from reference_impl import otr, quorum, receiver, runtime, source
 from reference_impl.receiver import ReceiverCore
 from reference_impl.source import FragmentedRetained, SourceCore, StoreLink
 from wire.lbmc import UmePregResp
@@ -820,6 +820,48 @@ def all_stability_as_majority() -> None:
 
 
 MUTANTS["all-stability-as-majority"] = ("source", all_stability_as_majority)
+
+
+# --- the otr suite: off-transport recovery (issue 20) ------------------------------------------
+
+
+def otr_never_asked() -> None:
+    """Never sends an OTR request: a gap its transport gave up on waits until it is lost."""
+    due = otr.OtrCore.due
+
+    def patched(self: otr.OtrCore, now: float) -> list[otr.Action]:
+        return [a for a in due(self, now) if isinstance(a, otr.OtrLost)]
+    otr.OtrCore.due = patched  # type: ignore[method-assign]
+
+
+def otr_asks_at_once() -> None:
+    """Asks for a transport gap at once and again every 50 ms (the otr_request_* options
+    are not applied)."""
+    def settings(self: receiver.ReceiverConfig) -> otr.OtrSettings:
+        return otr.OtrSettings(0.0, 0.05, 0.05, self.retransmit_request_message_timeout / 1000)
+    receiver.ReceiverConfig.otr_settings = property(settings)  # type: ignore[assignment,method-assign]
+
+
+def otr_unflagged() -> None:
+    """Delivers what off-transport recovery brought without the OTR flag."""
+    delivered = receiver.MessageDelivered
+
+    def unflagged(*args: Any, **kw: Any) -> Any:
+        return dataclasses.replace(delivered(*args, **kw), otr=False)
+    receiver.MessageDelivered = unflagged  # type: ignore[assignment,misc]
+
+
+def otr_when_off() -> None:
+    """Recovers a transport gap by OTR even with use_otr 0."""
+    receiver.otr_applies = lambda use_otr, persistent: True
+
+
+MUTANTS |= {
+    "otr-never-asked": ("receiver", otr_never_asked),
+    "otr-asks-at-once": ("receiver", otr_asks_at_once),
+    "otr-unflagged": ("receiver", otr_unflagged),
+    "otr-when-off": ("receiver", otr_when_off),
+}
 
 
 def main(argv: list[str]) -> int:

@@ -136,6 +136,12 @@ CLIENT_CATCHES |= {  # the quorum suite, receiver IUT
     "all-stability-as-any": ("source", "SRC-QRM-019"),
     "all-stability-as-majority": ("source", "SRC-QRM-019"),
 }
+CLIENT_CATCHES |= {  # the otr suite: off-transport recovery, receiver IUT (issue 20)
+    "otr-never-asked": ("receiver", "RCV-OTR-001"),
+    "otr-unflagged": ("receiver", "RCV-OTR-001"),
+    "otr-asks-at-once": ("receiver", "RCV-OTR-002"),
+    "otr-when-off": ("receiver", "RCV-OTR-003"),
+}
 
 
 @pytest.mark.parametrize("mutant", sorted(CATCHES))
@@ -179,7 +185,7 @@ def test_every_client_mutant_is_known() -> None:
         {name: role for name, (role, _) in CLIENT_CATCHES.items()}
 
 
-SHOULD_CATCHERS = {"RCV-QRM-004"}
+SHOULD_CATCHERS = {"RCV-QRM-004", "RCV-OTR-003"}
 """Cases that catch a client mutant with a SHOULD failure (see conformance/suites/
 quorum_receiver.py: receivers read the group options in their own scope by the reference's
 choice)."""
