@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -18,8 +19,10 @@ from reference_impl.deployment import STORE_PORT, SimDeployment
 from reference_impl.receiver import ReceiverCore
 from reference_impl.sim import LinkConfig
 from reference_impl.store import StoreCore, TopicPolicy, TopicRule
+from tests.reference_impl.oracle_capture import assert_tshark_agrees
 from wire.lbmc import UmeRxreq
 from wire.lbttcp import LbttcpStream
+from wire.tshark import PortMap, read_frames
 
 TOPIC = "orders.otr"
 RULES = (TopicRule(".*", TopicPolicy(repository_size_threshold=50_000_000), kind="PCRE"),)
@@ -134,3 +137,25 @@ def test_otr_requests_out_of_range_or_for_unknown_regids_are_logged_and_dropped(
     assert sum("dropped" in t for t in logged) == 3
     assert store_state(store) == before_state  # not even the receiver's activity
     assert len(of(d, "rcv", ev.MessageDelivered)) == delivered  # nothing came back
+
+
+@pytest.mark.oracle
+def test_otr_traffic_agrees_with_tshark(tmp_path: Path) -> None:
+    """The OTR requests are UME RXREQs to the store's port and its answers RETRANS data
+    (docs/wire-lbmc.md, "Off-transport recovery"): tshark reads every frame of the run as we
+    do, with no LBM/UME warning, and shows the RXREQ for each number OTR recovered."""
+    d = deployment(5)
+    d.net.set_link("src", "rcv", LinkConfig(loss=0.2), both_ways=False)
+    send(d, 100)
+    d.run(20)
+    by_otr = {e.sequence_number for e in of(d, "rcv", ev.MessageDelivered) if e.otr}
+    assert by_otr
+    pcap = tmp_path / "otr.pcap"
+    d.write_pcap(pcap)
+    portmap = PortMap(store_ports=[STORE_PORT])
+    reports = assert_tshark_agrees(pcap, portmap)
+    assert {"RXREQ", "RX-DATA"} <= {o.label for r in reports for o in r.occurrences}
+    shown = {int(dict(fields)["lbmc.ume_rxreq.seqnum"], 0)
+             for frame in read_frames(pcap, portmap) for fields in frame.occurrences("lbmc")
+             if any(k == "lbmc.ume_rxreq.seqnum" for k, _ in fields)}
+    assert by_otr <= shown
