@@ -53,7 +53,7 @@ def _sri(frame: int, t: float, version: int, *entries: tuple[tuple[str, int], in
 
 
 def _obs(**kw: object) -> Observed:
-    obs = Observed([Path("hand-built.pcap")], frames=1000, um_frames=1000)
+    obs = Observed([Path("hand-built.pcap")], frames=1000, um_frames=1000, end_time=100.0)
     for key, value in kw.items():
         setattr(obs, key, value)
     # the SRIs name the transport: the source's transport is found from them
@@ -90,7 +90,7 @@ def test_sri_naming_the_granted_regids_passes_and_a_wrong_regid_fails() -> None:
 def test_sri_leaving_out_a_store_still_heard_fails_and_a_silent_one_does_not() -> None:
     regs = [_reg(1, 0.1, A, CONN_A, 11), _reg(3, 0.1, B, CONN_B, 22)]
     sris = [_sri(10, 0.5, 1, (A, 11, 1), (B, 22, 1)), _sri(20, 3.0, 1, (A, 11, 1))]
-    heard = {(B, CONN_B): [(15, 2.5)]}
+    heard = {(B, CONN_B): [(15, 2.5), (25, 3.5)]}
     assert _verdicts(_obs(registrations=regs, sris=sris, heard=heard),
                      "SRC-REG-006") == {Verdict.FAIL}
     # B last heard 2.4 s before: the source may have declared it unresponsive
@@ -274,3 +274,18 @@ def test_every_cited_verdict_links_a_page_of_its_frames_dissected(tmp_path: Path
         assert shown == sorted(case["decided_by"]), (case["id"], page)
     stable = next(c for c in cited if c["id"] == "PSV-STORE-002")
     assert "--frames 6-7,40" in (out / stable["frames_page"]).read_text()
+
+
+def test_a_store_version_that_stays_after_its_reregistration_fails() -> None:
+    regs = [_reg(1, 0.1, A, CONN_A, 11), _reg(3, 0.1, B, CONN_B, 22)]
+    first = _sri(10, 0.5, 1, (A, 11, 1), (B, 22, 1))
+    again = _reg(30, 5.0, B, CONN_B, 22)
+    stale = _sri(40, 5.5, 2, (A, 11, 1), (B, 22, 1))  # the overall version rose, B's did not
+    results = _judged(_obs(registrations=[*regs, again], sris=[first, stale]), "SRC-REG-008")
+    assert {r.verdict for r in results} == {Verdict.FAIL}
+    assert results[0].decided_by == [10, 30, 31, 40]
+    # a retried PREG asked before the SRI: its second answer changes nothing
+    retry = _reg(8, 0.4, B, CONN_B, 22)
+    retry.response.time = 5.0  # type: ignore[union-attr]
+    assert Verdict.FAIL not in {r.verdict for r in _judged(
+        _obs(registrations=[*regs, retry], sris=[first, stale]), "SRC-REG-008")}

@@ -10,13 +10,16 @@ shows:
   seconds before the SRI may not have reached the source yet: the one before it counts too);
 * a granted store missing from an SRI fails only when the store was plainly registered then:
   granted at least :data:`SETTLED` seconds before, no PREG of the source to it since, and heard
-  on that connection within :data:`SETTLED` seconds before the SRI (a store the source
-  declared unresponsive leaves its SRI, docs/semantics.md §1.12);
+  on that connection within :data:`SETTLED` seconds before the SRI and again after it (a store
+  the source declared unresponsive, or whose connection broke because it died, leaves its
+  SRI, docs/semantics.md §1.12);
 * versions: within one run of a source's SRIs (a lower overall version starts a new run: the
   source restarted), a store's version never goes down; when it goes up the overall version
   goes up too, and the source must have re-registered with that store (a PREG to it captured
   after the last SRI showing the old version).  "No other store's version" is the same rule:
-  a store that did not re-register keeps its version.  Judged only for stores whose
+  a store that did not re-register keeps its version.  And a store re-registered (a PREG asked
+  after an SRI naming it, granted at least :data:`SLACK` seconds before a later SRI whose
+  overall version rose) must have a higher version there.  Judged only for stores whose
   registrations the capture holds.
 """
 
@@ -95,7 +98,8 @@ def sri_names_registered_stores(obs: Observed) -> list[Judgement]:
                 again = [r for r in client.registrations if r.store == store
                          and last.frame < r.frame < sri.frame]
                 if (sri.time - last.response.time >= SETTLED and not again
-                        and _heard(obs, last, sri.time - SETTLED, sri.time)):
+                        and _heard(obs, last, sri.time - SETTLED, sri.time)
+                        and _heard(obs, last, sri.time, obs.end_time)):
                     bad = failed(client.name, f"SRI (frame {sri.frame}) leaves out store "
                                               f"{show(store)}, which granted RegID "
                                               f"{last.response.reg_id} (frame "
@@ -113,6 +117,20 @@ def sri_names_registered_stores(obs: Observed) -> list[Judgement]:
                               [*(f for regs in grants.values() for r in regs for f in r.frames),
                                sris[0].frame, sris[-1].frame]))
     return out
+
+
+def _reregistered(client: Client, store: Addr, before: Sri, after: Sri) -> Registration | None:
+    """A re-registration of ``client`` with ``store`` asked after SRI ``before`` and granted
+    at least :data:`SLACK` before SRI ``after`` (an earlier grant by that store is captured),
+    or None.  A PREG asked before ``before`` may be a retry whose second answer the source
+    ignores (it is registered already)."""
+    grants = [r for r in client.registrations if r.store == store and r.granted]
+    for reg in grants:
+        assert reg.response is not None
+        if reg.frame > before.frame and reg.response.time < after.time - SLACK and any(
+                g.frame < reg.frame for g in grants):
+            return reg
+    return None
 
 
 @passive_for("SRC-REG-008")
@@ -140,7 +158,18 @@ def sri_versions_follow_reregistrations(obs: Observed) -> list[Judgement]:
                     old = next((x for x in last.stores if x.store == e.store), None) \
                         if last is not None else None
                     seen[e.store] = sri
-                    if last is None or old is None or e.version == old.version:
+                    if last is None or old is None:
+                        continue
+                    if e.version == old.version:
+                        redone = _reregistered(client, e.store, last, sri)
+                        if redone is not None and sri.version > last.version:
+                            bad = failed(client.name, f"store {show(e.store)} granted a "
+                                                      f"re-registration (frame {redone.frame}) "
+                                                      f"but its version stayed {e.version} "
+                                                      f"(frame {sri.frame})",
+                                         [last.frame, *redone.frames, sri.frame],
+                                         expected=f"> {old.version}", observed=e.version)
+                            break
                         continue
                     frames = [last.frame, sri.frame]
                     if e.version < old.version:
