@@ -34,6 +34,17 @@ simulator scenario drives:
    dead too, so a proxy cut off without its connections being reset is replaced as well
    (when the cut heals, the two proxies' claims meet and the lower one goes, as in 4).
 
+7. ``proxy-source-repo-quorum-required`` (docs/semantics.md §1.11: "only stores that hold
+   state for that topic/RegID participate and a quorum of them is required"; *choice*, the
+   guide says no more): a store with the option counts who takes part.  A store that follows a
+   claim answers it with a *support*: the proxy's PREG_RESP (:func:`encode_support`, UME PREG
+   response + PSER + PSRC-ETOK with the supporter's index and the claim's token), every time
+   the claim comes.  Only a store that watches the source (holds its state: the source
+   registered there) follows, so only such stores support.  The claimant creates its proxy
+   (:class:`CreateProxy`) only once it and its supporters make a quorum of the group (a
+   majority of its stores); until then it claims, and wins or loses, as before, but advertises
+   nothing.  All stores of a group are meant to set the option alike.
+
 Bad input (issue 20 "Bad input"): a claim that does not decode, that names a source this store
 does not watch (a PSER for an unknown source), or that is forged - its sender is not a store of
 the group, the token's store index is not the sender's, or the token is 0 (never drawn) - is
@@ -54,7 +65,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from wire.errors import WireError
-from wire.lbmc import LbmcMessage, UmePreg, UmePser, UmePsrcElectionToken, parse_message
+from wire.lbmc import (
+    LbmcMessage,
+    UmePreg,
+    UmePregResp,
+    UmePser,
+    UmePsrcElectionToken,
+    parse_message,
+)
 
 Addr = tuple[str, int]
 
@@ -125,6 +143,32 @@ def encode_claim(claim: Claim) -> bytes:
     return message.build()
 
 
+def encode_support(support: Claim) -> bytes:
+    """A store's support of a claim (module docstring, 7): the proxy's PREG_RESP, with the
+    claim's PSER (the supporter as store) and PSRC-ETOK (the supporter's index, the claim's
+    token), as one LBMC CONTROL message; it decodes with :func:`decode_claim`."""
+    src, store = support.source, support.store
+    message = LbmcMessage(headers=[
+        UmePregResp(reg_id=support.reg_id, transport_idx=src.transport_idx,
+                    topic_idx=src.topic_idx),
+        UmePser(source_ip=src.ip, store_ip=store[0], transport_idx=src.transport_idx,
+                topic_idx=src.topic_idx, source_port=src.port, store_port=store[1],
+                reelect=int(support.reelect), source_ctxinst=_CTXINST0,
+                store_ctxinst=_CTXINST0),
+        UmePsrcElectionToken(store_index=support.store_index, token=support.token),
+    ])
+    return message.build()
+
+
+def is_support(data: bytes) -> bool:
+    """Whether ``data`` is a support (a PREG_RESP with PSER), not a claim."""
+    try:
+        message, _ = parse_message(data)
+    except WireError:
+        return False
+    return message.header(UmePregResp) is not None and message.header(UmePser) is not None
+
+
 def decode_claim(data: bytes) -> Claim:
     """A claim back from its bytes; :class:`ValueError` (one line) when they are not one."""
     try:
@@ -137,6 +181,9 @@ def decode_claim(data: bytes) -> Claim:
     for header in message.headers:
         found.setdefault(type(header), header)
     preg, pser, etok = (found.get(UmePreg), found.get(UmePser), found.get(UmePsrcElectionToken))
+    resp = found.get(UmePregResp)
+    if isinstance(resp, UmePregResp) and preg is None:  # a support (module docstring, 7)
+        preg = UmePreg(s_flag=1, p_flag=1, reg_id=resp.reg_id)
     if not (isinstance(preg, UmePreg) and isinstance(pser, UmePser)
             and isinstance(etok, UmePsrcElectionToken)):
         raise ValueError("a claim needs PREG, PSER and PSRC-ETOK headers")
@@ -260,6 +307,8 @@ class Watched:
     refresh: float | None = None
     heard: float | None = None
     gone: bool = False
+    supporters: set[int] = field(default_factory=set)
+    established: bool = False
 
 
 @dataclass
@@ -273,6 +322,7 @@ class ProxyElection:
         interval: ``proxy-election-interval`` in seconds, for sources watched without one
             of their own (the option is a topic's: :meth:`watch` takes the topic's value).
         rng: where the waits and tokens come from.
+        quorum_required: ``proxy-source-repo-quorum-required`` (module docstring, 7).
     """
 
     store_index: int
@@ -280,6 +330,7 @@ class ProxyElection:
     peers: Mapping[int, Addr]
     interval: float
     rng: random.Random = field(default_factory=random.Random)
+    quorum_required: bool = False
     sources: dict[SourceKey, Watched] = field(default_factory=dict)
     _actions: list[Action] = field(default_factory=list)
 
@@ -313,14 +364,14 @@ class ProxyElection:
         entry = self.sources.get(source)
         if entry is None:
             return
-        if entry.phase is Phase.PROXY:
+        if entry.phase is Phase.PROXY and entry.established:
             self._actions.append(DeleteProxy(source, "source returned"))
         self.sources[source] = Watched(reg_id=entry.reg_id, interval=entry.interval)
 
     def forget(self, source: SourceKey) -> None:
         """The source's state was deleted here: no more elections for it."""
         entry = self.sources.pop(source, None)
-        if entry is not None and entry.phase is Phase.PROXY:
+        if entry is not None and entry.phase is Phase.PROXY and entry.established:
             self._actions.append(DeleteProxy(source, "source deleted"))
 
     def peer_lost(self, store_index: int, now: float) -> None:
@@ -336,7 +387,11 @@ class ProxyElection:
                     entry.phase = Phase.ACTIVE
 
     def on_claim(self, data: bytes, sender: Addr, now: float) -> None:
-        """Another store's claim arrived from ``sender``."""
+        """Another store's claim (or, module docstring 7, its support of our claim) arrived
+        from ``sender``."""
+        if is_support(data):
+            self._on_support(data, sender)
+            return
         try:
             claim = decode_claim(data)
         except ValueError as exc:
@@ -353,8 +408,10 @@ class ProxyElection:
             return
         if entry.phase is Phase.PROXY:
             if claim.rank() > (entry.token, self.store_index):
-                self._actions.append(DeleteProxy(claim.source, "election lost"))
+                if entry.established:
+                    self._actions.append(DeleteProxy(claim.source, "election lost"))
                 self._follow(entry, claim, now)
+                self._support(claim)
             else:  # we win: make sure the loser hears it (module docstring, 4)
                 self._actions.append(SendClaim(claim.store, encode_claim(self._claim(
                     claim.source, entry))))
@@ -364,6 +421,49 @@ class ProxyElection:
                 and entry.holder.rank() > claim.rank():
             return  # a claim losing to the proxy we follow: its store deletes its proxy
         self._follow(entry, claim, now)
+        self._support(claim)
+
+    def _support(self, claim: Claim) -> None:
+        """Answer a claim we follow with our support (module docstring, 7)."""
+        if self.quorum_required:
+            self._actions.append(SendClaim(claim.store, encode_support(Claim(
+                claim.source, self.store, self.store_index, claim.token, claim.reelect,
+                claim.reg_id))))
+
+    def _on_support(self, data: bytes, sender: Addr) -> None:
+        """A store follows our claim: count it; the proxy is created at a quorum."""
+        try:
+            support = decode_claim(data)
+        except ValueError as exc:
+            self._drop(sender, f"proxy claim support: {exc}", len(data))
+            return
+        problem = self._forged(support, sender)
+        entry = self.sources.get(support.source)
+        if problem is None and entry is None:
+            problem = f"proxy claim support for unknown source {_name(support.source)}"
+        if problem is not None or entry is None:
+            self._drop(sender, problem or "?", len(data))
+            return
+        if entry.phase is not Phase.PROXY or support.token != entry.token:
+            self._drop(sender, f"proxy claim support from store {support.store_index} for no "
+                               f"claim of ours (token {support.token:#010x})", len(data))
+            return  # a late one after we lost, or a forgery: nothing changes
+        entry.supporters.add(support.store_index)
+        self._establish(support.source, entry)
+
+    @property
+    def quorum(self) -> int:
+        """Stores a proxy needs with ``quorum_required``: a majority of the group."""
+        return (len(self.peers) + 1) // 2 + 1
+
+    def _establish(self, source: SourceKey, entry: Watched) -> None:
+        """Create the proxy once it may exist (at once without ``quorum_required``)."""
+        if entry.established or entry.phase is not Phase.PROXY:
+            return
+        if self.quorum_required and 1 + len(entry.supporters) < self.quorum:
+            return
+        entry.established = True
+        self._actions.append(CreateProxy(source, entry.token, entry.reelect))
 
     def on_timer(self, now: float) -> None:
         """Waits that ended: create the proxy and claim it at every other store; running
@@ -374,7 +474,8 @@ class ProxyElection:
                     and entry.deadline <= now:
                 entry.phase, entry.deadline = Phase.PROXY, None
                 entry.token = self.rng.randint(1, 0xFFFFFFFF)
-                self._actions.append(CreateProxy(source, entry.token, entry.reelect))
+                entry.supporters, entry.established = set(), False
+                self._establish(source, entry)
                 self._claim_everywhere(source, entry, now)
             elif entry.phase is Phase.PROXY and entry.refresh is not None \
                     and entry.refresh <= now:
@@ -404,7 +505,8 @@ class ProxyElection:
 
     def proxies(self) -> list[SourceKey]:
         """The sources this store runs a proxy for."""
-        return sorted(s for s, e in self.sources.items() if e.phase is Phase.PROXY)
+        return sorted(s for s, e in self.sources.items()
+                      if e.phase is Phase.PROXY and e.established)
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -419,6 +521,7 @@ class ProxyElection:
         entry.phase, entry.deadline, entry.token, entry.holder = \
             Phase.FOLLOWING, None, 0, claim
         entry.refresh, entry.heard = None, now
+        entry.supporters, entry.established = set(), False
 
     def _claim_everywhere(self, source: SourceKey, entry: Watched, now: float) -> None:
         data = encode_claim(self._claim(source, entry))

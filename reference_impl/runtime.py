@@ -125,7 +125,8 @@ def store_settings(store: StoreConfig, *, resolver: Addr, seed: int | None = Non
         retransmission_request_processing_rate=store.retransmission_request_processing_rate,
         resolver=resolver, seed=seed, rpp_supported=era.rpp_supported,
         rpp_late_join_unconsumed=era.rpp_late_join_unconsumed,
-        allow_proxy_source=store.allow_proxy_source)
+        allow_proxy_source=store.allow_proxy_source,
+        proxy_source_repo_quorum_required=store.proxy_source_repo_quorum_required)
 
 
 def source_config(client: ClientConfig) -> SourceConfig:

@@ -434,6 +434,9 @@ class StoreSettings:
             index in the election is its position here (empty: the store elects alone).
         proxy_port: the TCP port (bound by the driver) the store's proxy sources advertise
             as their transport and request port (0: the store port itself).
+        proxy_source_repo_quorum_required: ``proxy-source-repo-quorum-required``: a proxy
+            is created only once a quorum of the group's stores that hold the source's state
+            follow its claim (reference_impl/proxy.py, module docstring 7).
     """
 
     name: str
@@ -453,6 +456,7 @@ class StoreSettings:
     allow_proxy_source: bool = False
     proxy_stores: tuple[Addr, ...] = ()
     proxy_port: int = 0
+    proxy_source_repo_quorum_required: bool = False
 
     def policy_for(self, topic: str) -> TopicPolicy | None:
         for rule in self.topics:
@@ -1784,7 +1788,8 @@ class StoreCore(ContextCore):
         seed = None if settings.seed is None else f"proxy {settings.seed}"
         self._proxy = ProxyElection(index, self.addr, peers,
                                     TopicPolicy().proxy_election_interval / 1000,
-                                    random.Random(seed))
+                                    random.Random(seed),
+                                    quorum_required=settings.proxy_source_repo_quorum_required)
 
     def _proxy_registered(self, src: SourceState, message: LbmcMessage, preg: Header) -> None:
         """A source (re-)registered: it came back (the election ends), and it is watched

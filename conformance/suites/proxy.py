@@ -32,7 +32,7 @@ import time
 
 from conformance.context import CaseContext
 from conformance.iut import StoreUnderTest
-from conformance.model import case
+from conformance.model import Unsupported, case
 from conformance.net import NoAnswer, TcpLink, connect, has
 from conformance.peers import HarnessSource
 from wire import lbmr
@@ -94,6 +94,7 @@ class ProxiedSource:
 
     def __init__(self, h: CaseContext, members: list[StoreUnderTest], *, topic: str | None = None,
                  name: str = "source") -> None:
+        """A source of ``topic`` (default: a fresh one) that registers with ``members``."""
         self.h = h
         self.members = members
         self.name = name
@@ -523,3 +524,41 @@ def forged_claims_dropped(h: CaseContext) -> None:
     h.check(len(ports) == 1, "the election after the forged claims left exactly one proxy",
             expected="one store port", observed=sorted(ports))
 
+
+
+QUORUM_REQUIRED: dict[str, str | int] = {"allow-proxy-source": 1,
+                                         "proxy-source-repo-quorum-required": 1}
+
+
+@case("PXY-STORE-009", title="With proxy-source-repo-quorum-required a proxy needs a quorum of "
+      "the stores that hold the source's state", suite=SUITE, section="Proxy Sources",
+      requirement="proxy-source-repo-quorum-required (store, UM 6.15): only stores that hold "
+      "state for that topic/RegID participate in the proxy source election, and a quorum of "
+      "them is required.", store_options=QUORUM_REQUIRED, topic_options=TOPIC_OPTIONS,
+      timeout=45.0)
+def proxy_needs_quorum_of_state_holders(h: CaseContext) -> None:
+    """Three stores with the option (a UM 6.15 store option: unsupported for an IUT of an older
+    version profile).  Source A registers with one store only, source B with two; both die.
+    B gets exactly one proxy, on one of its two stores; A gets none (one store of three holds
+    its state: no quorum)."""
+    if h.iut_version != "current":
+        raise Unsupported(f"proxy-source-repo-quorum-required is a UM 6.15 store option; the "
+                          f"profile's version is {h.iut_version}")
+    members = h.store_group(3)
+    lone = ProxiedSource(h, members[:1], name="source A")
+    pair = ProxiedSource(h, members[:2], name="source B")
+    for src in (lone, pair):
+        src.register()
+        src.publish(range(MESSAGES))
+    died = min(lone.die(), pair.die())
+    found = wait_proxy(h, pair.topic, died, DUE + SLACK)
+    h.check(found is not None, "two stores of three holding source B's state elected a proxy",
+            expected="a TIR for source B's topic from a store", observed="none")
+    time.sleep(h.scaled(SETTLE))
+    ports = answering(h, pair.topic)
+    h.check(len(ports) == 1 and ports <= {m.addr[1] for m in members[:2]},
+            "exactly one of the two stores holding source B's state runs its proxy",
+            expected=f"one of {[m.addr[1] for m in members[:2]]}", observed=sorted(ports))
+    alone = proxy_tirs(h, lone.topic, died) + [(0.0, p) for p in answering(h, lone.topic)]
+    h.check(not alone, "no proxy for source A, whose state only one store of three holds",
+            expected="no TIR for source A's topic", observed=sorted({p for _, p in alone}))

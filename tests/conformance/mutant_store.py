@@ -447,6 +447,23 @@ def proxy_without_allow() -> None:
 MUTANTS["proxy-without-allow"] = proxy_without_allow
 
 
+def ignores_repo_quorum() -> None:
+    """Elects proxy sources as if ``proxy-source-repo-quorum-required`` were 0: a store that
+    alone holds a source's state runs its proxy (docs/semantics.md §1.11: a quorum of the
+    stores holding the state is required)."""
+    import dataclasses
+
+    settings = runtime.store_settings
+
+    def patched(*args: Any, **kw: Any) -> Any:
+        return dataclasses.replace(settings(*args, **kw),
+                                   proxy_source_repo_quorum_required=False)
+    runtime.store_settings = patched
+
+
+MUTANTS["ignores-repo-quorum"] = ignores_repo_quorum
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in MUTANTS:
         print(f"usage: mutant_store.py {{{','.join(MUTANTS)}}} STORE-ARGS...", file=sys.stderr)

@@ -55,6 +55,7 @@ CATCHES = {
     "proxy-never-elected": ("proxy", "PXY-STORE-001"),
     "two-proxies": ("proxy", "PXY-STORE-002"),
     "proxy-without-allow": ("proxy", "PXY-STORE-007"),
+    "ignores-repo-quorum": ("proxy", "PXY-STORE-009"),
 }
 
 ALONE = {"rpp", "proxy"}

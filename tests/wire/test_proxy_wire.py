@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from reference_impl.deployment import STORE_PORT
-from reference_impl.proxy import Claim, SourceKey, encode_claim
+from reference_impl.proxy import Claim, SourceKey, encode_claim, encode_support
 from tests.reference_impl import test_proxy_scenarios as scenario
 from tests.wire.test_lbmc_oracle import Capture, assert_clean, run_oracle
 from wire.dissect import check_against_tshark, dissect_file
@@ -71,3 +71,30 @@ def test_hand_built_claims_match_tshark_field_by_field(tmp_path: Path) -> None:
         message, _ = parse_message(data)
         capture.send(data, [message])
     assert_clean(run_oracle(capture, tmp_path / "claims.pcap"), capture)
+
+
+def test_supports_match_tshark_field_by_field(tmp_path: Path) -> None:
+    """A store's support of a claim (``proxy-source-repo-quorum-required``: PREG_RESP + PSER +
+    PSRC-ETOK, reference_impl/proxy.py module docstring 7) dissects like a claim does."""
+    capture = Capture()
+    for claim in CLAIMS:
+        data = encode_support(claim)
+        message, _ = parse_message(data)
+        capture.send(data, [message])
+    assert_clean(run_oracle(capture, tmp_path / "supports.pcap"), capture)
+
+
+def test_a_quorum_required_election_dissects_identically_in_tshark(tmp_path: Path) -> None:
+    from tests.reference_impl.test_proxy_quorum import group_of_three, holders
+
+    d, cores = group_of_three(2, registered=2, quorum_required=True)
+    assert len(holders(cores)) == 1
+    pcap = tmp_path / "proxy-quorum.pcap"
+    d.write_pcap(pcap)
+    portmap = PortMap(store_ports=[STORE_PORT])
+    reports = list(dissect_file(pcap, portmap))
+    names = [{name for name, _ in o.fields} for r in reports for o in r.occurrences]
+    supports = [n for n in names if "lbmc.ume_psrc_election_token.token" in n
+                and "lbmc.ume_preg_resp.reg_id" in n]
+    assert supports  # the follower holding the state supported the claim
+    assert check_against_tshark(pcap, reports, portmap) == []
