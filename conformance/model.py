@@ -144,7 +144,8 @@ def passive_for(id: str) -> Callable[[PassiveJudge], PassiveJudge]:
 
 
 SUITES = ("registration", "recovery", "robustness", "flight-size", "proactive-retransmit",
-          "durability", "rpp-matrix", "rpp", "quorum", "proxy", "otr")
+          "durability", "rpp-matrix", "rpp", "quorum", "proxy", "otr",
+          "lbt-rm")
 
 
 def all_cases(role: Role | None = None) -> list[CaseSpec]:

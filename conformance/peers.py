@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from scapy.packet import Packet
 
@@ -86,12 +86,22 @@ def with_options(pkt: Packet, options: Sequence[CfgOpt]) -> Packet:
     return pkt
 
 
+class Advertised(Protocol):
+    """What the harness resolver serves: a harness source of a topic, or a scripted source of
+    another transport (:class:`conformance.lbtrm_peers.LbtrmScriptedSource`)."""
+
+    topic: str
+    advertise_on_query: bool
+
+    def tir(self) -> lbmr.Tir: ...
+
+
 class HarnessResolver:
     """The resolver daemon of the IUT: answers TQRs for the harness's sources' topics."""
 
     def __init__(self, port: UdpPort) -> None:
         self.port = port
-        self.sources: dict[str, HarnessSource] = {}
+        self.sources: dict[str, Advertised] = {}
         self.tirs: dict[str, lbmr.Tir] = {}  # the newest TIR an IUT advertised, per topic
         self.iut_addrs: set[tuple[str, int]] = set()
         self._lock = threading.Condition()
@@ -130,11 +140,11 @@ class HarnessResolver:
             if src is not None and src.advertise_on_query:
                 self.port.send(lbmr.LbmrPacket(tirs=[src.tir()]), dgram.addr)
 
-    def serve(self, source: HarnessSource) -> None:
+    def serve(self, source: Advertised) -> None:
         with self._lock:
             self.sources[source.topic] = source
 
-    def advertise(self, source: HarnessSource) -> None:
+    def advertise(self, source: Advertised) -> None:
         """Send the source's TIR to every IUT address heard from (an unsolicited advert)."""
         with self._lock:
             addrs = list(self.iut_addrs)
@@ -258,6 +268,15 @@ class HarnessSource(_Client):
             return [self.udp]
         self.transport.expect_link(self.env.scaled(timeout), "the store joining the transport")
         return [x for x in self.transport.links if not x.closed]
+
+    def listeners(self) -> int:
+        """How many stores listen to this source's transport now: open connections on LBT-TCP,
+        connected clients on LBT-RU, memberships of the group on this host on LBT-RM (a case
+        waiting for every store of a group counts them here, on any transport; -1 when LBT-RM
+        memberships cannot be read)."""
+        if self.udp is not None:
+            return self.udp.receivers()
+        return len([x for x in self.transport.links if not x.closed])
 
     def data(self, sqn: int, payload: bytes = b"", *, kind: MessageType = MessageType.MESSAGE
              ) -> Packet:

@@ -12,6 +12,8 @@ MTX-STORE-*, SRC-MTX-*, RCV-MTX-*): :mod:`.rpp_matrix`.  The quorum suite: :mod:
 (SRC-QRM-*), :mod:`.quorum_receiver` (RCV-QRM-*) and :mod:`.quorum_store` (QRM-STORE-*).
 The proxy suite (store IUT run as a group of instances, PXY-STORE-*): :mod:`.proxy`.
 The otr suite (off-transport recovery: RCV-OTR-* and OTR-STORE-*): :mod:`.otr`.
+The lbt-rm suite (a source's and a receiver's LBT-RM transport: SRC-LBTRM-*, RCV-LBTRM-*):
+:mod:`.transport_lbtrm`.
 """
 
 from conformance.suites import (
@@ -31,8 +33,9 @@ from conformance.suites import (
     rpp,
     rpp_matrix,
     source,
+    transport_lbtrm,
 )
 
 __all__ = ["durability", "flight_size", "otr", "proactive", "proxy", "quorum_receiver",
            "quorum_source", "quorum_store", "receiver", "recovery", "registration",
-           "robustness", "robustness_clients", "rpp", "rpp_matrix", "source"]
+           "robustness", "robustness_clients", "rpp", "rpp_matrix", "source", "transport_lbtrm"]

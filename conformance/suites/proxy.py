@@ -431,8 +431,9 @@ def reelected_when_proxy_store_dies(h: CaseContext) -> None:
       store_options=ALLOW, topic_options=TOPIC_OPTIONS, timeout=45.0)
 def no_send_without_quorum(h: CaseContext) -> None:
     """Three stores; the source dies and a proxy is elected; a receiver joins the proxy's
-    transport; the two other stores are killed (one of three: no quorum); for four election
-    intervals the proxy sends no data message on its transport."""
+    transport; the two other stores are killed (one of three: no quorum); the receiver asks for
+    SRI on the transport; for four election intervals the proxy sends no data message on
+    it."""
     members, src = _group(h, 3)
     _elected(h, src)
     time.sleep(h.scaled(SETTLE))
@@ -448,6 +449,10 @@ def no_send_without_quorum(h: CaseContext) -> None:
         if member.addr[1] not in ports:
             h.note(f"SIGKILL to store {member.addr[0]}:{member.addr[1]} (quorum lost)")
             member.stop(kill=True)
+    ume = next((o for o in tir.options or [] if isinstance(o, lbmr.ToptUme)), None)
+    if ume is not None:  # as a receiver joining does: what the proxy answers is no data
+        transport.send(LbmcMessage(headers=[SriReq(transport_idx=ume.transport_idx,
+                                                   topic_idx=tir.index)]))
     time.sleep(h.scaled(4 * INTERVAL_MS / 1000))
     data = [m.sqn for m in list(transport.received) if m.is_data_type]
     h.check(not data, "the proxy source sent no message without quorum",

@@ -17,8 +17,10 @@ from collections.abc import Callable
 from typing import Any
 
 from reference_impl import otr, quorum, receiver, runtime, source
+from reference_impl.lbtrm_session import LbtrmReceiverSession, LbtrmSourceSession
 from reference_impl.receiver import ReceiverCore
 from reference_impl.source import FragmentedRetained, SourceCore, StoreLink
+from wire import lbtrm
 from wire.lbmc import UmePregResp
 
 # --- sources ------------------------------------------------------------------------------------
@@ -820,6 +822,74 @@ def all_stability_as_majority() -> None:
 
 
 MUTANTS["all-stability-as-majority"] = ("source", all_stability_as_majority)
+
+
+# --- the lbt-rm suite: a receiver's and a source's LBT-RM transport (issue 20) ---------------
+
+
+def _lbtrm_receiver_setting(**values: Any) -> None:
+    """The receiver's LBT-RM sessions run with ``values`` whatever its options say."""
+    settings = runtime.lbtrm_receiver_settings
+
+    def patched(client: Any) -> Any:
+        return dataclasses.replace(settings(client), **values)
+    runtime.lbtrm_receiver_settings = patched
+
+
+def naks_at_once() -> None:
+    """NAKs a gap the moment it is found (no initial backoff)."""
+    _lbtrm_receiver_setting(nak_initial_backoff_interval=0.0)
+
+
+def naks_not_backed_off() -> None:
+    """NAKs a missing number again every 2 ms whatever its backoff interval (a NAK storm)."""
+    _lbtrm_receiver_setting(nak_backoff_interval=0.002)
+
+
+def ncf_ignored() -> None:
+    """Takes no notice of an NCF but "Do not retry": keeps NAKing at its backoff interval."""
+    on_ncf = LbtrmReceiverSession._on_rm_ncf
+
+    def patched(self: LbtrmReceiverSession, packet: Any) -> None:
+        if packet.reason == lbtrm.NcfReason.NO_RETRY:
+            on_ncf(self, packet)
+    LbtrmReceiverSession._on_rm_ncf = patched  # type: ignore[method-assign]
+
+
+def naks_forever() -> None:
+    """Never gives a missing number up (the NAK generation interval is not applied)."""
+    _lbtrm_receiver_setting(nak_generation_interval=3600.0)
+
+
+def ignores_lbtrm_naks() -> None:
+    """Drops every NAK on its LBT-RM unicast port (never retransmits)."""
+    LbtrmSourceSession.receive = lambda self, data, addr, now: None  # type: ignore[method-assign]
+
+
+def retransmits_every_nak() -> None:
+    """Retransmits at every NAK (the ignore interval is not applied)."""
+    init = LbtrmSourceSession.__init__
+
+    def patched(self: LbtrmSourceSession, *args: Any, **kw: Any) -> None:
+        init(self, *args, **kw)
+        self.settings = dataclasses.replace(self.settings, ignore_interval=0.0)
+    LbtrmSourceSession.__init__ = patched  # type: ignore[method-assign]
+
+
+def no_session_messages() -> None:
+    """Sends no LBT-RM session messages."""
+    LbtrmSourceSession._arm_sm = lambda self: None  # type: ignore[method-assign]
+
+
+MUTANTS |= {
+    "naks-at-once": ("receiver", naks_at_once),
+    "naks-not-backed-off": ("receiver", naks_not_backed_off),
+    "ncf-ignored": ("receiver", ncf_ignored),
+    "naks-forever": ("receiver", naks_forever),
+    "ignores-lbtrm-naks": ("source", ignores_lbtrm_naks),
+    "retransmits-every-nak": ("source", retransmits_every_nak),
+    "no-session-messages": ("source", no_session_messages),
+}
 
 
 # --- the otr suite: off-transport recovery (issue 20) ------------------------------------------

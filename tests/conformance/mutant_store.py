@@ -464,6 +464,29 @@ def ignores_repo_quorum() -> None:
 MUTANTS["ignores-repo-quorum"] = ignores_repo_quorum
 
 
+def proxy_sends_without_quorum() -> None:
+    """Its proxy source sends the source's retained messages to every receiver that joins its
+    transport and asks for SRI, whether or not a quorum of the group's stores is there (guide
+    "How Proxy Sources Operate": without quorum a proxy "cannot send messages")."""
+    proxy_sri = StoreCore._proxy_sri
+
+    def patched(self: StoreCore, conn: Any, req: Any) -> bool:
+        answered = proxy_sri(self, conn, req)
+        if answered:
+            for src in self._proxied():
+                if src.repo is not None and (src.transport_idx, src.topic_idx) == \
+                        (req.transport_idx, req.topic_idx):
+                    for sqn in src.repo.sqns():
+                        raw = src.repo.get(sqn)
+                        if raw is not None:
+                            self.write(conn, raw)
+        return answered
+    StoreCore._proxy_sri = patched  # type: ignore[method-assign]
+
+
+MUTANTS["proxy-sends-without-quorum"] = proxy_sends_without_quorum
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in MUTANTS:
         print(f"usage: mutant_store.py {{{','.join(MUTANTS)}}} STORE-ARGS...", file=sys.stderr)

@@ -56,6 +56,7 @@ CATCHES = {
     "two-proxies": ("proxy", "PXY-STORE-002"),
     "proxy-without-allow": ("proxy", "PXY-STORE-007"),
     "ignores-repo-quorum": ("proxy", "PXY-STORE-009"),
+    "proxy-sends-without-quorum": ("proxy", "PXY-STORE-006"),
 }
 
 ALONE = {"rpp", "proxy"}
@@ -136,6 +137,15 @@ CLIENT_CATCHES |= {  # the quorum suite, receiver IUT
     "all-active-waits-for-lost-store": ("source", "SRC-QRM-018"),
     "all-stability-as-any": ("source", "SRC-QRM-019"),
     "all-stability-as-majority": ("source", "SRC-QRM-019"),
+}
+CLIENT_CATCHES |= {  # the lbt-rm suite: a receiver's and a source's LBT-RM (issue 20)
+    "naks-at-once": ("receiver", "RCV-LBTRM-001"),
+    "naks-not-backed-off": ("receiver", "RCV-LBTRM-002"),
+    "ncf-ignored": ("receiver", "RCV-LBTRM-003"),
+    "naks-forever": ("receiver", "RCV-LBTRM-004"),
+    "ignores-lbtrm-naks": ("source", "SRC-LBTRM-001"),
+    "retransmits-every-nak": ("source", "SRC-LBTRM-002"),
+    "no-session-messages": ("source", "SRC-LBTRM-003"),
 }
 CLIENT_CATCHES |= {  # the otr suite: off-transport recovery, receiver IUT (issue 20)
     "otr-never-asked": ("receiver", "RCV-OTR-001"),
