@@ -144,9 +144,12 @@ class Recorder:
         self._add(Entry(time.time(), "tcp", src, dst, bytes(data), conn, from_iut,
                         summarize_message(data)))
 
-    def udp(self, src: Addr, dst: Addr, data: bytes, *, from_iut: bool) -> None:
+    def udp(self, src: Addr, dst: Addr, data: bytes, *, from_iut: bool,
+            summary: str | None = None) -> None:
+        """A datagram; ``summary`` says what it is when it is not LBMR (the transports' peers
+        know their protocol, which the bytes alone do not tell)."""
         self._add(Entry(time.time(), "udp", src, dst, bytes(data), None, from_iut,
-                        summarize_datagram(data)))
+                        summary if summary is not None else summarize_datagram(data)))
 
     def snapshot(self) -> list[Entry]:
         with self._lock:

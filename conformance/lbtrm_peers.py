@@ -44,6 +44,8 @@ class _Peer:
         self.recorder = recorder
         self.name = name
         self.addr: Addr = sock.getsockname()[:2]
+        self.heard_at: Addr = self.addr
+        """The destination the evidence records for what arrives (a tap's group)."""
         self.seen: list[Seen] = []
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._read, name=f"harness {name}", daemon=True)
@@ -61,11 +63,14 @@ class _Peer:
             if addr is None:
                 return
             now = time.monotonic()
-            self.recorder.udp(addr[:2], self.addr, data, from_iut=True)
             try:
                 packet = lbtrm.parse_packet(data, decode_lbmc=False)
-            except WireError:
+            except WireError as exc:
+                self.recorder.udp(addr[:2], self.heard_at, data, from_iut=True,
+                                  summary=f"undecodable LBT-RM ({len(data)} bytes): {exc}")
                 continue
+            self.recorder.udp(addr[:2], self.heard_at, data, from_iut=True,
+                              summary=f"LBT-RM {packet.info()}")
             if self.accept(packet, addr[:2]):
                 with self._cond:
                     self.seen.append((now, packet))
@@ -89,7 +94,11 @@ class _Peer:
 
     def _send(self, packet: lbtrm.LbtrmPacket | bytes, to: Addr) -> float:
         data = packet if isinstance(packet, bytes) else packet.build()
-        self.recorder.udp(self.addr, to, data, from_iut=False)
+        try:
+            summary = f"LBT-RM {lbtrm.parse_packet(data, decode_lbmc=False).info()}"
+        except WireError as exc:
+            summary = f"undecodable LBT-RM ({len(data)} bytes): {exc}"
+        self.recorder.udp(self.addr, to, data, from_iut=False, summary=summary)
         with contextlib.suppress(OSError):
             self.sock.sendto(data, to)
         return time.monotonic()
@@ -115,7 +124,8 @@ class LbtrmTap(_Peer):
         sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
                         socket.inet_aton(self.group[0]) + socket.inet_aton(interface))
         super().__init__(sock, recorder, name)
-        self.addr = (interface, self.group[1])
+        self.addr = (interface, self.group[1])  # where its NAKs leave from
+        self.heard_at = self.group
 
     def accept(self, packet: lbtrm.LbtrmPacket, addr: Addr) -> bool:
         return packet.session_id == self.session_id and packet.ucast_port == self.source[1]

@@ -56,7 +56,8 @@ from conformance.evidence import Addr, Recorder
 from conformance.net import _bind_first, _wake_and_close, to_bytes
 from reference_impl.lbtrm_session import LbtrmSourceSession, LbtrmSourceSettings
 from reference_impl.lbtru_session import LbtruSourceSession, LbtruSourceSettings
-from wire import lbmc, lbmr
+from wire import lbmc, lbmr, lbtrm, lbtru
+from wire.errors import WireError
 
 TCP, LBT_RU, LBT_RM = "tcp", "lbt-ru", "lbt-rm"
 TRANSPORTS = (TCP, LBT_RU, LBT_RM)
@@ -221,9 +222,18 @@ class UdpTransport:
 
     # --- the driver ---------------------------------------------------------------------------
 
+    def _summary(self, data: bytes) -> str:
+        """The datagram as tshark's Info column would name it (the timeline's text)."""
+        try:
+            packet = (lbtru.parse_packet(data, decode_lbmc=False) if self.kind == LBT_RU
+                      else lbtrm.parse_packet(data, decode_lbmc=False))
+        except WireError as exc:
+            return f"undecodable {LABELS[self.kind]} ({len(data)} bytes): {exc}"
+        return f"{LABELS[self.kind]} {packet.info()}"
+
     def _flush(self) -> None:
         for data, addr in self.session.datagrams_to_send(time.monotonic()):
-            self.recorder.udp(self.addr, addr, data, from_iut=False)
+            self.recorder.udp(self.addr, addr, data, from_iut=False, summary=self._summary(data))
             with contextlib.suppress(OSError):
                 self.sock.sendto(data, addr)
         while self.session.next_event() is not None:
@@ -248,7 +258,8 @@ class UdpTransport:
                 return
             if not data and addr is None:
                 return
-            self.recorder.udp(addr[:2], self.addr, data, from_iut=True)
+            self.recorder.udp(addr[:2], self.addr, data, from_iut=True,
+                              summary=self._summary(data))
             with self._lock:
                 self.session.receive(data, addr[:2], time.monotonic())
                 self._flush()

@@ -8,6 +8,7 @@ by ``scripts/ensure-multicast`` first (the LBT-RM source sends to a group of its
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -23,6 +24,8 @@ from conformance.profile import ProfileError, parse_profile
 from conformance.runner import case_transport, transport_unsupported
 from conformance.udp_transport import group_members
 from wire import lbtrm, lbtru
+from wire.dissect import check_against_tshark, dissect_file
+from wire.tshark import PortMap
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,6 +66,21 @@ def test_every_transport_runs_a_store_case_under_its_own_id(tmp_path: Path) -> N
     assert "<td>LBT-RM</td>" in page and "<td>LBT-RU</td>" in page and "<td>LBT-TCP</td>" in page
 
 
+def _agrees_with_tshark(out: Path, case: dict[str, Any]) -> None:
+    """The case's evidence dissects the same in wire/ and tshark, the harness source's ports
+    decoded as its transport (the timeline's note names them)."""
+    note = next(e["text"] for e in case["timeline"] if e["kind"] == "note"
+                and e["text"].startswith("source: LBT-R"))
+    ports = [int(x) for x in re.findall(r":(\d+)", note)]
+    ru = case["transport"] == "lbt-ru"
+    portmap = PortMap(store_ports=[case["store_port"]], lbtru_ports=ports if ru else [],
+                      lbtrm_ports=[] if ru else ports)
+    pcap = out / case["pcap"]
+    reports = list(dissect_file(pcap, portmap))
+    assert any(r.status == "um" for r in reports)
+    assert check_against_tshark(pcap, reports, portmap) == [], case["id"]
+
+
 def test_the_lbtrm_source_sends_data_to_its_group_and_the_store_nak_port_is_the_header_s(
         tmp_path: Path) -> None:
     """The store's data came over LBT-RM: DATA datagrams to a multicast group, from the port
@@ -80,11 +98,12 @@ def test_the_lbtrm_source_sends_data_to_its_group_and_the_store_nak_port_is_the_
                 datas.append((dst, dport, packet.sqn))
     assert len(datas) >= 10 and len({(d, p) for d, p, _ in datas}) == 1
     assert [s for _, _, s in datas][:10] == list(range(10))
+    _agrees_with_tshark(out, data["cases"][0])
 
 
 def test_the_lbtru_source_answers_the_store_s_connect_and_sends_it_data(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc, _ = _conform(out, "--transport", "lbt-ru", "-k", "REC-STORE-001")
+    proc, data = _conform(out, "--transport", "lbt-ru", "-k", "REC-STORE-001")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     pcap = out / "cases" / "REC-STORE-001.lbt-ru" / "evidence.pcap"
     kinds = []
@@ -94,6 +113,7 @@ def test_the_lbtru_source_answers_the_store_s_connect_and_sends_it_data(tmp_path
         except Exception:  # LBMR to the resolver
             continue
     assert "LbtruCreq" in kinds and kinds.count("LbtruData") >= 10
+    _agrees_with_tshark(out, data["cases"][0])
 
 
 def test_the_profile_names_a_store_s_transport() -> None:
