@@ -97,22 +97,18 @@ def fresh_group(rng: random.Random) -> Addr:
 
 
 def group_members(group: str) -> int | None:
-    """How many memberships of ``group`` this host's loopback interface has (``/proc/net/igmp``
-    lists each joined group per device, the address as little-endian hex), or None when the
-    file cannot be read."""
+    """How many memberships of ``group`` this host has on any interface (``/proc/net/igmp``
+    lists each joined group per device, the address as little-endian hex; a store that joins
+    on another interface than loopback counts too), or None when the file cannot be read."""
     try:
         text = IGMP.read_text()
     except OSError:
         return None
     wanted = f"{struct.unpack('<I', socket.inet_aton(group))[0]:08X}"
-    device = ""
     count = 0
     for line in text.splitlines()[1:]:
-        if not line.startswith(("\t", " ")):
-            device = line.split()[1] if len(line.split()) > 1 else ""
-            continue
         parts = line.split()
-        if device == "lo" and parts and parts[0].upper() == wanted:
+        if line.startswith(("\t", " ")) and parts and parts[0].upper() == wanted:
             count += int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 1
     return count
 
