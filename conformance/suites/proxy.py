@@ -145,17 +145,15 @@ class ProxiedSource:
             reg_id=self.reg_ids.get(index, 0))]))
 
     def publish(self, sqns: range) -> None:
-        """Send ``sqns`` once every store joined the transport; every store must acknowledge
-        the last as stable."""
+        """Send ``sqns`` on the source's transport (the run's: LBT-TCP, LBT-RU or LBT-RM) once
+        every store listens to it; every store must acknowledge the last as stable."""
         src = self.source
-        joined = self.h.wait_until(
-            lambda: len([x for x in src.transport.links if not x.closed]) >= len(self.members),
-            5.0, "every store joining the source's transport")
+        joined = self.h.wait_until(lambda: src.listeners() >= len(self.members)
+                                   or src.listeners() < 0, 5.0,
+                                   "every store joining the source's transport")
         self.h.check(joined, "every store of the group joined the source's transport",
-                     observed=len(src.transport.links))
-        for sqn in sqns:
-            for link in [x for x in src.transport.links if not x.closed]:
-                link.send(src.data(sqn))
+                     observed=src.listeners())
+        src.send(*sqns)
         last = sqns[-1]
         for i, link in self.links.items():
             link.expect(lambda m: any(isinstance(x, UmeAck) and x.type == AckType.STABLE
@@ -179,6 +177,8 @@ class ProxiedSource:
         for link in self.links.values():
             link.close()
         self.source.close()
+        if self.source.udp is not None:  # its LBT-RU/LBT-RM session ends with it
+            self.source.udp.close()
         self.h.note(f"{self.name} died (its connections closed)")
         return at
 
