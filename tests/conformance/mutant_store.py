@@ -487,6 +487,23 @@ def proxy_sends_without_quorum() -> None:
 MUTANTS["proxy-sends-without-quorum"] = proxy_sends_without_quorum
 
 
+def answers_beyond_newest() -> None:
+    """Answers a retransmission request for a number its source never sent (an OTR request
+    out of range) with the newest message it holds, as if the number were clamped."""
+    on_rxreq = StoreCore._on_rxreq
+
+    def patched(self: StoreCore, conn: Any, id_2: int, seqnum: int, size: int) -> None:
+        rcv = self.receivers.get(id_2)
+        src = self.sources.get(rcv.source_reg_id) if rcv is not None else None
+        if src is not None and src.high_received is not None and seqnum > src.high_received:
+            seqnum = src.high_received
+        on_rxreq(self, conn, id_2, seqnum, size)
+    StoreCore._on_rxreq = patched  # type: ignore[method-assign]
+
+
+MUTANTS["answers-beyond-newest"] = answers_beyond_newest
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in MUTANTS:
         print(f"usage: mutant_store.py {{{','.join(MUTANTS)}}} STORE-ARGS...", file=sys.stderr)

@@ -51,6 +51,8 @@ CATCHES = {
     "answers-unknown-regid": ("quorum", "QRM-STORE-004"),
     "acks-are-not-activity": ("quorum", "QRM-STORE-005"),
     "client-timeout-ignored": ("quorum", "QRM-STORE-006"),
+    # off-transport recovery (issue 20)
+    "answers-beyond-newest": ("otr", "OTR-STORE-001"),
     # proxy sources: a group of three instances (profile 'instances', issue 20)
     "proxy-never-elected": ("proxy", "PXY-STORE-001"),
     "two-proxies": ("proxy", "PXY-STORE-002"),
