@@ -28,6 +28,10 @@ the OTR flag (``LBM_MSG_FLAG_OTR``).  ``use_otr`` 1 = always, 2 = persistent rec
   retried on another store).  tshark knows no OTR header, and the retransmission that answers
   is the store's ordinary RETRANS data message: the OTR flag lives in the delivery
   (:attr:`~reference_impl.events.MessageDelivered.otr`), not on the wire.
+* ``otr_message_caching_threshold``: the most messages a receiver holds (received, not yet
+  deliverable in order) while OTR gaps are open; past it every open gap is given up (reported
+  lost) so that delivery goes on and memory stays bounded, rather than holding the stream for
+  up to ``retransmit_request_message_timeout``.
 * Scope: OTR serves gaps the transport opened after the receiver's registration completed.
   What a late receiver missed before its first live message is registration recovery, as
   before.  A streaming source (no stores) is not recovered: the reference source keeps no
@@ -134,6 +138,13 @@ class OtrCore:
         if not gap.missing:
             self._gaps.remove(gap)
         return True
+
+    def give_up_all(self) -> tuple[int, ...]:
+        """Stop waiting for anything; returns what was waited for, ascending."""
+        numbers = tuple(sorted(self._where))
+        self._where.clear()
+        self._gaps.clear()
+        return numbers
 
     def forget_below(self, sqn: int) -> None:
         """Stop waiting for anything below ``sqn`` (the delivery point moved past it)."""

@@ -238,6 +238,7 @@ class ReceiverConfig:
     otr_request_initial_delay: int = 2000
     otr_request_minimum_interval: int = 1000
     otr_request_maximum_interval: int = 10000
+    otr_message_caching_threshold: int = 10000
 
     def __post_init__(self) -> None:
         check_mode("receiver", self.ume_receiver_paced_persistence, self.rpp_supported)
@@ -1528,6 +1529,9 @@ class ReceiverCore(ContextCore):
                     st._chunk_work = False
                     self._use(st)
                     self._drain()
+                    if st.otr is not None and len(st.held) > \
+                            self.config.otr_message_caching_threshold and len(st.otr):
+                        self._otr_overflow(st)
                     cfg = self.config
                     if not cfg.ume_use_ack_batching and not cfg.ume_explicit_ack_only:
                         self._send_acks()
@@ -1706,6 +1710,18 @@ class ReceiverCore(ContextCore):
             self.cancel_timer(name)
         else:
             self.set_timer(name, due)
+
+    def _otr_overflow(self, st: SourceSession) -> None:
+        """More messages held behind OTR gaps than ``otr_message_caching_threshold``: the
+        gaps are given up (lost), and what is held is delivered (reference_impl/otr.py)."""
+        assert st.otr is not None
+        lost = st.otr.give_up_all()
+        self.log(Level.WARNING, f"{st.name}: {len(st.held)} messages held behind off-transport "
+                                f"recovery exceed otr_message_caching_threshold "
+                                f"{self.config.otr_message_caching_threshold}: "
+                                f"{len(lost)} messages given up")
+        self._arm_otr(st)
+        self._give_up(list(lost))
 
     def _otr_due(self) -> None:
         """Send the OTR requests due now (each attempt of a gap to the next registered

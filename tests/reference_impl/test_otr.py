@@ -75,6 +75,7 @@ def test_the_profiles_defaults_reach_the_receiver() -> None:
     assert (current.use_otr, current.otr_request_initial_delay,
             current.otr_request_minimum_interval, current.otr_request_maximum_interval) == \
         (2, 2000, 1000, 10000)
+    assert current.otr_message_caching_threshold == 10000
     guide = receiver_config(load_client(None, profile="guide-5.3"))
     assert guide.use_otr == 0
 
@@ -164,3 +165,15 @@ def test_registration_recovery_is_not_otr() -> None:
     rig.live(10)
     assert [d.sequence_number for d in delivered(rig)] == list(range(5, 11))
     assert not any(d.otr for d in delivered(rig))
+
+
+def test_more_held_than_the_caching_threshold_gives_the_gaps_up() -> None:
+    rig = otr_rig(otr_message_caching_threshold=5)
+    rig.live(5, 7, 8, 9, 10, 11)  # 6 missing, five held behind it: at the threshold
+    assert [d.sequence_number for d in delivered(rig)] == [5]
+    rig.live(12)  # six held: past it
+    losses = [(e.first, e.last) for e in rig.events if isinstance(e, UnrecoverableLoss)]
+    assert losses == [(6, 6)]
+    assert [d.sequence_number for d in delivered(rig)] == [5, 7, 8, 9, 10, 11, 12]
+    rig.tick(2.0)
+    assert rig.rxreqs(0) == []  # given up before its first request: never asked
