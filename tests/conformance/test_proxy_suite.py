@@ -89,3 +89,17 @@ def test_the_reference_profile_runs_a_group_of_three() -> None:
     assert REFERENCE_STORE.instances == 3
     assert parse_profile({"iut": {"role": "store", "launch": "x {config}", "instances": 2}},
                          "<p>").instances == 2
+
+
+def test_a_proxy_case_on_lbt_rm(tmp_path: Path) -> None:
+    """The harness's source sends on the run's transport: a late receiver recovers through the
+    proxy of a source that sent on LBT-RM (its evidence under ``PXY-STORE-003.lbt-rm``)."""
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "ump", "conform", "--suite", "proxy", "-k",
+                           "PXY-STORE-003", "--transport", "lbt-rm", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (only,) = json.loads((out / "results.json").read_text())["cases"]
+    assert (only["id"], only["verdict"], only["transport"]) == ("PXY-STORE-003", "pass", "lbt-rm")
+    notes = (out / "cases" / "PXY-STORE-003.lbt-rm" / "timeline.json").read_text()
+    assert "LBT-RM source" in notes
