@@ -100,6 +100,8 @@ class Registration:
         resp_addr: where the PREG asks the answer to go (the client's request port).
         deregister: the D flag.
         response: the answer, or None.
+        activity_timeout: the client's own activity timeout in ms (its ``ume_client_lifetime``
+            header; 0 without one): it replaces the store's (docs/semantics.md §1.11).
     """
 
     frame: int
@@ -116,6 +118,7 @@ class Registration:
     resp_addr: Addr
     deregister: bool
     response: PregResp | None = None
+    activity_timeout: int = 0
 
     @property
     def granted(self) -> bool:
@@ -517,7 +520,8 @@ class _Builder:
                 session_id=_get(f, "lbmc.ume_sid.sid"),
                 resp_addr=(_answer_ip(_get(f, "lbmc.ume_preg.resp_ip", src[0]), src),
                            _get(f, "lbmc.ume_preg.resp_port", src[1])),
-                deregister=bool(_get(f, "lbmc.ume_preg.flags.d_flag")))
+                deregister=bool(_get(f, "lbmc.ume_preg.flags.d_flag")),
+                activity_timeout=_get(f, "lbmc.ume_client_lifetime.activity_tmo"))
             self.obs.registrations.append(reg)
             self.pending.setdefault((src, dst), []).append(reg)
         elif "lbmc.ume_preg_resp.reg_id" in names:

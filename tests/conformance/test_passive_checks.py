@@ -19,6 +19,7 @@ from conformance.passive.observe import (
     Registration,
     Sri,
     StoreEntry,
+    Tpkt,
     observe,
 )
 from reference_impl.config.client import load_client_config
@@ -289,3 +290,29 @@ def test_a_store_version_that_stays_after_its_reregistration_fails() -> None:
     retry.response.time = 5.0  # type: ignore[union-attr]
     assert Verdict.FAIL not in {r.verdict for r in _judged(
         _obs(registrations=[*regs, retry], sris=[first, stale]), "SRC-REG-008")}
+
+
+def test_an_lbtrm_nak_is_answered_by_a_retransmission_or_an_ncf() -> None:
+    session = ("lbtrm", "10.0.0.1", 14390, 0xABCD)
+    rcv = ("10.0.0.2", 40000)
+    src = ("10.0.0.1", 14390)
+
+    def tp(frame: int, t: float, kind: str, sqns: list[int], sender: tuple[str, int] = src
+           ) -> Tpkt:
+        return Tpkt(frame, t, session, kind, sqns, max(sqns, default=0), sender)
+
+    sent = [tp(i + 1, i * 0.01, "data", [i]) for i in range(10)]
+    nak = tp(20, 1.0, "nak", [3], rcv)
+    later = tp(30, 4.0, "sm", [])  # the source still heard after the answer time
+    answered = _obs(transport=[*sent, nak, tp(21, 1.1, "rx", [3]), later])
+    results = _judged(answered, "SRC-LBTRM-001")
+    assert {r.verdict for r in results} == {Verdict.PASS} and results[0].decided_by == [20, 21]
+    assert _verdicts(_obs(transport=[*sent, nak, tp(21, 1.2, "ncf", [3]), later]),
+                     "SRC-LBTRM-001") == {Verdict.PASS}
+    assert _verdicts(_obs(transport=[*sent, nak, later]), "SRC-LBTRM-001") == {Verdict.FAIL}
+    # a source not heard after the NAK (gone, or restarted): nothing decided
+    assert _verdicts(_obs(transport=[*sent, nak]), "SRC-LBTRM-001") == {Verdict.UNSUPPORTED}
+    # a repeat within the ignore interval of an answered NAK may go unanswered
+    repeat = tp(22, 1.3, "nak", [3], rcv)
+    assert _verdicts(_obs(transport=[*sent, nak, tp(21, 1.1, "rx", [3]), repeat, later]),
+                     "SRC-LBTRM-001") == {Verdict.PASS}

@@ -14,7 +14,9 @@ Choices where the guide is silent on what traffic shows:
   kept its state); a RegID asked for explicitly is granted to a store's new client as well, e.g.
   by a memory store that restarted;
 * "an active source" (REG-STORE-003) is one still visibly served: its connection gets a
-  stability ACK after the second source was granted the same RegID;
+  stability ACK after the second source was granted the same RegID; or, with the store's XML
+  (``--store-config``), one heard from less than its activity timeout before the grant
+  (:func:`active_within_timeout`);
 * "resumes after the consensus sequence number" (SRC-REG-003): the first new message after a
   granted re-registration must be above the highest sequence number the stores answered; one
   exactly after it passes, one further on is informational (a source re-registering without a
@@ -113,10 +115,11 @@ def one_regid_one_active_source(obs: Observed) -> list[Judgement]:
                 if first.response.reg_id != second.response.reg_id or _same_source(first,
                                                                                     second):
                     continue
-                later = [a for a in obs.stability_acks(first)
+                later = [a.frame for a in obs.stability_acks(first)
                          if a.frame > second.response.frame]
+                later += active_within_timeout(obs, first, second)
                 if later:
-                    clash = (first, second, later[0].frame)
+                    clash = (first, second, later[0])
                     break
             if clash:
                 break
@@ -124,8 +127,9 @@ def one_regid_one_active_source(obs: Observed) -> list[Judgement]:
             first, second, ack = clash
             out.append(failed(
                 store, f"RegID {second.response.reg_id if second.response else '?'} granted to "
-                       f"a second source (frame {second.frame}) while the first still got "
-                       f"stability ACKs (frame {ack})",
+                       f"a second source (frame {second.frame}) while the first was still "
+                       f"active (frame {ack}: a stability ACK to it after the grant, or its "
+                       "last activity within the activity timeout of --store-config)",
                 [*first.frames, *second.frames, ack], expected="refusal (code 5)",
                 observed="granted"))
         else:
@@ -134,13 +138,52 @@ def one_regid_one_active_source(obs: Observed) -> list[Judgement]:
     return out
 
 
+SLACK = 0.25
+"""Seconds of timer slack allowed on a configured timeout."""
+
+
+def active_within_timeout(obs: Observed, first: Registration, second: Registration
+                          ) -> list[int]:
+    """The frame of ``first``'s source's last activity before ``second``'s PREG when that is
+    less than the activity timeout (less :data:`SLACK`) before ``second`` was granted, else
+    ``[]``.  The timeout is the store's ``source-activity-timeout`` for the topic from
+    ``--store-config``, or the source's own shorter one from its PREG; without the XML,
+    nothing (the store's timeout is unknown).  Activity: what the source sent to the store on
+    that connection (keepalives, data) and its data on its transports."""
+    sc = obs.store_config_of(first.store)
+    topic = None if sc is None else next(
+        (t for t in sc.topics if first.topic is not None and t.matches(first.topic)), None)
+    if topic is None or second.response is None or any(
+            r.deregister and r.frame < second.frame and r.conn == first.conn
+            for r in obs.registrations):
+        return []
+    timeout = topic.options.source_activity_timeout
+    if first.activity_timeout:
+        timeout = min(timeout, first.activity_timeout)
+    client, store = first.conn
+    frames = [(f, t) for f, t in obs.heard.get((client, store), []) if f < second.frame]
+    transports = obs.source_transports(first)
+    frames += [(d.frame, d.time) for d in obs.data if d.src in transports
+               and d.frame < second.frame]
+    if not frames:
+        return []
+    frame, when = max(frames)
+    return [frame] if second.response.time - when < timeout / 1000 - SLACK else []
+
+
 def _same_source(a: Registration, b: Registration) -> bool:
-    """Whether two registrations are one source's (a restart keeps topic and Session ID)."""
-    if a.topic != b.topic:
+    """Whether ``b`` provably comes from ``a``'s source (the store's reading of "a different
+    source", reference_impl/store.py "RegID ownership"): on ``a``'s connection; or from its
+    host with its Session ID; or, neither having one, with its request address and its
+    transport and topic indexes (a restart on the same ports)."""
+    if a.conn == b.conn:
+        return True
+    if a.topic != b.topic or a.conn[0][0] != b.conn[0][0] or a.resp_addr[0] != b.resp_addr[0]:
         return False
     if a.session_id or b.session_id:
         return a.session_id == b.session_id
-    return True
+    return a.resp_addr == b.resp_addr and a.resp_addr[1] != 0 and (
+        a.transport_idx, a.topic_idx) == (b.transport_idx, b.topic_idx)
 
 
 @passive_for("QRM-STORE-001")

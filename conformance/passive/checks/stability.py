@@ -220,9 +220,12 @@ def flight_size_kept(obs: Observed) -> list[Judgement]:
 @passive_for("SRC-PRX-001")
 def proactive_after_timeout(obs: Observed) -> list[Judgement]:
     """A proactive retransmission of a message comes no sooner than
-    ``ume_message_stability_timeout`` after its previous send (informational with the
-    shortest observed gap without the source's configuration), and never once its only store
-    acknowledged it (:func:`resent_after`)."""
+    ``ume_message_stability_timeout`` after its previous proactive retransmission
+    (informational with the shortest observed gap without the source's configuration), and
+    never once its only store acknowledged it (:func:`resent_after`).  The first resend is not
+    timed from the message's first send on the wire: the timeout runs from the application's
+    send, which may be well before the wire's (an LBT-TCP source holds its messages until a
+    receiver connects, then sends them in a burst)."""
     opts = obs.source_options
     out = []
     for inc in incarnations(obs):
@@ -230,7 +233,7 @@ def proactive_after_timeout(obs: Observed) -> list[Judgement]:
         gaps: list[tuple[float, Data, Data]] = []
         for d in inc.data:
             before = last.get(d.sqn)
-            if d.kind == "prorx" and before is not None:
+            if d.kind == "prorx" and before is not None and before.kind == "prorx":
                 gaps.append((d.time - before.time, before, d))
             last[d.sqn] = d
         name = inc.client.name
@@ -243,6 +246,13 @@ def proactive_after_timeout(obs: Observed) -> list[Judgement]:
                               observed=f"resend of {again.sqn}"))
             continue
         if not gaps:
+            resent = [d for d in inc.data if d.kind == "prorx"]
+            if resent:
+                out.append(informational(name, f"{len(resent)} proactive retransmission(s), "
+                                               "none repeated: a first resend is not timed "
+                                               "(its timeout runs from the application's send)",
+                                         [resent[0].frame, resent[-1].frame],
+                                         observed=len(resent)))
             continue
         gap, a, b = min(gaps, key=lambda g: g[0])
         frames = [a.frame, b.frame]

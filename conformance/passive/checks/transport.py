@@ -19,7 +19,7 @@ guide is silent on what traffic shows:
 
 from __future__ import annotations
 
-from conformance.model import Role
+from conformance.model import Role, passive_for
 from conformance.passive.cases import passive_case
 from conformance.passive.judgement import Judgement, failed, needs, passed
 from conformance.passive.observe import Observed, Tpkt, show
@@ -101,3 +101,57 @@ def ncfs_answer_naks(obs: Observed) -> list[Judgement]:
     return [bad.get(who) or passed(who, f"{len(frames)} NCF(s), each for a NAKed number",
                                    frames)
             for who, frames in good.items()]
+
+
+ANSWER_WAIT = 1.5
+"""Seconds within which a NAK is answered (the active case SRC-LBTRM-001's wait)."""
+
+QUIET = 5.0
+"""Seconds without a NAK, retransmission or NCF of a sequence number before a NAK of it must be
+answered: a repeat within the source's ignore interval may go unanswered (SRC-LBTRM-002)."""
+
+needs("SRC-LBTRM-001", "no LBT-RM NAK for a number the source sent, with its source still "
+                       "heard after the answer time")
+
+
+@passive_for("SRC-LBTRM-001")
+def naks_answered(obs: Observed) -> list[Judgement]:
+    """Every LBT-RM NAK for a number the session's source had sent (not NAKed, resent or
+    NCFed in the :data:`QUIET` seconds before) gets a retransmission or an NCF of that number
+    within :data:`ANSWER_WAIT` seconds, when the source is still heard on that session after
+    that time (a NAK to a source that restarted, or one the capture lost, decides nothing)."""
+    lead: dict[tuple[object, ...], int] = {}
+    touched: dict[tuple[tuple[object, ...], int], float] = {}
+    asked: list[tuple[Tpkt, int]] = []
+    answers: dict[tuple[tuple[object, ...], int], list[Tpkt]] = {}
+    last_source: dict[tuple[object, ...], float] = {}
+    for t in obs.transport:
+        if t.session[0] != "lbtrm":
+            continue
+        if t.kind in ("data", "rx", "sm"):
+            lead[t.session] = max(lead.get(t.session, t.lead), t.lead)
+            last_source[t.session] = t.time
+        for s in t.sqns:
+            key = (t.session, s)
+            if t.kind == "nak" and t.session in lead and s <= lead[t.session] and \
+                    t.time - touched.get(key, -QUIET - 1) > QUIET:
+                asked.append((t, s))
+            if t.kind in ("rx", "ncf"):
+                answers.setdefault(key, []).append(t)
+            if t.kind in ("nak", "rx", "ncf"):
+                touched[key] = t.time
+    bad: dict[str, Judgement] = {}
+    good: dict[str, list[int]] = {}
+    for nak, s in asked:
+        who = session_name("source", nak)
+        answer = next((a for a in answers.get((nak.session, s), [])
+                       if nak.time <= a.time <= nak.time + ANSWER_WAIT), None)
+        if answer is not None:
+            good.setdefault(who, []).extend([nak.frame, answer.frame])
+        elif last_source.get(nak.session, 0.0) > nak.time + ANSWER_WAIT and who not in bad:
+            bad[who] = failed(who, f"NAK (frame {nak.frame}) for {s} answered neither by a "
+                                   f"retransmission nor by an NCF within {ANSWER_WAIT} s",
+                              [nak.frame], expected="DATA(RX) or NCF", observed="none")
+    return [bad.get(who) or passed(who, f"{len(good[who]) // 2} NAK(s) answered by a "
+                                        "retransmission or an NCF", good[who])
+            for who in sorted({*bad, *good})]
