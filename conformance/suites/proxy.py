@@ -28,6 +28,7 @@ INTERVAL`` and ``ACTIVITY + 1.5 x INTERVAL`` after the source went silent; the h
 
 from __future__ import annotations
 
+import threading
 import time
 
 from conformance.context import CaseContext
@@ -485,12 +486,14 @@ def no_proxy_without_allow(h: CaseContext) -> None:
       "sends a PREG containing a unique random value to the other stores.",
       store_options=ALLOW, topic_options=TOPIC_OPTIONS, timeout=60.0)
 def forged_claims_dropped(h: CaseContext) -> None:
-    """Three stores; while the source lives, the harness sends every store claims no store of
-    the group could have sent - a token of 0, a store index outside the group, a store index
-    naming another store than the one in the PSER - and a valid-looking claim whose PSER names
-    a source nobody registered.  No store creates a proxy, every store still acknowledges the
-    source's next message, and when the source dies the group still elects exactly one proxy
-    in time (a store that followed a forged claim would wait for a proxy that is not there)."""
+    """Three stores; from while the source lives to the end of the case, the harness sends
+    every store, once per election interval (as a running proxy repeats its claim), claims no
+    store of the group could have sent - a token of 0, a store index outside the group, a
+    store index naming another store than the one in the PSER - and a valid-looking claim
+    whose PSER names a source nobody registered.  No store creates a proxy while the source
+    lives, every store still acknowledges the source's next message, and when the source dies
+    the group still elects exactly one proxy in time (a store that followed a forged claim
+    would wait for a proxy that is not there, for as long as the forger goes on)."""
     members, src = _group(h, 3)
     s = src.source
     forged = [
@@ -502,19 +505,35 @@ def forged_claims_dropped(h: CaseContext) -> None:
         ("unknown source", (("127.0.0.1", 1), s.transport_idx + 1, 77), 1, 0x7FFFFFFF,
          members[1].addr),
     ]
+    links = [connect(m.addr, h.recorder, f"forger -> store {i}", h.scaled(2.0))
+             for i, m in enumerate(members)]
+    h.closers += [link.close for link in links]
+    for what, *_ in forged:
+        h.note(f"forged claims to every store, once per interval: {what}")
+
+    def forge() -> None:
+        for i, link in enumerate(links):
+            for _, (addr, tidx, topic_idx), index, token, store in forged:
+                link.send(LbmcMessage(headers=[
+                    UmePreg(s_flag=1, p_flag=1, reg_id=src.reg_ids.get(i, 0),
+                            transport_idx=tidx, topic_idx=topic_idx, resp_port=store[1],
+                            resp_ip=store[0]),
+                    UmePser(source_ip=addr[0], store_ip=store[0], transport_idx=tidx,
+                            topic_idx=topic_idx, source_port=addr[1], store_port=store[1],
+                            source_ctxinst=bytes(8), store_ctxinst=bytes(8)),
+                    UmePsrcElectionToken(store_index=index, token=token)]))
+    stop = threading.Event()
+    h.closers.append(stop.set)  # closers run last first: the forger stops before its links
+
+    def forger() -> None:
+        while not stop.wait(h.scaled(INTERVAL_MS / 1000)):
+            try:
+                forge()
+            except NoAnswer:
+                return  # a store closed the connection: its claims are dropped either way
     sent = time.monotonic()
-    for i, member in enumerate(members):
-        link = connect(member.addr, h.recorder, f"forger -> store {i}", h.scaled(2.0))
-        h.closers.append(link.close)
-        for what, (addr, tidx, topic_idx), index, token, store in forged:
-            h.note(f"forged claim to store {i}: {what}")
-            link.send(LbmcMessage(headers=[
-                UmePreg(s_flag=1, p_flag=1, reg_id=src.reg_ids.get(i, 0), transport_idx=tidx,
-                        topic_idx=topic_idx, resp_port=store[1], resp_ip=store[0]),
-                UmePser(source_ip=addr[0], store_ip=store[0], transport_idx=tidx,
-                        topic_idx=topic_idx, source_port=addr[1], store_port=store[1],
-                        source_ctxinst=bytes(8), store_ctxinst=bytes(8)),
-                UmePsrcElectionToken(store_index=index, token=token)]))
+    forge()
+    threading.Thread(target=forger, name="forger", daemon=True).start()
     deadline = sent + h.scaled(4 * INTERVAL_MS / 1000)
     while time.monotonic() < deadline:
         src.touch()

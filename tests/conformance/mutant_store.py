@@ -487,6 +487,18 @@ def proxy_sends_without_quorum() -> None:
 MUTANTS["proxy-sends-without-quorum"] = proxy_sends_without_quorum
 
 
+def accepts_forged_claims() -> None:
+    """Takes any decodable proxy claim for a watched source at its word: a token of 0, a store
+    index outside the group or one that is not the claiming store's (docs/semantics.md §1.11:
+    such a claim is logged and dropped)."""
+    from reference_impl.proxy import ProxyElection
+
+    ProxyElection._forged = lambda self, claim, sender: None  # type: ignore[method-assign]
+
+
+MUTANTS["accepts-forged-claims"] = accepts_forged_claims
+
+
 def answers_beyond_newest() -> None:
     """Answers a retransmission request for a number its source never sent (an OTR request
     out of range) with the newest message it holds, as if the number were clamped."""

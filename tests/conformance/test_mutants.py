@@ -59,6 +59,7 @@ CATCHES = {
     "proxy-without-allow": ("proxy", "PXY-STORE-007"),
     "ignores-repo-quorum": ("proxy", "PXY-STORE-009"),
     "proxy-sends-without-quorum": ("proxy", "PXY-STORE-006"),
+    "accepts-forged-claims": ("proxy", "PXY-STORE-008"),
 }
 
 ALONE = {"rpp", "proxy"}
