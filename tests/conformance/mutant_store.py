@@ -499,6 +499,39 @@ def accepts_forged_claims() -> None:
 MUTANTS["accepts-forged-claims"] = accepts_forged_claims
 
 
+def proxy_ignores_sri() -> None:
+    """Its proxy source advertises the topic but never answers an SRI request, so a late
+    receiver cannot learn the store to register with (guide "Proxy Sources": the proxy lets new
+    receivers "request Source Registration Information (SRI)")."""
+    StoreCore._proxy_sri = lambda self, conn, req: False  # type: ignore[method-assign]
+
+
+MUTANTS["proxy-ignores-sri"] = proxy_ignores_sri
+
+
+def proxy_outlives_source() -> None:
+    """Keeps its proxy source when the original source registers again (guide "How Proxy
+    Sources Operate": "The store deletes the proxy source")."""
+    from reference_impl.proxy import ProxyElection
+
+    ProxyElection.source_returned = lambda self, source, now: None  # type: ignore[method-assign]
+    ProxyElection.forget = lambda self, source: None  # type: ignore[method-assign]
+
+
+MUTANTS["proxy-outlives-source"] = proxy_outlives_source
+
+
+def no_reelection() -> None:
+    """Never elects again when the store running the proxy dies or falls silent (guide: the
+    other stores "detect a source failure again and elect a new store")."""
+    from reference_impl.proxy import ProxyElection
+
+    ProxyElection.peer_lost = lambda self, store_index, now: None  # type: ignore[method-assign]
+
+
+MUTANTS["no-reelection"] = no_reelection
+
+
 def answers_beyond_newest() -> None:
     """Answers a retransmission request for a number its source never sent (an OTR request
     out of range) with the newest message it holds, as if the number were clamped."""

@@ -60,6 +60,9 @@ CATCHES = {
     "ignores-repo-quorum": ("proxy", "PXY-STORE-009"),
     "proxy-sends-without-quorum": ("proxy", "PXY-STORE-006"),
     "accepts-forged-claims": ("proxy", "PXY-STORE-008"),
+    "proxy-ignores-sri": ("proxy", "PXY-STORE-003"),
+    "proxy-outlives-source": ("proxy", "PXY-STORE-004"),
+    "no-reelection": ("proxy", "PXY-STORE-005"),
 }
 
 ALONE = {"rpp", "proxy"}
