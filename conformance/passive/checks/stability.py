@@ -245,8 +245,14 @@ def proactive_after_timeout(obs: Observed) -> list[Judgement]:
                               [ack.frame, again.frame], expected="no resend once stable",
                               observed=f"resend of {again.sqn}"))
             continue
+        resent = [d for d in inc.data if d.kind == "prorx"]
+        if resent and opts is not None and opts.ume_message_stability_timeout == 0:
+            out.append(failed(name, "proactive retransmission with "
+                                    "ume_message_stability_timeout 0 (off)",
+                              [resent[0].frame], expected="none",
+                              observed=f"sqn {resent[0].sqn}"))
+            continue
         if not gaps:
-            resent = [d for d in inc.data if d.kind == "prorx"]
             if resent:
                 out.append(informational(name, f"{len(resent)} proactive retransmission(s), "
                                                "none repeated: a first resend is not timed "
@@ -263,11 +269,7 @@ def proactive_after_timeout(obs: Observed) -> list[Judgement]:
                                      observed=f"{gap * 1000:.0f} ms"))
             continue
         timeout = opts.ume_message_stability_timeout / 1000
-        if timeout == 0:
-            out.append(failed(name, "proactive retransmission with "
-                                    "ume_message_stability_timeout 0 (off)", frames,
-                              expected="none", observed=f"sqn {b.sqn}"))
-        elif gap < timeout - SLACK:
+        if gap < timeout - SLACK:
             out.append(failed(name, f"sqn {b.sqn} proactively resent {gap * 1000:.0f} ms after "
                                     f"its previous send", frames,
                               expected=f">= {timeout * 1000:.0f} ms",

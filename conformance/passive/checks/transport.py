@@ -103,8 +103,10 @@ def ncfs_answer_naks(obs: Observed) -> list[Judgement]:
             for who, frames in good.items()]
 
 
-ANSWER_WAIT = 1.5
-"""Seconds within which a NAK is answered (the active case SRC-LBTRM-001's wait)."""
+ANSWER_WAIT = 1.0
+"""Seconds within which a NAK is answered: a source answers at once (the active case
+SRC-LBTRM-001 waits 1.5 s; a capture of it ends soon after, and the source must be heard
+after this time for a silence to count)."""
 
 QUIET = 5.0
 """Seconds without a NAK, retransmission or NCF of a sequence number before a NAK of it must be
