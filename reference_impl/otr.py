@@ -35,7 +35,8 @@ the OTR flag (``LBM_MSG_FLAG_OTR``).  ``use_otr`` 1 = always, 2 = persistent rec
 * Scope: OTR serves gaps the transport opened after the receiver's registration completed.
   What a late receiver missed before its first live message is registration recovery, as
   before.  A streaming source (no stores) is not recovered: the reference source keeps no
-  retention that answers requests (``use_otr`` 1 on a streaming receiver does nothing).
+  retention that answers requests, so its transport's gaps are reported lost at once, whatever
+  ``use_otr`` says, and delivery goes on.
 """
 
 from __future__ import annotations

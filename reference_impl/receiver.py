@@ -1492,7 +1492,7 @@ class ReceiverCore(ContextCore):
                 # a gap above everything seen (or, before anything was seen, above where
                 # delivery starts: a source that sent before we joined its transport)
                 base = nxt if high is None or high + 1 < nxt else high + 1
-                if sqn > base and high is not None and st.stores:
+                if sqn > base and high is not None:
                     self._transport_gap(st, base, sqn)  # off-transport recovery's
                 elif sqn > base:
                     st.missing.add(base, sqn)
@@ -1684,18 +1684,24 @@ class ReceiverCore(ContextCore):
 
     def _transport_gap(self, st: SourceSession, base: int, sqn: int) -> None:
         """The transport skipped ``[base, sqn)`` after registration: with ``use_otr`` for
-        this (persistent) source it is asked for by OTR, paced; without, it is lost at once
-        (stores take no part in transport recovery: guide "Receiver Recovery").  Numbers the
-        registration recovery still asks for stay its own."""
+        this (persistent) source it is asked for by OTR, paced; without, or from a streaming
+        source, it is lost at once (stores take no part in transport recovery: guide
+        "Receiver Recovery"), and delivery goes on.  Numbers the registration recovery still
+        asks for stay its own."""
         if st.missing.ranges:
             base = max(base, st.missing.ranges[-1][1])
         if st.requests:
             base = max(base, max(st.requests) + 1)
         if sqn <= base:
             return
-        if not otr_applies(self.config.use_otr, persistent=True):
+        persistent = bool(st.stores)
+        if not persistent or not otr_applies(self.config.use_otr, persistent):
+            # a streaming source: the reference source keeps no retention to ask (and
+            # without OTR nothing is asked): lost, and delivery goes on
+            why = f"use_otr is {self.config.use_otr}" if persistent or \
+                self.config.use_otr != 1 else "a streaming source keeps no retention here"
             self.log(Level.WARNING, f"{st.name}: transport lost sqn {base}..{sqn - 1} and "
-                                    f"use_otr is 0: not recovered")
+                                    f"{why}: not recovered")
             self._give_up(list(range(base, sqn)))
             return
         if st.otr is None:

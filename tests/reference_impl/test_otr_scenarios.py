@@ -159,3 +159,23 @@ def test_otr_traffic_agrees_with_tshark(tmp_path: Path) -> None:
              for frame in read_frames(pcap, portmap) for fields in frame.occurrences("lbmc")
              if any(k == "lbmc.ume_rxreq.seqnum" for k, _ in fields)}
     assert by_otr <= shown
+
+
+@pytest.mark.parametrize("use_otr", [1, 2])
+def test_a_streaming_receiver_reports_the_transports_losses_and_goes_on(use_otr: int) -> None:
+    """A source without stores: no store to ask, and the reference source keeps no retention,
+    so what its transport gives up on is lost at once (it used to stall delivery for good)."""
+    d = SimDeployment(seed=3)
+    d.add_source("src", TOPIC, transport="lbt-rm", transport_lbtrm_transmission_window_size=64,
+                  ume_store=())
+    d.add_receiver("rcv", TOPIC, use_otr=use_otr)
+    assert d.run_until(lambda: d.receivers["rcv"].primary.source is not None, 20)
+    d.run(2)
+    d.net.set_link("src", "rcv", LinkConfig(loss=0.2), both_ways=False)
+    sent = send(d, 200)
+    d.run(20)
+    got = [e.sequence_number for e in of(d, "rcv", ev.MessageDelivered)]
+    lost = [n for e in of(d, "rcv", ev.UnrecoverableLoss) for n in range(e.first, e.last + 1)]
+    assert lost and not of(d, "rcv", ev.OtrRequested)
+    assert got == sorted(got) and sorted(got + lost) == sorted(sent)
+    assert not d.receivers["rcv"].primary.held
