@@ -29,6 +29,8 @@ from reference_impl.config.store_xml import (
     parse_store_config,
 )
 from reference_impl.demo import disk_store_xml
+from wire.pcap import PcapWriter, read_capture
+from wire.tshark import PortMap
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -316,3 +318,50 @@ def test_an_lbtrm_nak_is_answered_by_a_retransmission_or_an_ncf() -> None:
     repeat = tp(22, 1.3, "nak", [3], rcv)
     assert _verdicts(_obs(transport=[*sent, nak, tp(21, 1.1, "rx", [3]), repeat, later]),
                      "SRC-LBTRM-001") == {Verdict.PASS}
+
+
+# --- bad input: what a capture lacks is unsupported, never a failure ------------------------
+
+NEW_CASES = ("SRC-REG-006", "SRC-REG-008", "PSV-STORE-003", "SRC-QRM-015", "REC-STORE-005",
+             "SRC-LBTRM-001")
+
+
+def _configured(paths: list[Path]) -> list[PassiveResult]:
+    """Judged with a store XML for the corpus's store port and default client options."""
+    from reference_impl.config.client import parse_client_config
+
+    obs = observe(paths, PortMap(store_ports=[14567]))
+    obs.store_config = _store_config()
+    client = parse_client_config("source ume_flight_size 1000\n")
+    obs.source_options, obs.receiver_options = client.source, client.receiver
+    return judge(obs, passive_cases())
+
+
+def test_no_um_traffic_leaves_the_new_cases_unsupported_with_the_reason() -> None:
+    results = _configured([ROOT / "captures" / "corpus" / "not-um.pcap"])
+    for case_id in NEW_CASES:
+        (r,) = [r for r in results if r.spec.id == case_id]
+        assert r.verdict is Verdict.UNSUPPORTED and "no UM traffic" in r.message, r.message
+
+
+def test_a_cut_capture_fails_nothing_the_whole_capture_does_not(tmp_path: Path) -> None:
+    """Captures starting mid-stream (no registration seen) or ending inside a record judged
+    with every configuration given: each failure is one the whole capture has too."""
+    src = ROOT / "captures" / "corpus" / "restarts.pcap"
+
+    def fails(results: list[PassiveResult]) -> set[tuple[str, str]]:
+        return {(r.spec.id, r.entity) for r in results if r.verdict is Verdict.FAIL}
+
+    whole = fails(_configured([src]))
+    records = list(read_capture(src))
+    for start in (len(records) // 5, len(records) // 2, len(records) - 100):
+        part = tmp_path / f"from-{start}.pcap"
+        with PcapWriter(part, linktype=records[0].linktype) as out:
+            for rec in records[start:]:
+                out.write(rec.ts, rec.data)
+        results = _configured([part])
+        assert fails(results) <= whole, fails(results) - whole
+    cut = tmp_path / "cut.pcap"
+    data = src.read_bytes()
+    cut.write_bytes(data[: len(data) // 3 + 5])  # ends inside a record
+    assert fails(_configured([cut])) <= whole
