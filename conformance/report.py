@@ -41,7 +41,7 @@ def case_json(r: CaseResult, out: Path) -> dict[str, Any]:
         "id": spec.id, "title": spec.title, "suite": spec.suite, "role": spec.role.value,
         "section": spec.section, "requirement": spec.requirement,
         "strength": spec.strength.value, "verdict": r.verdict.value, "message": r.message,
-        "transport": r.transport,
+        "transport": r.transport, "transport_ports": r.transport_ports,
         "expected": _text(r.expected), "observed": _text(r.observed),
         "seconds": round(r.seconds, 3), "known_failure": r.known_failure,
         "counts_against": r.counts_against,
@@ -228,12 +228,16 @@ def write_html(run: RunResult, path: Path) -> None:
                      f"<td>{html.escape(spec.title)}</td><td>{r.seconds:.2f} s</td></tr>")
         ports = ",".join(str(p) for p in r.store_ports)
         whose = "the IUT's port" if r.iut_port is not None else "the harness stores' ports"
+        udp = "".join(f" --{kind.replace('-', '')}-port {','.join(map(str, found))}"
+                      for kind, found in r.transport_ports.items())
         pcap = (f'<a href="{html.escape(str(r.pcap.relative_to(out)))}">evidence.pcap</a> '
                 f"({r.frames} frames; decode {whose} {ports} as UM store ports: "
-                f"<code>ump dissect evidence.pcap --store-port {ports}</code>)"
+                f"<code>ump dissect evidence.pcap --store-port {ports}{udp}</code>)"
                 ) if r.pcap and ports else (
                 f'<a href="{html.escape(str(r.pcap.relative_to(out)))}">evidence.pcap</a> '
-                f"({r.frames} frames)" if r.pcap else "no packets")
+                f"({r.frames} frames"
+                + (f": <code>ump dissect evidence.pcap{udp}</code>)" if udp else ")")
+                if r.pcap else "no packets")
         if getattr(r, "entity", None) is not None:  # passive: the capture's deciding frames
             pcap = _decided_by(r)
         blocks.append(f"""

@@ -59,6 +59,7 @@ from conformance.model import CaseSpec, Conclusion, Role, Strength, Verdict, all
 from conformance.net import DEFAULT_PORTS, NoAnswer, PortPlan, UdpPort
 from conformance.peers import HarnessResolver
 from conformance.profile import IutProfile
+from conformance.udp_transport import transport_ports
 
 
 @dataclass
@@ -86,6 +87,8 @@ class CaseResult:
     store_ports: list[int] = field(default_factory=list)
     """TCP ports to decode as UM store ports in the evidence: the store IUT's, or the
     harness's stores' in front of a source or receiver IUT."""
+    transport_ports: dict[str, list[int]] = field(default_factory=dict)
+    """UDP ports that carried ``lbt-ru`` / ``lbt-rm`` in the evidence (decode them as such)."""
     transport: str = "tcp"
     """The transport the case ran on (``tcp``, ``lbt-ru``, ``lbt-rm``: the run's
     ``--transport`` for a store case, the case's own for one about a transport)."""
@@ -335,6 +338,7 @@ class Runner:
         result.iut_port = iut.addr[1] if isinstance(iut, StoreUnderTest) else None
         result.pcap = evidence / "evidence.pcap"
         result.frames = recorder.write_pcap(result.pcap)
+        result.transport_ports = transport_ports(recorder.snapshot())
         recorder.write_timeline(evidence / "timeline.json")
         result.timeline = recorder.timeline()
         if iut is not None:

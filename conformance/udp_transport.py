@@ -52,7 +52,7 @@ from typing import Protocol
 
 from scapy.packet import Packet
 
-from conformance.evidence import Addr, Recorder
+from conformance.evidence import Addr, Entry, Recorder
 from conformance.net import _bind_first, _wake_and_close, to_bytes
 from reference_impl.lbtrm_session import LbtrmSourceSession, LbtrmSourceSettings
 from reference_impl.lbtru_session import LbtruSourceSession, LbtruSourceSettings
@@ -111,6 +111,21 @@ def group_members(group: str) -> int | None:
         if line.startswith(("\t", " ")) and parts and parts[0].upper() == wanted:
             count += int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 1
     return count
+
+
+def transport_ports(entries: list[Entry]) -> dict[str, list[int]]:
+    """The UDP ports that carried LBT-RU and LBT-RM in a case's timeline (both ends of each
+    datagram the harness named so, :meth:`Recorder.udp`'s ``summary``): what ``ump dissect
+    --lbtru-port/--lbtrm-port`` (tshark ``-d udp.port==PORT,lbtru``) needs for its evidence,
+    since the harness's sessions use ports outside tshark's defaults (module docstring)."""
+    found: dict[str, set[int]] = {LBT_RU: set(), LBT_RM: set()}
+    for e in entries:
+        if e.kind != "udp" or e.src is None or e.dst is None:
+            continue
+        for kind in (LBT_RU, LBT_RM):
+            if e.text.startswith(LABELS[kind] + " "):
+                found[kind] |= {e.src[1], e.dst[1]}
+    return {k: sorted(v) for k, v in found.items() if v}
 
 
 class UdpTransport:

@@ -8,7 +8,6 @@ by ``scripts/ensure-multicast`` first (the LBT-RM source sends to a group of its
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -67,18 +66,17 @@ def test_every_transport_runs_a_store_case_under_its_own_id(tmp_path: Path) -> N
 
 
 def _agrees_with_tshark(out: Path, case: dict[str, Any]) -> None:
-    """The case's evidence dissects the same in wire/ and tshark, the harness source's ports
-    decoded as its transport (the timeline's note names them)."""
-    note = next(e["text"] for e in case["timeline"] if e["kind"] == "note"
-                and e["text"].startswith("source: LBT-R"))
-    ports = [int(x) for x in re.findall(r":(\d+)", note)]
-    ru = case["transport"] == "lbt-ru"
-    portmap = PortMap(store_ports=[case["store_port"]], lbtru_ports=ports if ru else [],
-                      lbtrm_ports=[] if ru else ports)
+    """The case's evidence dissects the same in wire/ and tshark, with the UDP ports the
+    result says carried its transport decoded as such (as the HTML report's command does)."""
+    ports = case["transport_ports"]
+    assert list(ports) == [case["transport"]] and ports[case["transport"]]
+    portmap = PortMap(store_ports=[case["store_port"]], lbtru_ports=ports.get("lbt-ru", []),
+                      lbtrm_ports=ports.get("lbt-rm", []))
     pcap = out / case["pcap"]
     reports = list(dissect_file(pcap, portmap))
     assert any(r.status == "um" for r in reports)
     assert check_against_tshark(pcap, reports, portmap) == [], case["id"]
+    assert f"--{case['transport'].replace('-', '')}-port" in (out / "report.html").read_text()
 
 
 def test_the_lbtrm_source_sends_data_to_its_group_and_the_store_nak_port_is_the_header_s(
