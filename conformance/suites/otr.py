@@ -11,7 +11,8 @@ in the ``{deliveries}`` file); with ``use_otr`` 0 it must not ask.  Every OTR op
 explicitly, so the verdict does not depend on the IUT's version (``use_otr`` defaults to 2
 since UM 6.8, 0 before).
 
-Store IUT (OTR-STORE-*): an OTR request reaches a store as a retransmission request; one for a
+Store IUT (OTR-STORE-*): an OTR request reaches a store as a retransmission request: one for a
+message sent after the receiver registered (a gap its transport lost) is served (002); one for a
 sequence number the store does not hold, or naming a RegID it does not know, is dropped
 without an answer and the store goes on serving the requests it can.
 """
@@ -190,3 +191,32 @@ def out_of_range_requests_dropped(h: CaseContext) -> None:
     h.check_equal(got.payload, bytes(src.data(3).payload), "the payload retransmitted for 3")
     h.check(got.type == MessageType.RETRANS, "3 did not come back as a retransmission",
             expected="LBMC type RETRANS", observed=got.label())
+
+
+@case("OTR-STORE-002", suite=SUITE, role=Role.STORE, timeout=15.0,
+      title="A gap in the live stream is served to a receiver registered before it was sent",
+      section="Receiver Recovery",
+      requirement="When the transport gives up, OTR asks the store for the missing topic "
+                  "sequence numbers, without restarting the receiver: the store retransmits "
+                  "what it received after the receiver registered.",
+      topic_options={"receiver-new-registration-rollback": 0})
+def live_gap_served(h: CaseContext) -> None:
+    """A source with 0..4 stable; a new receiver registers (rollback 0: it starts at the next
+    message, 5); the source sends 5..19.  OTR requests for 7, 12 and 19 (messages its
+    transport lost) must each get the message back as a retransmission."""
+    src = h.source()
+    h.check(not src.register(reg_id=0).e_flag, "the store refused the source")
+    src.send(*range(5))
+    src.expect_stable(4)
+    rcv = h.receiver(src)
+    resp = rcv.register(reg_id=0)
+    h.check(not resp.e_flag, "the store refused the receiver")
+    src.send(*range(5, 20))
+    src.expect_stable(19)
+    for sqn in (7, 12, 19):
+        rcv.rxreq(sqn)
+        got = rcv.expect_data(sqn)
+        h.check_equal(got.payload, bytes(src.data(sqn).payload),
+                      f"the payload retransmitted for {sqn}")
+        h.check(got.type == MessageType.RETRANS, f"{sqn} did not come back as a "
+                "retransmission", expected="LBMC type RETRANS", observed=got.label())

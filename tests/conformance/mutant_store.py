@@ -549,6 +549,33 @@ def answers_beyond_newest() -> None:
 MUTANTS["answers-beyond-newest"] = answers_beyond_newest
 
 
+def serves_only_registration_history() -> None:
+    """Serves a receiver only what the store held when it registered: a gap in the live
+    stream after that (an OTR request) gets nothing."""
+    register = StoreCore._register_receiver
+    on_rxreq = StoreCore._on_rxreq
+    history: dict[int, int] = {}
+
+    def registering(self: StoreCore, *args: Any, **kw: Any) -> Any:
+        before = set(self.receivers)
+        result = register(self, *args, **kw)
+        for reg_id in set(self.receivers) - before:
+            src = self.sources.get(self.receivers[reg_id].source_reg_id)
+            history[reg_id] = -1 if src is None or src.high_received is None \
+                else src.high_received
+        return result
+
+    def patched(self: StoreCore, conn: Any, id_2: int, seqnum: int, size: int) -> None:
+        if seqnum > history.get(id_2, seqnum):
+            return
+        on_rxreq(self, conn, id_2, seqnum, size)
+    StoreCore._register_receiver = registering  # type: ignore[method-assign]
+    StoreCore._on_rxreq = patched  # type: ignore[method-assign]
+
+
+MUTANTS["serves-only-registration-history"] = serves_only_registration_history
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in MUTANTS:
         print(f"usage: mutant_store.py {{{','.join(MUTANTS)}}} STORE-ARGS...", file=sys.stderr)

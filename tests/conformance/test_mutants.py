@@ -53,6 +53,7 @@ CATCHES = {
     "client-timeout-ignored": ("quorum", "QRM-STORE-006"),
     # off-transport recovery (issue 20)
     "answers-beyond-newest": ("otr", "OTR-STORE-001"),
+    "serves-only-registration-history": ("otr", "OTR-STORE-002"),
     # proxy sources: a group of three instances (profile 'instances', issue 20)
     "proxy-never-elected": ("proxy", "PXY-STORE-001"),
     "two-proxies": ("proxy", "PXY-STORE-002"),
