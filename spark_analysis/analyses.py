@@ -1435,9 +1435,13 @@ def analyze(tables: CaptureTables, options: AnalysisOptions | None = None, *,
         cached.append(df)
         return df
 
-    packets = keep("packets", tables.packets.select(
-        *_PACKET_COLUMNS, *[c for c in _OPTIONAL_PACKET_COLUMNS if c in tables.packets.columns]))
-    adverts = keep("advertisements", tables.advertisements)
+    # packets and advertisements are read as they are stored: a selection of Parquet columns
+    # is a small plan and a cheap scan (pruned to the columns each analysis reads, filters
+    # pushed down), where a checkpoint copied every kept column of every packet into the
+    # block store (a job, and the largest table in memory)
+    packets = tables.packets.select(
+        *_PACKET_COLUMNS, *[c for c in _OPTIONAL_PACKET_COLUMNS if c in tables.packets.columns])
+    adverts = tables.advertisements
     messages = keep("messages", tables.messages.where(
         F.col("sqn").isNotNull() | F.col("ume_preg").isNotNull()
         | F.col("ume_preg_resp").isNotNull() | F.col("ume_ack").isNotNull()

@@ -657,11 +657,12 @@ class ParquetTables:
         if unknown:
             raise ValueError(f"no header column {unknown[0]!r}; known: "
                              f"{', '.join(h.name for h in MESSAGE_HEADER_COLUMNS)}")
-        frames = self.dataframes(spark)
-        joined = frames["messages"]
+        # only the tables joined: every ``spark.read.parquet`` is a Spark job (the schema from
+        # a footer), and reading all twenty cost 1-3 s of jobs on every run
+        joined = spark.read.parquet(self.paths["messages"])
         for name in wanted:
-            joined = joined.join(frames[f"{HEADER_TABLE_PREFIX}{name}"], list(MESSAGE_KEY),
-                                 "left")
+            header = spark.read.parquet(self.paths[f"{HEADER_TABLE_PREFIX}{name}"])
+            joined = joined.join(header, list(MESSAGE_KEY), "left")
         return joined.select(*MESSAGE_CORE_SCHEMA.names, *wanted)
 
 

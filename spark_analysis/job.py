@@ -262,7 +262,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
     small_files = capture_bytes <= SMALL_CAPTURE_BYTES
     verbose = bool(args.debug or getattr(args, "verbose", False))
     spark = get_spark(app_name="ump-analyze", master=args.master,
-                      config=SMALL_CAPTURE_JVM if small_files else None,
+                      config=SMALL_CAPTURE_JVM if small_files else launch_config(capture_bytes),
                       log_level="WARN" if verbose else "ERROR", quiet=not verbose)
     size_shuffle_partitions(spark, capture_bytes)
     if isinstance(log, Progress):
@@ -362,6 +362,44 @@ beyond :data:`SMALL_CAPTURE_FRAMES`: ``ump analyze`` on 100,000 and 200,000 fram
 benchmark capture took 42 and 46 s with it, 51 and 57 s without.  Not on large captures: at
 1,000,000 frames both took 91-98 s, and a join over the decoded 10,000,000-frame tables took
 22 s with the quick tier alone against 9 s, hence the bound on the capture's bytes."""
+
+
+QUICK_TIER_BYTES = 512 << 20
+"""Captures up to this many bytes in all run Spark's JVM with the quick compiler tier alone
+(:func:`launch_config`).  The optimising compiler (C2) cost 41-50 CPU-seconds of a 1,000,000
+frame run (142 MB of capture) that spent about 48 in its tasks: more than it saved.  The
+bound is where the task work, about ten times larger at 10,000,000 frames, pays back the
+compiler (a join over the decoded 10,000,000-frame tables took 22 s with the quick tier alone
+against 9 s)."""
+
+DRIVER_MEMORY_MIN = 2 << 30
+DRIVER_MEMORY_PER_CAPTURE_BYTE = 3
+"""Driver heap per byte of capture (local mode: the driver is the executor, its heap holds the
+checkpointed intermediate tables).  With Spark's default 1 GiB the 1,000,000-frame run spilled
+its checkpoints to disk and the 10,000,000-frame run failed at a ``localCheckpoint``."""
+DRIVER_MEMORY_SHARE = 0.5
+"""At most this share of the machine's memory for the driver heap."""
+
+
+def launch_config(capture_bytes: int) -> dict[str, str]:
+    """Launch settings for a capture of ``capture_bytes`` that is not small: a driver heap
+    sized from the capture (:data:`DRIVER_MEMORY_PER_CAPTURE_BYTE`, at least
+    :data:`DRIVER_MEMORY_MIN`, at most :data:`DRIVER_MEMORY_SHARE` of the machine), the
+    throughput collector (the G1 collector's concurrent threads cost about 15 CPU-seconds of
+    the 1,000,000-frame run; a batch job does not care about pauses) and, up to
+    :data:`QUICK_TIER_BYTES`, the quick compiler tier alone.  Ignored when Spark runs already
+    (spark-submit), like every launch setting."""
+    try:
+        machine = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        machine = 4 * DRIVER_MEMORY_MIN
+    heap = max(DRIVER_MEMORY_MIN, DRIVER_MEMORY_PER_CAPTURE_BYTE * capture_bytes)
+    heap = min(heap, max(DRIVER_MEMORY_MIN // 2, int(machine * DRIVER_MEMORY_SHARE)))
+    java = ["-XX:+UseParallelGC"]
+    if capture_bytes <= QUICK_TIER_BYTES:
+        java.insert(0, "-XX:TieredStopAtLevel=1")
+    return {"spark.driver.memory": f"{heap >> 20}m",
+            "spark.driver.extraJavaOptions": " ".join(java)}
 
 
 def _capture_bytes(captures: Sequence[str]) -> int:
