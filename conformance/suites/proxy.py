@@ -210,17 +210,21 @@ def proxy_tirs(h: CaseContext, topic: str, since: float = 0.0) -> list[tuple[flo
 
 def store_lbmr_addrs(h: CaseContext) -> set[tuple[str, int]]:
     """Where the case's store instances send topic resolution from (where a TQR reaches
-    them)."""
+    them): the senders of what reached the resolver (not the stores' LBT-RU/LBT-RM sockets)."""
+    resolver = h.resolver.port.addr
     return {e.src for e in h.recorder.snapshot()
-            if e.kind == "udp" and e.from_iut and e.src is not None}
+            if e.kind == "udp" and e.from_iut and e.src is not None and e.dst == resolver}
 
 
 def answering(h: CaseContext, topic: str, wait: float = 1.0) -> set[int]:
     """The store ports of the stores that answer a TQR for ``topic`` now (asked twice, as
     lbmrd would relay a receiver's queries)."""
     asked = time.monotonic()
+    addrs = store_lbmr_addrs(h)
+    h.check(bool(addrs), "the stores' topic resolution addresses are known (they queried the "
+            "resolver)", expected="at least one store address", observed="none")
     for _ in range(2):
-        for addr in store_lbmr_addrs(h):
+        for addr in addrs:
             h.resolver.port.send(lbmr.LbmrPacket(tqrs=[lbmr.Tqr(name=topic)]), addr)
         time.sleep(h.scaled(wait) / 2)
     ports = {port for _, port in proxy_tirs(h, topic, asked)}
