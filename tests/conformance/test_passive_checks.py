@@ -365,3 +365,24 @@ def test_a_cut_capture_fails_nothing_the_whole_capture_does_not(tmp_path: Path) 
     data = src.read_bytes()
     cut.write_bytes(data[: len(data) // 3 + 5])  # ends inside a record
     assert fails(_configured([cut])) <= whole
+
+
+def test_a_regid_granted_to_another_source_within_the_first_ones_activity_timeout_fails(
+) -> None:
+    """REG-STORE-003 with the store's XML: source A (request port 14391) was heard 1 s before
+    source B (request port 14392, same host and topic, without A's Session ID) was
+    granted A's RegID; the topic's source-activity-timeout is 30 s."""
+    a = _reg(1, 0.1, A, CONN_A, 11)
+    b = Registration(20, 1.2, (("10.0.0.1", 40009), A), A, True, 11, 0, 1, 1, "topic", 0,
+                     ("10.0.0.1", 14392), False)
+    b.response = PregResp(21, 1.21, 11, False, False, 0, 0, 0, False)
+    heard = {(CONN_A, A): [(1, 0.1), (10, 0.2)]}
+    obs = _obs(registrations=[a, b], heard=heard)
+    assert _verdicts(obs, "REG-STORE-003") == {Verdict.PASS}  # the timeout is unknown
+    obs.store_config = _store_config()
+    results = _judged(obs, "REG-STORE-003")
+    assert {r.verdict for r in results} == {Verdict.FAIL}
+    assert 10 in results[0].decided_by
+    # the same application again (its Session ID, from its host): a restart, not a clash
+    b.session_id = a.session_id
+    assert _verdicts(obs, "REG-STORE-003") == {Verdict.PASS}
