@@ -12,7 +12,8 @@ silent on what traffic shows:
   configuration (``--source-config``) they are judged (flight size only for a source of one
   store, where "stable" is one ACK); without it the observed maximum / minimum is reported as
   informational;
-* the stability-timeout check allows 50 ms of timer slack below the configured timeout.
+* the stability-timeout check allows 50 ms of timer slack below the configured timeout, and
+  does not time a first resend from a send in the first second of its flow (:data:`BURST`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ from conformance.passive.observe import Ack, Addr, Client, Data, Observed, Regis
 
 SLACK = 0.05
 """Seconds of timer slack allowed below a configured interval."""
+
+BURST = 1.0
+"""Seconds from a flow's first data message (source to one destination) in which the wire's
+send time is not the application's: what a source held back goes out at once then."""
 
 
 needs("PSV-STORE-002", "no stability ACK on a captured source registration")
@@ -222,18 +227,22 @@ def proactive_after_timeout(obs: Observed) -> list[Judgement]:
     """A proactive retransmission of a message comes no sooner than
     ``ume_message_stability_timeout`` after its previous proactive retransmission
     (informational with the shortest observed gap without the source's configuration), and
-    never once its only store acknowledged it (:func:`resent_after`).  The first resend is not
-    timed from the message's first send on the wire: the timeout runs from the application's
-    send, which may be well before the wire's (an LBT-TCP source holds its messages until a
-    receiver connects, then sends them in a burst)."""
+    never once its only store acknowledged it (:func:`resent_after`).  A first resend is not
+    timed from a send in the first :data:`BURST` seconds of its flow: the timeout runs from
+    the application's send, which may be well before the wire's (an LBT-TCP source holds its
+    messages until a receiver connects, then sends them in a burst)."""
     opts = obs.source_options
     out = []
     for inc in incarnations(obs):
         last: dict[int, Data] = {}
         gaps: list[tuple[float, Data, Data]] = []
+        flows: dict[tuple[Addr, Addr], float] = {}  # a flow's first data: its burst begins
         for d in inc.data:
+            flows.setdefault((d.src, d.dst), d.time)
             before = last.get(d.sqn)
-            if d.kind == "prorx" and before is not None and before.kind == "prorx":
+            if d.kind == "prorx" and before is not None and (
+                    before.kind == "prorx"
+                    or before.time - flows[(before.src, before.dst)] >= BURST):
                 gaps.append((d.time - before.time, before, d))
             last[d.sqn] = d
         name = inc.client.name
@@ -255,8 +264,8 @@ def proactive_after_timeout(obs: Observed) -> list[Judgement]:
         if not gaps:
             if resent:
                 out.append(informational(name, f"{len(resent)} proactive retransmission(s), "
-                                               "none repeated: a first resend is not timed "
-                                               "(its timeout runs from the application's send)",
+                                               "none timed: each follows a send in its flow's "
+                                               "first second, which may have been held back",
                                          [resent[0].frame, resent[-1].frame],
                                          observed=len(resent)))
             continue
