@@ -34,9 +34,10 @@ the OTR flag (``LBM_MSG_FLAG_OTR``).  ``use_otr`` 1 = always, 2 = persistent rec
   up to ``retransmit_request_message_timeout``.
 * Scope: OTR serves gaps the transport opened after the receiver's registration completed.
   What a late receiver missed before its first live message is registration recovery, as
-  before.  A streaming source (no stores) is not recovered: the reference source keeps no
-  retention that answers requests, so its transport's gaps are reported lost at once, whatever
-  ``use_otr`` says, and delivery goes on.
+  before.  A streaming source (no stores) is asked only with ``use_otr`` 1: the same RXREQs
+  (``id_2`` 0, transport index 0: a streaming TIR gives none) to the request port its TIR's
+  EXFUNC option names; a reference source with ``late_join`` 1 answers from its retention
+  buffer.  Otherwise its transport's gaps are reported lost at once and delivery goes on.
 """
 
 from __future__ import annotations

@@ -877,6 +877,11 @@ class ReceiverCore(ContextCore):
         ume = next((o for o in (tir.options or []) if isinstance(o, lbmr.ToptUme)), None)
         persistent = ume is not None and bool(ume.store) and bool(self.config.ume_use_store)
         request = (ume.src_tcp_addr, ume.src_tcp_port) if ume is not None else None
+        if request is None:  # a streaming source's request port: off-transport recovery asks
+            exfunc = next((o for o in (tir.options or []) if isinstance(o, lbmr.ToptExfunc)),
+                          None)  # its retention there (reference_impl/otr.py)
+            if exfunc is not None and exfunc.src_tcp_port:
+                request = (exfunc.src_ip_addr, exfunc.src_tcp_port)
         group = (info.mcast_addr, info.udp_dest_port) \
             if isinstance(info, lbmr.LbtrmInfo) else None
         source = Source(key[0], request, tir.index,
@@ -1064,6 +1069,8 @@ class ReceiverCore(ContextCore):
             return
         sessions = self._sessions_at(conn)
         if not sessions:
+            if conn.outgoing and self._otr_from_source(conn, mtype, tidx, sqn, payload):
+                return
             self.drop(conn.remote, f"data message (sqn {sqn}) from a peer that is "
                                    f"neither the source nor a store", size)
             return
@@ -1695,11 +1702,11 @@ class ReceiverCore(ContextCore):
         if sqn <= base:
             return
         persistent = bool(st.stores)
-        if not persistent or not otr_applies(self.config.use_otr, persistent):
-            # a streaming source: the reference source keeps no retention to ask (and
-            # without OTR nothing is asked): lost, and delivery goes on
-            why = f"use_otr is {self.config.use_otr}" if persistent or \
-                self.config.use_otr != 1 else "a streaming source keeps no retention here"
+        asks = persistent or (st.source is not None and st.source.request_addr is not None)
+        if not asks or not otr_applies(self.config.use_otr, persistent):
+            # without OTR (or a streaming source that names no request port) nothing is
+            # asked: lost, and delivery goes on
+            why = f"use_otr is {self.config.use_otr}" if asks else "no request port"
             self.log(Level.WARNING, f"{st.name}: transport lost sqn {base}..{sqn - 1} and "
                                     f"{why}: not recovered")
             self._give_up(list(range(base, sqn)))
@@ -1743,7 +1750,15 @@ class ReceiverCore(ContextCore):
                 self._give_up(list(action.sequence_numbers))
                 continue
             sqns = [s for s in action.sequence_numbers if s not in st.held]
-            if not sqns or not stores or self.source is None:
+            src = self.source
+            if sqns and not st.stores and src is not None and src.request_addr is not None:
+                # a streaming source: its retention, on its request port
+                self.stats["otr_requests"] += len(sqns)
+                self._send_source_rxreqs(src, sqns)
+                self.emit(OtrRequested(sqns[0], sqns[-1], len(sqns), action.attempt,
+                                       src.request_addr, st.name))
+                continue
+            if not sqns or not stores or src is None:
                 continue  # no store to ask now: asked again at the next interval
             store = stores[(action.attempt - 1 + st.sid) % len(stores)]
             self.stats["otr_requests"] += len(sqns)
@@ -1751,6 +1766,40 @@ class ReceiverCore(ContextCore):
             self.emit(OtrRequested(sqns[0], sqns[-1], len(sqns), action.attempt,
                                    store.info.addr, st.name))
         self._arm_otr(st)
+
+    def _send_source_rxreqs(self, src: Source, sqns: list[int]) -> None:
+        """OTR requests to a streaming source's request port (no RegID: ``id_2`` 0)."""
+        assert src.request_addr is not None
+        values = _RXREQ.template(transport_idx=src.transport_idx, id_2=0,
+                                 rx_port=self.request_addr[1],
+                                 rx_ip=ipv4_to_int(self.request_addr[0]))
+        pack, idx = _RXREQ.pack, self._request_idx
+        out = []
+        for sqn in sqns:
+            idx = (idx + 1) & 0xFFFFFFFF
+            values[_RXREQ_IDX] = idx
+            values[_RXREQ_SQN] = sqn
+            out.append(pack(*values))
+        self._request_idx = idx
+        self.send_to(src.request_addr, b"".join(out))
+
+    def _otr_from_source(self, conn: Connection, mtype: int, tidx: int, sqn: int,
+                         payload: bytes) -> bool:
+        """A retransmission on our connection to a streaming source's request port, of a
+        number OTR asked it for: taken (True).  Anything else there is not."""
+        if mtype != MessageType.RETRANS:
+            return False
+        for st in self.sessions.values():
+            src = st.source
+            if src is not None and src.request_addr == conn.remote and not st.stores \
+                    and src.topic_idx == tidx and st.otr is not None and sqn in st.otr:
+                self._use(st)
+                try:
+                    self._on_data(sqn, payload, retransmission=True)
+                finally:
+                    self._rest()
+                return True
+        return False
 
     def _send_rxreqs(self, store: StoreReg, sqns: list[int]) -> None:
         """One RXREQ per sequence number, written to the store in one go."""

@@ -182,6 +182,7 @@ from wire.lbmc import (
     UmePreg,
     UmePregResp,
     UmeProxySrc,
+    UmeRxreq,
     UmeSid,
     UmeStoreExt,
     UmeStoreGroup,
@@ -258,6 +259,7 @@ class SourceConfig:
     ume_proactive_keepalive_interval: int = 3000
     retransmit_retention_size_limit: int = 25_165_824
     retransmit_retention_size_threshold: int = 0
+    late_join: int = 0  # a streaming source keeps a retention buffer (see _keep_streaming)
     resolver_advertisement_interval: int = 1000
     transport: str = "tcp"  # "tcp", "lbt-ru" or "lbt-rm" ("lbtru", "lbtrm" too)
     transport_lbtru_session_id: int = 0  # 0: derived (see :func:`lbtru_session_id`)
@@ -676,6 +678,8 @@ class SourceCore(ContextCore):
         self._sri_left = 0
         self.retained: OrderedDict[int, Retained] = OrderedDict()
         self.retained_bytes = 0
+        self.streaming_retained: OrderedDict[int, bytes] = OrderedDict()  # see _keep_streaming
+        self._streaming_bytes = 0
         self.inflight = 0
         self.inflight_bytes = 0
         self._over = False
@@ -868,7 +872,39 @@ class SourceCore(ContextCore):
                 self._over = True
                 self.emit(FlightSizeNotification(FlightState.OVER, self.inflight))
             self._apply_retention()
+        elif cfg.late_join:
+            self._keep_streaming(sqn, payload)
         return sqn, raw
+
+    def _keep_streaming(self, sqn: int, payload: bytes) -> None:
+        """A streaming source with ``late_join`` keeps its newest messages, up to
+        ``retransmit_retention_size_limit`` payload bytes (at least the newest), for the
+        receivers' off-transport recovery requests (docs/semantics.md §1.9: "streaming: the
+        source's retention"; :meth:`_on_otr_request`).  *Choice*: the threshold and age
+        options are not applied; fragmented messages are not kept."""
+        kept = self.streaming_retained
+        kept[sqn] = payload
+        self._streaming_bytes += len(payload)
+        limit = self.config.retransmit_retention_size_limit
+        while self._streaming_bytes > limit and len(kept) > 1:
+            _, old = kept.popitem(last=False)
+            self._streaming_bytes -= len(old)
+
+    def _on_otr_request(self, conn: Connection, rx: Header, size: int) -> None:
+        """A receiver's retransmission request on the request port (its off-transport
+        recovery of a streaming source): the message from the retention buffer, as a
+        retransmission on the same connection; a number not kept (never sent, or aged out;
+        a persistent source keeps none here: its receivers ask the stores) is logged and
+        dropped.  The request's transport index is not checked: a streaming TIR does not
+        give it (its receivers send 0), and a source core's request port serves one topic."""
+        payload = self.streaming_retained.get(rx.seqnum)
+        if payload is None:
+            self.drop(conn.remote, f"retransmission request for sqn {rx.seqnum}: not in the "
+                                   f"retention buffer", size)
+            return
+        self.stats["otr_retransmissions"] = self.stats.get("otr_retransmissions", 0) + 1
+        self.write(conn, data_message(self.topic_idx, rx.seqnum, payload,
+                                      int(MessageType.RETRANS)))
 
     def _flight_exceeded(self) -> bool:
         """Whether what is in flight now is over either limit (guide "UMP Flight Size":
@@ -1025,6 +1061,9 @@ class SourceCore(ContextCore):
                 handled = True
                 self._on_confirmation(header.rcv_reg_id or header.id_2, header.seqnum,
                                       bool(header.e_flag))
+            elif isinstance(header, UmeRxreq):
+                handled = True
+                self._on_otr_request(conn, header, len(raw))
         if not handled:
             self.drop(conn.remote, f"unexpected message on the source ({message.label()})",
                       len(raw))

@@ -161,10 +161,11 @@ def test_otr_traffic_agrees_with_tshark(tmp_path: Path) -> None:
     assert by_otr <= shown
 
 
-@pytest.mark.parametrize("use_otr", [1, 2])
+@pytest.mark.parametrize("use_otr", [0, 2])
 def test_a_streaming_receiver_reports_the_transports_losses_and_goes_on(use_otr: int) -> None:
-    """A source without stores: no store to ask, and the reference source keeps no retention,
-    so what its transport gives up on is lost at once (it used to stall delivery for good)."""
+    """A source without stores and a receiver without ``use_otr`` 1 (2 is for persistent
+    receivers only): what the transport gives up on is lost at once, and delivery goes on (it
+    used to stall for good)."""
     d = SimDeployment(seed=3)
     d.add_source("src", TOPIC, transport="lbt-rm", transport_lbtrm_transmission_window_size=64,
                   ume_store=())
@@ -179,3 +180,43 @@ def test_a_streaming_receiver_reports_the_transports_losses_and_goes_on(use_otr:
     assert lost and not of(d, "rcv", ev.OtrRequested)
     assert got == sorted(got) and sorted(got + lost) == sorted(sent)
     assert not d.receivers["rcv"].primary.held
+
+
+def streaming(seed: int, *, late_join: int, use_otr: int) -> tuple[SimDeployment, list[int]]:
+    """A streaming LBT-RM source (no stores, a 64-byte window) and a receiver, 20 % loss on
+    the source's link to it; 200 messages sent."""
+    d = SimDeployment(seed=seed)
+    d.add_source("src", TOPIC, transport="lbt-rm", transport_lbtrm_transmission_window_size=64,
+                 ume_store=(), late_join=late_join)
+    d.add_receiver("rcv", TOPIC, use_otr=use_otr, otr_request_initial_delay=500)
+    assert d.run_until(lambda: d.receivers["rcv"].primary.source is not None, 20)
+    d.run(2)
+    d.net.set_link("src", "rcv", LinkConfig(loss=0.2), both_ways=False)
+    sent = sorted(send(d, 200))
+    d.run(20)
+    return d, sent
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_a_streaming_receiver_with_use_otr_1_recovers_from_the_sources_retention(
+        seed: int) -> None:
+    d, sent = streaming(seed, late_join=1, use_otr=1)
+    got = of(d, "rcv", ev.MessageDelivered)
+    first = got[0].sequence_number  # a streaming receiver starts at the first message seen
+    assert [e.sequence_number for e in got] == [s for s in sent if s >= first]
+    assert not of(d, "rcv", ev.UnrecoverableLoss)
+    by_otr = {e.sequence_number for e in got if e.otr}
+    asked = of(d, "rcv", ev.OtrRequested)
+    assert by_otr and all(e.store == d.sources["src"].request_addr for e in asked)
+    assert d.sources["src"].stats["otr_retransmissions"] >= len(by_otr)
+
+
+def test_a_source_without_retention_drops_otr_requests_and_the_receiver_goes_on() -> None:
+    d, sent = streaming(3, late_join=0, use_otr=1)
+    got = [e.sequence_number for e in of(d, "rcv", ev.MessageDelivered)]
+    lost = [n for e in of(d, "rcv", ev.UnrecoverableLoss) for n in range(e.first, e.last + 1)]
+    asked = of(d, "rcv", ev.OtrRequested)
+    assert lost and asked  # asked, never answered: given up
+    assert got == sorted(got) and sorted(got + lost) == [s for s in sent if s >= got[0]]
+    drops = [e for e in d.events("src") if isinstance(e, ev.InputDropped)]
+    assert drops and all("not in the retention buffer" in e.reason for e in drops)
