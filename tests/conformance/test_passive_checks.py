@@ -17,6 +17,7 @@ from conformance.passive.observe import (
     Observed,
     PregResp,
     Registration,
+    Rxreq,
     Sri,
     StoreEntry,
     Tpkt,
@@ -386,3 +387,24 @@ def test_a_regid_granted_to_another_source_within_the_first_ones_activity_timeou
     # the same application again (its Session ID, from its host): a restart, not a clash
     b.session_id = a.session_id
     assert _verdicts(obs, "REG-STORE-003") == {Verdict.PASS}
+
+
+def test_a_retransmission_for_a_request_naming_a_source_regid_fails() -> None:
+    src = _reg(1, 0.1, A, CONN_A, 11)
+    rcv_conn = ("10.0.0.2", 40010)
+    rcv = Registration(5, 0.5, (rcv_conn, A), A, False, 0, 11, 1, 1, "topic", 0,
+                       (rcv_conn[0], 14391), False)
+    rcv.response = PregResp(6, 0.51, 33, False, False, 0, 0, 0, False)
+    wrong = Rxreq(10, 1.0, rcv_conn, A, 11, 4)  # names the source's RegID
+    answer = Data(11, 1.01, A, rcv_conn, 1, 4, "retrans")
+    results = _judged(_obs(registrations=[src, rcv], rxreqs=[wrong], data=[answer]),
+                      "QRM-STORE-004")
+    assert {r.verdict for r in results} == {Verdict.FAIL} and results[0].decided_by == [10, 11]
+    assert _verdicts(_obs(registrations=[src, rcv], rxreqs=[wrong], data=[]),
+                     "QRM-STORE-004") == {Verdict.PASS}
+    # the receiver's own request for it in between: the retransmission answers that one
+    own = Rxreq(10, 1.005, rcv_conn, A, 33, 4)
+    own.frame = 10
+    wrong.frame = 9
+    assert _verdicts(_obs(registrations=[src, rcv], rxreqs=[wrong, own], data=[answer]),
+                     "QRM-STORE-004") == {Verdict.PASS}

@@ -40,6 +40,7 @@ STORE_SEEN = {
     "grants-active-regid": ("REG-STORE-003", "REG-STORE-003"),
     "wrong-low-sqn": ("REG-STORE-010", "REG-STORE-010"),
     "ignores-rate-limit": ("REC-STORE-005", "REC-STORE-005"),
+    "answers-unknown-regid": ("QRM-STORE-004", "QRM-STORE-004"),
 }
 
 CLIENT_SEEN = {

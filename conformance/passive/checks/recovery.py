@@ -250,3 +250,51 @@ def retransmission_rate(obs: Observed) -> list[Judgement]:
         else:
             out.append(passed(name, f"{what}, within the rate {rate}/s", frames))
     return out
+
+
+RX_ANSWER = 1.0
+"""Seconds after a retransmission request within which a retransmission of its sequence
+number to the requester is taken for its answer."""
+
+needs("QRM-STORE-004", "no retransmission request naming a source's RegID at that store")
+
+
+@passive_for("QRM-STORE-004")
+def no_retransmission_for_a_source_regid(obs: Observed) -> list[Judgement]:
+    """An RXREQ naming the RegID the store granted a source is no receiver's (one RegID
+    names one client at a store), so no retransmission may answer it: a retransmission of that
+    sequence number to the requester within :data:`RX_ANSWER` seconds, with no request from a
+    RegID granted to a receiver for it in between, fails.  A RegID the capture does not show
+    granted decides nothing: the receiver may have registered before the capture began."""
+    sources: dict[Addr, set[int]] = {}
+    receivers: dict[Addr, set[int]] = {}
+    for reg in obs.registrations:
+        if reg.granted and reg.response is not None and not reg.deregister:
+            (sources if reg.source else receivers).setdefault(reg.store, set()).add(
+                reg.response.reg_id)
+    out = []
+    judged: dict[str, list[int]] = {}
+    bad: dict[str, Judgement] = {}
+    for req in obs.rxreqs:
+        store = req.dst
+        if req.reg_id not in sources.get(store, set()) or \
+                req.reg_id in receivers.get(store, set()):
+            continue
+        name = f"store {show(store)}"
+        answer = next((d for d in obs.data if d.kind == "retrans" and d.sqn == req.sqn
+                       and (d.src, d.dst) == (store, req.src) and d.frame > req.frame
+                       and d.time - req.time <= RX_ANSWER), None)
+        legit = answer is not None and any(
+            r.sqn == req.sqn and (r.src, r.dst) == (req.src, store)
+            and r.reg_id in receivers.get(store, set()) and req.frame < r.frame < answer.frame
+            for r in obs.rxreqs)
+        if answer is not None and not legit and name not in bad:
+            bad[name] = failed(name, f"retransmitted sqn {req.sqn} (frame {answer.frame}) for a "
+                                     f"request naming source RegID {req.reg_id} (frame "
+                                     f"{req.frame})", [req.frame, answer.frame],
+                               expected="no retransmission", observed=f"sqn {req.sqn}")
+        judged.setdefault(name, []).append(req.frame)
+    for name, frames in sorted(judged.items()):
+        out.append(bad.get(name) or passed(name, f"{len(frames)} request(s) naming a source's "
+                                                 "RegID, none answered", frames))
+    return out
