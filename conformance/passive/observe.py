@@ -139,6 +139,7 @@ class Data:
         tidx: the LBMC topic index.
         sqn: the sequence number.
         kind: ``data``, ``prorx`` (proactive retransmission) or ``retrans``.
+        via: the transport that carried it (``lbttcp``, ``lbtru``, ``lbtrm``; "" unknown).
     """
 
     frame: int
@@ -148,6 +149,7 @@ class Data:
     tidx: int
     sqn: int
     kind: str
+    via: str = ""
 
 
 @dataclass
@@ -562,7 +564,8 @@ class _Builder:
         elif "lbmc.sqn" in names and _get(f, "lbmc.type", -1) in DATA_KINDS:
             self.obs.data.append(Data(*where, src=src, dst=dst, tidx=_get(f, "lbmc.tidx"),
                                       sqn=_get(f, "lbmc.sqn"),
-                                      kind=DATA_KINDS[_get(f, "lbmc.type")]))
+                                      kind=DATA_KINDS[_get(f, "lbmc.type")],
+                                      via=report.transport or ""))
 
     def _answer(self, client: Addr, store: Addr, resp: PregResp, source: bool,
                 transport_idx: int, topic_idx: int) -> None:

@@ -408,3 +408,24 @@ def test_a_retransmission_for_a_request_naming_a_source_regid_fails() -> None:
     wrong.frame = 9
     assert _verdicts(_obs(registrations=[src, rcv], rxreqs=[wrong, own], data=[answer]),
                      "QRM-STORE-004") == {Verdict.PASS}
+
+
+def test_a_duplicate_of_an_acknowledged_message_is_acknowledged_again() -> None:
+    from conformance.passive.observe import Ack
+
+    reg = _reg(1, 0.1, A, CONN_A, 11)
+    sri = _sri(3, 0.2, 1, (A, 11, 1))
+    sent = Data(5, 0.3, TRANSPORT, ("10.0.0.3", 50000), 1, 4, "data")
+    ack = Ack(6, 0.31, A, CONN_A, "stability", 4, 0, 1, False)
+    dup = Data(7, 0.5, CONN_A, A, 1, 4, "prorx")  # over the registration connection: received
+    again = Ack(8, 0.51, A, CONN_A, "stability", 4, 0, 1, False)
+    later = {(A, CONN_A): [(2, 0.11), (6, 0.31), (9, 3.0)]}  # the store heard afterwards
+    base = {"registrations": [reg], "sris": [sri], "heard": later}
+    assert _verdicts(_obs(**base, data=[sent, dup], acks=[ack, again]),
+                     "PRX-STORE-002") == {Verdict.PASS}
+    assert _verdicts(_obs(**base, data=[sent, dup], acks=[ack]),
+                     "PRX-STORE-002") == {Verdict.FAIL}
+    # the store not heard after the duplicate: it may have died, nothing decided
+    quiet = {**base, "heard": {(A, CONN_A): [(2, 0.11), (6, 0.31)]}}
+    assert _verdicts(_obs(**quiet, data=[sent, dup], acks=[ack]),
+                     "PRX-STORE-002") == {Verdict.UNSUPPORTED}

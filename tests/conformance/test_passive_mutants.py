@@ -146,6 +146,7 @@ REFERENCE = {"store": REFERENCE_STORE, "source": REFERENCE_SOURCE,
              "receiver": REFERENCE_RECEIVER}
 
 REFERENCE_CASES = sorted({("store", a) for a, _ in STORE_SEEN.values()}
+                         | {("store", "PRX-STORE-002")}  # judged, its mutant not seen
                          | {(role, a) for role, a, _ in CLIENT_SEEN.values()})
 
 

@@ -333,3 +333,57 @@ def no_resend_after_nack(obs: Observed) -> list[Judgement]:
             out.append(passed(name, f"{len(nacks)} NACKed message(s), none resent",
                               [a.frame for a in nacks]))
     return out
+
+
+REACK_WAIT = 1.0
+"""Seconds within which a store acknowledges a duplicate again (beyond any
+``stability-ack-interval`` batching, 200 ms by default)."""
+
+needs("PRX-STORE-002", "no proactive retransmission of an acknowledged message reached a "
+                       "store over TCP")
+
+
+@passive_for("PRX-STORE-002")
+def duplicate_acknowledged_again(obs: Observed) -> list[Judgement]:
+    """A proactive retransmission of a message the store already acknowledged, which reached
+    the store (over its registration connection, or an LBT-TCP transport to its host: TCP
+    delivers it), gets another stability ACK (or NACK) of that number within
+    :data:`REACK_WAIT` seconds, when the store is heard on that connection after that time
+    (a store that died decides nothing)."""
+    out = []
+    for inc in incarnations(obs):
+        client, store = inc.reg.conn
+        heard = obs.heard.get((store, client), [])
+        acked: dict[int, Ack] = {}
+        acks = iter(inc.acks)
+        pending = next(acks, None)
+        checked: list[int] = []
+        bad: Judgement | None = None
+        for d in inc.data:
+            while pending is not None and pending.frame < d.frame:
+                if not pending.nak:
+                    acked.setdefault(pending.sqn, pending)
+                pending = next(acks, None)
+            reached = (d.src, d.dst) == inc.reg.conn or (
+                d.via == "lbttcp" and d.src in inc.transports and d.dst[0] == store[0])
+            first = acked.get(d.sqn)
+            if d.kind != "prorx" or not reached or first is None or not any(
+                    t > d.time + REACK_WAIT for _f, t in heard):
+                continue
+            again = next((a for a in inc.acks if a.sqn == d.sqn and a.frame > d.frame
+                          and a.time - d.time <= REACK_WAIT), None)
+            if again is None:
+                bad = failed(f"store {show(store)}", f"sqn {d.sqn} resent (frame {d.frame}) "
+                                                     f"after its stability ACK (frame "
+                                                     f"{first.frame}) was not acknowledged "
+                                                     "again", [first.frame, d.frame],
+                             expected="another stability ACK", observed="none")
+                break
+            checked += [d.frame, again.frame]
+        if bad is not None:
+            out.append(bad)
+        elif checked:
+            out.append(passed(f"store {show(store)}", f"{len(checked) // 2} duplicate(s) of "
+                                                      "acknowledged messages acknowledged "
+                                                      "again", checked))
+    return out
