@@ -69,6 +69,8 @@ class Harness:
         """The harness asked the IUT to deregister (it may then exit: guide "RPP
         Deregistration", a deregistered source is blocked until it is re-created)."""
         self.stores: list[HarnessStore] = []
+        self.group_ports: list[int] = []
+        """The store ports of the IUT's group (:meth:`store_group`), for the evidence."""
         self.sources: list[HarnessSource] = []
         self.iut_topic = self.topic() if isinstance(iut, ClientUnderTest) else ""
         """The topic a source or receiver IUT is started for."""
@@ -260,6 +262,7 @@ class Harness:
             members.append(StoreUnderTest(iut.profile, workdir, iut.resolver, iut.setup,
                                           time_scale=iut.time_scale))
         group = tuple(m.addr for m in members)
+        self.group_ports = [a[1] for a in group]
         for member in members:
             member.group = group
         self.note("starting the store as a group of " + ", ".join(

@@ -304,6 +304,7 @@ class Runner:
                 result.message = "harness error: " + "; ".join(errors[:3])
         result.store_ports = [s.addr[1] for s in harness.stores] or \
             ([iut.addr[1]] if isinstance(iut, StoreUnderTest) else [])
+        result.store_ports += [p for p in harness.group_ports if p not in result.store_ports]
         if not timed_out and iut.proc is not None and not iut.running and \
                 not (harness.deregistered and iut.proc.returncode == 0):
             # (a client that deregistered on request may end there, with status 0)

@@ -103,3 +103,22 @@ def test_a_proxy_case_on_lbt_rm(tmp_path: Path) -> None:
     assert (only["id"], only["verdict"], only["transport"]) == ("PXY-STORE-003", "pass", "lbt-rm")
     notes = (out / "cases" / "PXY-STORE-003.lbt-rm" / "timeline.json").read_text()
     assert "LBT-RM source" in notes
+
+
+@pytest.mark.oracle
+def test_the_evidence_of_every_instance_agrees_with_tshark(
+        run: tuple[subprocess.CompletedProcess[str], Path, dict[str, Any]]) -> None:
+    """Each case's result names every instance's store port (the report's ``ump dissect``
+    command decodes the traffic with all of them), and with them the evidence dissects as
+    tshark reads it."""
+    from wire.dissect import check_against_tshark, dissect_file
+    from wire.tshark import PortMap
+
+    _, out, results = run
+    for case in results["cases"]:
+        assert len(case["store_ports"]) in (2, 3), case["id"]
+        ports = PortMap(store_ports=case["store_ports"])
+        pcap = out / case["pcap"]
+        reports = list(dissect_file(pcap, ports))
+        assert any(r.status == "um" for r in reports), case["id"]
+        assert check_against_tshark(pcap, reports, ports) == [], case["id"]
