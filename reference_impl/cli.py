@@ -232,6 +232,7 @@ def cmd_store(args: argparse.Namespace) -> int:
         group: tuple[Addr, ...] = ()
         if any(store.allow_proxy_source for store in config.stores):  # proxy elections' group
             group = runtime.proxy_group(_store_lbm_client(args.config, config, args.profile))
+        otr = runtime.store_otr(_store_lbm_client(args.config, config, args.profile))
         base = Path(args.config).resolve().parent
         _check_store_directories(args.config, config, base)
     except ConfigError as exc:
@@ -243,7 +244,7 @@ def cmd_store(args: argparse.Namespace) -> int:
     async def setup(host: AioHost) -> None:
         try:
             cores = await runtime.start_stores(host, config, resolver=resolver, base=base,
-                                               proxy_group=group)
+                                               proxy_group=group, otr=otr)
         except StoreFileError as exc:  # damaged state or cache: the operator decides
             raise ConfigError(str(exc.path), exc.line, exc.reason) from None
         runtime.handle_events(host, list(cores), lambda core, event: runtime.log_event(event))

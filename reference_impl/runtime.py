@@ -79,6 +79,7 @@ from reference_impl.events import (
     UnrecoverableLoss,
 )
 from reference_impl.lbtrm_session import LbtrmReceiverSettings
+from reference_impl.otr import OtrSettings, otr_applies
 from reference_impl.receiver import ReceiverConfig, ReceiverCore
 from reference_impl.resolver import DEFAULT_PORT, ResolverCore
 from reference_impl.source import SendError, SendErrorCode, SourceConfig, SourceCore, StoreSpec
@@ -319,11 +320,26 @@ def proxy_group(client: ClientConfig | None) -> tuple[Addr, ...]:
                  if isinstance(entry, StoreAddress))
 
 
+def store_otr(client: ClientConfig | None) -> OtrSettings | None:
+    """A store's own off-transport recovery, from the ``receiver`` options of its daemon's
+    ``<lbm-config>`` file: only ``use_otr`` 1, since 2 (the default) covers persistent
+    receivers and the store is none (docs/semantics.md §1.9); paced by the ``otr_request_*``
+    timers, given up after ``retransmit_request_message_timeout``.  None: no OTR."""
+    if client is None or not otr_applies(client.receiver.use_otr, persistent=False):
+        return None
+    rcv = client.receiver
+    return OtrSettings.from_ms(rcv.otr_request_initial_delay, rcv.otr_request_minimum_interval,
+                               rcv.otr_request_maximum_interval,
+                               rcv.retransmit_request_message_timeout)
+
+
 async def start_stores(host: AioHost, config: StoreDaemonConfig, *, resolver: Addr,
                        base: Path | None = None, seed: int | None = None,
-                       proxy_group: tuple[Addr, ...] = ()) -> list[StoreCore]:
+                       proxy_group: tuple[Addr, ...] = (),
+                       otr: OtrSettings | None = None) -> list[StoreCore]:
     """Bind one store core per ``<store>``; the web monitor is the caller's business.
-    ``proxy_group``: the stores of proxy-source elections (:func:`proxy_group`)."""
+    ``proxy_group``: the stores of proxy-source elections (:func:`proxy_group`); ``otr``:
+    the stores' own off-transport recovery (:func:`store_otr`)."""
     cores = []
     for store in config.stores:
         settings = store_settings(store, resolver=resolver, seed=seed, base=base,
@@ -337,6 +353,8 @@ async def start_stores(host: AioHost, config: StoreDaemonConfig, *, resolver: Ad
         listen_ip = "0.0.0.0" if store.interface in ("0.0.0.0", "") else settings.ip
         if settings.allow_proxy_source:
             settings = dataclasses.replace(settings, proxy_stores=proxy_group)
+        if otr is not None:
+            settings = dataclasses.replace(settings, otr=otr)
         if settings.port == 0:
             # "any free port": picked before the core exists, because the core names its port
             # in context advertisements and registration answers (a port another process takes

@@ -893,11 +893,16 @@ class SourceCore(ContextCore):
     def _on_otr_request(self, conn: Connection, rx: Header, size: int) -> None:
         """A receiver's retransmission request on the request port (its off-transport
         recovery of a streaming source): the message from the retention buffer, as a
-        retransmission on the same connection; a number not kept (never sent, or aged out;
-        a persistent source keeps none here: its receivers ask the stores) is logged and
-        dropped.  The request's transport index is not checked: a streaming TIR does not
-        give it (its receivers send 0), and a source core's request port serves one topic."""
+        retransmission on the same connection; a number not kept (never sent, aged out or
+        released) is logged and dropped.  The request's transport index is not checked: a
+        streaming TIR does not give it (its receivers send 0), and a source core's request
+        port serves one topic.  A persistent source (late join forced on: docs/semantics.md
+        §1.0) answers from its persistence retention: a store with ``use_otr`` 1 asks it so
+        (§1.9); *choice*: a fragment of a fragmented message is not answered this way."""
         payload = self.streaming_retained.get(rx.seqnum)
+        kept = self.retained.get(rx.seqnum) if payload is None else None
+        if type(kept) is Retained:
+            payload = kept.payload
         if payload is None:
             self.drop(conn.remote, f"retransmission request for sqn {rx.seqnum}: not in the "
                                    f"retention buffer", size)

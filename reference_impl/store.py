@@ -19,9 +19,10 @@ What it does follows the guide's "Operational View" and docs/semantics.md §1:
 * **Stability NACK** (docs/semantics.md §1.8, docs/wire-lbmc.md §2.1): messages the store
   declared unrecoverably lost are answered with a stability ACK carrying the NAK bit
   (``wire.lbmc.ACK_NAK``) and not stored.  The store declares a loss when its LBT-RU session
-  gives up datagrams (``Lost``: the store does not recover from the source): the topic
-  sequence numbers between the last message it got and the next live one are then lost
-  (LBT-RU delivers in order; the lost datagrams may also have been SRIs, then nothing is);
+  gives up datagrams (``Lost``; without its own OTR the store does not recover from the
+  source): the topic sequence numbers between the last message it got and the next live one
+  are then lost, one gap for each loss reported (LBT-RU delivers in order; the lost
+  datagrams may also have been SRIs, then nothing is);
   :meth:`StoreCore.declare_lost` does the same for any source.  *Choice* (the guide is
   silent): a late copy (the source's proactive retransmission, or a retransmission) of a
   message declared lost is NACKed, not stored - the loss was logged, counted and told to
@@ -213,7 +214,11 @@ Choices where the fact sheets are silent (each tested in tests/reference_impl/te
   "joined" is the session's Connected, and the store keepalive that says so goes to the
   source's request port (LBT-RU has no way back for LBMC).  What the transport loses the store
   does not recover from the source: it holds what it received (a warning names the loss), and
-  a session that times out counts as a transport connection lost.
+  a session that times out counts as a transport connection lost.  Unless it has OTR of its
+  own (``use_otr`` 1 in its ``<lbm-config>``, :attr:`StoreSettings.otr`): then the numbers
+  the transport gave up on are asked of the source's request port with the receiver's pacing
+  core (:mod:`reference_impl.otr`) and persisted when they come (docs/semantics.md §1.9,
+  "The store as an OTR requester").
 * An LBT-RM source (TIR with the 16-byte LBT-RM form) is joined the same way with an
   :class:`~reference_impl.lbtrm_session.LbtrmReceiverSession` on the group's destination port
   (:meth:`~reference_impl.context.ContextCore.open_lbtrm_receiver`; the driver binds and joins
@@ -265,6 +270,7 @@ from reference_impl.lbtru_session import (
     SourceTimedOut,
 )
 from reference_impl.lbtru_session import Event as LbtruEvent
+from reference_impl.otr import OtrCore, OtrLost, OtrSettings
 from reference_impl.proxy import (
     Action,
     CreateProxy,
@@ -356,6 +362,17 @@ _ACK_FIELDS = tuple(_ACK_IN.at[n] for n in ("type", "rcv_reg_id", "id_2", "seqnu
 assert len(_RXREQ_IN.head) == len(_ACK_IN.head) and _RXREQ_IN.size != _ACK_IN.size
 
 
+def _runs(sqns: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Ascending ``sqns`` as (first, last) runs of consecutive numbers."""
+    runs: list[tuple[int, int]] = []
+    for sqn in sqns:
+        if runs and runs[-1][1] == sqn - 1:
+            runs[-1] = (runs[-1][0], sqn)
+        else:
+            runs.append((sqn, sqn))
+    return runs
+
+
 @dataclass(frozen=True)
 class TopicPolicy:
     """The topic-level ``type="store"`` options the store core uses (docs/semantics.md §3.4).
@@ -437,6 +454,10 @@ class StoreSettings:
         proxy_source_repo_quorum_required: ``proxy-source-repo-quorum-required``: a proxy
             is created only once a quorum of the group's stores that hold the source's state
             follow its claim (reference_impl/proxy.py, module docstring 7).
+        otr: the store's own off-transport recovery (``use_otr`` 1 in its ``<lbm-config>``;
+            :meth:`StoreCore._otr_gap`): a gap its LBT-RU/LBT-RM transport gave up on is
+            asked of the source's request port, paced by these timers (None: it is declared
+            lost at once).
     """
 
     name: str
@@ -457,6 +478,7 @@ class StoreSettings:
     proxy_stores: tuple[Addr, ...] = ()
     proxy_port: int = 0
     proxy_source_repo_quorum_required: bool = False
+    otr: OtrSettings | None = None
 
     def policy_for(self, topic: str) -> TopicPolicy | None:
         for rule in self.topics:
@@ -523,7 +545,8 @@ class SourceState(Client):
     # stability NACK (docs/semantics.md §1.8): sequence numbers declared unrecoverably lost,
     # and whether the transport just lost datagrams (the next live message shows which)
     lost: set[int] = field(default_factory=set)
-    loss_pending: bool = False
+    loss_pending: int = 0  # transport losses (runs) whose numbers no live message showed yet
+    otr: OtrCore | None = None  # the store's own OTR of this source (StoreSettings.otr)
 
 
 @dataclass(eq=False)
@@ -854,6 +877,8 @@ class StoreCore(ContextCore):
                 src = self._routes.get((conn.key[1], tidx)) if conn.outgoing else None
                 if src is None and mtype == MessageType.PRORX:
                     src = self._source_on(conn, tidx)
+                if src is None and mtype == MessageType.RETRANS and conn.outgoing:
+                    src = self._otr_answer(conn, tidx, sqn)
                 if src is not None:
                     self._persist(src, sqn, raw)
                     return
@@ -901,6 +926,8 @@ class StoreCore(ContextCore):
         if message.is_data_type:
             src = self._routes.get((peer, message.tidx)) if conn.outgoing else \
                 self._source_on(conn, message.tidx)
+            if src is None and conn.outgoing and message.type == MessageType.RETRANS:
+                src = self._otr_answer(conn, message.tidx, message.sqn)
             if src is None:
                 if not conn.outgoing:
                     self.drop(peer, f"data for unknown topic index {message.tidx}", len(raw))
@@ -1206,7 +1233,9 @@ class StoreCore(ContextCore):
                 event.last - event.first + 1
             for (transport, _), src in self._routes.items():
                 if transport == conn.remote:
-                    src.loss_pending = True  # the next live message shows which (NACK)
+                    # the next live messages show which (NACK); several losses may come
+                    # before the first of them, so they are counted, not flagged
+                    src.loss_pending += 1
             kind = "LBT-RU" if binding.group is None else "LBT-RM"
             self.log(Level.WARNING, f"{kind} transport {conn.remote[0]}:{conn.remote[1]} lost "
                                     f"sqn {event.first}..{event.last} ({event.reason})")
@@ -1375,6 +1404,8 @@ class StoreCore(ContextCore):
             return
         if src.loss_pending:
             self._loss_gap(src, sqn, raw)
+        if src.otr is not None and src.otr.received(sqn):
+            self.stats["otr_recovered"] = self.stats.get("otr_recovered", 0) + 1
         result = repo.add(sqn, raw, now)
         if not src.touched:
             src.touched = True
@@ -1397,13 +1428,83 @@ class StoreCore(ContextCore):
 
     def _loss_gap(self, src: SourceState, sqn: int, raw: bytes) -> None:
         """The transport lost datagrams before this message: when it is live data, the
-        sequence numbers between the last message received and it are lost."""
+        sequence numbers between the last message received and it are lost (asked of the
+        source by the store's OTR when it has one, else declared lost).  Each gap accounts
+        for one loss (a run of lost datagrams); the rest stay pending for the next live
+        messages (a second loss may be reported before the first gap shows)."""
         if raw[0] & _TYPE_MASK != MessageType.MESSAGE:
             return  # a proactive retransmission or retransmission says nothing of the gap
-        src.loss_pending = False
         high = src.high_received
-        if high is not None and sqn > high + 1:
+        if high is None:
+            src.loss_pending = 0
+            return
+        if sqn <= high + 1:
+            return
+        src.loss_pending -= 1
+        if self.settings.otr is not None:
+            self._otr_gap(src, high + 1, sqn)
+        else:
             self.declare_lost(src, high + 1, sqn - 1)
+
+    # --- the store's own off-transport recovery (reference_impl.otr) ------------------------
+
+    def _otr_gap(self, src: SourceState, first: int, end: int) -> None:
+        """The transport gave up on ``[first, end)`` and the store has ``use_otr`` 1
+        (:attr:`StoreSettings.otr`): those it does not hold are asked of the source's request
+        port, paced as a receiver's OTR (docs/semantics.md §1.9, "The store as an OTR
+        requester"); more than :data:`MAX_LOST` back are declared lost at once."""
+        settings = self.settings.otr
+        assert settings is not None
+        if end - first > MAX_LOST:
+            self.declare_lost(src, first, end - MAX_LOST - 1)
+            first = end - MAX_LOST
+        if src.otr is None:
+            src.otr = OtrCore(settings)
+        otr, repo = src.otr, src.repo
+        otr.gap(first, end, self.now)
+        for sqn in range(first, end):
+            if (repo is not None and sqn in repo) or sqn in src.lost:
+                otr.received(sqn)
+        self._arm_otr(src)
+
+    def _arm_otr(self, src: SourceState) -> None:
+        due = src.otr.deadline() if src.otr is not None else None
+        if due is None:
+            self.cancel_timer(f"otr {src.reg_id}")
+        else:
+            self.set_timer(f"otr {src.reg_id}", due)
+
+    def _otr_due(self, src: SourceState) -> None:
+        """Send the OTR requests now due to the source's request port (one RXREQ per
+        number, ``id_2`` 0: the store holds no receiver RegID of the source), and declare
+        lost what the source did not give within ``retransmit_request_message_timeout``."""
+        otr = src.otr
+        if otr is None:
+            return
+        for action in otr.due(self.now):
+            sqns = action.sequence_numbers
+            if isinstance(action, OtrLost):
+                for first, last in _runs(sqns):
+                    self.declare_lost(src, first, last)
+                continue
+            self.stats["otr_requests"] = self.stats.get("otr_requests", 0) + len(sqns)
+            self.send_to(src.request_addr, b"".join(control(UmeRxreq(
+                transport_idx=src.transport_idx, id_2=0, seqnum=sqn, request_idx=sqn,
+                rx_port=self.addr[1], rx_ip=self.addr[0])) for sqn in sqns))
+            self.log(Level.INFO, f"source RegID {src.reg_id}: off-transport recovery asks "
+                                 f"{src.request_addr[0]}:{src.request_addr[1]} for "
+                                 f"{len(sqns)} messages {sqns[0]}..{sqns[-1]} "
+                                 f"(attempt {action.attempt})")
+        self._arm_otr(src)
+
+    def _otr_answer(self, conn: Connection, tidx: int, sqn: int) -> SourceState | None:
+        """The source whose request port answered our OTR request with this retransmission
+        (None: nothing of ours waits for it there)."""
+        for src in self.sources.values():
+            if src.otr is not None and src.request_addr == conn.remote \
+                    and src.topic_idx == tidx and sqn in src.otr:
+                return src
+        return None
 
     def declare_lost(self, src: SourceState, first: int, last: int) -> int:
         """Declare ``src``'s messages ``first``..``last`` unrecoverably lost (those the
@@ -1705,6 +1806,10 @@ class StoreCore(ContextCore):
             src = self.sources.get(int(name.split()[1]))
             if src is not None:
                 self._write_delayed(src)
+        elif name.startswith("otr "):
+            src = self.sources.get(int(name.split()[1]))
+            if src is not None:
+                self._otr_due(src)
 
     def _check_clients(self) -> None:
         now = self.now
