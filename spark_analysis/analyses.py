@@ -537,6 +537,12 @@ _STREAM = ["capture", "level", "protocol", "source_ip", "source_port", "session_
 
 
 def sequence_flags(packets: DataFrame, data: DataFrame) -> DataFrame:
+    """Every sequenced item with its gap / out-of-order / duplicate verdict
+    (:func:`_judged_items` without its working column)."""
+    return _judged_items(packets, data).drop("seen")
+
+
+def _judged_items(packets: DataFrame, data: DataFrame) -> DataFrame:
     """Every sequenced item with its gap / out-of-order / duplicate verdict.
 
     Three levels, each a set of streams walked in capture order:
@@ -557,6 +563,10 @@ def sequence_flags(packets: DataFrame, data: DataFrame) -> DataFrame:
         topic sequence numbers of new data messages per transport stream and topic index
         (one stream per LBT-RU receiver and LBT-TCP connection), by the same rules, the gap
         measured from the high-water mark (the number of sequence numbers skipped).
+
+    ``seen`` (whether the item's number came earlier in its stream) stays: each number's
+    first item is the one not seen, so :func:`sequence_summary` counts the distinct numbers
+    from it instead of a distinct aggregation (a shuffle of every item by number).
     """
     udp = packets.where(F.col("protocol").isin("lbtrm", "lbtru") & ~_quoted(packets)
                         & F.col("packet_type").isin("data", "sm") & F.col("sqn").isNotNull())
@@ -597,7 +607,7 @@ def sequence_flags(packets: DataFrame, data: DataFrame) -> DataFrame:
                 judged & (F.col("sqn") > F.col("high") + 1),
                 F.when(gap_from_previous, F.col("sqn") - (F.col("previous") + 1))
                 .otherwise(F.col("sqn") - (F.col("high") + 1))).otherwise(0))
-            .drop("high", "previous", "seen"))
+            .drop("high", "previous"))
 
 
 def sequence_summary(flags: DataFrame) -> DataFrame:
@@ -611,12 +621,15 @@ def sequence_summary(flags: DataFrame) -> DataFrame:
     def count(cond: Column) -> Column:
         return F.sum(F.when(cond, 1).otherwise(0))
 
+    # flags from _judged_items say which items repeat a number (see there)
+    distinct = (count(~F.col("seen")) if "seen" in flags.columns
+                else F.countDistinct("sqn")).alias("distinct_sqns")
     return (flags.groupBy(*_STREAM)
             .agg(F.count("*").alias("items"),
                  count(F.col("rx")).alias("retransmissions"),
                  F.min_by("sqn", F.struct("pos", "msg_index")).alias("first_sqn"),
                  F.max("sqn").alias("high_sqn"),
-                 F.countDistinct("sqn").alias("distinct_sqns"),
+                 distinct,
                  F.min("sqn").alias("low_sqn"),
                  count(F.col("sqn_gap") > 0).alias("gaps"),
                  F.sum("sqn_gap").alias("gap_sqns"),
@@ -1388,6 +1401,13 @@ _OPTIONAL_PACKET_COLUMNS = ["icmp_type", "icmp_code"]
 """Packets columns the analyses read when the decode has them (:func:`_quoted`)."""
 
 
+ANALYSIS_THREADS = 3
+"""Intermediate tables made at once by :func:`analyze` (and outputs written at once by
+``ump analyze``): a few more than the two cores of the machine the figures of issue 19 were
+taken on, so that while one step's job waits on a single-task stage or on the driver
+(planning, a collect) another's tasks run."""
+
+
 @dataclass
 class AnalysisRun:
     """The result DataFrames of :func:`analyze`, by output name, in report order.
@@ -1420,20 +1440,26 @@ def analyze(tables: CaptureTables, options: AnalysisOptions | None = None, *,
     Detail tables (one row per event) and summaries are both returned; :data:`DETAIL_OUTPUTS`
     names the detail ones.
     """
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     from pyspark import StorageLevel
 
     options = options or AnalysisOptions()
     cached: list[DataFrame] = []
 
-    def keep(name: str, df: DataFrame) -> DataFrame:
-        if progress is not None:
-            progress(name)
-        if checkpoint:
-            df = df.localCheckpoint(eager=True)
-        else:
-            df = df.persist(StorageLevel.MEMORY_AND_DISK)
-        cached.append(df)
-        return df
+    def keep(name: str, make: Callable[..., DataFrame], *inputs: Any) -> Future[DataFrame]:
+        def run() -> DataFrame:
+            ready = [x.result() if isinstance(x, Future) else x for x in inputs]
+            if progress is not None:
+                progress(name)
+            df = make(*ready)
+            if checkpoint:
+                df = df.localCheckpoint(eager=True)
+            else:
+                df = df.persist(StorageLevel.MEMORY_AND_DISK)
+            cached.append(df)
+            return df
+        return pool.submit(run)
 
     # packets and advertisements are read as they are stored: a selection of Parquet columns
     # is a small plan and a cheap scan (pruned to the columns each analysis reads, filters
@@ -1442,23 +1468,37 @@ def analyze(tables: CaptureTables, options: AnalysisOptions | None = None, *,
     packets = tables.packets.select(
         *_PACKET_COLUMNS, *[c for c in _OPTIONAL_PACKET_COLUMNS if c in tables.packets.columns])
     adverts = tables.advertisements
-    messages = keep("messages", tables.messages.where(
-        F.col("sqn").isNotNull() | F.col("ume_preg").isNotNull()
-        | F.col("ume_preg_resp").isNotNull() | F.col("ume_ack").isNotNull()
-        | F.col("ume_rxreq").isNotNull() | F.col("malformed_reason").isNotNull())
-        .select(*_MESSAGE_COLUMNS))
-    data = keep("data messages", data_messages(packets, messages, adverts))
-    sends = keep("message sends", message_sends(data))
-    regs = keep("registrations", registrations(messages, pair_on_driver=small))
-    flags = keep("sequence analysis", sequence_flags(packets, data))
-    stability = keep("stability ACKs", stability_acks(messages, sends, regs))
-    consumption = keep("consumption ACKs", consumption_acks(messages, sends, regs))
-    requests = keep("retransmission requests",
-                    retransmission_requests(packets, data, messages, regs))
-    stable = keep("stability times", stable_times(stability, regs, options))
-    events = keep("flight events", flight_events(sends, stable))
-    found = keep("anomalies", anomalies(packets, messages, sends, regs, stability, consumption,
-                                        requests, flags))
+    # the intermediate tables are made by ANALYSIS_THREADS threads, each step as soon as its
+    # inputs are there (submitted in dependency order, so a step waits only for steps that
+    # run already): Spark runs their jobs side by side, and the many stages of one or two
+    # tasks (small shuffles, coalesced) no longer leave cores idle
+    with ThreadPoolExecutor(ANALYSIS_THREADS, thread_name_prefix="ump-analysis") as pool:
+        messages_f = keep("messages", lambda: tables.messages.where(
+            F.col("sqn").isNotNull() | F.col("ume_preg").isNotNull()
+            | F.col("ume_preg_resp").isNotNull() | F.col("ume_ack").isNotNull()
+            | F.col("ume_rxreq").isNotNull() | F.col("malformed_reason").isNotNull())
+            .select(*_MESSAGE_COLUMNS))
+        data_f = keep("data messages", lambda m: data_messages(packets, m, adverts), messages_f)
+        regs_f = keep("registrations", lambda m: registrations(m, pair_on_driver=small),
+                      messages_f)
+        sends_f = keep("message sends", message_sends, data_f)
+        flags_f = keep("sequence analysis", lambda d: _judged_items(packets, d), data_f)
+        stability_f = keep("stability ACKs", stability_acks, messages_f, sends_f, regs_f)
+        consumption_f = keep("consumption ACKs", consumption_acks, messages_f, sends_f, regs_f)
+        requests_f = keep("retransmission requests",
+                          lambda d, m, r: retransmission_requests(packets, d, m, r),
+                          data_f, messages_f, regs_f)
+        stable_f = keep("stability times", lambda a, r: stable_times(a, r, options),
+                        stability_f, regs_f)
+        events_f = keep("flight events", flight_events, sends_f, stable_f)
+        found_f = keep("anomalies",
+                       lambda m, s, r, a, c, q, f: anomalies(packets, m, s, r, a, c, q, f),
+                       messages_f, sends_f, regs_f, stability_f, consumption_f, requests_f,
+                       flags_f)
+    data, regs, flags = data_f.result(), regs_f.result(), flags_f.result()
+    stability, consumption = stability_f.result(), consumption_f.result()
+    requests, stable = requests_f.result(), stable_f.result()
+    events, found = events_f.result(), found_f.result()
     outputs = {
         "anomaly_summary": anomaly_summary(found),
         "anomalies": found,

@@ -245,7 +245,6 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
 
     from spark_analysis.analyses import (
         DETAIL_OUTPUTS,
-        SORT_KEYS,
         AnalysisOptions,
         analyze,
         natural_order,
@@ -283,12 +282,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
                          progress=lambda step: _step(spark, log, step))
         log(f"writing {len(result.outputs)} results")
         try:
-            counts: dict[str, int] = {}
-            for name, df in result.outputs.items():
-                spark.sparkContext.setJobDescription(f"write {name}")
-                counts[name] = _write(df, name, SORT_KEYS[name],
-                                      name in DETAIL_OUTPUTS and not small, out)
-                log(f"  wrote {name}: {counts[name]} rows")
+            counts = _write_all(spark, result.outputs, out, small, log)
         finally:
             result.unpersist()
     skipped = decoded.skipped
@@ -397,7 +391,10 @@ def launch_config(capture_bytes: int) -> dict[str, str]:
     heap = min(heap, max(DRIVER_MEMORY_MIN // 2, int(machine * DRIVER_MEMORY_SHARE)))
     java = ["-XX:+UseParallelGC"]
     if capture_bytes <= QUICK_TIER_BYTES:
-        java.insert(0, "-XX:TieredStopAtLevel=1")
+        # the quick tier alone gets the JVM's small default code cache (48 MiB), which the
+        # generated code of the analyses filled at 1,000,000 frames: the JIT then stops and
+        # everything after runs interpreted
+        java[:0] = ["-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=256m"]
     return {"spark.driver.memory": f"{heap >> 20}m",
             "spark.driver.extraJavaOptions": " ".join(java)}
 
@@ -478,6 +475,27 @@ def _decode(spark: Any, files: Sequence[str], per_file: bool, options: Any,
 
     return Decoded(packets, tables.messages(spark, HEADER_COLUMNS), adverts, skipped,
                    tables.frames)
+
+
+def _write_all(spark: Any, outputs: Mapping[str, DataFrame], out: OutputDir, small: bool,
+               log: Callable[[str], None]) -> dict[str, int]:
+    """Write every output (:func:`_write`), :data:`spark_analysis.analyses.ANALYSIS_THREADS`
+    at a time: each is a few jobs of small stages, often of one task, so one at a time left a
+    core idle; side by side they keep both busy.  Returns the row counts in ``outputs``
+    order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from spark_analysis.analyses import ANALYSIS_THREADS, DETAIL_OUTPUTS, SORT_KEYS
+
+    def write(name: str, df: DataFrame) -> int:
+        spark.sparkContext.setJobDescription(f"write {name}")
+        rows = _write(df, name, SORT_KEYS[name], name in DETAIL_OUTPUTS and not small, out)
+        log(f"  wrote {name}: {rows} rows")
+        return rows
+
+    with ThreadPoolExecutor(ANALYSIS_THREADS, thread_name_prefix="ump-write") as pool:
+        futures = {name: pool.submit(write, name, df) for name, df in outputs.items()}
+    return {name: future.result() for name, future in futures.items()}
 
 
 def _write(df: DataFrame, name: str, keys: Sequence[str], detail: bool,
