@@ -18,9 +18,9 @@ shows:
   goes up too, and the source must have re-registered with that store (a PREG to it captured
   after the last SRI showing the old version).  "No other store's version" is the same rule:
   a store that did not re-register keeps its version.  And a store re-registered (a PREG asked
-  after an SRI naming it, granted at least :data:`SLACK` seconds before a later SRI whose
-  overall version rose) must have a higher version there.  Judged only for stores whose
-  registrations the capture holds.
+  after an SRI naming it, granted before a later SRI whose overall version rose) must have a
+  higher version there or in a later SRI of the run (an SRI sent for another store's grant
+  may cross this one).  Judged only for stores whose registrations the capture holds.
 """
 
 from __future__ import annotations
@@ -121,13 +121,13 @@ def sri_names_registered_stores(obs: Observed) -> list[Judgement]:
 
 def _reregistered(client: Client, store: Addr, before: Sri, after: Sri) -> Registration | None:
     """A re-registration of ``client`` with ``store`` asked after SRI ``before`` and granted
-    at least :data:`SLACK` before SRI ``after`` (an earlier grant by that store is captured),
-    or None.  A PREG asked before ``before`` may be a retry whose second answer the source
-    ignores (it is registered already)."""
+    before SRI ``after`` (an earlier grant by that store is captured), or None.  A PREG asked
+    before ``before`` may be a retry whose second answer the source ignores (it is registered
+    already)."""
     grants = [r for r in client.registrations if r.store == store and r.granted]
     for reg in grants:
         assert reg.response is not None
-        if reg.frame > before.frame and reg.response.time < after.time - SLACK and any(
+        if before.frame < reg.frame and reg.response.frame < after.frame and any(
                 g.frame < reg.frame for g in grants):
             return reg
     return None
@@ -162,7 +162,10 @@ def sri_versions_follow_reregistrations(obs: Observed) -> list[Judgement]:
                         continue
                     if e.version == old.version:
                         redone = _reregistered(client, e.store, last, sri)
-                        if redone is not None and sri.version > last.version:
+                        if redone is not None and sri.version > last.version and not any(
+                                x.store == e.store and x.version > e.version
+                                for later in run if later.frame > sri.frame
+                                for x in later.stores):
                             bad = failed(client.name, f"store {show(e.store)} granted a "
                                                       f"re-registration (frame {redone.frame}) "
                                                       f"but its version stayed {e.version} "
