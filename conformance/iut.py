@@ -64,14 +64,17 @@ class StoreSetup:
 
     store_options: tuple[tuple[str, str | int], ...] = ()
     topic_options: tuple[tuple[str, str | int], ...] = ()
+    lbm_options: tuple[tuple[str, str | int], ...] = ()  # "scope option" lines of lbm.cfg
 
     @classmethod
-    def of(cls, store: dict[str, str | int], topic: dict[str, str | int]) -> StoreSetup:
-        return cls(tuple(sorted(store.items())), tuple(sorted(topic.items())))
+    def of(cls, store: dict[str, str | int], topic: dict[str, str | int],
+           lbm: dict[str, str | int] | None = None) -> StoreSetup:
+        return cls(tuple(sorted(store.items())), tuple(sorted(topic.items())),
+                   tuple(sorted((lbm or {}).items())))
 
     @property
     def custom(self) -> bool:
-        return bool(self.store_options or self.topic_options)
+        return bool(self.store_options or self.topic_options or self.lbm_options)
 
     @property
     def rpp_only(self) -> bool:
@@ -228,7 +231,8 @@ class StoreUnderTest(IutProcess):
         lbm = self.workdir / "lbm.cfg"
         lbm.write_text("# written by ump conform: topic resolution through the harness\n"
                        f"context resolver_unicast_daemon {self.resolver[0]}:{self.resolver[1]}\n"
-                       + "".join(StoreEntry(addr).line() + "\n" for addr in self.group))
+                       + "".join(StoreEntry(addr).line() + "\n" for addr in self.group)
+                       + "".join(f"{name} {value}\n" for name, value in self.setup.lbm_options))
         store = dict(BASE_STORE_OPTIONS)
         store.update(dict(self.setup.store_options))
         topic = dict(BASE_TOPIC_OPTIONS)

@@ -69,6 +69,9 @@ class CaseSpec:
         strength: MUST or SHOULD.
         store_options: store-level umestored options the case needs in the IUT's XML.
         topic_options: topic-level options the case needs for its topic pattern.
+        lbm_options: UM configuration options (``"scope option": value``) the case needs in
+            the IUT's ``<lbm-config>`` file (a store's own client options, e.g. ``receiver
+            use_otr``).
         needs_restart: the case restarts the IUT (needs a launch command).
         timeout: seconds the case may take at ``--time-scale 1``.
         alone: the case must not run next to another case (``ump conform --jobs``): it uses a
@@ -89,6 +92,7 @@ class CaseSpec:
     run: Callable[[CaseContext], None]
     store_options: dict[str, str | int] = field(default_factory=dict)
     topic_options: dict[str, str | int] = field(default_factory=dict)
+    lbm_options: dict[str, str | int] = field(default_factory=dict)
     needs_restart: bool = False
     timeout: float = 10.0
     alone: bool = False
@@ -114,7 +118,7 @@ def case(id: str, *, title: str, suite: str, section: str, requirement: str,
          store_options: dict[str, str | int] | None = None,
          topic_options: dict[str, str | int] | None = None,
          needs_restart: bool = False, timeout: float = 10.0, alone: bool = False,
-         transport: str | None = None
+         transport: str | None = None, lbm_options: dict[str, str | int] | None = None
          ) -> Callable[[Callable[[CaseContext], None]], Callable[[CaseContext], None]]:
     """Register the decorated function as a conformance case (IDs must be unique)."""
     def register(fn: Callable[[CaseContext], None]) -> Callable[[CaseContext], None]:
@@ -124,7 +128,8 @@ def case(id: str, *, title: str, suite: str, section: str, requirement: str,
             id=id, title=title, suite=suite, role=role, section=section,
             requirement=" ".join(requirement.split()), strength=strength, run=fn,
             store_options=dict(store_options or {}), topic_options=dict(topic_options or {}),
-            needs_restart=needs_restart, timeout=timeout, alone=alone, transport=transport)
+            needs_restart=needs_restart, timeout=timeout, alone=alone, transport=transport,
+            lbm_options=dict(lbm_options or {}))
         return fn
     return register
 

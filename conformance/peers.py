@@ -64,6 +64,7 @@ from wire.lbmc import (
     SriReq,
     UmeAck,
     UmePregResp,
+    UmeRxreq,
 )
 
 if TYPE_CHECKING:
@@ -199,6 +200,11 @@ class HarnessSource(_Client):
         self._sri_lock = threading.Lock()
         self._sri_requests: list[tuple[float, LbmcMessage]] = []
         self._confirmations: list[tuple[float, LbmcMessage]] = []
+        self.answer_rxreqs = False
+        """Answer retransmission requests on the request port (a store's off-transport
+        recovery, docs/semantics.md §1.9) with the message as a retransmission, as a
+        persistent source does from its retention."""
+        self._rxreqs: list[tuple[float, LbmcMessage]] = []
         self.transport = Listener("127.0.0.1", env.recorder, f"{name} transport",
                                   ports=env.ports.rotated(env.ports.transport))
         self.udp: UdpTransport | None = None
@@ -348,6 +354,20 @@ class HarnessSource(_Client):
                 for link in [x for x in self.transport.links if not x.closed]:
                     link.send(self.data(sqn))
 
+    def send_lost(self, *sqns: int) -> None:
+        """Messages the transport loses for good: on LBT-RU datagrams never sent that the
+        session then no longer holds, so the store's NAK gets "do not retry"
+        (:meth:`UdpTransport.send_lost`)."""
+        if self.udp is None:
+            raise ValueError("send_lost needs the source on LBT-RU")
+        self.store_links()
+        self.udp.send_lost(*(self.data(sqn) for sqn in sqns))
+
+    def rxreqs(self) -> list[tuple[float, LbmcMessage]]:
+        """(arrival time, message) of every retransmission request on the request port."""
+        with self._sri_lock:
+            return list(self._rxreqs)
+
     def sri_requests(self) -> list[tuple[float, LbmcMessage]]:
         """(arrival time, message) of every SRI request on the request port so far."""
         with self._sri_lock:
@@ -360,6 +380,13 @@ class HarnessSource(_Client):
             return list(self._confirmations)
 
     def _on_request(self, link: TcpLink, message: LbmcMessage) -> None:
+        rxreq = message.header(UmeRxreq)
+        if rxreq is not None:
+            with self._sri_lock:
+                self._rxreqs.append((time.monotonic(), message))
+            if self.answer_rxreqs:
+                link.send(self.data(rxreq.seqnum, kind=MessageType.RETRANS))
+            return
         if message.header(UmeAck) is not None:
             with self._sri_lock:
                 self._confirmations.append((time.monotonic(), message))

@@ -196,7 +196,7 @@ class Runner:
     def _iut_for(self, spec: CaseSpec) -> IutProcess:
         if self.profile.role is not Role.STORE:
             return self._client_for(spec)
-        setup = StoreSetup.of(spec.store_options, spec.topic_options)
+        setup = StoreSetup.of(spec.store_options, spec.topic_options, spec.lbm_options)
         iut = self.iut
         if iut is not None and not isinstance(iut, StoreUnderTest):
             self._retire_iut()
@@ -386,8 +386,9 @@ def segments(cases: list[CaseSpec], role: Role) -> list[list[int]]:
     for index, spec in enumerate(cases):
         fresh = (previous is None or role is not Role.STORE or spec.alone or previous.alone
                  or previous.needs_restart
-                 or StoreSetup.of(spec.store_options, spec.topic_options)
-                 != StoreSetup.of(previous.store_options, previous.topic_options))
+                 or StoreSetup.of(spec.store_options, spec.topic_options, spec.lbm_options)
+                 != StoreSetup.of(previous.store_options, previous.topic_options,
+                                  previous.lbm_options))
         if fresh:
             out.append([])
         out[-1].append(index)

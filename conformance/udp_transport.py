@@ -225,6 +225,22 @@ class UdpTransport:
                 self.session.send(to_bytes(item), time.monotonic())
             self._flush()
 
+    def send_lost(self, *items: Packet | lbmc.LbmcMessage | bytes) -> None:
+        """Each item as a DATA datagram of the session that the network loses (never sent,
+        noted in the evidence), after which the session holds nothing sent so far: the
+        store's NAK for them gets "do not retry" and its transport gives them up, as when a
+        source's window moved past a loss.  LBT-RU only."""
+        if not isinstance(self.session, LbtruSourceSession):
+            raise ValueError("send_lost: LBT-RU only")
+        with self._lock:
+            self._flush()
+            now = time.monotonic()
+            sqns = [self.session.send(to_bytes(item), now) for item in items]
+            self.session.datagrams_to_send(now)  # lost on the way
+            self.session.forget()
+            self.recorder.note(f"{self.name}: LBT-RU datagrams {sqns} lost on the way and no "
+                               f"longer retransmittable")
+
     def close(self) -> None:
         with self._lock:
             self._closed = True

@@ -346,6 +346,15 @@ class LbtruSourceSession(_Endpoint):
         self._arm_sm()
         return sqn & SQN_MASK
 
+    def forget(self) -> None:
+        """Stop holding every datagram sent so far, as a transmission window that moved past
+        them does: a NAK for any of them is answered "do not retry" from now on, so the
+        receivers' transport gives them up (the conformance harness's source uses it to
+        lose datagrams for good)."""
+        self._retained.clear()
+        self._retained_bytes = 0
+        self._last_rx.clear()
+
     def receive(self, data: bytes, addr: Addr, now: float) -> None:
         """A datagram from a receiver (CREQ, NAK or ACK) for this session."""
         self.now = now

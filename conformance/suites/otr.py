@@ -14,7 +14,10 @@ since UM 6.8, 0 before).
 Store IUT (OTR-STORE-*): an OTR request reaches a store as a retransmission request: one for a
 message sent after the receiver registered (a gap its transport lost) is served (002); one for a
 sequence number the store does not hold, or naming a RegID it does not know, is dropped
-without an answer and the store goes on serving the requests it can.
+without an answer and the store goes on serving the requests it can.  And the store as a
+requester (003, on LBT-RU whatever ``--transport`` says): with ``use_otr`` 1 in its
+``<lbm-config>`` (the case's ``lbm_options``) a gap its own transport gave up on is asked of
+the source's request port, where the harness source answers from what it sent.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from conformance.context import CaseContext
 from conformance.model import Role, Strength, case
 from conformance.peers import HarnessSource
 from conformance.store_peer import HarnessStore
-from wire.lbmc import MessageType, UmeRxreq
+from wire.lbmc import ACK_NAK, AckType, MessageType, UmeAck, UmeRxreq
 
 SUITE = "otr"
 
@@ -220,3 +223,69 @@ def live_gap_served(h: CaseContext) -> None:
                       f"the payload retransmitted for {sqn}")
         h.check(got.type == MessageType.RETRANS, f"{sqn} did not come back as a "
                 "retransmission", expected="LBMC type RETRANS", observed=got.label())
+
+
+STORE_OTR: dict[str, str | int] = {
+    "receiver use_otr": 1,
+    "receiver otr_request_initial_delay": 300,
+    "receiver otr_request_minimum_interval": 300,
+    "receiver otr_request_maximum_interval": 1000,
+    "receiver retransmit_request_message_timeout": 30000}
+"""The store's own OTR (its ``<lbm-config>``): ``use_otr`` 1, since 2 (the default) covers
+persistent receivers only and the store is none; short timers so the case is quick."""
+
+
+def _stable_acks(src: HarnessSource) -> set[int]:
+    """The sequence numbers the store acknowledged as stable to ``src``, NAK bit clear."""
+    link = src.connect()
+    return {h.seqnum for m in list(link.received) for h in m.headers
+            if isinstance(h, UmeAck) and h.type == AckType.STABLE and not h.flags & ACK_NAK}
+
+
+@case("OTR-STORE-003", suite=SUITE, role=Role.STORE, timeout=20.0, transport="lbt-ru",
+      lbm_options=STORE_OTR,
+      title="A store with use_otr 1 recovers a gap its transport gave up on from the source",
+      section="Receiver Recovery",
+      requirement="When the transport gives up, OTR asks for the missing topic sequence "
+                  "numbers; use_otr 2 (the default) covers persistent receivers only, so a "
+                  "store recovers its own transport's losses by OTR with use_otr 1 in its LBM "
+                  "configuration.")
+def store_recovers_from_source(h: CaseContext) -> None:
+    """The store's ``<lbm-config>`` says ``receiver use_otr 1`` (initial delay 300 ms); the
+    source, on LBT-RU, sends 0..4, loses 5 and 6 for good (its session no longer holds them:
+    the store's NAKs get "do not retry") and sends 7..9.  The store must ask the source's
+    request port for 5 and 6 (RXREQs), no sooner than 200 ms after 7 revealed the gap, and
+    persist what the source retransmits: it acknowledges 5 and 6 as stable, and a receiver
+    that asks for 5 gets it from the store."""
+    src = h.source()
+    src.answer_rxreqs = True
+    h.check(not src.register(reg_id=0).e_flag, "the store refused the source")
+    rcv = h.receiver(src)
+    h.check(not rcv.register(reg_id=0).e_flag, "the store refused the receiver")
+    src.send(*range(5))
+    src.expect_stable(4)
+    src.send_lost(5, 6)
+    sent = time.monotonic()
+    src.send(7, 8, 9)
+    src.expect_stable(9)
+    h.wait_until(lambda: {5, 6} <= _stable_acks(src), 5.0, "stability ACKs for 5 and 6")
+    asked: dict[int, list[float]] = {}
+    for at, message in src.rxreqs():
+        header = message.header(UmeRxreq)
+        if header is not None:
+            asked.setdefault(header.seqnum, []).append(at)
+    h.check({5, 6} <= set(asked), "the store did not ask the source for what its transport "
+            "gave up on", expected="RXREQs for 5 and 6 on the source's request port",
+            observed=sorted(asked))
+    first = min(min(asked[5]), min(asked[6])) - sent
+    h.check(first >= h.scaled(0.2), "the store asked before otr_request_initial_delay",
+            expected="no request within 300 ms of the gap", observed=f"{first * 1000:.0f} ms")
+    h.note(f"first OTR request {first * 1000:.0f} ms after the gap; asked for "
+           f"{sorted(asked)}")
+    stable = _stable_acks(src)
+    h.check({5, 6} <= stable, "the store did not acknowledge what it recovered by OTR",
+            expected="stability ACKs for 5 and 6", observed=sorted(stable))
+    rcv.connect()
+    rcv.rxreq(5)
+    got = rcv.expect_data(5)
+    h.check_equal(got.payload, bytes(src.data(5).payload), "the payload the store holds for 5")

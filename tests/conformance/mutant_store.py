@@ -576,6 +576,15 @@ def serves_only_registration_history() -> None:
 MUTANTS["serves-only-registration-history"] = serves_only_registration_history
 
 
+def store_otr_never_asked() -> None:
+    """Ignores ``use_otr 1`` in its ``<lbm-config>``: what its transport gave up on is
+    declared lost at once and never asked of the source (docs/semantics.md §1.9)."""
+    runtime.store_otr = lambda client: None
+
+
+MUTANTS["store-otr-never-asked"] = store_otr_never_asked
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in MUTANTS:
         print(f"usage: mutant_store.py {{{','.join(MUTANTS)}}} STORE-ARGS...", file=sys.stderr)

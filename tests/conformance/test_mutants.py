@@ -54,6 +54,7 @@ CATCHES = {
     # off-transport recovery (issue 20)
     "answers-beyond-newest": ("otr", "OTR-STORE-001"),
     "serves-only-registration-history": ("otr", "OTR-STORE-002"),
+    "store-otr-never-asked": ("otr", "OTR-STORE-003"),
     # proxy sources: a group of three instances (profile 'instances', issue 20)
     "proxy-never-elected": ("proxy", "PXY-STORE-001"),
     "two-proxies": ("proxy", "PXY-STORE-002"),
