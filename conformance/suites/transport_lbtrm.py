@@ -294,3 +294,23 @@ def receiver_gives_up_after_generation_interval(h: CaseContext) -> None:
                      f"(generation interval {GENERATION_MS} ms)",
             observed=f"NAKs {late[:10]} ms after the gap")
 
+
+
+@case("RCV-LBTRM-005", suite=SUITE, role=Role.RECEIVER, transport=LBT_RM,
+      title="An NCF 'Do not retry' ends the receiver's NAKs for that sequence number",
+      section="Configuring for Persistence and Recovery",
+      requirement="An NCF with reason 'Do not retry' says the source can no longer retransmit "
+                  "the sequence number (it left the transmission window): the receiver gives "
+                  "it up at once (the stores or OTR may still recover it) and NAKs it no more.",
+      timeout=12.0)
+def receiver_gives_up_at_do_not_retry(h: CaseContext) -> None:
+    src, _ = _receiver(h, nak_initial_backoff_interval=50, nak_backoff_interval=BACKOFF_MS,
+                       nak_suppress_interval=400)
+    h.check(src.wait(lambda: bool(src.naks_of(GAP)), h.scaled(2.0)),
+            "the receiver never NAKed the gap", expected=f"a NAK for {GAP}", observed="none")
+    ncf = src.ncf(lbtrm.NcfReason.NO_RETRY, GAP)
+    h.note(f"NCF 'Do not retry' for {GAP}")
+    _keep_alive(src, ncf + 1.2)
+    after = [round((t - ncf) * 1000, 1) for t in src.naks_of(GAP) if t > ncf + SLACK]
+    h.check(not after, "the receiver NAKed a sequence number the source said not to retry",
+            expected=f"no NAK for {GAP} after the NCF", observed=f"NAKs {after} ms after it")

@@ -856,6 +856,19 @@ def ncf_ignored() -> None:
     LbtrmReceiverSession._on_rm_ncf = patched  # type: ignore[method-assign]
 
 
+def retries_after_do_not_retry() -> None:
+    """Takes an NCF "Do not retry" for "NAK Ignored": NAKs the number again later."""
+    on_ncf = LbtrmReceiverSession._on_rm_ncf
+
+    def patched(self: LbtrmReceiverSession, packet: Any) -> None:
+        if packet.reason == lbtrm.NcfReason.NO_RETRY:
+            packet = lbtrm.LbtrmNcf(ucast_port=packet.ucast_port, session_id=packet.session_id,
+                                    trail_sqn=packet.trail_sqn, format=packet.format,
+                                    reason=int(lbtrm.NcfReason.IGNORED), ncfs=list(packet.ncfs))
+        on_ncf(self, packet)
+    LbtrmReceiverSession._on_rm_ncf = patched  # type: ignore[method-assign]
+
+
 def naks_forever() -> None:
     """Never gives a missing number up (the NAK generation interval is not applied)."""
     _lbtrm_receiver_setting(nak_generation_interval=3600.0)
@@ -886,6 +899,7 @@ MUTANTS |= {
     "naks-not-backed-off": ("receiver", naks_not_backed_off),
     "ncf-ignored": ("receiver", ncf_ignored),
     "naks-forever": ("receiver", naks_forever),
+    "retries-after-do-not-retry": ("receiver", retries_after_do_not_retry),
     "ignores-lbtrm-naks": ("source", ignores_lbtrm_naks),
     "retransmits-every-nak": ("source", retransmits_every_nak),
     "no-session-messages": ("source", no_session_messages),

@@ -151,6 +151,7 @@ CLIENT_CATCHES |= {  # the lbt-rm suite: a receiver's and a source's LBT-RM (iss
     "naks-not-backed-off": ("receiver", "RCV-LBTRM-002"),
     "ncf-ignored": ("receiver", "RCV-LBTRM-003"),
     "naks-forever": ("receiver", "RCV-LBTRM-004"),
+    "retries-after-do-not-retry": ("receiver", "RCV-LBTRM-005"),
     "ignores-lbtrm-naks": ("source", "SRC-LBTRM-001"),
     "retransmits-every-nak": ("source", "SRC-LBTRM-002"),
     "no-session-messages": ("source", "SRC-LBTRM-003"),
