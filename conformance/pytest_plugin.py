@@ -22,6 +22,7 @@ import pytest
 from conformance.model import SUITES, CaseSpec, Verdict, all_cases
 from conformance.profile import IutProfile, ProfileError, resolve_profile
 from conformance.runner import CaseResult, Runner, RunResult, select
+from conformance.udp_transport import TRANSPORTS
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -33,12 +34,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="only this conformance suite (repeatable)")
     g.addoption("--conform-out", default="conform-out", help="evidence and report directory")
     g.addoption("--time-scale", type=float, default=1.0, help="scale every case timeout")
+    g.addoption("--conform-transport", choices=TRANSPORTS, default=None,
+                help="what the harness's sources send on to a store IUT (ump conform "
+                     "--transport; default: the profile's transport, else tcp)")
 
 
 class ConformanceSession:
     def __init__(self, config: pytest.Config, profile: IutProfile) -> None:
+        transport = config.getoption("--conform-transport") or profile.transport
+        if transport not in TRANSPORTS:  # a profile's "all": one transport per pytest run
+            raise pytest.UsageError(f"the profile's transport {transport!r}: the pytest plugin "
+                                    f"runs one transport; give --conform-transport")
         self.runner = Runner(profile, Path(config.getoption("--conform-out")),
-                             time_scale=config.getoption("--time-scale"))
+                             time_scale=config.getoption("--time-scale"), transport=transport)
         self.out = self.runner.out  # absolute: the directory pytest was started in
         self.results: list[CaseResult] = []
         self.entered = False

@@ -153,3 +153,16 @@ def test_group_members_reads_a_join_on_loopback() -> None:
     finally:
         sock.close()
     assert group_members(group) == before
+
+
+def test_the_pytest_plugin_runs_store_cases_on_a_transport(tmp_path: Path) -> None:
+    cwd = tmp_path / "fresh"
+    cwd.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "conformance.pytest_plugin",
+                           "--iut", "store", "--conform-transport", "lbt-ru", "-k",
+                           "REC-STORE-001", "-q", "-p", "no:cacheprovider"],
+                          capture_output=True, text=True, timeout=300, cwd=cwd)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads((cwd / "conform-out" / "results.json").read_text())
+    assert [(c["id"], c["transport"], c["verdict"]) for c in data["cases"]] == [
+        ("REC-STORE-001", "lbt-ru", "pass")]
