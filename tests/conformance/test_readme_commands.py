@@ -110,3 +110,14 @@ def test_a_profile_launch_path_is_relative_to_the_profile_file(tmp_path: Path,
                  "--suite", "registration", "-k", "REG-STORE-001"], cwd)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _verdicts(cwd / "conform-out") == {"REG-STORE-001": "pass"}
+
+
+def test_the_stores_own_otr_case(tmp_path: Path) -> None:
+    # README: ump conform --suite otr -k OTR-STORE-003 --out store-otr-out
+    cwd = _fresh(tmp_path)
+    proc = _run([*_ump(), "conform", "--suite", "otr", "-k", "OTR-STORE-003",
+                 "--out", "store-otr-out"], cwd)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _verdicts(cwd / "store-otr-out") == {"OTR-STORE-003": "pass"}
+    lbm = next((cwd / "store-otr-out").rglob("lbm.cfg")).read_text()
+    assert "receiver use_otr 1" in lbm.splitlines()
