@@ -17,12 +17,14 @@ import pytest
 from reference_impl import events as ev
 from reference_impl import runtime
 from reference_impl.config import load_client_config
-from reference_impl.deployment import SimDeployment
+from reference_impl.deployment import STORE_PORT, SimDeployment
 from reference_impl.otr import OtrSettings
 from reference_impl.sim import LinkConfig
 from reference_impl.store import StoreCore, TopicPolicy, TopicRule, _runs
+from tests.reference_impl.oracle_capture import assert_tshark_agrees
 from wire.lbmc import UmeRxreq
 from wire.lbttcp import LbttcpStream
+from wire.tshark import PortMap, read_frames
 
 TOPIC = "orders.store-otr"
 RULES = (TopicRule(".*", TopicPolicy(repository_size_threshold=50_000_000), kind="PCRE"),)
@@ -30,14 +32,18 @@ PACING = OtrSettings(initial_delay=0.5, minimum_interval=0.25, maximum_interval=
                      message_timeout=5.0)
 
 
-def deployment(seed: int, otr: OtrSettings | None) -> SimDeployment:
-    """A store (with ``otr``) and a persistent LBT-RU source whose window holds 64 bytes'
-    worth of datagrams and that never retransmits proactively."""
+def deployment(seed: int, otr: OtrSettings | None, transport: str = "lbt-ru"
+               ) -> SimDeployment:
+    """A store (with ``otr``) and a persistent LBT-RU (or LBT-RM) source whose window holds
+    64 bytes' worth of datagrams and that never retransmits proactively."""
     d = SimDeployment(seed=seed)
     d.add_store("store", topics=RULES, seed=100, otr=otr)
-    src = d.add_source("src", TOPIC, transport="lbt-ru",
-                       transport_lbtru_transmission_window_size=64,
-                       ume_message_stability_timeout=0)
+    if transport == "lbt-rm":
+        src = d.add_source("src", TOPIC, transport=transport, ume_message_stability_timeout=0,
+                           transport_lbtrm_transmission_window_size=64)
+    else:
+        src = d.add_source("src", TOPIC, transport=transport, ume_message_stability_timeout=0,
+                           transport_lbtru_transmission_window_size=64)
     assert d.run_until(lambda: src.complete, 20)
     return d
 
@@ -79,14 +85,15 @@ def held(store: StoreCore) -> set[int]:
     return {sqn for sqn in range(0, 1000) if sqn in state.repo}
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize(("seed", "transport"),
+                         [(1, "lbt-ru"), (2, "lbt-ru"), (3, "lbt-ru"), (1, "lbt-rm")])
 def test_a_store_with_use_otr_1_recovers_what_its_transport_gave_up_from_the_source(
-        seed: int) -> None:
-    d = deployment(seed, PACING)
+        seed: int, transport: str) -> None:
+    d = deployment(seed, PACING, transport)
     sent = send_lossy(d)
     d.run(10.0)
     store, src = d.stores["store"], d.sources["src"]
-    assert store.stats.get("lbtru_lost", 0) > 0, "the transport gave up on nothing"
+    assert store.stats.get("lbtru_lost", 0) > 0, "the transport gave up on nothing"  # RU/RM
     recovered = store.stats.get("otr_recovered", 0)
     assert recovered >= 5
     assert held(store) == set(sent)  # every message persisted, none declared lost
@@ -162,3 +169,24 @@ def test_the_store_reads_use_otr_and_the_timers_from_its_lbm_config(
     else:
         assert got is None
     assert runtime.store_otr(None) is None
+
+
+@pytest.mark.oracle
+def test_the_stores_otr_traffic_agrees_with_tshark(tmp_path: Path) -> None:
+    """The store's OTR requests are UME RXREQs to the source's request port, the source's
+    answers RETRANS data (docs/wire-lbmc.md §5): tshark reads every frame of the run as we
+    do and shows an RXREQ for each number the store recovered."""
+    d = deployment(1, PACING)
+    sent = send_lossy(d, 150)
+    d.run(10.0)
+    store = d.stores["store"]
+    assert held(store) == set(sent) and store.stats.get("otr_recovered", 0) >= 3
+    pcap = tmp_path / "store-otr.pcap"
+    d.write_pcap(pcap)
+    portmap = PortMap(store_ports=[STORE_PORT])
+    reports = assert_tshark_agrees(pcap, portmap)
+    assert {"RXREQ", "RX-DATA"} <= {o.label for r in reports for o in r.occurrences}
+    shown = {int(dict(fields)["lbmc.ume_rxreq.seqnum"], 0)
+             for frame in read_frames(pcap, portmap) for fields in frame.occurrences("lbmc")
+             if any(k == "lbmc.ume_rxreq.seqnum" for k, _ in fields)}
+    assert set(rxreqs_at_source(d)) <= shown
