@@ -590,7 +590,7 @@ async def send_messages(host: AioHost, source: SourceCore, count: int, *, rate: 
     def batch(first: int, wanted: int) -> Callable[[float], int]:
         def act(now: float) -> int:
             try:
-                return source.send_many(payloads(first, wanted))
+                return source.send_many(payloads(first, wanted), now)
             except SendError as exc:
                 if exc.code in (SendErrorCode.WOULD_BLOCK, SendErrorCode.NOT_REGISTERED):
                     return 0
@@ -603,7 +603,7 @@ async def send_messages(host: AioHost, source: SourceCore, count: int, *, rate: 
         def act(now: float) -> int | SendError:
             done = 0
             for payload in payloads(first, wanted):
-                result = source.try_send(payload)
+                result = source.try_send(payload, now)
                 if isinstance(result, SendError):
                     return done if done else result
                 done += 1

@@ -723,8 +723,20 @@ class SourceCore(ContextCore):
     def persistent(self) -> bool:
         return self._persistent
 
-    def send(self, payload: bytes) -> int:
-        """Send one message now; returns its sequence number or raises :class:`SendError`."""
+    def _at(self, now: float | None) -> None:
+        """Move the core's clock to ``now`` when the application tells it the time of a send.
+
+        Why: the core otherwise knows only the time of its last event, and a send between
+        events would date the message (its stability timeout and lifetime) and arm the
+        transport's session-message timer from that stale time."""
+        if now is not None and now > self.now:
+            self.now = now
+
+    def send(self, payload: bytes, now: float | None = None) -> int:
+        """Send one message now; returns its sequence number or raises :class:`SendError`.
+
+        ``now``: the current time, when the caller knows it (see :meth:`_at`)."""
+        self._at(now)
         sqn, raw = self._take(payload)
         if self._udp_session is not None:
             self._lbtru_send(raw)
@@ -733,7 +745,7 @@ class SourceCore(ContextCore):
             self.write(conn, raw)
         return sqn
 
-    def try_send(self, payload: bytes) -> int | SendError:
+    def try_send(self, payload: bytes, now: float | None = None) -> int | SendError:
         """:meth:`send` for a non-blocking application (the product's non-blocking send,
         docs/semantics.md §1.7): the message's sequence number, or the refusal as a value,
         never raised.  With ``ume_flight_size_behavior`` block and a full flight that is
@@ -746,11 +758,11 @@ class SourceCore(ContextCore):
         for :meth:`can_send`, as :func:`reference_impl.runtime.send_messages` does), and a
         non-blocking one tests every send's result anyway."""
         try:
-            return self.send(payload)
+            return self.send(payload, now)
         except SendError as refusal:
             return refusal
 
-    def send_many(self, payloads: Iterable[bytes]) -> int:
+    def send_many(self, payloads: Iterable[bytes], now: float | None = None) -> int:
         """Send payloads in order, as :meth:`send` would one by one, until one is refused;
         returns how many messages were sent (their sequence numbers consecutive from
         :attr:`next_sqn` at the call; a fragmented message takes one per fragment).  The
@@ -760,7 +772,9 @@ class SourceCore(ContextCore):
         Why: the messages go out as one stream write, where :meth:`send` costs a write command
         (and on real sockets, unless the host merges them, a system call) per message.  Taking
         a message queues no stream command, so the bytes on the wire are the same.
+        ``now`` as for :meth:`send`.
         """
+        self._at(now)
         first = self.next_sqn
         taken = self.stats["sent"]  # messages, not sequence numbers: a long one takes several
         parts: list[bytes] = []
