@@ -135,11 +135,12 @@ SM_MIN_MS = 10
                   "sequence number, so receivers learn of a lost last message.", timeout=12.0)
 def source_sends_session_messages(h: CaseContext) -> None:
     """The reference source sends 50 messages a second: a 10 ms minimum interval leaves room
-    for an SM between two messages.  What is judged: SMs come, and each names the newest DATA
-    sent before it.  Their spacing is not: the doubling up to ``sm_maximum_interval`` needs a
-    source idle for longer than this one ever is, and the reference source measures the
-    interval from a clock that lags behind its sends (so its SMs follow DATA by well under the
-    minimum interval at this rate; a finding left open)."""
+    for an SM between two messages.  What is judged: SMs come, each names the newest DATA
+    sent before it, and they wait the minimum interval: the median time from an SM back to
+    the source's datagram before it (DATA or SM) is at least half of ``sm_minimum_interval``
+    (half and the median: loopback delivery may delay one datagram more than the SM behind
+    it, never most of them).  The doubling up to ``sm_maximum_interval`` is not judged: it
+    needs a source idle for longer than this one ever is."""
     tap = _source(h, sm_minimum_interval=SM_MIN_MS, sm_maximum_interval=SM_MIN_MS * 8)
     start = time.monotonic()
     tap.wait(lambda: len([1 for t, _ in tap.of(lbtrm.LbtrmSm) if t > start]) >= 5,
@@ -155,6 +156,16 @@ def source_sends_session_messages(h: CaseContext) -> None:
             bad_lead.append((sm.lead_sqn, before[-1].sqn))
     h.check(not bad_lead, "a session message named another leading edge than the newest DATA",
             expected="lead_sqn = the newest DATA's sqn", observed=bad_lead[:5])
+    sent_at = [t for t, p in seen if isinstance(p, lbtrm.LbtrmData | lbtrm.LbtrmSm)]
+    after = sorted(t - max(u for u in sent_at if u < t)
+                   for t, _ in sms if any(u < t for u in sent_at))
+    if after:
+        median_ms = after[len(after) // 2] * 1000
+        h.check(median_ms >= SM_MIN_MS / 2,
+                "session messages come sooner than transport_lbtrm_sm_minimum_interval after "
+                "the source's previous datagram",
+                expected=f">= {SM_MIN_MS / 2:g} ms after it (median)",
+                observed=f"{median_ms:.2f} ms (median of {len(after)})")
 
 
 # --- a receiver IUT ---------------------------------------------------------------------------

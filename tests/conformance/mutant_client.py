@@ -894,7 +894,16 @@ def no_session_messages() -> None:
     LbtrmSourceSession._arm_sm = lambda self: None  # type: ignore[method-assign]
 
 
+def hasty_session_messages() -> None:
+    """Sends each LBT-RM session message 0.2 ms after the DATA before it, whatever
+    transport_lbtrm_sm_minimum_interval says (what a clock lagging behind the sends did)."""
+    def arm(self: LbtrmSourceSession) -> None:
+        self._set_timer("sm", self.now + 0.0002)
+    LbtrmSourceSession._arm_sm = arm  # type: ignore[method-assign]
+
+
 MUTANTS |= {
+    "hasty-session-messages": ("source", hasty_session_messages),
     "naks-at-once": ("receiver", naks_at_once),
     "naks-not-backed-off": ("receiver", naks_not_backed_off),
     "ncf-ignored": ("receiver", ncf_ignored),

@@ -155,6 +155,7 @@ CLIENT_CATCHES |= {  # the lbt-rm suite: a receiver's and a source's LBT-RM (iss
     "ignores-lbtrm-naks": ("source", "SRC-LBTRM-001"),
     "retransmits-every-nak": ("source", "SRC-LBTRM-002"),
     "no-session-messages": ("source", "SRC-LBTRM-003"),
+    "hasty-session-messages": ("source", "SRC-LBTRM-003"),
 }
 CLIENT_CATCHES |= {  # the otr suite: off-transport recovery, receiver IUT (issue 20)
     "otr-never-asked": ("receiver", "RCV-OTR-001"),
