@@ -622,7 +622,7 @@ def sequence_summary(flags: DataFrame) -> DataFrame:
         return F.sum(F.when(cond, 1).otherwise(0))
 
     # flags from _judged_items say which items repeat a number (see there)
-    distinct = (count(~F.col("seen")) if "seen" in flags.columns
+    distinct = (F.count(F.when(~F.col("seen"), F.lit(1))) if "seen" in flags.columns
                 else F.countDistinct("sqn")).alias("distinct_sqns")
     return (flags.groupBy(*_STREAM)
             .agg(F.count("*").alias("items"),
@@ -1424,7 +1424,7 @@ class AnalysisRun:
 
 
 def analyze(tables: CaptureTables, options: AnalysisOptions | None = None, *,
-            checkpoint: bool = True, small: bool = False,
+            checkpoint: bool = True, small: bool = False, pair_on_driver: bool | None = None,
             progress: Callable[[str], None] | None = None) -> AnalysisRun:
     """Every analysis of the module over ``tables``.
 
@@ -1435,7 +1435,9 @@ def analyze(tables: CaptureTables, options: AnalysisOptions | None = None, *,
     query plans of the results stay small, which matters as much as the data on small
     captures (planning a result over the whole lineage costs seconds).  Without it they are
     only persisted and everything stays lazy.  ``small`` (a capture of a few thousand
-    messages) does what needs Python workers in the driver instead (registration pairing).
+    messages) does what needs Python workers in the driver instead (registration pairing);
+    ``pair_on_driver`` asks for that pairing alone (default: ``small``), which suits any
+    capture with few registration messages, whatever its size.
     ``progress`` is told each step's name.
     Detail tables (one row per event) and summaries are both returned; :data:`DETAIL_OUTPUTS`
     names the detail ones.
@@ -1479,7 +1481,8 @@ def analyze(tables: CaptureTables, options: AnalysisOptions | None = None, *,
             | F.col("ume_rxreq").isNotNull() | F.col("malformed_reason").isNotNull())
             .select(*_MESSAGE_COLUMNS))
         data_f = keep("data messages", lambda m: data_messages(packets, m, adverts), messages_f)
-        regs_f = keep("registrations", lambda m: registrations(m, pair_on_driver=small),
+        on_driver = small if pair_on_driver is None else pair_on_driver
+        regs_f = keep("registrations", lambda m: registrations(m, pair_on_driver=on_driver),
                       messages_f)
         sends_f = keep("message sends", message_sends, data_f)
         flags_f = keep("sequence analysis", lambda d: _judged_items(packets, d), data_f)

@@ -659,11 +659,24 @@ class ParquetTables:
                              f"{', '.join(h.name for h in MESSAGE_HEADER_COLUMNS)}")
         # only the tables joined: every ``spark.read.parquet`` is a Spark job (the schema from
         # a footer), and reading all twenty cost 1-3 s of jobs on every run
+        from pyspark.sql import functions as F
+
         joined = spark.read.parquet(self.paths["messages"])
         for name in wanted:
-            header = spark.read.parquet(self.paths[f"{HEADER_TABLE_PREFIX}{name}"])
+            table = f"{HEADER_TABLE_PREFIX}{name}"
+            header = spark.read.parquet(self.paths[table])
+            # a header table of fewer rows than BROADCAST_HEADER_ROWS goes to every task
+            # whole: no shuffle and sort of ``messages`` (as large as the capture) for it
+            if self.rows.get(table, BROADCAST_HEADER_ROWS) < BROADCAST_HEADER_ROWS:
+                header = F.broadcast(header)
             joined = joined.join(header, list(MESSAGE_KEY), "left")
         return joined.select(*MESSAGE_CORE_SCHEMA.names, *wanted)
+
+
+BROADCAST_HEADER_ROWS = 1 << 20
+"""Header tables (``lbmc_*``) of fewer rows are broadcast when :meth:`ParquetTables.messages`
+joins them: at 1,000,000 frames the largest (``lbmc_ume_ack``) has 336,347 rows of four
+columns, a few MiB in the broadcast; the others a few hundred."""
 
 
 def _join(root: str, name: str) -> str:

@@ -279,6 +279,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
     log("analysing" + (" (small capture: one partition, no adaptive plans)" if small else ""))
     with _sql_settings(spark, SMALL_CAPTURE_SQL if small else {}):
         result = analyze(tables, options, small=small,
+                         pair_on_driver=small or decoded.registration_messages <= DRIVER_PAIRING,
                          progress=lambda step: _step(spark, log, step))
         log(f"writing {len(result.outputs)} results")
         try:
@@ -335,6 +336,12 @@ SMALL_CAPTURE_SQL = {
 }
 """Session SQL settings for small captures (restored when the analysis is done)."""
 
+
+DRIVER_PAIRING = 100_000
+"""Up to this many registration messages (PREG and PREG-RESP) the analysis pairs them in the
+driver (``analyze(pair_on_driver=True)``): they come over as Arrow in one job, where the
+``applyInArrow`` pairing ran 14 jobs of 26 stages for the 960 messages of 1,000,000 frames.
+Registrations are few whatever the capture's size (one per source or receiver and store)."""
 
 DRIVER_DECODE_BYTES = 4 << 20
 """Captures up to this size (about 30,000 frames) are decoded in the driver process
@@ -438,6 +445,8 @@ class Decoded:
     advertisements: DataFrame
     skipped: pd.DataFrame
     frames: int
+    registration_messages: int
+    """PREG and PREG-RESP messages decoded."""
 
 
 def _decode(spark: Any, files: Sequence[str], per_file: bool, options: Any,
@@ -472,9 +481,12 @@ def _decode(spark: Any, files: Sequence[str], per_file: bool, options: Any,
     skipped = ds.dataset(f"{out.path}/{DECODED}/skipped", format="parquet",
                          filesystem=out.fs).to_table().to_pandas()
     from spark_analysis.analyses import HEADER_COLUMNS
+    from spark_analysis.schemas import HEADER_TABLE_PREFIX
 
+    registration_messages = sum(tables.rows.get(f"{HEADER_TABLE_PREFIX}{name}", 0)
+                                for name in ("ume_preg", "ume_preg_resp"))
     return Decoded(packets, tables.messages(spark, HEADER_COLUMNS), adverts, skipped,
-                   tables.frames)
+                   tables.frames, registration_messages)
 
 
 def _write_all(spark: Any, outputs: Mapping[str, DataFrame], out: OutputDir, small: bool,
