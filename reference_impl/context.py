@@ -46,7 +46,12 @@ to show the gap; delivering before it would hand another application's data to o
 an unrelated source took the port.  A provisional session nobody confirms ends with its
 activity timeout, or with the session it could have replaced.  Session IDs replaced are kept
 (:attr:`ContextCore.lbtrm_retired`), so a stale datagram or advertisement of the old run never
-brings it back.
+brings it back.  A new run that advertises another group than the old one is joined there
+(:meth:`ContextCore.swap_lbtrm_session` with the TIR's group; the old group is not left: a
+driver has no "leave", and nothing more arrives there for that source).  An LBT-RU source that
+restarts on its old port advertises a new session ID; the receiving session of the old ID is
+replaced the same way (:meth:`ContextCore.swap_lbtru_session`), else it would go on asking the
+new run to connect under the old ID, which the source ignores.
 
 Malformed input never raises out of a core: it becomes an :class:`~reference_impl.events.
 InputDropped` event and a log line, and the state is untouched (issue 3, "Bad input").
@@ -202,7 +207,8 @@ class ContextCore:
         self.lbtru: list[LbtruBinding] = []
         self.lbtrm_receiver_settings = LbtrmReceiverSettings()  # the driver may set its own
         self.groups: set[Addr] = set()  # (group, port) our LBT-RM receiving sessions listen on
-        # LBT-RM (source IP, unicast port) -> session IDs of its earlier runs (never rejoined)
+        # LBT-RM (source IP, unicast port) or LBT-RU source address -> session IDs of its
+        # earlier runs (never rejoined)
         self.lbtrm_retired: dict[Addr, set[int]] = {}
         self.join_group: Callable[[Addr], None] | None = None
         """Set by the driver: bind the destination port of a (group, port) for this core and
@@ -328,15 +334,37 @@ class ContextCore:
         if old in self.lbtru:
             self.lbtru.remove(old)
 
-    def swap_lbtrm_session(self, old: LbtruBinding, session_id: int) -> LbtruBinding:
+    def swap_lbtrm_session(self, old: LbtruBinding, session_id: int,
+                           group: Addr | None = None) -> LbtruBinding:
         """Replace the LBT-RM receiving session of ``old`` by session ``session_id`` of the
-        same source (it restarted): same port, group and stand-in connection, the old ID
-        retired, and :meth:`on_lbtru_event` told with a :class:`SessionReset`."""
+        same source (it restarted): same stand-in connection, the old ID retired, and
+        :meth:`on_lbtru_event` told with a :class:`SessionReset`.  ``group``: where the new
+        run sends, when its TIR names another (address, port) than the old one's (joined
+        here as :meth:`open_lbtrm_receiver` joins)."""
         session = old.session
         assert isinstance(session, LbtrmReceiverSession) and old.group is not None
         self._retire(old)
-        new = self._lbtrm_session(old.group, session.source, session_id)
-        binding = LbtruBinding(old.port, new, old.conn, old.group)
+        group = group or old.group
+        self._listen(group)
+        new = self._lbtrm_session(group, session.source, session_id)
+        binding = LbtruBinding(group[1], new, old.conn, group)
+        self.lbtru.append(binding)
+        self.on_lbtru_event(binding, SessionReset())
+        return binding
+
+    def swap_lbtru_session(self, old: LbtruBinding, session_id: int) -> LbtruBinding:
+        """Replace the LBT-RU receiving session of ``old`` by session ``session_id`` of the
+        same source address (it restarted on its port, its TIR says under which ID): same
+        port, settings and stand-in connection, the old ID retired, :meth:`on_lbtru_event`
+        told with a :class:`SessionReset`."""
+        session = old.session
+        assert isinstance(session, LbtruReceiverSession) and old.group is None
+        self.lbtrm_retired.setdefault(session.source, set()).add(session.session_id)
+        self.close_lbtru(old)
+        if old.conn is not None:
+            old.conn.open = True  # the stand-in lives on with the new session
+        new = self._lbtru_session(old.port, session.source, session_id, session.settings)
+        binding = LbtruBinding(old.port, new, old.conn)
         self.lbtru.append(binding)
         self.on_lbtru_event(binding, SessionReset())
         return binding
@@ -567,14 +595,18 @@ class ContextCore:
         """Connect from our UDP ``port`` to the LBT-RU session ``session_id`` of ``source``;
         its payloads arrive on the binding's stand-in connection (tagged ``tag``).  The NAK
         backoff draws are seeded from both addresses, so a run stays a function of its seed."""
-        seed = zlib.crc32(f"{self.ip}:{port}/{source[0]}:{source[1]}/{session_id}".encode())
-        session = LbtruReceiverSession(source, session_id, settings, now=self.now, seed=seed)
+        session = self._lbtru_session(port, source, session_id, settings)
         conn = Connection(((self.ip, port), source), outgoing=True, open=True, tag=tag,
                           datagrams=True)
         binding = LbtruBinding(port, session, conn)
         self.lbtru_ports.add(port)
         self.lbtru.append(binding)
         return binding
+
+    def _lbtru_session(self, port: int, source: Addr, session_id: int,
+                       settings: LbtruReceiverSettings | None) -> LbtruReceiverSession:
+        seed = zlib.crc32(f"{self.ip}:{port}/{source[0]}:{source[1]}/{session_id}".encode())
+        return LbtruReceiverSession(source, session_id, settings, now=self.now, seed=seed)
 
     def open_lbtrm_source(self, port: int, group: Addr, settings: LbtrmSourceSettings,
                           ) -> LbtruBinding:
@@ -608,17 +640,21 @@ class ContextCore:
         :attr:`join_group` the first time, then on that port alongside every other session
         there.  Its payloads arrive on the binding's stand-in connection (tagged ``tag``);
         NAK backoff draws are seeded from the addresses, as for LBT-RU."""
-        if group not in self.groups:
-            self.groups.add(group)
-            self.lbtru_ports.add(group[1])
-            if self.join_group is not None:
-                self.join_group(group)
+        self._listen(group)
         session = self._lbtrm_session(group, source, session_id)
         conn = Connection(((self.ip, group[1]), source), outgoing=True, open=True, tag=tag,
                           datagrams=True)
         binding = LbtruBinding(group[1], session, conn, group)
         self.lbtru.append(binding)
         return binding
+
+    def _listen(self, group: Addr) -> None:
+        """Join ``group`` (address, destination port) through :attr:`join_group`, once."""
+        if group not in self.groups:
+            self.groups.add(group)
+            self.lbtru_ports.add(group[1])
+            if self.join_group is not None:
+                self.join_group(group)
 
     def lbtru_receiving(self, source: Addr) -> LbtruBinding | None:
         """Our receiving session to the LBT-RU source at ``source``, if any."""

@@ -843,7 +843,10 @@ class ReceiverCore(ContextCore):
                 key = ((info.ip, info.port), tir.index)
             known = self.sessions.get(key)
             if isinstance(info, lbmr.LbtrmInfo) and sid is not None and \
-                    self._lbtrm_rerun(key[0], sid):
+                    self._lbtrm_rerun(key[0], sid, (info.mcast_addr, info.udp_dest_port)):
+                continue
+            if isinstance(info, lbmr.LbtruInfo | lbmr.LbtruSidInfo) and sid is not None and \
+                    self._lbtru_rerun(key[0], sid):
                 continue
             if known is not None and known.transport_up:
                 continue
@@ -856,11 +859,12 @@ class ReceiverCore(ContextCore):
             finally:
                 self._rest()
 
-    def _lbtrm_rerun(self, transport: Addr, sid: int) -> bool:
+    def _lbtrm_rerun(self, transport: Addr, sid: int, group: Addr) -> bool:
         """True when an LBT-RM TIR of our topic needs no join: it names a run of the source
         already replaced (stale).  A new run of a source we receive takes over here, from the
-        provisional session that started at its first datagram, else from now (SessionReset
-        follows: see :meth:`~reference_impl.context.ContextCore.promote_lbtrm`)."""
+        provisional session that started at its first datagram, else from now, on the group
+        its TIR names (SessionReset follows: see
+        :meth:`~reference_impl.context.ContextCore.promote_lbtrm`)."""
         if sid in self.lbtrm_retired.get(transport, ()):
             return True
         binding = self.lbtru_receiving(transport)
@@ -868,7 +872,20 @@ class ReceiverCore(ContextCore):
             return False
         if getattr(binding.session, "session_id", None) != sid \
                 and self.promote_lbtrm(transport, sid) is None:
-            self.swap_lbtrm_session(binding, sid)
+            self.swap_lbtrm_session(binding, sid, group)
+        return False
+
+    def _lbtru_rerun(self, transport: Addr, sid: int) -> bool:
+        """:meth:`_lbtrm_rerun` for LBT-RU: True for a TIR of a run already replaced; a TIR
+        of our source's address under another session ID is its new run on the old port, and
+        our session moves to it (SessionReset follows), else it would go on asking the new run
+        to connect under the old ID."""
+        if sid in self.lbtrm_retired.get(transport, ()):
+            return True
+        binding = self.lbtru_receiving(transport)
+        if binding is not None and binding.group is None \
+                and getattr(binding.session, "session_id", sid) != sid:
+            self.swap_lbtru_session(binding, sid)
         return False
 
     def _join(self, key: tuple[Addr, int], tir: lbmr.Tir, info: lbmr.Record, sid: int | None,

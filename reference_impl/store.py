@@ -261,10 +261,10 @@ from reference_impl.events import (
     ProxySourceCreated,
     ProxySourceDeleted,
 )
-from reference_impl.lbtrm_session import LbtrmReceiverSession
 from reference_impl.lbtru_session import (
     Connected,
     ConnectFailed,
+    LbtruReceiverSession,
     Lost,
     SessionReset,
     SourceTimedOut,
@@ -729,8 +729,10 @@ class StoreCore(ContextCore):
                     continue
             elif isinstance(info, lbmr.LbtruInfo | lbmr.LbtruSidInfo) \
                     and self.settings.lbtru_port:
-                self._lbtru_sids[(info.ip, info.port)] = getattr(info, "session_id", 0)
                 transport = (info.ip, info.port)
+                if not self._lbtru_advertised(transport, getattr(info, "session_id", 0),
+                                              tir.name):
+                    continue
             elif isinstance(info, lbmr.TcpInfo | lbmr.TcpSidInfo):
                 transport = (info.ip, info.port)
             else:
@@ -760,20 +762,39 @@ class StoreCore(ContextCore):
                 and any(s.topic == topic and s.transport == transport
                         for s in self.sources.values()) \
                 and self.promote_lbtrm(transport, sid) is None:
-            self.swap_lbtrm_session(old, sid)  # on_lbtru_event hears SessionReset
+            # on_lbtru_event hears SessionReset; the new run may send to another group
+            self.swap_lbtrm_session(old, sid, group)
         return True
 
-    def _lbtrm_new_session(self, binding: LbtruBinding) -> None:
-        """Our LBT-RM session of a source was replaced by its new run's (see
+    def _lbtru_advertised(self, transport: Addr, sid: int, topic: str) -> bool:
+        """:meth:`_lbtrm_advertised` for LBT-RU: a TIR of a topic we store from
+        ``transport`` under another session ID is the source's new run on its old port, and
+        our session moves to it (else it would go on asking the new run to connect under the
+        old ID); False for a stale TIR of a run already replaced."""
+        if sid in self.lbtrm_retired.get(transport, ()):
+            return False
+        self._lbtru_sids[transport] = sid
+        old = self.lbtru_receiving(transport)
+        if old is not None and old.group is None \
+                and isinstance(old.session, LbtruReceiverSession) \
+                and old.session.session_id != sid \
+                and any(s.topic == topic and s.transport == transport
+                        for s in self.sources.values()):
+            self._transport_new_session(self.swap_lbtru_session(old, sid))
+        return True
+
+    def _transport_new_session(self, binding: LbtruBinding) -> None:
+        """Our LBT-RU or LBT-RM session of a source was replaced by its new run's (see
         :meth:`~reference_impl.context.ContextCore.swap_lbtrm_session`)."""
         session, conn = binding.session, binding.conn
-        assert isinstance(session, LbtrmReceiverSession) and conn is not None
+        assert isinstance(session, LbtruReceiverSession) and conn is not None
         transport = conn.remote
         self._lbtru_sids[transport] = session.session_id
         for src in self.sources.values():
             if src.transport == transport:
                 src.lbtru_sid = session.session_id
-        self.log(Level.INFO, f"LBT-RM transport {transport[0]}:{transport[1]}: new session "
+        kind = "LBT-RU" if binding.group is None else "LBT-RM"
+        self.log(Level.INFO, f"{kind} transport {transport[0]}:{transport[1]}: new session "
                              f"{session.session_id:#x} (the source restarted)")
 
     def _join_transport(self, src: SourceState, transport: Addr) -> None:
@@ -1225,7 +1246,7 @@ class StoreCore(ContextCore):
         if isinstance(event, Connected):
             self.on_connected(conn)  # joined: answer the registrations that waited for it
         elif isinstance(event, SessionReset) and binding.group is not None:
-            self._lbtrm_new_session(binding)
+            self._transport_new_session(binding)
         elif isinstance(event, Lost):
             # the store does not recover from the source: what it missed it never holds, and
             # receivers that ask for it get nothing from this store (another may have it)

@@ -380,3 +380,54 @@ def test_a_send_between_events_is_dated_by_the_application_time() -> None:
     assert core.lbtrm_session.get_timer() == pytest.approx(5.015)
     assert core.send(b"y", now=4.0) == 1  # an earlier time never moves the clock back
     assert core.now == 5.0
+
+
+def test_a_source_back_on_its_port_with_another_group_is_joined_there() -> None:
+    # a source that picks its group at random (the conformance harness's does) comes back
+    # on its old unicast port with a new session ID and another group: store and receiver
+    # join that group, and the new run's messages reach both
+    d = deployment(ume_session_id=11)
+    send(d, 10)
+    d.run(1)
+    old = d.sources["src"].lbtrm_session
+    assert old is not None
+    d.kill("src")
+    d.run(1)
+    src = d.restart("src", transport_lbtrm_multicast_address="239.192.7.7")
+    assert isinstance(src, SourceCore) and src.lbtrm_session is not None
+    assert src.lbtrm_session.group[0] == "239.192.7.7" != old.group[0]
+    assert d.run_until(lambda: src.complete, 20)
+    send(d, 10)
+    d.run(3)
+    assert delivered(d) == list(range(20))
+    for core in (d.stores["store"], d.receivers["rcv"]):
+        assert src.lbtrm_session.group in core.groups
+        assert rm_session(core).session_id == src.lbtrm_session.session_id
+    assert stable(d) >= set(range(10, 20))
+
+
+def test_an_lbtru_source_back_on_its_port_under_another_session_id_is_followed() -> None:
+    # LBT-RU: the store and the receiver move their session to the ID the new run's TIR
+    # names (they used to go on asking it to connect under the old one, which it ignores)
+    d = SimDeployment(seed=1)
+    d.add_store("store", topics=RULES, seed=100)
+    d.add_source("src", TOPIC, transport="lbt-ru", ume_session_id=11,
+                 transport_lbtru_session_id=0x1111)
+    d.add_receiver("rcv", TOPIC)
+    assert d.run_until(lambda: d.sources["src"].complete and d.receivers["rcv"].complete, 20)
+    send(d, 10)
+    d.run(1)
+    d.kill("src")
+    d.run(1)
+    src = d.restart("src", transport_lbtru_session_id=0x2222)
+    assert isinstance(src, SourceCore) and src.lbtru_session is not None
+    assert d.run_until(lambda: src.complete, 20)
+    send(d, 10)
+    d.run(3)
+    assert delivered(d) == list(range(20))
+    for core in (d.stores["store"], d.receivers["rcv"]):
+        (session,) = [b.session for b in core.lbtru if b.conn is not None and b.conn.open]
+        assert getattr(session, "session_id", None) == 0x2222
+        assert 0x1111 in core.lbtrm_retired[(src.ip, src.transport_addr[1])]
+    assert any("LBT-RU transport" in t and "new session" in t for t in logs(d, "store"))
+    assert stable(d) >= set(range(10, 20))
