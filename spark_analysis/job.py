@@ -360,9 +360,9 @@ SMALL_CAPTURE_JVM = {
 """Launch settings when Spark is started for small captures (ignored when a session exists
 already, e.g. under spark-submit, which has launched its JVM).  The quick tier alone also pays
 beyond :data:`SMALL_CAPTURE_FRAMES`: ``ump analyze`` on 100,000 and 200,000 frames of the
-benchmark capture took 42 and 46 s with it, 51 and 57 s without.  Not on large captures: at
-1,000,000 frames both took 91-98 s, and a join over the decoded 10,000,000-frame tables took
-22 s with the quick tier alone against 9 s, hence the bound on the capture's bytes."""
+benchmark capture took 42 and 46 s with it, 51 and 57 s without.  Larger captures get
+:func:`launch_config` (the quick tier too, up to :data:`QUICK_TIER_BYTES`, with a larger code
+cache and heap)."""
 
 
 QUICK_TIER_BYTES = 512 << 20
