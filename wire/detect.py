@@ -316,21 +316,49 @@ def content_protocol(payload: bytes) -> str | None:
     return None
 
 
+CACHED = 65536
+"""How many port pairs a :class:`Detector` remembers (then it starts again: hostile traffic
+on random ports costs time, never memory)."""
+_BY_HEADER = -1
+"""A remembered UDP answer: LBT-RM when the datagram's header passes the content test."""
+
+
 class Detector:
     """The rules for one port map, frame by frame.
 
-    ``content`` switches the content rules on (the default) or off (tshark's rules only)."""
+    ``content`` switches the content rules on (the default) or off (tshark's rules only).
+    The answers are remembered per port pair: a port map changed after the first frame needs
+    a new detector."""
 
     def __init__(self, ports: PortMap | None = None, content: bool = True) -> None:
         self.ports = ports or PortMap()
         self.content = content
+        self._udp: dict[tuple[int, int, str], int] = {}
+        self._tcp: dict[tuple[int, int], bool] = {}
 
     def udp(self, seg: Segment) -> Detection | None:
-        """The protocol of a UDP datagram, or None when it is not UM."""
-        code = int(udp_port_rules(_one(seg.sport), _one(seg.dport),
-                                  _one(ipv4_to_int(seg.dst)),
-                                  lambda rows: np.array([lbtrm_content_test(seg.payload)]),
-                                  self.ports)[0])
+        """The protocol of a UDP datagram, or None when it is not UM.
+
+        The port rules are the column-wise ones above, asked about one row; their answer
+        depends only on the ports and the destination, so it is kept per (ports,
+        destination) (a capture has few; at most :data:`CACHED` are kept), except that the
+        last rule also reads the datagram's LBT-RM header: that answer is kept as "LBT-RM
+        if the header says so" and the header is read every time."""
+        key = (seg.sport, seg.dport, seg.dst)
+        code = self._udp.get(key)
+        if code is None:
+            asked: list[bool] = []
+
+            def header(rows: np.ndarray) -> np.ndarray:
+                asked.append(True)
+                return np.array([lbtrm_content_test(seg.payload)])
+            code = int(udp_port_rules(_one(seg.sport), _one(seg.dport),
+                                      _one(ipv4_to_int(seg.dst)), header, self.ports)[0])
+            if len(self._udp) >= CACHED:
+                self._udp.clear()
+            self._udp[key] = _BY_HEADER if asked else code
+        elif code == _BY_HEADER:
+            code = LBTRM if lbtrm_content_test(seg.payload) else 0
         if code:
             return Detection(PROTOCOLS[code], PORT)
         if self.content:
@@ -340,8 +368,16 @@ class Detector:
         return None
 
     def tcp(self, seg: Segment) -> bool:
-        """Whether a TCP segment is on a candidate LBT-TCP connection (port rules)."""
-        return bool(tcp_port_rule(_one(seg.sport), _one(seg.dport), self.ports)[0])
+        """Whether a TCP segment is on a candidate LBT-TCP connection (port rules; kept per
+        port pair as in :meth:`udp`)."""
+        key = (seg.sport, seg.dport)
+        found = self._tcp.get(key)
+        if found is None:
+            found = bool(tcp_port_rule(_one(seg.sport), _one(seg.dport), self.ports)[0])
+            if len(self._tcp) >= CACHED:
+                self._tcp.clear()
+            self._tcp[key] = found
+        return found
 
     def segment(self, seg: Segment) -> Detection | None:
         """:meth:`udp` or :meth:`tcp` by the segment's protocol."""

@@ -35,7 +35,7 @@ marked malformed), so a judge can answer ``unsupported`` instead of guessing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -338,6 +338,41 @@ class Observed:
     receiver_options: ReceiverOptions | None = None
     store_config: StoreDaemonConfig | None = None
     end_time: float = 0.0
+    _indexes: dict[str, tuple[int, dict[Any, list[int]]]] = field(
+        default_factory=dict, repr=False, compare=False)
+    """Positions in :attr:`data` / :attr:`acks` by sender (and receiver): see :meth:`_index`."""
+
+    def _index(self, name: str, key: Callable[[Any], Any]) -> dict[Any, list[int]]:
+        """Positions of the items of list ``name`` by ``key``, in capture order.
+
+        Why: the checks ask for one connection's or one sender's messages per registration;
+        scanning every message each time made judging a 1 M-frame capture quadratic.  Built
+        on first use and again whenever the list has grown (the builder appends)."""
+        items = getattr(self, name)
+        cached = self._indexes.get(name)
+        if cached is None or cached[0] != len(items):
+            index: dict[Any, list[int]] = {}
+            for pos, item in enumerate(items):
+                index.setdefault(key(item), []).append(pos)
+            cached = (len(items), index)
+            self._indexes[name] = cached
+        return cached[1]
+
+    def data_from(self, *senders: Addr) -> list[Data]:
+        """The data messages (every kind) sent from any of ``senders``, in capture order."""
+        index = self._index("data", lambda d: d.src)
+        return [self.data[p] for p in sorted(p for s in set(senders) for p in index.get(s, ()))]
+
+    def acks_between(self, src: Addr, dst: Addr) -> list[Ack]:
+        """The ACKs (every kind) ``src`` sent to ``dst``, in capture order."""
+        index = self._index("acks", lambda a: (a.src, a.dst))
+        return [self.acks[p] for p in index.get((src, dst), ())]
+
+    def acks_to(self, dst: Addr) -> list[Ack]:
+        """The ACKs (every kind) sent to ``dst``, in capture order."""
+        index = self._index("acks", lambda a: (a.src, a.dst))
+        return [self.acks[p] for p in sorted(p for (_, d), ps in index.items() if d == dst
+                                             for p in ps)]
 
     @property
     def stores(self) -> list[Addr]:
@@ -403,8 +438,8 @@ class Observed:
         topic (a store's ACK names the topic index in ``id_2``: one connection can carry
         several topics' registrations)."""
         client, store = reg.conn
-        return [a for a in self.acks if a.kind == "stability" and a.src == store
-                and a.dst == client and a.id_2 == reg.topic_idx]
+        return [a for a in self.acks_between(store, client)
+                if a.kind == "stability" and a.id_2 == reg.topic_idx]
 
 
 def _get(fields: list[tuple[str, Any]], name: str, default: Any = 0) -> Any:
@@ -585,19 +620,12 @@ STORE_PORT_FIELDS = ("lbmr.topt.ume.store_tcp_port", "lbmr.topt.ume_store.store_
 """Fields that name a store's TCP port: a source's TIR options and its SRI."""
 
 
-def _store_ports_named(paths: list[Path], ports: PortMap, content: bool) -> set[int]:
-    """Every store TCP port the captures' TIRs and SRIs name (a first pass)."""
-    found: set[int] = set()
-    for path in paths:
-        try:
-            for report in dissect_file(path, ports, content):
-                for occ in report.occurrences:
-                    for name, value in occ.fields:
-                        if name in STORE_PORT_FIELDS and isinstance(value, int) and value:
-                            found.add(value)
-        except (WireError, OSError):
-            pass  # the second pass reports it
-    return found
+def _store_ports_in(report: FrameReport, found: set[int]) -> None:
+    """Add to ``found`` every store TCP port ``report``'s TIRs and SRIs name."""
+    for occ in report.occurrences:
+        for name, value in occ.fields:
+            if name in STORE_PORT_FIELDS and isinstance(value, int) and value:
+                found.add(value)
 
 
 def observe(paths: Iterable[str | Path], ports: PortMap | None = None,
@@ -606,24 +634,36 @@ def observe(paths: Iterable[str | Path], ports: PortMap | None = None,
     one capture: their frame numbers are then those of each file, so name one file per run
     for evidence that points at a single file).
 
+    The stores' TCP traffic is UM only on their ports (tshark has no default); the capture's
+    own topic resolution and SRIs name them.  When they name a port ``ports`` lacks, the
+    captures are read a second time with it (once is enough when the store ports are given,
+    the common case for a big capture).
+
     Raises :class:`~wire.errors.WireError` when the first file is not a capture at all (no
     frame could be read); a capture damaged later is kept up to the damage and noted in
     :attr:`Observed.problems`."""
-    observed = Observed([Path(p) for p in paths])
+    files = [Path(p) for p in paths]
     ports = ports or PortMap()
-    named = _store_ports_named(observed.paths, ports, content)
+    observed, named = _observe(files, ports, content)
     if named - set(ports.store_ports):
-        # the stores' TCP traffic is UM only on their ports (tshark has no default); the
-        # capture's own topic resolution and SRIs name them
         ports = replace(ports, store_ports=sorted({*ports.store_ports, *named}))
-        observed.notes.append("store ports taken from the capture's TIRs and SRIs: "
+        observed, _ = _observe(files, ports, content)
+        observed.notes.insert(0, "store ports taken from the capture's TIRs and SRIs: "
                               + ", ".join(str(p) for p in sorted(named)))
+    return observed
+
+
+def _observe(files: list[Path], ports: PortMap, content: bool) -> tuple[Observed, set[int]]:
+    """One pass of :func:`observe` with ``ports``; also returns the store ports named."""
+    observed = Observed(files)
     observed.store_ports = list(ports.store_ports)
+    named: set[int] = set()
     builder = _Builder(observed)
     for path in observed.paths:
         read = 0
         try:
             for report in dissect_file(path, ports, content):
+                _store_ports_in(report, named)
                 builder.frame(report)
                 read += 1
         except WireError as exc:
@@ -631,4 +671,4 @@ def observe(paths: Iterable[str | Path], ports: PortMap | None = None,
                 raise WireError(exc.header, exc.offset,
                                 f"{path}: not a readable capture: {exc.reason}") from None
             observed.problems.append(f"{path} is damaged after frame {read}: {exc.reason}")
-    return observed
+    return observed, named

@@ -99,6 +99,27 @@ def test_lbtrm_in_tsharks_ranges_is_found_by_port() -> None:
     assert Detector().udp(seg("10.0.0.2", 14395, rm_nak())) == Detection("lbtrm", PORT)
 
 
+def test_one_detector_answers_each_datagram_as_a_fresh_one_would(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The detector remembers its port-rule answers per port pair; the LBT-RM rule also reads
+    the header, so the same ports carry LBT-RM, then not, then LBT-RM again (and a full memory
+    starts again without a wrong answer)."""
+    detector = Detector(content=False)
+    datagrams = [seg("224.10.10.10", 14400, p) for p in (rm_data(), b"junk" * 8, rm_data(2))]
+    datagrams += [seg("10.0.0.2", 14395, rm_nak()), seg("10.0.0.2", 14395, b"\xff" * 30)]
+    for s in datagrams * 2:
+        assert detector.udp(s) == Detector(content=False).udp(s)
+    assert [detector.udp(s) is not None for s in datagrams] == [True, False, True, True, False]
+    monkeypatch.setattr(detect, "CACHED", 3)  # a small memory, filled again and again
+    tcp = decode_frame(1, tcp_frame(SRC, 14371, "10.0.0.2", 50000, 1, 0, 0x18, b"x"))
+    for dport in range(50000, 50010):
+        other = decode_frame(1, tcp_frame(SRC, 50001, "10.0.0.2", dport, 1, 0, 0x18, b"x"))
+        assert detector.tcp(tcp) and not detector.tcp(other)
+        assert len(detector._tcp) <= 3
+    for s in datagrams * 2:
+        assert detector.udp(s) == Detector(content=False).udp(s)
+
+
 def test_lbtrm_anywhere_else_is_found_by_content_unless_content_is_off() -> None:
     """Real deployments use their own groups and ports: tshark needs preferences, the
     detector finds it by content; with the content rules off it behaves like tshark."""

@@ -157,14 +157,15 @@ def consumption_acked_with_assigned_regid(obs: Observed) -> list[Judgement]:
             if not reg.granted or resp is None:
                 continue
             transports = obs.transports(reg.store, reg.src_reg_id)
-            sent = [d for d in obs.data if d.src in transports and d.kind == "data"
+            sent = [d for d in obs.data_from(*transports) if d.kind == "data"
                     and d.frame > resp.frame and d.time < end - ACK_GRACE]
             # what the capture shows this receiver got: the store's retransmissions to it
             # (live data on a transport may have gone to another listener)
-            got = [d for d in obs.data if d.kind == "retrans" and (d.src, d.dst) == (
+            got = [d for d in obs.data_from(reg.store)
+                   if d.kind == "retrans" and (d.src, d.dst) == (
                 reg.store, reg.conn[0]) and d.frame > resp.frame and d.time < end - ACK_GRACE]
-            on_conn = [a for a in obs.acks if a.kind == "consumption"
-                       and (a.src, a.dst) == reg.conn and a.frame > resp.frame]
+            on_conn = [a for a in obs.acks_between(*reg.conn) if a.kind == "consumption"
+                       and a.frame > resp.frame]
             acks = [a for a in on_conn if {a.rcv_reg_id, a.id_2} - {0} == {resp.reg_id}]
             if not sent and not got and not acks:
                 continue
@@ -281,7 +282,7 @@ def no_retransmission_for_a_source_regid(obs: Observed) -> list[Judgement]:
                 req.reg_id in receivers.get(store, set()):
             continue
         name = f"store {show(store)}"
-        answer = next((d for d in obs.data if d.kind == "retrans" and d.sqn == req.sqn
+        answer = next((d for d in obs.data_from(store) if d.kind == "retrans" and d.sqn == req.sqn
                        and (d.src, d.dst) == (store, req.src) and d.frame > req.frame
                        and d.time - req.time <= RX_ANSWER), None)
         legit = answer is not None and any(

@@ -163,8 +163,8 @@ def active_within_timeout(obs: Observed, first: Registration, second: Registrati
     client, store = first.conn
     frames = [(f, t) for f, t in obs.heard.get((client, store), []) if f < second.frame]
     transports = obs.source_transports(first)
-    frames += [(d.frame, d.time) for d in obs.data if d.src in transports
-               and d.frame < second.frame]
+    frames += [(d.frame, d.time) for d in obs.data_from(*transports)
+               if d.frame < second.frame]
     if not frames:
         return []
     frame, when = max(frames)
@@ -204,8 +204,8 @@ def one_regid_one_active_receiver(obs: Observed) -> list[Judgement]:
                 if first.response.reg_id != second.response.reg_id or \
                         owner.get(id(first)) == owner.get(id(second)):
                     continue
-                later = [a for a in obs.acks if a.kind == "consumption"
-                         and (a.src, a.dst) == first.conn and a.frame > second.response.frame
+                later = [a for a in obs.acks_between(*first.conn) if a.kind == "consumption"
+                         and a.frame > second.response.frame
                          and first.response.reg_id in (a.rcv_reg_id, a.id_2)]
                 if later:
                     clash = (first, second, later[0].frame)
@@ -268,7 +268,7 @@ def reregistered_receiver_low_sqn(obs: Observed) -> list[Judgement]:
             resp = again.response
             assert resp is not None
             store = store_name(again)
-            acks = [a for a in obs.acks if a.kind == "consumption" and a.dst == again.store
+            acks = [a for a in obs.acks_to(again.store) if a.kind == "consumption"
                     and a.rcv_reg_id == resp.reg_id and a.frame < again.frame]
             if not acks:
                 out.append(unsupported(store, f"{client.name} re-registered (frame "
@@ -396,7 +396,7 @@ def no_data_before_registration(obs: Observed) -> list[Judgement]:
             if not transports:
                 continue
             checked.append(reg)
-            early = [d for d in obs.data if d.src in transports and d.kind == "data"
+            early = [d for d in obs.data_from(*transports) if d.kind == "data"
                      and d.tidx == reg.topic_idx and reg.frame < d.frame < reg.response.frame]
             if early:
                 bad = (reg, early[0])

@@ -78,7 +78,8 @@ def incarnations(obs: Observed) -> list[Incarnation]:
                 continue
             end = next((r.frame for r in regs[i + 1:] if r.store == reg.store), None)
             transports = obs.source_transports(reg)
-            data = [d for d in obs.data if sent_by(d, reg, transports)
+            data = [d for d in obs.data_from(*transports, reg.conn[0])
+                    if sent_by(d, reg, transports)
                     and d.frame > reg.response.frame and (end is None or d.frame < end)]
             acks = [a for a in obs.stability_acks(reg) if end is None or a.frame < end]
             out.append(Incarnation(client, reg, transports, data, acks, stores))
