@@ -1787,7 +1787,11 @@ class ReceiverCore(ContextCore):
     def _send_source_rxreqs(self, src: Source, sqns: list[int]) -> None:
         """OTR requests to a streaming source's request port (no RegID: ``id_2`` 0)."""
         assert src.request_addr is not None
-        values = _RXREQ.template(transport_idx=src.transport_idx, id_2=0,
+        self.send_to(src.request_addr, self._rxreqs(src.transport_idx, 0, sqns))
+
+    def _rxreqs(self, transport_idx: int, id_2: int, sqns: list[int]) -> bytes:
+        """One RXREQ per sequence number, each with the next request index."""
+        values = _RXREQ.template(transport_idx=transport_idx, id_2=id_2,
                                  rx_port=self.request_addr[1],
                                  rx_ip=ipv4_to_int(self.request_addr[0]))
         pack, idx = _RXREQ.pack, self._request_idx
@@ -1798,7 +1802,7 @@ class ReceiverCore(ContextCore):
             values[_RXREQ_SQN] = sqn
             out.append(pack(*values))
         self._request_idx = idx
-        self.send_to(src.request_addr, b"".join(out))
+        return b"".join(out)
 
     def _otr_from_source(self, conn: Connection, mtype: int, tidx: int, sqn: int,
                          payload: bytes) -> bool:
@@ -1822,23 +1826,13 @@ class ReceiverCore(ContextCore):
         """One RXREQ per sequence number, written to the store in one go."""
         src = self.source
         assert src is not None
-        values = _RXREQ.template(transport_idx=src.transport_idx, id_2=store.reg_id,
-                                 rx_port=self.request_addr[1],
-                                 rx_ip=ipv4_to_int(self.request_addr[0]))
-        pack, idx = _RXREQ.pack, self._request_idx
-        out = []
-        for sqn in sqns:
-            idx = (idx + 1) & 0xFFFFFFFF
-            values[_RXREQ_IDX] = idx
-            values[_RXREQ_SQN] = sqn
-            out.append(pack(*values))
-        self._request_idx = idx
+        data = self._rxreqs(src.transport_idx, store.reg_id, sqns)
         self.stats["requests"] += len(sqns)
         if len(self.sessions) > 1:  # who asked, for _route_rx
             owed, cur, now = self._owed, self._cur, self.now
             for sqn in sqns:
                 owed.setdefault((store.info.addr, sqn), deque()).append((cur, now))
-        self._to_store(store, b"".join(out))
+        self._to_store(store, data)
 
     def _retry_requests(self) -> None:
         cfg = self.config

@@ -94,7 +94,7 @@ def test_command_line_runs_end_to_end(tmp_path: Path) -> None:
     assert "where ump analyze's" in done.stdout
     # Spark's event log: the decode's jobs and one row per named analysis step
     jobs = {row["step"]: row for row in result["spark_jobs"]}
-    assert "packets" in jobs and "write anomalies" in jobs
+    assert "data messages" in jobs and "write anomalies" in jobs
     assert sum(row["jobs"] for row in jobs.values()) > len(jobs)
     assert all(row["tasks"] >= 1 for row in jobs.values())
     assert "Spark's event log on" in done.stdout

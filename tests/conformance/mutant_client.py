@@ -212,8 +212,9 @@ def ignores_low_sqn() -> None:
 
 
 def never_rxreq() -> None:
-    """Never asks a store for a retransmission."""
-    ReceiverCore._request_more = lambda self: None  # type: ignore[method-assign]
+    """Never asks a store for a retransmission (neither registration recovery nor
+    off-transport recovery: no RXREQ leaves)."""
+    ReceiverCore._send_rxreqs = lambda self, store, sqns: None  # type: ignore[method-assign]
 
 
 def delivers_unrequested_rx() -> None:

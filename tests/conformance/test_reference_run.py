@@ -95,7 +95,11 @@ def test_html_report_renders_in_headless_chromium(
     dom = proc.stdout
     assert "<table id=\"index\">" in dom, proc.stderr[-2000:]
     for case in _results(out)["cases"]:
-        assert f'id="{case["id"]}"' in dom  # a section per case
+        # a section per case; a case run on another transport than LBT-TCP (OTR-STORE-003
+        # on LBT-RU) is anchored with it, so one case on several transports has several
+        transport = case.get("transport", "tcp")
+        anchor = case["id"] if transport == "tcp" else f'{case["id"]}-{transport}'
+        assert f'id="{anchor}"' in dom and f'href="#{anchor}"' in dom
         assert f'href="{case["pcap"]}"' in dom  # with its evidence
     # verdict badges: index + sections
     assert dom.count('class="v"') >= 2 * len(all_cases(Role.STORE))
