@@ -26,14 +26,11 @@ byte-reproducible; the test (``tests/reference_impl/test_qc_capture.py``) checks
 file and a fresh recording on free ports alike: no disagreement between ``ump dissect`` and
 tshark, no malformed frame, no LBM/UME expert item, and the exchange above in the frames.
 
-Frames of other processes are left out (:func:`keep_run_frames`): the capture filter names
-UM's port ranges (the source's transport and request ports are the first free ones of
-14371-14395), which other processes on the machine use too, before, during and after the run.
-A frame is the run's when it touches a port only the run used (the stores' and the resolver's,
-free ports) or, for the ports of UM's ranges the run's processes bound, when it was sent
-while the source and the receiver ran and, for TCP, belongs to a connection whose opening SYN
-was sent then too (another process's connection to a port the run's source bound after that
-process let it go is still closing when the window opens).
+Frames of other processes are left out (:func:`reference_impl.run_frames.keep_run_frames`):
+the capture filter names UM's port ranges, which other processes on the machine use too,
+before, during and after the run.  The stores' and the resolver's ports (chosen for the run)
+are its own throughout; the ports of UM's ranges the run's processes bound, only while the
+source and the receiver ran.
 """
 
 from __future__ import annotations
@@ -51,9 +48,7 @@ from pathlib import Path
 from typing import TextIO
 
 from reference_impl.config.store_xml_writer import disk_store_xml
-from reference_impl.demo import bound_ports
-from wire import WireError
-from wire.pcap import PCAP_MAGIC_NS, PcapWriter, decode_frame, read_capture
+from reference_impl.run_frames import RunPorts, bound_ports, keep_run_frames
 
 IP = "127.0.0.1"
 NAME = "ume-qc-loopback.pcap"
@@ -230,56 +225,11 @@ def record(pcap: Path, workdir: Path, *, store_ports: tuple[int, ...] | None = N
         for proc in reversed(procs):
             proc.stop()
         cap.stop()
-    kept, dropped = keep_run_frames(pcap, frozenset({*stores, resolver}),
-                                    frozenset(ports) - {*stores, resolver}, clients)
+    run = RunPorts.always({*stores, resolver})
+    run.add(ports - {*stores, resolver}, *clients)
+    kept, dropped = keep_run_frames(pcap, run)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     return QcRun(pcap, stores, resolver, [int(r["sqn"]) for r in rows], kept, dropped)
-
-
-_SYN, _ACK = 0x02, 0x10  # TCP flags
-
-
-def keep_run_frames(path: Path, unique: frozenset[int], ranged: frozenset[int],
-                    window: tuple[float, float]) -> tuple[int, int]:
-    """Rewrite the capture at ``path`` with the run's frames only (module docstring): those
-    from or to a port of ``unique``, and those from or to a port of ``ranged`` sent within
-    ``window`` (wall-clock seconds); returns (kept, dropped).  A frame without UDP or TCP
-    is kept (nothing says it is foreign)."""
-    everything = path.with_name(path.name + ".all")
-    os.replace(path, everything)
-    with everything.open("rb") as fh:
-        nanosecond = int.from_bytes(fh.read(4), "little") == PCAP_MAGIC_NS
-    kept = dropped = 0
-    opened: set[frozenset[tuple[str, int]]] = set()  # TCP connections whose SYN is the run's
-    writer: PcapWriter | None = None
-    try:
-        for rec in read_capture(everything):
-            if writer is None:
-                writer = PcapWriter(path, linktype=rec.linktype, nanosecond=nanosecond)
-            try:
-                seg = decode_frame(rec.linktype, rec.data)
-            except WireError:
-                ours = True
-            else:
-                ends = {seg.sport, seg.dport}
-                ours = bool(ends & unique) or (
-                    bool(ends & ranged) and window[0] <= rec.ts <= window[1])
-                if ours and seg.proto == "tcp" and not ends & unique:
-                    conn = frozenset({(seg.src, seg.sport), (seg.dst, seg.dport)})
-                    if seg.flags & _SYN and not seg.flags & _ACK:
-                        opened.add(conn)
-                    ours = conn in opened
-            if ours:
-                writer.write(rec.ts, rec.data)
-                kept += 1
-            else:
-                dropped += 1
-    finally:
-        if writer is None:
-            writer = PcapWriter(path)
-        writer.close()
-    everything.unlink()
-    return kept, dropped
 
 
 def _delivered(path: Path) -> int:

@@ -78,13 +78,17 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
 
 from reference_impl.config.store_xml_writer import disk_store_xml
 from reference_impl.events import ReceiverRegistrationComplete
+from reference_impl.run_frames import RunPorts, bound_ports, keep_run_frames
+
+keep_own_frames = keep_run_frames
+"""The name the capture tests knew it by (:func:`reference_impl.run_frames.keep_run_frames`)."""
 
 TOPIC = "demo.persistent.topic"
 WELL_KNOWN_RESOLVER_PORT = 15380
@@ -158,6 +162,11 @@ class Started:
         read_to: the log position ``seen`` ends at.
         ports: the ports it had bound once ready (its sockets, read from ``/proc``), which
             tell its traffic from other processes' in a capture.
+        spawned: wall-clock time (``time.time()``, the clock of capture timestamps) just
+            before it was started: it bound nothing before.
+        ended: wall-clock time its exit was first seen (``None`` while it runs): it held
+            nothing after.  With ``spawned``, when its ports were its own in a capture
+            (:class:`reference_impl.run_frames.RunPorts`).
     """
 
     name: str
@@ -175,6 +184,16 @@ class Started:
     seen: bytes = b""
     read_to: int = 0
     ports: frozenset[int] = frozenset()
+    spawned: float = field(default_factory=time.time)
+    ended: float | None = None
+
+    def note_exit(self) -> bool:
+        """Whether it has exited; the first time it is seen so, :attr:`ended` is set."""
+        if self.proc.poll() is None:
+            return False
+        if self.ended is None:
+            self.ended = time.time()
+        return True
 
     def poll_ready(self) -> bool:
         """Whether it came up; :class:`DemoError` when it exited or its time ran out first."""
@@ -219,99 +238,6 @@ class Started:
             return fh.read().decode("utf-8", "replace")
 
 
-def bound_ports(pid: int) -> frozenset[int]:
-    """The local TCP and UDP ports of process ``pid``'s sockets (Linux ``/proc``; empty where
-    there is none).  Every conversation of a demo process has one end on a port it bound."""
-    try:
-        inodes = {os.readlink(fd)[8:-1] for fd in Path(f"/proc/{pid}/fd").iterdir()
-                  if os.readlink(fd).startswith("socket:[")}
-    except OSError:  # gone meanwhile, or no /proc
-        return frozenset()
-    ports = set()
-    for table in ("tcp", "udp", "tcp6", "udp6"):
-        try:
-            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) > 9 and fields[9] in inodes:
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return frozenset(ports)
-
-
-def keep_own_frames(path: Path, ports: frozenset[int]) -> tuple[int, int]:
-    """Rewrite the capture at ``path`` with only the frames from or to ``ports``; returns
-    (kept, dropped).
-
-    Why: the capture filter names UM's port ranges (a source's transport and request ports
-    are the first free ones of 14371-14395), which other processes on the machine use too; a
-    demo run next to another would otherwise check their traffic with its own.  A frame
-    without UDP or TCP is kept (nothing says it is foreign).
-
-    Multicast (LBT-RM) needs more: every receiving process on the machine binds the group's
-    destination port (14400) with SO_REUSEADDR, so that port is in ``ports`` and says nothing
-    about whose a frame is.  A datagram to a multicast group is ours when it comes from one of
-    our ports; a port some multicast datagram went to is left out of the unicast test too (a
-    NAK another demo's receiver sends from it is not ours).
-
-    A TCP connection whose first captured segment is not a SYN began before the capture, so
-    before any of our processes started: it is another process's, even on a port one of ours
-    binds later (a source's transport port is the first free one of a shared range; the
-    previous holder's last segments arrive mid-stream, where no dissector can agree)."""
-    from wire import WireError
-    from wire.pcap import PCAP_MAGIC_NS, TCP_SYN, PcapWriter, decode_frame, read_capture
-
-    everything = path.with_name(path.name + ".all")
-    os.replace(path, everything)
-    with everything.open("rb") as fh:
-        nanosecond = int.from_bytes(fh.read(4), "little") == PCAP_MAGIC_NS
-    group_ports: set[int] = set()
-    for rec in read_capture(everything):
-        with contextlib.suppress(WireError):
-            seg = decode_frame(rec.linktype, rec.data)
-            if _is_multicast(seg.dst):
-                group_ports.add(seg.dport)
-    unicast_ports = ports - group_ports
-    connections: dict[tuple[str, int, str, int], bool] = {}
-    """Whether each TCP connection (its two ends, the lower first) began with a SYN."""
-    kept = dropped = 0
-    writer: PcapWriter | None = None
-    try:
-        for rec in read_capture(everything):
-            if writer is None:
-                writer = PcapWriter(path, linktype=rec.linktype, nanosecond=nanosecond)
-            try:
-                seg = decode_frame(rec.linktype, rec.data)
-                if _is_multicast(seg.dst):
-                    ours = seg.sport in ports
-                else:
-                    ours = seg.sport in unicast_ports or seg.dport in unicast_ports
-                if ours and seg.proto == "tcp":
-                    ends = sorted([(seg.src, seg.sport), (seg.dst, seg.dport)])
-                    key = (ends[0][0], ends[0][1], ends[1][0], ends[1][1])
-                    ours = connections.setdefault(key, bool(seg.flags & TCP_SYN))
-            except WireError:
-                ours = True
-            if ours:
-                writer.write(rec.ts, rec.data)
-                kept += 1
-            else:
-                dropped += 1
-    finally:
-        if writer is None:
-            writer = PcapWriter(path)
-        writer.close()
-    everything.unlink()
-    return kept, dropped
-
-
-def _is_multicast(ip: str) -> bool:
-    """Whether ``ip`` (dotted IPv4) is a multicast group, 224.0.0.0/4."""
-    first = ip.split(".", 1)[0]
-    return first.isdigit() and 224 <= int(first) <= 239
-
-
 def last_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else "(no output)"
@@ -345,21 +271,27 @@ class Demo:
              timeout: float, status: int, addresses: tuple[str, ...] = (),
              option: str = "") -> Started:
         path = self.dir / f"{name}.log"
+        spawned = time.time()
         with path.open("ab") as log:
             offset = log.tell()
             proc = subprocess.Popen([sys.executable, "-m", "ump", *args, "--profile",
                                      self.profile, "-v"], cwd=self.dir, stdout=log,
                                     stderr=log)
         started = Started(name, proc, path, offset, ready, doing, addresses, timeout, status,
-                          time.monotonic(), option)
+                          time.monotonic(), option, spawned=spawned)
         self.procs[name] = started
         self.history.append(started)
         return started
 
-    def own_ports(self) -> frozenset[int]:
-        """The ports the demo's processes bound (see :attr:`Started.ports`)."""
-        return frozenset({self.port, self.resolver_port, self.web_port}.union(
-            *(started.ports for started in self.history)))
+    def own_ports(self) -> RunPorts:
+        """The ports the demo held, and when: its store, resolver and web monitor ports
+        (chosen for it) throughout, each process's own ports (:attr:`Started.ports`) while
+        it lived."""
+        run = RunPorts.always({self.port, self.resolver_port, self.web_port})
+        for started in self.history:
+            started.note_exit()
+            run.add(started.ports, started.spawned, started.ended)
+        return run
 
     def delivered(self) -> list[dict[str, object]]:
         if not self.deliveries.exists():
@@ -384,21 +316,23 @@ class Demo:
                   timeout=REGISTER_TIMEOUT, status=status)
 
     def kill(self, name: str) -> None:
-        proc = self.procs[name].proc
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        started = self.procs[name]
+        started.proc.send_signal(signal.SIGKILL)
+        started.proc.wait()
+        started.note_exit()
 
     def stop_all(self) -> None:
-        procs = [p.proc for p in self.procs.values()]
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        for proc in procs:
+        procs = list(self.procs.values())
+        for started in procs:
+            if not started.note_exit():
+                started.proc.send_signal(signal.SIGINT)
+        for started in procs:
             try:
-                proc.wait(timeout=5)
+                started.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                started.proc.kill()
+                started.proc.wait()
+            started.note_exit()
 
     def _choose_ports(self) -> None:
         if not self.resolver_port:
@@ -461,6 +395,7 @@ class Demo:
         for started in self.procs.values():
             if not started.poll_ready():
                 continue
+            started.note_exit()
             code = started.proc.poll()
             if code is None or (started.name == "source" and code == 0):
                 continue
@@ -823,7 +758,7 @@ def run_demo(*, messages: int = 3000, workdir: str | None = None,
     except CaptureError as exc:
         print(f"ump demo: {exc}", file=sys.stderr)
         return 2
-    kept, dropped = keep_own_frames(Path(capture), demo.own_ports())
+    kept, dropped = keep_run_frames(Path(capture), demo.own_ports())
     others = f" ({dropped} frames of other processes on UM's ports left out)" if dropped else ""
     print(f"ump demo: {kept} frames captured to {capture}{others}")
     return code or check_capture(Path(capture), demo.port, demo.resolver_port)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reference_impl.config.store_xml_writer import disk_store_xml
+from reference_impl.run_frames import RunPorts, bound_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 IP = "127.0.0.1"
@@ -50,6 +51,12 @@ class Proc:
 
     def __init__(self, args: Sequence[str], cwd: Path) -> None:
         self.args = list(args)
+        self.spawned = time.time()
+        """Wall-clock time (the clock of capture timestamps) before the start."""
+        self.ended: float | None = None
+        """Wall-clock time its stderr ended (it exited), ``None`` before."""
+        self.ports: set[int] = set()
+        """The ports :meth:`note_ports` saw it hold."""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ump", *args], cwd=cwd, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -65,7 +72,12 @@ class Proc:
                 self.lines.append(raw.decode("utf-8", "backslashreplace"))
                 self._changed.notify_all()
         with self._changed:
+            self.ended = time.time()
             self._changed.notify_all()
+
+    def note_ports(self) -> None:
+        """Remember the ports it holds now (its own in a capture while it lives)."""
+        self.ports |= bound_ports(self.proc.pid)
 
     @property
     def stderr(self) -> str:
@@ -107,6 +119,16 @@ class Proc:
         self._reader.join(5)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def run_ports(procs: Iterable[Proc], always: Iterable[int] = ()) -> RunPorts:
+    """The ports a captured run held, and when (:func:`reference_impl.run_frames.
+    keep_run_frames`): ``always`` (ports chosen for it, and the test process's own) for the
+    whole capture, each process's :attr:`Proc.ports` from its start to its exit."""
+    run = RunPorts.always(always)
+    for proc in procs:
+        run.add(proc.ports, proc.spawned, proc.ended)
+    return run
 
 
 @dataclass

@@ -21,8 +21,8 @@ import pytest
 
 from reference_impl.capture import LoopbackCapture
 from reference_impl.config.store_xml_writer import disk_store_xml
-from reference_impl.demo import bound_ports, keep_own_frames
-from tests.reference_impl.loopback import IP, Proc, free_port
+from reference_impl.run_frames import keep_run_frames
+from tests.reference_impl.loopback import IP, Proc, free_port, run_ports
 from tests.reference_impl.oracle_capture import assert_tshark_agrees, start_capture
 from wire.tshark import PortMap, read_frames
 
@@ -60,7 +60,7 @@ def test_captured_fragments_reassemble_in_tshark_without_a_disagreement(
     cap = LoopbackCapture(pcap, ports=[store_port, resolver_port, *range(14360, 14396)])
     start_capture(cap)
     procs: list[Proc] = []
-    ports: set[int] = {store_port, resolver_port}
+    always: set[int] = {store_port, resolver_port}
     try:
         procs.append(Proc(["resolver", "--listen", f"{IP}:{resolver_port}"], tmp_path))
         store = Proc(["store", "-c", "store.xml", "--resolver", f"{IP}:{resolver_port}", "-v"],
@@ -76,7 +76,7 @@ def test_captured_fragments_reassemble_in_tshark_without_a_disagreement(
         source.wait_for("ump source: registered")
         live.wait_for("ReceiverRegistrationComplete")
         for proc in procs:
-            ports |= bound_ports(proc.proc.pid)
+            proc.note_ports()
         source.proc.send_signal(signal.SIGUSR2)
         # once the first message is out, a late receiver recovers it (and whatever else was
         # sent before it joined) from the store: RXREQ, RX-DATA with FRAG headers
@@ -87,7 +87,7 @@ def test_captured_fragments_reassemble_in_tshark_without_a_disagreement(
                      "--count", str(MESSAGES), "-v"], tmp_path)
         procs.append(late)
         late.wait_for("ReceiverRegistrationComplete")
-        ports |= bound_ports(late.proc.pid)
+        late.note_ports()
         assert live.finish(timeout=60) == 0, live.stderr
         assert late.finish(timeout=60) == 0, late.stderr
         assert source.finish(timeout=60) == 0, source.stderr
@@ -95,7 +95,7 @@ def test_captured_fragments_reassemble_in_tshark_without_a_disagreement(
         for proc in reversed(procs):
             proc.stop()
         cap.stop()
-    keep_own_frames(pcap, frozenset(ports))
+    keep_run_frames(pcap, run_ports(procs, always))
     for name in ("live", "late"):
         rows = _rows(tmp_path / f"{name}.jsonl")
         assert [row["payload"] for row in rows] == \

@@ -27,10 +27,10 @@ from reference_impl import runtime
 from reference_impl.aio import AioHost
 from reference_impl.capture import LoopbackCapture
 from reference_impl.config.store_xml_writer import disk_store_xml
-from reference_impl.demo import bound_ports, keep_own_frames
 from reference_impl.events import MessageNacked, MessageStable
+from reference_impl.run_frames import keep_run_frames
 from reference_impl.source import SourceCore
-from tests.reference_impl.loopback import IP, Proc, free_port
+from tests.reference_impl.loopback import IP, Proc, free_port, run_ports
 from tests.reference_impl.oracle_capture import assert_tshark_agrees, start_capture
 from wire import lbtru
 from wire.lbmc import ACK_NAK
@@ -104,7 +104,7 @@ def test_captured_nacks_agree_with_tshark_and_the_source_lets_the_messages_go(
     cap = LoopbackCapture(pcap, ports=[store_port, resolver_port, lbtru_port])
     start_capture(cap)
     procs: list[Proc] = []
-    ports: set[int] = {store_port, resolver_port, lbtru_port}
+    always: set[int] = {store_port, resolver_port, lbtru_port}
     try:
         procs.append(Proc(["resolver", "--listen", f"{IP}:{resolver_port}"], tmp_path))
         store = Proc(["store", "-c", "store.xml", "--resolver", f"{IP}:{resolver_port}", "-v"],
@@ -112,7 +112,7 @@ def test_captured_nacks_agree_with_tshark_and_the_source_lets_the_messages_go(
         procs.append(store)
         store.wait_for("ready to accept registrations")
         for proc in procs:
-            ports |= bound_ports(proc.proc.pid)
+            proc.note_ports()
         started = time.monotonic()
         source, events, dropped = asyncio.run(
             _run_source(tmp_path, resolver_port, store_port, lbtru_port))
@@ -121,8 +121,8 @@ def test_captured_nacks_agree_with_tshark_and_the_source_lets_the_messages_go(
         for proc in reversed(procs):
             proc.stop()
         cap.stop()
-    ports |= {source.transport_addr[1], source.request_addr[1]}
-    keep_own_frames(pcap, frozenset(ports))
+    always |= {source.transport_addr[1], source.request_addr[1]}
+    keep_run_frames(pcap, run_ports(procs, always))
 
     # the scenario happened: the store NACKed some messages, the source let exactly those go
     nacked = sorted(e.sequence_number for e in events if isinstance(e, MessageNacked))

@@ -26,10 +26,10 @@ from reference_impl import runtime
 from reference_impl.aio import AioHost
 from reference_impl.capture import LoopbackCapture
 from reference_impl.config.store_xml_writer import disk_store_xml
-from reference_impl.demo import bound_ports, keep_own_frames
 from reference_impl.events import MessageDelivered, OtrRequested
 from reference_impl.receiver import ReceiverCore
-from tests.reference_impl.loopback import IP, Proc, free_port
+from reference_impl.run_frames import keep_run_frames
+from tests.reference_impl.loopback import IP, Proc, free_port, run_ports
 from tests.reference_impl.oracle_capture import assert_tshark_agrees, start_capture
 from wire import lbtru
 from wire.tshark import PortMap, read_frames
@@ -107,7 +107,7 @@ def test_otr_on_loopback_recovers_what_the_transport_gave_up_and_agrees_with_tsh
     cap = LoopbackCapture(pcap, ports=[store_port, resolver_port, lbtru_port])
     start_capture(cap)
     procs: list[Proc] = []
-    ports: set[int] = {store_port, resolver_port, lbtru_port}
+    always: set[int] = {store_port, resolver_port, lbtru_port}
     try:
         procs.append(Proc(["resolver", "--listen", f"{IP}:{resolver_port}"], tmp_path))
         store = Proc(["store", "-c", "store.xml", "--resolver", f"{IP}:{resolver_port}", "-v"],
@@ -115,7 +115,7 @@ def test_otr_on_loopback_recovers_what_the_transport_gave_up_and_agrees_with_tsh
         procs.append(store)
         store.wait_for("ready to accept registrations")
         for proc in procs:
-            ports |= bound_ports(proc.proc.pid)
+            proc.note_ports()
         started = time.monotonic()
         rcv, events, source_ports = asyncio.run(
             _run_clients(tmp_path, resolver_port, store_port, lbtru_port))
@@ -124,8 +124,8 @@ def test_otr_on_loopback_recovers_what_the_transport_gave_up_and_agrees_with_tsh
         for proc in reversed(procs):
             proc.stop()
         cap.stop()
-    ports |= source_ports | {rcv.request_addr[1], *rcv.lbtru_ports}
-    keep_own_frames(pcap, frozenset(ports))
+    always |= source_ports | {rcv.request_addr[1], *rcv.lbtru_ports}
+    keep_run_frames(pcap, run_ports(procs, always))
 
     got = [e for e in events if isinstance(e, MessageDelivered)]
     assert [e.sequence_number for e in got] == list(range(MESSAGES))

@@ -22,8 +22,8 @@ import pytest
 
 from reference_impl.capture import LoopbackCapture
 from reference_impl.config.store_xml_writer import disk_store_xml
-from reference_impl.demo import bound_ports, keep_own_frames
-from tests.reference_impl.loopback import IP, Proc, free_port
+from reference_impl.run_frames import keep_run_frames
+from tests.reference_impl.loopback import IP, Proc, free_port, run_ports
 from tests.reference_impl.oracle_capture import assert_tshark_agrees, start_capture
 from wire.dissect import Occurrence
 from wire.lbmc import AckType
@@ -70,7 +70,7 @@ def test_a_captured_rpp_run_shows_the_rpp_exchange_and_tshark_agrees(tmp_path: P
     cap = LoopbackCapture(pcap, ports=[store_port, resolver_port, *range(14360, 14396)])
     start_capture(cap)
     procs: list[Proc] = []
-    ports: set[int] = {store_port, resolver_port}
+    always: set[int] = {store_port, resolver_port}
     try:
         procs.append(Proc(["resolver", "--listen", f"{IP}:{resolver_port}"], tmp_path))
         store = Proc(["store", "-c", "store.xml", "--resolver", f"{IP}:{resolver_port}", "-v"],
@@ -89,7 +89,7 @@ def test_a_captured_rpp_run_shows_the_rpp_exchange_and_tshark_agrees(tmp_path: P
         for receiver in (blocking, nonblocking):
             receiver.wait_for("ReceiverRegistrationComplete")
         for proc in procs:
-            ports |= bound_ports(proc.proc.pid)
+            proc.note_ports()
         source.proc.send_signal(signal.SIGUSR2)  # both registered: the traffic may start
         assert blocking.finish(timeout=60) == 0, blocking.stderr
         assert "ump receiver: deregistered from 1 store" in blocking.stderr
@@ -98,7 +98,7 @@ def test_a_captured_rpp_run_shows_the_rpp_exchange_and_tshark_agrees(tmp_path: P
         for proc in reversed(procs):
             proc.stop()
         cap.stop()
-    keep_own_frames(pcap, frozenset(ports))
+    keep_run_frames(pcap, run_ports(procs, always))
     for name in ("blocking", "nonblocking"):
         rows = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
         assert [r["sqn"] for r in rows] == list(range(MESSAGES)), name
