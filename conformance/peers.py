@@ -222,6 +222,9 @@ class HarnessSource(_Client):
         self.reg_id = self.stores[0].source_reg_id if self.stores else 0
         self.store_addr = self.stores[0].addr if self.stores else env.store_addr()
         self.advertise_on_query = True
+        self.streaming = False
+        """Advertise as a streaming source: no UME option, the request port only in the
+        EXFUNC option (where a streaming receiver's off-transport recovery asks)."""
         env.on_close(self.close)
 
     # --- resolution ---------------------------------------------------------------------------
@@ -229,6 +232,12 @@ class HarnessSource(_Client):
     def tir(self) -> lbmr.Tir:
         store = self.store_addr
         request = self.request.addr
+        if self.streaming:
+            return lbmr.Tir(name=self.topic, ttl=1, index=self.topic_idx,
+                            info=lbmr.TcpInfo(ip=self.transport.addr[0],
+                                              port=self.transport.addr[1]),
+                            options=[lbmr.ToptExfunc(src_tcp_port=request[1],
+                                                     src_ip_addr=request[0], ume=0, lj=1)])
         return lbmr.Tir(
             name=self.topic, ttl=1, index=self.topic_idx,
             info=self.udp.info() if self.udp is not None else
@@ -355,11 +364,11 @@ class HarnessSource(_Client):
                     link.send(self.data(sqn))
 
     def send_lost(self, *sqns: int) -> None:
-        """Messages the transport loses for good: on LBT-RU datagrams never sent that the
-        session then no longer holds, so the store's NAK gets "do not retry"
+        """Messages the transport loses for good: on LBT-RU or LBT-RM datagrams never sent
+        that the session then no longer holds, so the store's NAK gets "do not retry"
         (:meth:`UdpTransport.send_lost`)."""
         if self.udp is None:
-            raise ValueError("send_lost needs the source on LBT-RU")
+            raise ValueError("send_lost needs the source on LBT-RU or LBT-RM")
         self.store_links()
         self.udp.send_lost(*(self.data(sqn) for sqn in sqns))
 

@@ -229,17 +229,16 @@ class UdpTransport:
         """Each item as a DATA datagram of the session that the network loses (never sent,
         noted in the evidence), after which the session holds nothing sent so far: the
         store's NAK for them gets "do not retry" and its transport gives them up, as when a
-        source's window moved past a loss.  LBT-RU only."""
-        if not isinstance(self.session, LbtruSourceSession):
-            raise ValueError("send_lost: LBT-RU only")
+        source's window moved past a loss (on LBT-RM the next datagram's trailing edge also
+        says so)."""
         with self._lock:
             self._flush()
             now = time.monotonic()
             sqns = [self.session.send(to_bytes(item), now) for item in items]
             self.session.datagrams_to_send(now)  # lost on the way
             self.session.forget()
-            self.recorder.note(f"{self.name}: LBT-RU datagrams {sqns} lost on the way and no "
-                               f"longer retransmittable")
+            self.recorder.note(f"{self.name}: {LABELS[self.kind]} datagrams {sqns} lost on the "
+                               f"way and no longer retransmittable")
 
     def close(self) -> None:
         with self._lock:

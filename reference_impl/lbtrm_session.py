@@ -302,6 +302,15 @@ class LbtrmSourceSession(_Endpoint):
             self.stats["rate_limited"] += 1  # held back
         return sqn & SQN_MASK
 
+    def forget(self) -> None:
+        """Stop holding every datagram sent so far, as a transmission window that moved past
+        them does: a NAK for any of them is answered "do not retry" and the trailing edge is
+        the next number, so the receivers' transport gives them up (the conformance harness's
+        source loses datagrams for good with it, as :meth:`LbtruSourceSession.forget`)."""
+        self._retained.clear()
+        self._retained_bytes = 0
+        self._last_rx.clear()
+
     def receive(self, data: bytes, addr: Addr, now: float) -> None:
         """A datagram on the source's unicast port: NAKs for this session count."""
         self.now = now

@@ -9,15 +9,19 @@ request port (an RXREQ: docs/wire-lbmc.md, "Off-transport recovery"), not before
 do not come, and deliver them in order with the OTR flag (``LBM_MSG_FLAG_OTR``: ``"otr": true``
 in the ``{deliveries}`` file); with ``use_otr`` 0 it must not ask.  Every OTR option is set
 explicitly, so the verdict does not depend on the IUT's version (``use_otr`` defaults to 2
-since UM 6.8, 0 before).
+since UM 6.8, 0 before).  RCV-OTR-004: the source is a streaming one (no stores, its TIR names
+only its request port); with ``use_otr`` 1 the receiver must ask the source itself, whose
+request port answers from what it sent (the source's retention).
 
 Store IUT (OTR-STORE-*): an OTR request reaches a store as a retransmission request: one for a
 message sent after the receiver registered (a gap its transport lost) is served (002); one for a
 sequence number the store does not hold, or naming a RegID it does not know, is dropped
 without an answer and the store goes on serving the requests it can.  And the store as a
-requester (003, on LBT-RU whatever ``--transport`` says): with ``use_otr`` 1 in its
-``<lbm-config>`` (the case's ``lbm_options``) a gap its own transport gave up on is asked of
-the source's request port, where the harness source answers from what it sent.
+requester (003 and 004): with ``use_otr`` 1 in its ``<lbm-config>`` (the case's
+``lbm_options``) a gap its own transport gave up on is asked of the source's request port,
+where the harness source answers from what it sent.  *Choice*: a transport that gives a gap up
+is LBT-RU or LBT-RM (LBT-TCP never does), so the requester is judged on each by a case of its
+own, whatever ``--transport`` says: 003 on LBT-RU, 004 on LBT-RM.
 """
 
 from __future__ import annotations
@@ -160,6 +164,50 @@ def no_otr_when_off(h: CaseContext) -> None:
             expected=[0, 1, 2, 3, 4, 7, 8, 9], observed=got)
 
 
+@case("RCV-OTR-004", suite=SUITE, role=Role.RECEIVER, timeout=20.0,
+      title="With use_otr 1 a gap of a streaming source's transport is asked of the source and "
+            "delivered with the OTR flag",
+      section="Receiver Recovery",
+      requirement="When the transport gives up, OTR asks the store (persistent sources) or the "
+                  "source's retention (streaming sources) for the missing topic sequence "
+                  "numbers, without restarting the receiver; use_otr 1 turns OTR on for every "
+                  "source, 2 for persistent ones only; recovered messages carry the OTR flag.")
+def streaming_gap_from_source(h: CaseContext) -> None:
+    """A streaming source (no stores: its TIR carries no UME option and names its request
+    port in the EXFUNC option) sends 0..4, its transport skips 5 and 6, then 7..9.  The
+    receiver (``use_otr 1``, initial delay 300 ms) must ask the source's request port for 5
+    and 6 (RXREQs), no sooner than 200 ms after 7 revealed the gap, and deliver 0..9 once, in
+    order, 5 and 6 as retransmissions with the OTR flag."""
+    store = h.store()  # (the harness source needs one; a streaming TIR does not name it)
+    src = h.source(topic=h.iut_topic, stores=(store,))
+    src.streaming = True
+    src.answer_rxreqs = True
+    h.start_iut(options={"receiver use_otr": 1, **PACING})
+    src.transport.expect_link(h.scaled(4.0), "the receiver joining the source's transport")
+    src.publish(*range(5))
+    h.wait_until(lambda: len(h.deliveries()) >= 5, 3.0, "live 0..4 delivered")
+    sent = _gap(src)
+    h.wait_until(lambda: len(h.deliveries()) >= 10, 4.0, "0..9 delivered")
+    asked: dict[int, list[float]] = {}
+    for at, message in src.rxreqs():
+        header = message.header(UmeRxreq)
+        if header is not None:
+            asked.setdefault(header.seqnum, []).append(at)
+    h.check({5, 6} <= set(asked), "the receiver did not ask the streaming source for what its "
+            "transport skipped", expected="RXREQs for 5 and 6 on the source's request port",
+            observed=sorted(asked))
+    first = min(min(asked[5]), min(asked[6])) - sent
+    h.check(first >= h.scaled(0.2), "the receiver asked before otr_request_initial_delay",
+            expected="no request within 300 ms of the gap", observed=f"{first * 1000:.0f} ms")
+    h.note(f"first OTR request {first * 1000:.0f} ms after the gap; asked for {sorted(asked)}")
+    h.check(not store.rxreq_sqns(), "the receiver asked a store of a streaming source",
+            expected="no RXREQ at the store", observed=sorted(store.rxreq_sqns()))
+    h.check_delivered(list(range(10)), retransmitted={5, 6})
+    flagged = sorted(int(str(d["sqn"])) for d in h.deliveries() if d.get("otr"))
+    h.check(flagged == [5, 6], "the OTR flag of the delivered messages is wrong",
+            expected=[5, 6], observed=flagged)
+
+
 @case("OTR-STORE-001", suite=SUITE, role=Role.STORE, timeout=15.0,
       title="An OTR request for a number the store does not hold, or for an unknown RegID, is "
             "dropped; the store goes on serving",
@@ -242,14 +290,16 @@ def _stable_acks(src: HarnessSource) -> set[int]:
             if isinstance(h, UmeAck) and h.type == AckType.STABLE and not h.flags & ACK_NAK}
 
 
+STORE_OTR_REQUIREMENT = (
+    "When the transport gives up, OTR asks for the missing topic sequence numbers; use_otr 2 "
+    "(the default) covers persistent receivers only, so a store recovers its own transport's "
+    "losses by OTR with use_otr 1 in its LBM configuration.")
+
+
 @case("OTR-STORE-003", suite=SUITE, role=Role.STORE, timeout=20.0, transport="lbt-ru",
       lbm_options=STORE_OTR,
       title="A store with use_otr 1 recovers a gap its transport gave up on from the source",
-      section="Receiver Recovery",
-      requirement="When the transport gives up, OTR asks for the missing topic sequence "
-                  "numbers; use_otr 2 (the default) covers persistent receivers only, so a "
-                  "store recovers its own transport's losses by OTR with use_otr 1 in its LBM "
-                  "configuration.")
+      section="Receiver Recovery", requirement=STORE_OTR_REQUIREMENT)
 def store_recovers_from_source(h: CaseContext) -> None:
     """The store's ``<lbm-config>`` says ``receiver use_otr 1`` (initial delay 300 ms); the
     source, on LBT-RU, sends 0..4, loses 5 and 6 for good (its session no longer holds them:
@@ -257,6 +307,25 @@ def store_recovers_from_source(h: CaseContext) -> None:
     request port for 5 and 6 (RXREQs), no sooner than 200 ms after 7 revealed the gap, and
     persist what the source retransmits: it acknowledges 5 and 6 as stable, and a receiver
     that asks for 5 gets it from the store."""
+    _store_recovers_from_source(h)
+
+
+@case("OTR-STORE-004", suite=SUITE, role=Role.STORE, timeout=20.0, transport="lbt-rm",
+      lbm_options=STORE_OTR,
+      title="A store with use_otr 1 recovers a gap its LBT-RM transport gave up on from the "
+            "source",
+      section="Receiver Recovery", requirement=STORE_OTR_REQUIREMENT)
+def store_recovers_from_source_lbtrm(h: CaseContext) -> None:
+    """OTR-STORE-003 on LBT-RM: the source's session no longer holds 5 and 6 (a NAK for them
+    gets NCF "do not retry", and the next DATA's trailing edge is past them), so the store's
+    transport gives them up; the store must ask the source's request port for them, no sooner
+    than 200 ms after 7 revealed the gap, acknowledge them as stable and serve 5 to a
+    receiver."""
+    _store_recovers_from_source(h)
+
+
+def _store_recovers_from_source(h: CaseContext) -> None:
+    """OTR-STORE-003 and -004 (their docstrings), on the case's transport."""
     src = h.source()
     src.answer_rxreqs = True
     h.check(not src.register(reg_id=0).e_flag, "the store refused the source")

@@ -950,7 +950,15 @@ def otr_when_off() -> None:
     receiver.otr_applies = lambda use_otr, persistent: True
 
 
+def otr_never_asks_source() -> None:
+    """Asks only stores by OTR: a streaming source's request port (its retention) is never
+    asked, so what its transport skipped is lost after the message timeout."""
+    receiver.ReceiverCore._send_source_rxreqs = (  # type: ignore[method-assign]
+        lambda self, src, sqns: None)
+
+
 MUTANTS |= {
+    "otr-never-asks-source": ("receiver", otr_never_asks_source),
     "otr-never-asked": ("receiver", otr_never_asked),
     "otr-asks-at-once": ("receiver", otr_asks_at_once),
     "otr-unflagged": ("receiver", otr_unflagged),

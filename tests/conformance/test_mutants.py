@@ -67,6 +67,10 @@ CATCHES = {
     "no-reelection": ("proxy", "PXY-STORE-005"),
 }
 
+ALSO_CAUGHT = {"store-otr-never-asked": {"OTR-STORE-004"}}
+"""Further cases of the mutant's suite that must fail too (the same rule on another
+transport: OTR-STORE-003 judges the store's own OTR on LBT-RU, 004 on LBT-RM)."""
+
 ALONE = {"rpp", "proxy"}
 """Suites whose mutants run the catching case only (each proxy case starts a group of three
 stores)."""
@@ -162,6 +166,7 @@ CLIENT_CATCHES |= {  # the otr suite: off-transport recovery, receiver IUT (issu
     "otr-unflagged": ("receiver", "RCV-OTR-001"),
     "otr-asks-at-once": ("receiver", "RCV-OTR-002"),
     "otr-when-off": ("receiver", "RCV-OTR-003"),
+    "otr-never-asks-source": ("receiver", "RCV-OTR-004"),
 }
 
 
@@ -184,6 +189,7 @@ def test_every_mutant_is_caught(mutant: str, tmp_path: Path) -> None:
     errors = [(r.spec.id, r.message) for r in result.results if r.verdict is Verdict.ERROR]
     assert errors == []
     assert catcher in failed, [(r.spec.id, r.verdict.value, r.message) for r in result.results]
+    assert ALSO_CAUGHT.get(mutant, set()) <= failed, sorted(failed)
     assert result.exit_code == 1
 
 
