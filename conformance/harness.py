@@ -261,12 +261,13 @@ class Harness:
             shutil.rmtree(workdir, ignore_errors=True)
             members.append(StoreUnderTest(iut.profile, workdir, iut.resolver, iut.setup,
                                           time_scale=iut.time_scale))
+            members[-1].name = f"{iut.name}-{n}"
         group = tuple(m.addr for m in members)
         self.group_ports = [a[1] for a in group]
         for member in members:
             member.group = group
         self.note("starting the store as a group of " + ", ".join(
-            f"{a[0]}:{a[1]}" for a in group))
+            f"{m.name} {m.addr[0]}:{m.addr[1]}" for m in members))
         self.restarted = True
         iut.restart()
         for member in members[1:]:

@@ -219,6 +219,10 @@ class StoreUnderTest(IutProcess):
         self.web_monitor: Addr | None = \
             ("127.0.0.1", free_port()) if profile.web_monitor and profile.launches else None
         """Where the store's web monitor listens (profile ``web_monitor``), else None."""
+        self.name = "conformance-store"
+        """The ``<store>`` name and ``context-name`` in its XML: each instance of a group has
+        its own (``conformance-store-<n>``, as its work directory), so its log lines, web
+        monitor and ``ume_store_name`` resolution tell the instances apart."""
         self.group: tuple[Addr, ...] = ()
         """The Quorum/Consensus group this store is an instance of (profile ``instances``):
         its ``<lbm-config>`` file names them in ``source ume_store`` lines (group 0, RegID 0),
@@ -234,10 +238,11 @@ class StoreUnderTest(IutProcess):
                        + "".join(StoreEntry(addr).line() + "\n" for addr in self.group)
                        + "".join(f"{name} {value}\n" for name, value in self.setup.lbm_options))
         store = dict(BASE_STORE_OPTIONS)
+        store["context-name"] = self.name
         store.update(dict(self.setup.store_options))
         topic = dict(BASE_TOPIC_OPTIONS)
         topic.update(dict(self.setup.topic_options))
-        xml = store_daemon_xml([StoreXml("conformance-store", self.addr[1], self.addr[0],
+        xml = store_daemon_xml([StoreXml(self.name, self.addr[1], self.addr[0],
                                          options=store,
                                          topics=[TopicXml(TOPIC_PATTERN, topic)])],
                                lbm_config="lbm.cfg",

@@ -1,5 +1,6 @@
 """``ump conform --suite proxy`` against the reference store run as a group of three instances:
-every PXY-STORE case passes, each instance's ``<lbm-config>`` names the whole group, and a
+every PXY-STORE case passes, each instance's ``<lbm-config>`` names the whole group, each
+instance has a store name of its own, and a
 profile that allows fewer instances than a case needs makes it unsupported, not failed.
 
 One run of the suite (about 85 s) and one of a single case.
@@ -59,6 +60,27 @@ def test_each_instance_names_the_whole_group_in_its_lbm_config(
         by_case.setdefault(name.split("-")[0], set()).add(tuple(stores))
     # every instance of one case's group wrote the same group, of two or three stores
     assert all(len(g) == 1 and len(next(iter(g))) in (2, 3) for g in by_case.values()), by_case
+
+
+def test_each_instance_carries_its_own_store_name(
+        run: tuple[subprocess.CompletedProcess[str], Path, dict[str, Any]]) -> None:
+    """The instances of a case's group have distinct ``<store>`` names and ``context-name``s,
+    which their log lines use and the case's evidence names with their addresses."""
+    _, out, results = run
+    by_case: dict[str, list[str]] = {}
+    for xml in sorted((out / "iut").glob("*/store.xml")):
+        text = xml.read_text()
+        name = re.search(r'<store name="([^"]+)"', text)
+        context = re.search(r'name="context-name" value="([^"]+)"', text)
+        assert name is not None and context is not None and context[1] == name[1], text
+        assert f'Store "{name[1]}" ready' in (xml.parent / "iut.log").read_text()
+        by_case.setdefault(xml.parent.name.split("-")[0], []).append(name[1])
+    groups = [names for names in by_case.values() if len(names) > 1]
+    assert len(groups) >= 9 and all(len(set(g)) == len(g) for g in groups), by_case
+    for case in results["cases"]:
+        notes = (out / "cases" / case["id"] / "timeline.json").read_text()
+        assert re.search(r"group of conformance-store \S+, conformance-store-1 ", notes), \
+            case["id"]
 
 
 def test_a_profile_with_one_instance_makes_the_cases_unsupported(tmp_path: Path) -> None:
