@@ -159,17 +159,26 @@ class LbtrmScriptedSource(_Peer):
         sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
         super().__init__(sock, recorder, name)
         self._sm_sqn = 0
+        self.request: Addr | None = None
+        """A request port to name in the TIR's EXFUNC option (where a streaming receiver's
+        off-transport recovery asks); None: the TIR names none."""
 
     def accept(self, packet: lbtrm.LbtrmPacket, addr: Addr) -> bool:
         return isinstance(packet, lbtrm.LbtrmNak) and packet.session_id == self.session_id
 
     def tir(self) -> lbmr.Tir:
-        """A streaming source's TIR (no persistence options): the transport is the subject."""
+        """A streaming source's TIR (no persistence options): the transport is the subject;
+        with :attr:`request`, the EXFUNC option names that request port."""
+        options: list[lbmr.Record] | None = None
+        if self.request is not None:
+            options = [lbmr.ToptExfunc(src_tcp_port=self.request[1],
+                                       src_ip_addr=self.request[0], ume=0, lj=1)]
         return lbmr.Tir(name=self.topic, ttl=1, index=self.topic_idx,
                         info=lbmr.LbtrmInfo(src_addr=self.addr[0], mcast_addr=self.group[0],
                                             session_id=self.session_id,
                                             udp_dest_port=self.group[1],
-                                            src_ucast_port=self.addr[1]))
+                                            src_ucast_port=self.addr[1]),
+                        options=options)
 
     def naks(self) -> list[tuple[float, list[int]]]:
         """(arrival time, the sequence numbers named) of every NAK so far."""

@@ -11,7 +11,9 @@ in the ``{deliveries}`` file); with ``use_otr`` 0 it must not ask.  Every OTR op
 explicitly, so the verdict does not depend on the IUT's version (``use_otr`` defaults to 2
 since UM 6.8, 0 before).  RCV-OTR-004: the source is a streaming one (no stores, its TIR names
 only its request port); with ``use_otr`` 1 the receiver must ask the source itself, whose
-request port answers from what it sent (the source's retention).
+request port answers from what it sent (the source's retention).  RCV-OTR-005 is that on LBT-RM
+(whatever ``--transport`` says): the gap is one the transport really gives up on, the source
+answering the receiver's NAK with NCF "Do not retry".
 
 Store IUT (OTR-STORE-*): an OTR request reaches a store as a retransmission request: one for a
 message sent after the receiver registered (a gap its transport lost) is served (002); one for a
@@ -31,9 +33,14 @@ import time
 from collections.abc import Mapping
 
 from conformance.context import CaseContext
+from conformance.lbtrm_peers import LbtrmScriptedSource
 from conformance.model import Role, Strength, case
+from conformance.net import DEFAULT_PORTS, Listener, TcpLink
+from conformance.packets import LBMC
 from conformance.peers import HarnessSource
 from conformance.store_peer import HarnessStore
+from conformance.udp_transport import LBT_RM, group_members
+from wire import lbmc, lbtrm
 from wire.lbmc import ACK_NAK, AckType, MessageType, UmeAck, UmeRxreq
 
 SUITE = "otr"
@@ -206,6 +213,70 @@ def streaming_gap_from_source(h: CaseContext) -> None:
     flagged = sorted(int(str(d["sqn"])) for d in h.deliveries() if d.get("otr"))
     h.check(flagged == [5, 6], "the OTR flag of the delivered messages is wrong",
             expected=[5, 6], observed=flagged)
+
+
+@case("RCV-OTR-005", suite=SUITE, role=Role.RECEIVER, transport=LBT_RM, timeout=20.0,
+      title="With use_otr 1 a number an LBT-RM source will not retransmit is asked of the "
+            "source's request port",
+      section="Receiver Recovery",
+      requirement="Transport loss recovery (NAKs to the source) works as without persistence; "
+                  "when the transport gives up on a gap (an NCF 'Do not retry': the number "
+                  "left the source's transmission window), OTR asks the source's retention "
+                  "(streaming) for it, without restarting the receiver, and delivers it with "
+                  "the OTR flag.")
+def lbtrm_gap_from_source(h: CaseContext) -> None:
+    """A streaming LBT-RM source (its TIR names its request port in the EXFUNC option) sends
+    DATA 0..2 and 4; the receiver NAKs 3 and the source answers NCF 'Do not retry', so its
+    transport gives 3 up.  With ``use_otr 1`` (initial delay 300 ms) the receiver must ask the
+    request port for 3 (an RXREQ), no sooner than 200 ms after the NCF, and deliver 0..4 once,
+    in order, 3 as a retransmission with the OTR flag."""
+    src = LbtrmScriptedSource(h.iut_topic, h.recorder)
+    h.closers.append(src.close)
+    asked: list[tuple[float, int]] = []
+
+    def on_request(link: TcpLink, message: lbmc.LbmcMessage) -> None:
+        rxreq = message.header(UmeRxreq)
+        if rxreq is not None:  # answered from the source's retention
+            asked.append((time.monotonic(), rxreq.seqnum))
+            link.send(LBMC(ver_type=int(MessageType.RETRANS), tidx=src.topic_idx,
+                           sqn=rxreq.seqnum) / f"{src.topic} #{rxreq.seqnum}".encode())
+    request = Listener("127.0.0.1", h.recorder, "LBT-RM source request port",
+                       on_message=on_request,  # tshark's request ports, so RXREQs decode
+                       ports=DEFAULT_PORTS.rotated(DEFAULT_PORTS.request))
+    h.closers.append(request.close)
+    src.request = request.addr
+    h.resolver.serve(src)
+    before = group_members(src.group[0]) or 0
+    h.start_iut(options={"receiver use_otr": 1, **PACING,
+                         "receiver transport_lbtrm_nak_initial_backoff_interval": 50,
+                         "receiver transport_lbtrm_nak_backoff_interval": 200})
+    joined = h.wait_until(lambda: (group_members(src.group[0]) or 0) > before, 6.0,
+                          "the receiver joining the group")
+    h.check(joined, "the receiver did not join the source's LBT-RM group",
+            expected=f"a membership of {src.group[0]} on loopback", observed="none")
+    for sqn in (0, 1, 2, 4):
+        src.data(sqn)
+        time.sleep(0.005)
+    h.check(src.wait(lambda: bool(src.naks_of(3)), h.scaled(2.0)),
+            "the receiver never NAKed 3", expected="a NAK for 3", observed=src.naks())
+    ncf = src.ncf(lbtrm.NcfReason.NO_RETRY, 3)
+    h.note("NCF 'Do not retry' for 3")
+    deadline = ncf + h.scaled(3.0)
+    while time.monotonic() < deadline and len(h.deliveries()) < 5:
+        src.sm(4)  # the session stays alive while OTR runs
+        time.sleep(0.1)
+    first = [t for t, sqn in asked if sqn == 3]
+    h.check(bool(first), "the receiver did not ask the source's request port for what its "
+            "transport gave up on", expected="an RXREQ for 3 on the request port",
+            observed=sorted({sqn for _, sqn in asked}))
+    delay = first[0] - ncf
+    h.check(delay >= h.scaled(0.2), "the receiver asked before otr_request_initial_delay",
+            expected="no request within 300 ms of the NCF", observed=f"{delay * 1000:.0f} ms")
+    h.note(f"first OTR request {delay * 1000:.0f} ms after the NCF")
+    h.check_delivered(list(range(5)), retransmitted={3})
+    flagged = sorted(int(str(d["sqn"])) for d in h.deliveries() if d.get("otr"))
+    h.check(flagged == [3], "the OTR flag of the delivered messages is wrong",
+            expected=[3], observed=flagged)
 
 
 @case("OTR-STORE-001", suite=SUITE, role=Role.STORE, timeout=15.0,

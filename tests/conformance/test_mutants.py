@@ -244,3 +244,16 @@ def test_every_source_and_receiver_mutant_is_caught(mutant: str, tmp_path: Path)
     assert only.spec.strength is (Strength.SHOULD if catcher in SHOULD_CATCHERS
                                   else Strength.MUST)
     assert result.exit_code == (0 if catcher in SHOULD_CATCHERS else 1)
+
+
+CLIENT_ALSO_CAUGHT = {"otr-never-asks-source": "RCV-OTR-005"}
+"""Client mutants a second case must catch too: the same rule reached another way (RCV-OTR-004
+judges a streaming source's OTR after an LBT-TCP gap, 005 after an LBT-RM 'Do not retry')."""
+
+
+@pytest.mark.parametrize("mutant", sorted(CLIENT_ALSO_CAUGHT))
+def test_a_client_mutant_is_caught_by_its_second_case(mutant: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    role, _ = CLIENT_CATCHES[mutant]
+    monkeypatch.setitem(CLIENT_CATCHES, mutant, (role, CLIENT_ALSO_CAUGHT[mutant]))
+    test_every_source_and_receiver_mutant_is_caught(mutant, tmp_path)
