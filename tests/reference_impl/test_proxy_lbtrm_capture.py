@@ -214,7 +214,11 @@ def test_proxy_election_and_a_late_receiver_after_an_lbtrm_source_agree_with_tsh
                    "frame.number") == []
     # the proxy's advertisement: the topic at the holder's proxy port
     tirs = _fields(pcap, portmap, f'lbmr.tir.name == "{topic}"', "lbmr.tir.tcp.port")
-    assert {int(p) for r in tirs for p in r[0].split(",") if p} == {proxy_of[holder]}, tirs
+    advertised = {int(p) for r in tirs for p in r[0].split(",") if p}
+    # (a store that created a proxy and then lost the tie advertised it once too)
+    assert proxy_of[holder] in advertised and advertised <= set(proxy_ports), tirs
+    if not lost:
+        assert advertised == {proxy_of[holder]}, tirs
     # the late receiver asked the proxy's store for the messages
     rxreqs = _fields(pcap, portmap, "lbmc.ume_rxreq", "tcp.dstport")
     assert store_ports[holder] in {int(r[0]) for r in rxreqs}, rxreqs
