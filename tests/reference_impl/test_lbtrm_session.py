@@ -166,6 +166,24 @@ def test_a_nak_older_than_the_window_gets_ncf_do_not_retry() -> None:
     assert {dst for dst, _ in out} == {GROUP}
 
 
+def test_a_forgotten_datagram_gets_ncf_do_not_retry_and_the_edge_moves_past_it() -> None:
+    """``forget`` (the conformance harness losing datagrams for good): what was sent is no
+    longer retransmitted, and the next DATA's trailing edge says so."""
+    src = source()
+    for i in range(3):
+        src.send(payload(i), 0.1)
+    src.datagrams_to_send(0.1)
+    src.forget()
+    out = answer(src, nak(1), 0.2)
+    (gone,) = [p for _, p in out if isinstance(p, lbtrm.LbtrmNcf)]
+    assert gone.reason == lbtrm.NcfReason.NO_RETRY and gone.ncfs == [1]
+    assert not [p for _, p in out if isinstance(p, lbtrm.LbtrmData)]
+    src.send(payload(3), 0.3)
+    (nxt,) = [p for d, _ in src.datagrams_to_send(0.3)
+              if isinstance(p := parse(d), lbtrm.LbtrmData)]
+    assert (nxt.sqn, nxt.trail_sqn) == (3, 3)
+
+
 def test_retransmissions_past_the_retransmit_rate_limit_are_shed() -> None:
     # one retransmission per 100 ms interval (the first of an interval always goes)
     src = source(retransmit_rate_limit=int(COST * 8 / 0.1))
