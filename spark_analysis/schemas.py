@@ -235,6 +235,8 @@ MESSAGE_HEADER_COLUMNS: tuple[HeaderColumn, ...] = (
     _header_column(lbmc.TcpSid),
     _header_column(lbmc.Srcidx),
     _header_column(lbmc.Frag),
+    _header_column(lbmc.UmeStoreExt, repeated=True),
+    _header_column(lbmc.TopicIdx),
 )
 """The LBMC headers decoded into typed columns of ``messages`` (named ``kind.name``).
 

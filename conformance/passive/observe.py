@@ -35,12 +35,13 @@ marked malformed), so a judge can answer ``unsupported`` instead of guessing.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wire.dissect import FrameReport, Occurrence, dissect_file
+from wire.dissect import FrameReport, dissect_file
 from wire.errors import WireError
 from wire.lbmc import ACK_NAK
 from wire.tshark import PortMap
@@ -242,6 +243,8 @@ class Keepalive:
 
 
 KEEPALIVE_KINDS = {0: "store", 1: "receiver", 2: "source"}
+TRANSPORT_KINDS = {0: "data", 2: "sm", 3: "nak", 4: "ncf"}
+"""LBT-RM / LBT-RU packet types that take part in NAK-based reliability, by header type."""
 """The keepalive's type field: who sent it (docs/wire-lbmc.md §2.1)."""
 
 
@@ -338,7 +341,7 @@ class Observed:
     receiver_options: ReceiverOptions | None = None
     store_config: StoreDaemonConfig | None = None
     end_time: float = 0.0
-    _indexes: dict[str, tuple[int, dict[Any, list[int]]]] = field(
+    _indexes: dict[str, tuple[Any, dict[Any, Any]]] = field(
         default_factory=dict, repr=False, compare=False)
     """Positions in :attr:`data` / :attr:`acks` by sender (and receiver): see :meth:`_index`."""
 
@@ -359,9 +362,45 @@ class Observed:
         return cached[1]
 
     def data_from(self, *senders: Addr) -> list[Data]:
-        """The data messages (every kind) sent from any of ``senders``, in capture order."""
+        """The data messages (every kind) sent from any of ``senders``, in capture order.
+
+        Remembered per set of senders (a source's registrations ask for the same transports
+        again and again); the list is shared: do not change it."""
         index = self._index("data", lambda d: d.src)
-        return [self.data[p] for p in sorted(p for s in set(senders) for p in index.get(s, ()))]
+        key = frozenset(senders)
+        memo = self._indexes.setdefault("data_from", (0, {}))
+        if memo[0] != len(self.data):
+            memo = (len(self.data), {})
+            self._indexes["data_from"] = memo
+        found = memo[1].get(key)
+        if found is None:
+            lists = [index[s] for s in key if s in index]
+            positions = lists[0] if len(lists) == 1 else sorted(p for ps in lists for p in ps)
+            found = [self.data[p] for p in positions]
+            memo[1][key] = found
+        return found
+
+    def after(self, items: list[Any], frame: int, before: int | None = None) -> list[Any]:
+        """The items of ``items`` (capture order, each with a ``frame``) that come after frame
+        ``frame`` (and before ``before``), found by bisection when the observation is one
+        capture (frame numbers then grow with capture order), else by a scan."""
+        if len(self.paths) > 1:
+            return [i for i in items if i.frame > frame and (before is None
+                                                             or i.frame < before)]
+        lo = bisect.bisect_right(items, frame, key=lambda i: i.frame)
+        hi = len(items) if before is None else bisect.bisect_left(items, before,
+                                                                  key=lambda i: i.frame)
+        return items[lo:hi]
+
+    def memo(self, name: str, build: Callable[[Observed], Any]) -> Any:
+        """``build(self)``, computed once while the observation's lists keep their lengths
+        (several judges share the same derived view, e.g. a source's incarnations)."""
+        size = (len(self.registrations), len(self.data), len(self.acks), len(self.sris))
+        cached = self._indexes.get(f"memo:{name}")
+        if cached is None or cached[0] != size:
+            cached = (size, {"value": build(self)})
+            self._indexes[f"memo:{name}"] = cached
+        return cached[1]["value"]
 
     def acks_between(self, src: Addr, dst: Addr) -> list[Ack]:
         """The ACKs (every kind) ``src`` sent to ``dst``, in capture order."""
@@ -438,8 +477,12 @@ class Observed:
         topic (a store's ACK names the topic index in ``id_2``: one connection can carry
         several topics' registrations)."""
         client, store = reg.conn
-        return [a for a in self.acks_between(store, client)
-                if a.kind == "stability" and a.id_2 == reg.topic_idx]
+        cache: dict[Any, list[Ack]] = self.memo("stability_acks", lambda _obs: {})
+        key = (reg.conn, reg.topic_idx)
+        if key not in cache:
+            cache[key] = [a for a in self.acks_between(store, client)
+                          if a.kind == "stability" and a.id_2 == reg.topic_idx]
+        return list(cache[key])
 
 
 def _get(fields: list[tuple[str, Any]], name: str, default: Any = 0) -> Any:
@@ -464,31 +507,46 @@ class _Builder:
     def __init__(self, observed: Observed) -> None:
         self.obs = observed
         self.pending: dict[tuple[Addr, Addr], list[Registration]] = {}
+        self.sessions: dict[tuple[object, ...], tuple[object, ...]] = {}
+        """Transport session keys already made (:meth:`transport`), one per packet key."""
 
     def frame(self, report: FrameReport) -> None:
-        self.obs.frames += 1
-        self.obs.end_time = max(self.obs.end_time, report.time)
+        """One frame of the frame-by-frame dissection (:func:`wire.dissect.dissect_file`)."""
+        self.count(report.number, report.time)
         if report.status == "malformed":
-            self.obs.problems.append(f"frame {report.number} is malformed: {report.reason}")
+            self.malformed(report.number, report.reason or "")
         if report.status != "um" or report.src is None or report.dst is None:
             return
-        self.obs.um_frames += 1
         src: Addr = (report.src, report.sport or 0)
         dst: Addr = (report.dst, report.dport or 0)
-        if any(occ.protocol == "lbmc" for occ in report.occurrences):
-            self.obs.heard.setdefault((src, dst), []).append((report.number, report.time))
+        where = (report.number, report.time)
+        self.um(where, src, dst, any(occ.protocol == "lbmc" for occ in report.occurrences))
         for occ in report.occurrences:
             if occ.protocol == "lbmc":
-                self.message(report, occ, src, dst)
+                self.message(where, report.transport or "", occ.fields, src, dst)
             elif occ.protocol in ("lbtru", "lbtrm"):
-                self.transport(report, occ, src, dst)
+                self.transport_fields(where, occ.protocol, occ.fields, src, dst)
             elif occ.protocol == "lbmr":
-                self.tir(occ)
+                self.tir_fields(occ.fields)
 
-    def tir(self, occ: Occurrence) -> None:
+    def count(self, number: int, time: float) -> None:
+        """A captured frame, UM or not."""
+        self.obs.frames += 1
+        self.obs.end_time = max(self.obs.end_time, time)
+
+    def malformed(self, number: int, reason: str) -> None:
+        self.obs.problems.append(f"frame {number} is malformed: {reason}")
+
+    def um(self, where: tuple[int, float], src: Addr, dst: Addr, lbmc: bool) -> None:
+        """A UM frame from ``src`` to ``dst``; ``lbmc``: it carries (completes) an LBMC message,
+        which tells the receiver the sender is alive."""
+        self.obs.um_frames += 1
+        if lbmc:
+            self.obs.heard.setdefault((src, dst), []).append(where)
+
+    def tir_fields(self, f: list[tuple[str, Any]]) -> None:
         """The transport a topic advertisement names, per topic (one TIR per topic here; a
         packet with several TIRs repeats the fields, which are then paired in order)."""
-        f = occ.fields
         names = _all(f, "lbmr.tir.name")
         if len(names) != 1:
             return  # several TIRs in one packet: their options cannot be paired safely
@@ -499,47 +557,65 @@ class _Builder:
             ip, port = _get(f, ip_name, None), _get(f, port_name, None)
             if isinstance(ip, str) and isinstance(port, int):
                 where = (ip, port)
-        if where is None:
-            return
         ip, port = _get(f, "lbmr.topt.ume.src_tcp_addr", None), _get(
             f, "lbmr.topt.ume.src_tcp_port", None)
         request: Addr | None = (ip, port) if isinstance(ip, str) and isinstance(port, int) \
             else None
-        self.obs.tirs.setdefault((names[0], request), set()).add(where)
+        self.tir(names[0], where, request)
 
-    def transport(self, report: FrameReport, occ: Occurrence, src: Addr, dst: Addr) -> None:
-        f = occ.fields
-        p = occ.protocol
-        kind = {0: "data", 2: "sm", 3: "nak", 4: "ncf"}.get(_get(f, f"{p}.hdr.type", -1))
+    def tir(self, topic: str, where: Addr | None, request: Addr | None) -> None:
+        """A TIR of ``topic`` naming transport address ``where`` (None: none this observation
+        uses) and, in its UME option, the source's request address."""
+        if where is not None:
+            self.obs.tirs.setdefault((topic, request), set()).add(where)
+
+    def transport_fields(self, where: tuple[int, float], p: str, f: list[tuple[str, Any]],
+                         src: Addr, dst: Addr) -> None:
+        """An LBT-RM / LBT-RU packet from its dissected fields (:meth:`transport`)."""
+        kind = TRANSPORT_KINDS.get(_get(f, f"{p}.hdr.type", -1))
         if kind is None:
             return
-        from_source = kind != "nak"
         if p == "lbtrm":
-            source_ip = src[0] if from_source else dst[0]
-            session: tuple[object, ...] = (p, source_ip, _get(f, "lbtrm.hdr.ucast_port"),
-                                           _get(f, "lbtrm.hdr.session_id"))
-            rx = _get(f, "lbtrm.data.flags_fec_type.rx")
-            lead_name = "lbtrm.sm.lead_sqn"
+            ucast, sid = _get(f, "lbtrm.hdr.ucast_port"), _get(f, "lbtrm.hdr.session_id")
+            rx, lead = _get(f, "lbtrm.data.flags_fec_type.rx"), _get(f, "lbtrm.sm.lead_sqn")
         else:
-            pair = (src, dst) if from_source else (dst, src)
-            session = (p, show(pair[0]), show(pair[1]), _get(f, "lbtru.opt_sid.session_id"))
-            rx = _get(f, "lbtru.hdr.flags.rx")
-            lead_name = "lbtru.sm.lead"
+            ucast, sid = 0, _get(f, "lbtru.opt_sid.session_id")
+            rx, lead = _get(f, "lbtru.hdr.flags.rx"), _get(f, "lbtru.sm.lead")
+        listed = [v for v in _all(f, f"{p}.{kind}.list.{kind}") if isinstance(v, int)]
+        self.transport(where, p, kind, src, dst, ucast_port=ucast, session_id=sid,
+                       rx=bool(rx), sqn=_get(f, f"{p}.data.sqn"), lead=lead, listed=listed)
+
+    def transport(self, where: tuple[int, float], p: str, kind: str, src: Addr, dst: Addr, *,
+                  ucast_port: int, session_id: int, rx: bool, sqn: int, lead: int,
+                  listed: list[int]) -> None:
+        """A ``kind`` (``TRANSPORT_KINDS``) packet of protocol ``p`` (``lbtrm``/``lbtru``):
+        its session and what it names (:class:`Tpkt`)."""
+        from_source = kind != "nak"
+        key = (p, from_source, src, dst, ucast_port, session_id)
+        session = self.sessions.get(key)
+        if session is None:
+            if p == "lbtrm":
+                source_ip = src[0] if from_source else dst[0]
+                session = (p, source_ip, ucast_port, session_id)
+            else:
+                pair = (src, dst) if from_source else (dst, src)
+                session = (p, show(pair[0]), show(pair[1]), session_id)
+            self.sessions[key] = session
         if kind == "data":
-            sqns = [_get(f, f"{p}.data.sqn")]
+            sqns = [sqn]
             kind = "rx" if rx else "data"
         elif kind == "sm":
             sqns = []
         else:
-            sqns = [v for v in _all(f, f"{p}.{kind}.list.{kind}") if isinstance(v, int)]
-        lead = _get(f, lead_name) if occ.label.startswith("SM") else max(sqns, default=0)
-        self.obs.transport.append(Tpkt(report.number, report.time, session, kind, sqns, lead,
-                                       src))
+            sqns = listed
+        self.obs.transport.append(Tpkt(*where, session, kind, sqns,
+                                       lead if kind == "sm" else max(sqns, default=0), src))
 
-    def message(self, report: FrameReport, occ: Occurrence, src: Addr, dst: Addr) -> None:
-        f = occ.fields
+    def message(self, where: tuple[int, float], via: str, f: list[tuple[str, Any]], src: Addr,
+                dst: Addr) -> None:
+        """One LBMC message, from its fields (tshark's names, as :mod:`wire.dissect` gives
+        them), carried by ``via`` (``lbttcp``, ``lbtru``, ``lbtrm``)."""
         names = {name for name, _ in f}
-        where = (report.number, report.time)
         if "lbmc.ume_keepalive.type" in names:
             self.obs.keepalives.append(Keepalive(
                 *where, src=src, dst=dst,
@@ -554,7 +630,7 @@ class _Builder:
                 src_reg_id=_get(f, "lbmc.ume_preg.src_reg_id"),
                 transport_idx=_get(f, "lbmc.ume_preg.transport_idx"),
                 topic_idx=_get(f, "lbmc.ume_preg.topic_idx"), topic=topic,
-                session_id=_get(f, "lbmc.ume_sid.sid"),
+                session_id=int(_get(f, "lbmc.ume_sid.sid")),
                 resp_addr=(_answer_ip(_get(f, "lbmc.ume_preg.resp_ip", src[0]), src),
                            _get(f, "lbmc.ume_preg.resp_port", src[1])),
                 deregister=bool(_get(f, "lbmc.ume_preg.flags.d_flag")),
@@ -574,11 +650,9 @@ class _Builder:
                          _get(f, "lbmc.ume_preg_resp.transport_idx"),
                          _get(f, "lbmc.ume_preg_resp.topic_idx"))
         elif "lbmc.ume_ack.seqnum" in names:
-            kind = "stability" if _get(f, "lbmc.ume_ack.type") == 1 else "consumption"
-            self.obs.acks.append(Ack(
-                *where, src=src, dst=dst, kind=kind, sqn=_get(f, "lbmc.ume_ack.seqnum"),
-                rcv_reg_id=_get(f, "lbmc.ume_ack.rcv_reg_id"), id_2=_get(f, "lbmc.ume_ack.id_2"),
-                nak=bool(_get(f, "lbmc.ume_ack.flags") & ACK_NAK)))
+            self.ack(where, src, dst, _get(f, "lbmc.ume_ack.type"), _get(f, "lbmc.ume_ack.seqnum"),
+                     _get(f, "lbmc.ume_ack.rcv_reg_id"), _get(f, "lbmc.ume_ack.id_2"),
+                     _get(f, "lbmc.ume_ack.flags"))
         elif "lbmc.ume_rxreq.seqnum" in names:
             self.obs.rxreqs.append(Rxreq(*where, src=src, dst=dst,
                                          reg_id=_get(f, "lbmc.ume_rxreq.id_2"),
@@ -593,14 +667,28 @@ class _Builder:
                            _all(f, "lbmc.ume_store_ext.store_idx"),
                            _all(f, "lbmc.ume_store_ext.grp_idx"), strict=False)]
             for e in entries:
-                self.obs.sri.setdefault((src, e.store, e.reg_id), []).append(report.number)
+                self.obs.sri.setdefault((src, e.store, e.reg_id), []).append(where[0])
             self.obs.sris.append(Sri(*where, src=src, tidx=_get(f, "lbmc.topic_idx.tidx"),
                                      version=_get(f, "lbmc.sri.version"), stores=entries))
         elif "lbmc.sqn" in names and _get(f, "lbmc.type", -1) in DATA_KINDS:
-            self.obs.data.append(Data(*where, src=src, dst=dst, tidx=_get(f, "lbmc.tidx"),
-                                      sqn=_get(f, "lbmc.sqn"),
-                                      kind=DATA_KINDS[_get(f, "lbmc.type")],
-                                      via=report.transport or ""))
+            self.data(where, src, dst, _get(f, "lbmc.type"), _get(f, "lbmc.tidx"),
+                      _get(f, "lbmc.sqn"), via)
+
+    def ack(self, where: tuple[int, float], src: Addr, dst: Addr, ack_type: int, sqn: int,
+            rcv_reg_id: int, id_2: int, flags: int) -> None:
+        """A UME ACK (a message whose chain holds ``ume_ack``): type 1 from a store is a
+        stability ACK, else a receiver's consumption ACK; the NAK bit (docs/wire-lbmc.md §2.1).
+        Called for the bulk of a capture's messages, hence positional."""
+        self.obs.acks.append(Ack(where[0], where[1], src, dst,
+                                 "stability" if ack_type == 1 else "consumption", sqn,
+                                 rcv_reg_id, id_2, bool(flags & ACK_NAK)))
+
+    def data(self, where: tuple[int, float], src: Addr, dst: Addr, lbmc_type: int, tidx: int,
+             sqn: int, via: str) -> None:
+        """A message of a data type (``DATA_KINDS``) with its topic index and sequence
+        number, carried by ``via``."""
+        self.obs.data.append(Data(where[0], where[1], src, dst, tidx, sqn,
+                                  DATA_KINDS[lbmc_type], via))
 
     def _answer(self, client: Addr, store: Addr, resp: PregResp, source: bool,
                 transport_idx: int, topic_idx: int) -> None:

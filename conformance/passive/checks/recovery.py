@@ -157,8 +157,11 @@ def consumption_acked_with_assigned_regid(obs: Observed) -> list[Judgement]:
             if not reg.granted or resp is None:
                 continue
             transports = obs.transports(reg.store, reg.src_reg_id)
-            sent = [d for d in obs.data_from(*transports) if d.kind == "data"
-                    and d.frame > resp.frame and d.time < end - ACK_GRACE]
+            # only whether the source sent anything to it, and the first such message
+            sent = [d for d in [next((d for d in obs.after(obs.data_from(*transports),
+                                                           resp.frame)
+                                      if d.kind == "data" and d.time < end - ACK_GRACE), None)]
+                    if d is not None]
             # what the capture shows this receiver got: the store's retransmissions to it
             # (live data on a transport may have gone to another listener)
             got = [d for d in obs.data_from(reg.store)

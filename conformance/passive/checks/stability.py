@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Any
 
 from conformance.model import Role, passive_for
 from conformance.passive.cases import passive_case
@@ -68,7 +69,37 @@ def sent_by(d: Data, reg: Registration, transports: set[Addr]) -> bool:
     return d.src in transports or (d.src, d.dst) == reg.conn
 
 
+def sent_by_source(obs: Observed, reg: Registration, transports: set[Addr]) -> list[Data]:
+    """Every data message :func:`sent_by` the source of ``reg`` (the same for all its
+    registrations of one topic on one connection: remembered per observation)."""
+    key = (frozenset(transports), reg.conn, reg.topic_idx)
+    cache: dict[Any, list[Data]] = obs.memo("sent_by_source", lambda _obs: {})
+    found = cache.get(key)
+    if found is None:
+        # the transports' part is shared by the source's registrations on every connection
+        # (a re-registration comes on a new one): made once, then merged with the
+        # connection's resends in capture order
+        ids = obs.memo("data_ids", lambda o: {id(d): i for i, d in enumerate(o.data)})
+        on_transports = cache.get((key[0], None, reg.topic_idx))
+        if on_transports is None:
+            on_transports = cache[(key[0], None, reg.topic_idx)] = [
+                d for d in obs.data_from(*transports) if sent_by(d, reg, transports)]
+        on_conn = [] if reg.conn[0] in transports else [
+            d for d in obs.data_from(reg.conn[0]) if sent_by(d, reg, transports)]
+        found = on_transports if not on_conn else sorted(
+            [*on_transports, *on_conn], key=lambda d: ids[id(d)])
+        cache[key] = found
+    return found
+
+
 def incarnations(obs: Observed) -> list[Incarnation]:
+    """Every granted source registration with its traffic, computed once per observation
+    (six judges read them)."""
+    result: list[Incarnation] = obs.memo("incarnations", _incarnations)
+    return result
+
+
+def _incarnations(obs: Observed) -> list[Incarnation]:
     out = []
     for client in obs.clients("source"):
         regs = client.registrations
@@ -78,9 +109,7 @@ def incarnations(obs: Observed) -> list[Incarnation]:
                 continue
             end = next((r.frame for r in regs[i + 1:] if r.store == reg.store), None)
             transports = obs.source_transports(reg)
-            data = [d for d in obs.data_from(*transports, reg.conn[0])
-                    if sent_by(d, reg, transports)
-                    and d.frame > reg.response.frame and (end is None or d.frame < end)]
+            data = obs.after(sent_by_source(obs, reg, transports), reg.response.frame, end)
             acks = [a for a in obs.stability_acks(reg) if end is None or a.frame < end]
             out.append(Incarnation(client, reg, transports, data, acks, stores))
     return out
@@ -106,10 +135,13 @@ def stability_acks_follow_data(obs: Observed) -> list[Judgement]:
             continue
         bad = None
         count = 0
+        firsts: dict[int, dict[int, int]] = {}
         for inc in judged:
-            sent: dict[int, int] = {}
-            for d in obs.data:
-                if sent_by(d, inc.reg, inc.transports):
+            every = sent_by_source(obs, inc.reg, inc.transports)
+            sent = firsts.get(id(every))
+            if sent is None:  # the same for every registration of a source at a store
+                sent = firsts[id(every)] = {}
+                for d in every:
                     sent.setdefault(d.sqn, d.frame)
             for ack in inc.acks:
                 if ack.nak:
@@ -193,16 +225,19 @@ def flight_size_kept(obs: Observed) -> list[Judgement]:
             continue
         stable: set[int] = set()
         sent: set[int] = set()
+        flying = 0  # len(sent - stable), kept as the sets grow
         acks = iter(inc.acks)
         pending = next(acks, None)
         worst, worst_frame = 0, inc.data[0].frame
         for d in inc.data:
             while pending is not None and pending.frame < d.frame:
-                if not pending.nak:
+                if not pending.nak and pending.sqn not in stable:
                     stable.add(pending.sqn)
+                    flying -= pending.sqn in sent
                 pending = next(acks, None)
-            sent.add(d.sqn)
-            flying = len(sent - stable)
+            if d.sqn not in sent:
+                sent.add(d.sqn)
+                flying += d.sqn not in stable
             if flying > worst:
                 worst, worst_frame = flying, d.frame
         frames = [*inc.reg.frames, worst_frame]
@@ -355,6 +390,10 @@ def duplicate_acknowledged_again(obs: Observed) -> list[Judgement]:
     for inc in incarnations(obs):
         client, store = inc.reg.conn
         heard = obs.heard.get((store, client), [])
+        latest = max((t for _f, t in heard), default=None)  # heard after a time: before this
+        by_sqn: dict[int, list[Ack]] = {}
+        for a in inc.acks:
+            by_sqn.setdefault(a.sqn, []).append(a)
         acked: dict[int, Ack] = {}
         acks = iter(inc.acks)
         pending = next(acks, None)
@@ -365,13 +404,15 @@ def duplicate_acknowledged_again(obs: Observed) -> list[Judgement]:
                 if not pending.nak:
                     acked.setdefault(pending.sqn, pending)
                 pending = next(acks, None)
+            if d.kind != "prorx":
+                continue
             reached = (d.src, d.dst) == inc.reg.conn or (
                 d.via == "lbttcp" and d.src in inc.transports and d.dst[0] == store[0])
             first = acked.get(d.sqn)
-            if d.kind != "prorx" or not reached or first is None or not any(
-                    t > d.time + REACK_WAIT for _f, t in heard):
+            if not reached or first is None or latest is None or not (
+                    latest > d.time + REACK_WAIT):
                 continue
-            again = next((a for a in inc.acks if a.sqn == d.sqn and a.frame > d.frame
+            again = next((a for a in by_sqn.get(d.sqn, ()) if a.frame > d.frame
                           and a.time - d.time <= REACK_WAIT), None)
             if again is None:
                 bad = failed(f"store {show(store)}", f"sqn {d.sqn} resent (frame {d.frame}) "
