@@ -17,8 +17,9 @@ import shlex
 from pathlib import Path
 
 from conformance.passive.judge import PassiveResult
-from wire.dissect import FrameReport, dissect_file, print_report
+from wire.dissect import Dissector, FrameReport, dissect_file, print_report
 from wire.errors import WireError
+from wire.pcap import read_capture
 from wire.tshark import PortMap
 
 PAGES = "frames"
@@ -43,12 +44,35 @@ def dissect_command(captures: list[Path], frames: list[int], store_ports: list[i
     return f"ump dissect {name}{ports} --frames {frames_arg(frames)}"
 
 
+ALONE_NOTE = ("# (a big capture: each frame dissected on its own, so an LBT-TCP segment shows "
+              "the messages that start in it; the command above dissects the stream)\n")
+"""What a page of frames dissected one by one says about LBT-TCP segments."""
+
+
+def _cited_alone(path: Path, wanted: set[int], ports: PortMap,
+                 content: bool) -> dict[int, FrameReport]:
+    """The ``wanted`` frames of ``path``, each dissected by a fresh dissector: only those
+    frames are decoded (dissecting every frame up to the last cited one took minutes on a
+    million frames)."""
+    kept: dict[int, FrameReport] = {}
+    last = max(wanted)
+    for record in read_capture(path):
+        if record.number in wanted:
+            kept[record.number] = Dissector(ports, content).frame(record)
+        if record.number >= last:
+            break
+    return kept
+
+
 def write_pages(results: list[PassiveResult], out: Path, ports: PortMap,
-                content: bool = True) -> int:
+                content: bool = True, alone: bool = False) -> int:
     """Write a page per result that cites frames and set its :attr:`page`; returns how many.
 
     Several captures judged together are numbered each from 1 (:func:`~conformance.passive.
     observe.observe`), so a page shows each capture's frames of those numbers under its name.
+    With ``alone`` (big captures) only the cited frames are dissected, each on its own
+    (:data:`ALONE_NOTE`); else the captures are dissected in order up to the last cited frame,
+    so LBT-TCP segments show their stream's messages.
     """
     cited = [r for r in results if r.decided_by]
     if not cited:
@@ -58,11 +82,14 @@ def write_pages(results: list[PassiveResult], out: Path, ports: PortMap,
     for path in cited[0].captures:
         kept: dict[int, FrameReport] = {}
         try:
-            for report in dissect_file(path, ports, content):
-                if report.number in wanted:
-                    kept[report.number] = report
-                if report.number >= max(wanted):
-                    break
+            if alone:
+                kept = _cited_alone(path, wanted, ports, content)
+            else:
+                for report in dissect_file(path, ports, content):
+                    if report.number in wanted:
+                        kept[report.number] = report
+                    if report.number >= max(wanted):
+                        break
         except (WireError, OSError):
             pass  # a damaged end: what was read is shown (the run says so already)
         frames[path] = kept
@@ -75,6 +102,8 @@ def write_pages(results: list[PassiveResult], out: Path, ports: PortMap,
         text = io.StringIO()
         text.write(f"# {r.spec.id} {r.verdict.value}: {r.message}\n")
         text.write(f"# {dissect_command(r.captures, r.decided_by, r.store_ports)}\n")
+        if alone:
+            text.write(ALONE_NOTE)
         for path, kept in frames.items():
             if len(frames) > 1:
                 text.write(f"\n## {path}\n")

@@ -345,20 +345,21 @@ class Observed:
         default_factory=dict, repr=False, compare=False)
     """Positions in :attr:`data` / :attr:`acks` by sender (and receiver): see :meth:`_index`."""
 
-    def _index(self, name: str, key: Callable[[Any], Any]) -> dict[Any, list[int]]:
+    def _index(self, name: str, key: Callable[[Any], Any],
+               cache_as: str | None = None) -> dict[Any, list[int]]:
         """Positions of the items of list ``name`` by ``key``, in capture order.
 
         Why: the checks ask for one connection's or one sender's messages per registration;
         scanning every message each time made judging a 1 M-frame capture quadratic.  Built
         on first use and again whenever the list has grown (the builder appends)."""
         items = getattr(self, name)
-        cached = self._indexes.get(name)
+        cached = self._indexes.get(cache_as or name)
         if cached is None or cached[0] != len(items):
             index: dict[Any, list[int]] = {}
             for pos, item in enumerate(items):
                 index.setdefault(key(item), []).append(pos)
             cached = (len(items), index)
-            self._indexes[name] = cached
+            self._indexes[cache_as or name] = cached
         return cached[1]
 
     def data_from(self, *senders: Addr) -> list[Data]:
@@ -477,12 +478,17 @@ class Observed:
         topic (a store's ACK names the topic index in ``id_2``: one connection can carry
         several topics' registrations)."""
         client, store = reg.conn
-        cache: dict[Any, list[Ack]] = self.memo("stability_acks", lambda _obs: {})
-        key = (reg.conn, reg.topic_idx)
-        if key not in cache:
-            cache[key] = [a for a in self.acks_between(store, client)
-                          if a.kind == "stability" and a.id_2 == reg.topic_idx]
-        return list(cache[key])
+        index = self._index("acks", lambda a: (a.src, a.dst, a.kind, a.id_2), "acks by kind")
+        return [self.acks[p] for p in index.get((store, client, "stability", reg.topic_idx),
+                                                ())]
+
+    def heard_after(self, sender: Addr, receiver: Addr, frame: int) -> list[tuple[int, float]]:
+        """What :attr:`heard` holds from ``sender`` to ``receiver`` after frame ``frame``
+        (bisected in one capture, as :meth:`after`)."""
+        items = self.heard.get((sender, receiver), [])
+        if len(self.paths) > 1:
+            return [x for x in items if x[0] > frame]
+        return items[bisect.bisect_right(items, frame, key=lambda x: x[0]):]
 
 
 def _get(fields: list[tuple[str, Any]], name: str, default: Any = 0) -> Any:

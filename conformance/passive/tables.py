@@ -30,7 +30,7 @@ times compare exactly as in the frame-by-frame path.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
@@ -77,8 +77,8 @@ class CaptureTables:
     """What the judges need of the columnar decode of some captures.
 
     Attributes:
-        files: the capture files, in the order given (the tables' ``file`` column names them
-            as given).
+        files: the capture files, in the order given.
+        names: each file's name in the tables' ``file`` column (the capture reader's).
         packets / messages / advertisements: the decode's tables, the columns above.
         offsets: per file, the byte offset of every record in capture order: frame ``n`` of
             a file is its record ``n - 1``.
@@ -89,6 +89,7 @@ class CaptureTables:
     """
 
     files: list[Path]
+    names: list[str]
     packets: pa.Table
     messages: pa.Table
     advertisements: pa.Table
@@ -109,19 +110,89 @@ class CaptureTables:
             values = table.column(column)
             if pa.types.is_list(values.type):
                 values = pc.list_flatten(values)
-            if _prefix(values.type) not in wanted:
+            if not {t.rsplit(".", 1)[0] for _, t in _tshark_names(column)} & wanted:
                 continue
             ports = pc.struct_field(values, "store_tcp_port")
             found |= {int(p) for p in pc.unique(ports).to_pylist() if p}
         return found
 
 
-def _prefix(struct: pa.DataType) -> str:
-    """The tshark prefix of a struct column's fields (``lbmc.ume_store_ext``)."""
-    for f in struct:
-        if f.metadata and b"tshark" in f.metadata:
-            return f.metadata[b"tshark"].decode().rsplit(".", 1)[0]
-    return ""
+def _tshark_names(column: str) -> list[tuple[str, str]]:
+    """(field, tshark name) of a struct column of ``messages`` or ``advertisements``, from
+    the decode's schema (the names travel as Arrow field metadata, which a Spark round trip
+    drops)."""
+    from spark_analysis.schemas import ADVERTISEMENTS_SCHEMA, MESSAGES_SCHEMA
+
+    schema = MESSAGES_SCHEMA if column in MESSAGES_SCHEMA.names else ADVERTISEMENTS_SCHEMA
+    kind = schema.field(column).type
+    struct = kind.value_type if pa.types.is_list(kind) else kind
+    return [(f.name, f.metadata[b"tshark"].decode()) for f in struct
+            if f.metadata and b"tshark" in f.metadata]
+
+
+@dataclass
+class Records:
+    """What reading the captures' records tells, whoever decodes them (:func:`read_records`):
+    each file's name in the tables, its record offsets (the frame numbers) and time
+    resolution, the last frame's time and a damaged end."""
+
+    names: list[str] = field(default_factory=list)
+    offsets: dict[str, np.ndarray] = field(default_factory=dict)
+    tick_ns: dict[str, int] = field(default_factory=dict)
+    end_time: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+
+def read_records(paths: Sequence[Path], records: Records,
+                 each: Callable[[str, Any], None] | None = None) -> None:
+    """Read every record of ``paths`` with the decode's capture reader
+    (:class:`spark_analysis.splits.SplitReader`), noting them in ``records`` and handing each
+    chunk to ``each(name, chunk)``.
+
+    Raises :class:`WireError` when a file is not a capture at all."""
+    from spark_analysis.splits import CaptureError, PcapInfo, SplitReader, TruncatedRecord, plan
+
+    for path in paths:
+        truncated: list[TruncatedRecord] = []
+        file_offsets: list[np.ndarray] = []
+        name = str(path)
+        try:
+            for split in plan([str(path)], 1 << 62):
+                name = split.capture.name
+                info = split.capture.info
+                records.tick_ns[name] = info.tick_ns if isinstance(info, PcapInfo) else 0
+                reader = SplitReader(split, on_truncated=truncated.append)
+                for chunk in reader.chunks():
+                    file_offsets.append(np.asarray(chunk.offset, np.int64))
+                    if len(chunk):
+                        last = np.asarray([chunk.ts_ns.max()], np.int64)
+                        records.end_time = max(records.end_time, float(
+                            _times(last, records.tick_ns[name])[0]))
+                    if each is not None:
+                        each(name, chunk)
+        except (CaptureError, OSError) as exc:
+            if not file_offsets:
+                raise WireError("pcap", 0, f"{path}: not a readable capture: {exc}") from None
+            records.problems.append(f"{path} is damaged after frame "
+                                    f"{sum(len(o) for o in file_offsets)}: {exc}")
+        records.names.append(name)
+        records.offsets[name] = (np.concatenate(file_offsets) if file_offsets
+                                 else np.zeros(0, np.int64))
+        if truncated:
+            records.problems.append(f"{path} is damaged after frame "
+                                    f"{len(records.offsets[name])}: {truncated[0]}")
+
+
+def capture_tables(paths: Sequence[Path], records: Records, packets: pa.Table,
+                   messages: pa.Table, advertisements: pa.Table) -> CaptureTables:
+    """The :class:`CaptureTables` of decoded tables (the columns the observation reads)."""
+    return CaptureTables(
+        [Path(p) for p in paths], records.names,
+        packets.select(list(PACKET_COLUMNS)),
+        messages.select([c for c in (*MESSAGE_COLUMNS, *HEADER_COLUMNS)
+                         if c in messages.column_names]),
+        advertisements.select(list(ADVERT_COLUMNS)),
+        records.offsets, records.tick_ns, records.end_time, records.problems)
 
 
 def decode_tables(paths: Sequence[Path], ports: PortMap, content: bool = True) -> CaptureTables:
@@ -132,64 +203,39 @@ def decode_tables(paths: Sequence[Path], ports: PortMap, content: bool = True) -
     from spark_analysis.columnar import decode_chunk
     from spark_analysis.reassembly import reassemble_tcp
     from spark_analysis.schemas import DecodedTables, DecodeOptions, concat_tables
-    from spark_analysis.splits import CaptureError, PcapInfo, SplitReader, TruncatedRecord, plan
 
     options = DecodeOptions(ports=ports, content_heuristics=content)
     parts: list[DecodedTables] = []
-    offsets: dict[str, np.ndarray] = {}
-    ticks: dict[str, int] = {}
-    problems: list[str] = []
-    end_time = 0.0
-    for path in paths:
-        name = str(path)
-        truncated: list[TruncatedRecord] = []
-        file_offsets: list[np.ndarray] = []
-        try:
-            splits = plan([name], 1 << 62)
-            for split in splits:
-                info = split.capture.info
-                ticks[name] = info.tick_ns if isinstance(info, PcapInfo) else 0
-                reader = SplitReader(split, on_truncated=truncated.append)
-                for chunk in reader.chunks():
-                    file_offsets.append(np.asarray(chunk.offset, np.int64))
-                    if len(chunk):
-                        last = np.asarray([chunk.ts_ns.max()], np.int64)
-                        end_time = max(end_time, float(_times(last, ticks[name])[0]))
-                    parts.append(decode_chunk(name, chunk, options))
-        except (CaptureError, OSError) as exc:
-            if not file_offsets:
-                raise WireError("pcap", 0, f"{path}: not a readable capture: {exc}") from None
-            problems.append(f"{path} is damaged after frame "
-                            f"{sum(len(o) for o in file_offsets)}: {exc}")
-        offsets[name] = np.concatenate(file_offsets) if file_offsets else np.zeros(0, np.int64)
-        if truncated:
-            problems.append(f"{path} is damaged after frame {len(offsets[name])}: "
-                            f"{truncated[0]}")
+    records = Records()
+    read_records(paths, records,
+                 lambda name, chunk: parts.append(decode_chunk(name, chunk, options)))
     first = concat_tables(parts) if parts else DecodedTables.empty()
     second = reassemble_tcp(first.tcp_segments, options)
-    messages = [t.select([c for c in (*MESSAGE_COLUMNS, *HEADER_COLUMNS) if c in t.column_names])
-                for t in (first.messages, second.messages)]
-    return CaptureTables(
-        [Path(p) for p in paths],
-        pa.concat_tables([first.packets.select(list(PACKET_COLUMNS)),
-                          second.packets.select(list(PACKET_COLUMNS))]),
-        pa.concat_tables(messages),
-        pa.concat_tables([first.advertisements.select(list(ADVERT_COLUMNS)),
-                          second.advertisements.select(list(ADVERT_COLUMNS))]),
-        offsets, ticks, end_time, problems)
+    both = concat_tables([
+        DecodedTables(first.packets, first.messages, first.advertisements, first.skipped,
+                      second.tcp_segments), second])
+    return capture_tables(paths, records, both.packets, both.messages, both.advertisements)
+
+
+Decode = Callable[[Sequence[Path], PortMap, bool], CaptureTables]
+"""A columnar decode of captures: :func:`decode_tables` (in-process) or
+:func:`conformance.passive.spark_tables.decode_tables_spark`."""
 
 
 def observe_columnar(paths: Iterable[str | Path], ports: PortMap | None = None,
-                     content: bool = True) -> Observed:
-    """:func:`conformance.passive.observe.observe` through the columnar decode: the same
-    ``Observed`` (module docstring), in seconds for a million frames."""
+                     content: bool = True, decode: Decode | None = None) -> Observed:
+    """:func:`conformance.passive.observe.observe` through a columnar decode (by default
+    :func:`decode_tables`): the same ``Observed`` (module docstring), in seconds for a million
+    frames.  Store ports the capture names and ``ports`` lacks are added and the capture
+    decoded again, as :func:`~conformance.passive.observe.observe` does."""
     files = [Path(p) for p in paths]
     ports = ports or PortMap()
-    tables = decode_tables(files, ports, content)
+    decode = decode or decode_tables
+    tables = decode(files, ports, content)
     named = tables.store_ports()
     if named - set(ports.store_ports):
         ports = replace(ports, store_ports=sorted({*ports.store_ports, *named}))
-        tables = decode_tables(files, ports, content)
+        tables = decode(files, ports, content)
         observed = observe_tables(tables, ports.store_ports)
         observed.notes.insert(0, "store ports taken from the capture's TIRs and SRIs: "
                               + ", ".join(str(p) for p in sorted(named)))
@@ -235,7 +281,7 @@ class _Frames:
 
     def __init__(self, tables: CaptureTables) -> None:
         self.tables = tables
-        self.order = {str(p): i for i, p in enumerate(tables.files)}
+        self.order = {name: i for i, name in enumerate(tables.names)}
 
     def of(self, table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(file index, frame number, time) of every row."""
@@ -262,9 +308,7 @@ def _struct_rows(table: pa.Table, name: str, rows: np.ndarray) -> list[list[tupl
     names them; a repeated header gives its occurrences in order, field by field."""
     column = table.column(name).combine_chunks().take(pa.array(rows, pa.int64()))
     repeated = pa.types.is_list(column.type)
-    struct = column.type.value_type if repeated else column.type
-    names = [(f.name, f.metadata[b"tshark"].decode()) for f in struct
-             if f.metadata and b"tshark" in f.metadata]
+    names = _tshark_names(name)
     if repeated:
         out: list[list[tuple[str, Any]]] = []
         for value in column.to_pylist():

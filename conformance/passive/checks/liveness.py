@@ -71,12 +71,12 @@ def store_keepalives(obs: Observed) -> list[Judgement]:
         if reg.deregister or not reg.granted or resp is None:
             continue
         client, store = reg.conn
-        from_client = [t for f, t in obs.heard.get((client, store), []) if f > resp.frame]
+        from_client = [t for f, t in obs.heard_after(client, store, resp.frame)]
         if not from_client:
             continue
         end = from_client[-1]
-        times = [(resp.frame, resp.time)] + [(f, t) for f, t in obs.heard.get((store, client), [])
-                                             if f > resp.frame and t <= end]
+        times = [(resp.frame, resp.time)] + [(f, t) for f, t in obs.heard_after(
+            store, client, resp.frame) if t <= end]
         gaps = [(b[1] - a[1], a[0], b[0]) for a, b in itertools.pairwise(times)]
         last = times[-1]
         # after the store's last frame, the client still talking on that connection for a

@@ -389,8 +389,8 @@ def duplicate_acknowledged_again(obs: Observed) -> list[Judgement]:
     out = []
     for inc in incarnations(obs):
         client, store = inc.reg.conn
-        heard = obs.heard.get((store, client), [])
-        latest = max((t for _f, t in heard), default=None)  # heard after a time: before this
+        latest = obs.memo("latest_heard", lambda o: {k: max(t for _f, t in v) for k, v in
+                                                     o.heard.items() if v}).get((store, client))
         by_sqn: dict[int, list[Ack]] = {}
         for a in inc.acks:
             by_sqn.setdefault(a.sqn, []).append(a)
