@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from wire.dissect import FrameReport, dissect_file
 from wire.errors import WireError
-from wire.lbmc import ACK_NAK
+from wire.lbmc import ACK_NAK, DATA_BASE
 from wire.tshark import PortMap
 
 if TYPE_CHECKING:
@@ -103,6 +103,10 @@ class Registration:
         response: the answer, or None.
         activity_timeout: the client's own activity timeout in ms (its ``ume_client_lifetime``
             header; 0 without one): it replaces the store's (docs/semantics.md §1.11).
+        rpp: the PREG's RPP flag (``w_flag``): an RPP source, or an RPP receiver
+            (docs/semantics.md §2.1).
+        extopt: the PREG message carries extended options (EXTOPT): an RPP source's
+            overrides travel there (docs/wire-lbmc.md §2.3); without any it asked for none.
     """
 
     frame: int
@@ -120,6 +124,8 @@ class Registration:
     deregister: bool
     response: PregResp | None = None
     activity_timeout: int = 0
+    rpp: bool = False
+    extopt: bool = False
 
     @property
     def granted(self) -> bool:
@@ -141,6 +147,7 @@ class Data:
         sqn: the sequence number.
         kind: ``data``, ``prorx`` (proactive retransmission) or ``retrans``.
         via: the transport that carried it (``lbttcp``, ``lbtru``, ``lbtrm``; "" unknown).
+        size: its payload bytes (after the headers: what RPP sizes count).
     """
 
     frame: int
@@ -151,6 +158,7 @@ class Data:
     sqn: int
     kind: str
     via: str = ""
+    size: int = 0
 
 
 @dataclass
@@ -498,6 +506,13 @@ def _get(fields: list[tuple[str, Any]], name: str, default: Any = 0) -> Any:
     return default
 
 
+def payload_size(f: list[tuple[str, Any]]) -> int:
+    """A data message's payload bytes from its dissected fields: its length less the data
+    base header and every extended header (``hdr_len``, docs/wire-lbmc.md §1)."""
+    headers = sum(v for k, v in f if k.endswith(".hdr_len") and isinstance(v, int))
+    return max(0, int(_get(f, "lbmc.msglen")) - DATA_BASE.size - headers)
+
+
 def _answer_ip(ip: str, src: Addr) -> str:
     """A PREG's answer address: 0.0.0.0 there means the address it came from."""
     return src[0] if ip in ("0.0.0.0", "") else ip
@@ -618,9 +633,10 @@ class _Builder:
                                        lead if kind == "sm" else max(sqns, default=0), src))
 
     def message(self, where: tuple[int, float], via: str, f: list[tuple[str, Any]], src: Addr,
-                dst: Addr) -> None:
+                dst: Addr, size: int | None = None) -> None:
         """One LBMC message, from its fields (tshark's names, as :mod:`wire.dissect` gives
-        them), carried by ``via`` (``lbttcp``, ``lbtru``, ``lbtrm``)."""
+        them), carried by ``via`` (``lbttcp``, ``lbtru``, ``lbtrm``); ``size``: its payload
+        bytes when the decoder knows them (else :func:`payload_size` of the fields)."""
         names = {name for name, _ in f}
         if "lbmc.ume_keepalive.type" in names:
             self.obs.keepalives.append(Keepalive(
@@ -640,7 +656,9 @@ class _Builder:
                 resp_addr=(_answer_ip(_get(f, "lbmc.ume_preg.resp_ip", src[0]), src),
                            _get(f, "lbmc.ume_preg.resp_port", src[1])),
                 deregister=bool(_get(f, "lbmc.ume_preg.flags.d_flag")),
-                activity_timeout=_get(f, "lbmc.ume_client_lifetime.activity_tmo"))
+                activity_timeout=_get(f, "lbmc.ume_client_lifetime.activity_tmo"),
+                rpp=bool(_get(f, "lbmc.ume_preg.flags.w_flag")),
+                extopt=any(name.startswith("lbmc.extopt") for name in names))
             self.obs.registrations.append(reg)
             self.pending.setdefault((src, dst), []).append(reg)
         elif "lbmc.ume_preg_resp.reg_id" in names:
@@ -678,7 +696,7 @@ class _Builder:
                                      version=_get(f, "lbmc.sri.version"), stores=entries))
         elif "lbmc.sqn" in names and _get(f, "lbmc.type", -1) in DATA_KINDS:
             self.data(where, src, dst, _get(f, "lbmc.type"), _get(f, "lbmc.tidx"),
-                      _get(f, "lbmc.sqn"), via)
+                      _get(f, "lbmc.sqn"), via, payload_size(f) if size is None else size)
 
     def ack(self, where: tuple[int, float], src: Addr, dst: Addr, ack_type: int, sqn: int,
             rcv_reg_id: int, id_2: int, flags: int) -> None:
@@ -690,11 +708,11 @@ class _Builder:
                                  rcv_reg_id, id_2, bool(flags & ACK_NAK)))
 
     def data(self, where: tuple[int, float], src: Addr, dst: Addr, lbmc_type: int, tidx: int,
-             sqn: int, via: str) -> None:
+             sqn: int, via: str, size: int) -> None:
         """A message of a data type (``DATA_KINDS``) with its topic index and sequence
-        number, carried by ``via``."""
+        number, carried by ``via``, of ``size`` payload bytes."""
         self.obs.data.append(Data(where[0], where[1], src, dst, tidx, sqn,
-                                  DATA_KINDS[lbmc_type], via))
+                                  DATA_KINDS[lbmc_type], via, size))
 
     def _answer(self, client: Addr, store: Addr, resp: PregResp, source: bool,
                 transport_idx: int, topic_idx: int) -> None:

@@ -48,11 +48,12 @@ from conformance.passive.observe import (
     _Builder,
 )
 from wire.errors import WireError
+from wire.lbmc import EXTOPT_CODE
 from wire.tshark import PortMap
 
 MESSAGE_COLUMNS = ("file", "file_offset", "ts_ns", "protocol", "src_ip", "src_port", "dst_ip",
                    "dst_port", "msg_index", "type", "tidx", "sqn", "topic_name",
-                   "malformed_reason")
+                   "payload_length", "header_codes", "malformed_reason")
 """The core columns of ``messages`` the observation reads."""
 
 HEADER_COLUMNS = ("ume_preg", "ume_preg_resp", "ume_ack", "ume_rxreq", "ume_keepalive",
@@ -500,6 +501,7 @@ def _message_rows(builder: _Builder, m: pa.Table, order: np.ndarray, good: np.nd
 
     generic = np.flatnonzero((route == 0) & good)
     fields: dict[int, list[tuple[str, Any]]] = {}
+    codes: dict[int, Any] = dict(_sparse(m, "header_codes")) if generic.size else {}
     if generic.size:
         sub = m.take(pa.array(generic, pa.int64()))
         for r, t, x, q, name in zip(generic.tolist(), _column(sub, "type"), _column(sub, "tidx"),
@@ -509,6 +511,8 @@ def _message_rows(builder: _Builder, m: pa.Table, order: np.ndarray, good: np.nd
                 f += [("lbmc.tidx", x), ("lbmc.sqn", q)]
             if name is not None:
                 f.append(("lbmc.topicname.topic", name))
+            if EXTOPT_CODE in (codes[r] or ()):
+                f.append(("lbmc.extopt", True))  # its options are not in the tables
             fields[r] = f
         for column in present:
             at = np.flatnonzero(_valid(sub.column(column)))
@@ -528,6 +532,7 @@ def _message_rows(builder: _Builder, m: pa.Table, order: np.ndarray, good: np.nd
             for member in ("type", "seqnum", "rcv_reg_id", "id_2", "flags")), strict=True),
             strict=True))
     num, tim, kinds = number.tolist(), times.tolist(), types.tolist()
+    sizes = m.column("payload_length").to_numpy(zero_copy_only=False).tolist()
     routes = route.tolist()
     message, data, ack_rule = builder.message, builder.data, builder.ack
     addrs: dict[tuple[Any, Any], tuple[Any, Any]] = {}
@@ -537,8 +542,8 @@ def _message_rows(builder: _Builder, m: pa.Table, order: np.ndarray, good: np.nd
         dst = addrs.setdefault((dip[r], dport[r]), (dip[r], dport[r]))
         how = routes[r]
         if how == 1:
-            data(where, src, dst, kinds[r], tidx[r], sqn[r], proto[r])
+            data(where, src, dst, kinds[r], tidx[r], sqn[r], proto[r], sizes[r])
         elif how == 2:
             ack_rule(where, src, dst, *ack_fields[r])
         else:
-            message(where, proto[r], fields[r], src, dst)
+            message(where, proto[r], fields[r], src, dst, sizes[r])

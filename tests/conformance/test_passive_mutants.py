@@ -41,6 +41,7 @@ STORE_SEEN = {
     "wrong-low-sqn": ("REG-STORE-010", "REG-STORE-010"),
     "ignores-rate-limit": ("REC-STORE-005", "REC-STORE-005"),
     "answers-unknown-regid": ("QRM-STORE-004", "QRM-STORE-004"),
+    "acks-rpp-without-room": ("RPP-STORE-030", "RPP-STORE-030"),
 }
 
 CLIENT_SEEN = {

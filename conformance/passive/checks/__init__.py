@@ -5,9 +5,10 @@ from conformance.passive.checks import (
     liveness,
     recovery,
     registration,
+    rpp,
     sri,
     stability,
     transport,
 )
 
-__all__ = ["liveness", "recovery", "registration", "sri", "stability", "transport"]
+__all__ = ["liveness", "recovery", "registration", "rpp", "sri", "stability", "transport"]
