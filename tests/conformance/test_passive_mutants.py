@@ -42,6 +42,7 @@ STORE_SEEN = {
     "ignores-rate-limit": ("REC-STORE-005", "REC-STORE-005"),
     "answers-unknown-regid": ("QRM-STORE-004", "QRM-STORE-004"),
     "acks-rpp-without-room": ("RPP-STORE-030", "RPP-STORE-030"),
+    "answers-beyond-newest": ("OTR-STORE-001", "OTR-STORE-001"),
 }
 
 CLIENT_SEEN = {
@@ -148,6 +149,7 @@ REFERENCE = {"store": REFERENCE_STORE, "source": REFERENCE_SOURCE,
 
 REFERENCE_CASES = sorted({("store", a) for a, _ in STORE_SEEN.values()}
                          | {("store", "PRX-STORE-002")}  # judged, its mutant not seen
+                         | {("store", "OTR-STORE-003")}  # its own OTR, answered by the source
                          | {(role, a) for role, a, _ in CLIENT_SEEN.values()})
 
 

@@ -302,3 +302,48 @@ def no_retransmission_for_a_source_regid(obs: Observed) -> list[Judgement]:
         out.append(bad.get(name) or passed(name, f"{len(frames)} request(s) naming a source's "
                                                  "RegID, none answered", frames))
     return out
+
+
+needs("OTR-STORE-001", "no retransmission from a store to a receiver whose registration was "
+                       "captured")
+
+
+@passive_for("OTR-STORE-001")
+def retransmissions_answer_requests(obs: Observed) -> list[Judgement]:
+    """A store retransmits to a receiver only what it asked for (docs/semantics.md §1.9: a
+    request the store cannot serve gets no answer): every retransmission on the connection of
+    a receiver registration the capture holds follows a retransmission request of that
+    receiver for that very sequence number.  A store that answers a request for a number it
+    does not hold with another message (its newest, as if the number were clamped) fails.
+    *Choice*: only connections whose registration was captured are judged, so every request
+    on them was captured too (a capture that starts mid-stream decides nothing)."""
+    asked: dict[tuple[Addr, Addr, int], int] = {}
+    for req in obs.rxreqs:
+        asked.setdefault((req.src, req.dst, req.sqn), req.frame)
+    conns: dict[tuple[Addr, Addr], int] = {}
+    for reg in obs.registrations:
+        if not reg.source and reg.granted and reg.response is not None and not reg.deregister:
+            frame = conns.get(reg.conn)
+            conns[reg.conn] = reg.response.frame if frame is None else min(
+                frame, reg.response.frame)
+    judged: dict[str, list[int]] = {}
+    bad: dict[str, Judgement] = {}
+    for store in sorted({store for _client, store in conns}):
+        name = f"store {show(store)}"
+        for d in obs.data_from(store):
+            registered = conns.get((d.dst, d.src))
+            if d.kind != "retrans" or registered is None or d.frame < registered:
+                continue
+            first = asked.get((d.dst, d.src, d.sqn))
+            if (first is None or first > d.frame) and name not in bad:
+                bad[name] = failed(name, f"retransmitted sqn {d.sqn} (frame {d.frame}) to "
+                                         f"{show(d.dst)}, which had not asked for it",
+                                   [registered, d.frame], expected="only requested numbers",
+                                   observed=f"sqn {d.sqn}")
+            judged.setdefault(name, []).append(d.frame)
+    out = []
+    for name, frames in sorted(judged.items()):
+        out.append(bad.get(name) or passed(
+            name, f"{len(frames)} retransmission(s), each answering a request for its number",
+            [frames[0], frames[-1]]))
+    return out

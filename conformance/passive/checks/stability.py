@@ -143,6 +143,12 @@ def stability_acks_follow_data(obs: Observed) -> list[Judgement]:
                 sent = firsts[id(every)] = {}
                 for d in every:
                     sent.setdefault(d.sqn, d.frame)
+            # a store's own OTR request is answered from the source's request port with
+            # retransmissions (docs/wire-lbmc.md §5): the store then holds those too
+            for d in obs.data_from(inc.reg.resp_addr):
+                if d.kind == "retrans" and d.dst[0] == inc.reg.store[0] and \
+                        d.tidx == inc.reg.topic_idx and d.frame < sent.get(d.sqn, d.frame + 1):
+                    sent = {**sent, d.sqn: d.frame}
             for ack in inc.acks:
                 if ack.nak:
                     continue
