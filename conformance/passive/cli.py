@@ -59,7 +59,7 @@ def choose_decoder(captures: list[Path], asked: str = "auto") -> str:
     ``spark_analysis.job.DRIVER_DECODE_BYTES`` (where ``ump analyze`` too decodes in its
     own process: about 30,000 frames, a second), the columnar decode in this process up to
     ``spark_analysis.job.QUICK_TIER_BYTES`` (where ``ump analyze`` starts treating a capture
-    as big; 1,000,000 frames are 142 MB and take about 1 GiB here), Spark beyond.  Without
+    as big; 1,000,000 frames are 142 MB and take about 2 GiB here), Spark beyond.  Without
     the ``spark`` extra (pyarrow) every capture is read frame by frame."""
     if asked != "auto":
         return asked
