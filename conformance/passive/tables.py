@@ -172,10 +172,11 @@ def read_records(paths: Sequence[Path], records: Records,
                     if each is not None:
                         each(name, chunk)
         except (CaptureError, OSError) as exc:
+            reason = str(exc).removeprefix(f"{path}: ")
             if not file_offsets:
-                raise WireError("pcap", 0, f"{path}: not a readable capture: {exc}") from None
+                raise WireError("pcap", 0, f"{path}: not a readable capture: {reason}") from None
             records.problems.append(f"{path} is damaged after frame "
-                                    f"{sum(len(o) for o in file_offsets)}: {exc}")
+                                    f"{sum(len(o) for o in file_offsets)}: {reason}")
         records.names.append(name)
         records.offsets[name] = (np.concatenate(file_offsets) if file_offsets
                                  else np.zeros(0, np.int64))
