@@ -234,6 +234,23 @@ def with_session_side(packets: DataFrame) -> DataFrame:
                                                 F.col("source_port"), F.col("session_id"))))
 
 
+def _distinct_count(*columns: str | Column) -> Column:
+    """``countDistinct(*columns)`` (rows with a null in any of them not counted), as the size
+    of the set of values.  Spark plans a distinct count as an aggregation over the grouping
+    keys and the counted column, merged again per key, and two or more of them (or one beside
+    a percentile) by copying every row once per distinct aggregate (``Expand``); a set is one
+    hash aggregation like the others.  The sets here are small (peers, stores, hosts, topics
+    of one group)."""
+    cols = [F.col(c) if isinstance(c, str) else c for c in columns]
+    value = cols[0]
+    if len(cols) > 1:
+        present = cols[0].isNotNull()
+        for col in cols[1:]:
+            present = present & col.isNotNull()
+        value = F.when(present, F.struct(*cols))
+    return F.size(F.collect_set(value)).cast("long")
+
+
 def _span_seconds(first: Column, last: Column) -> Column:
     return (last - first) / F.lit(1e9)
 
@@ -264,7 +281,7 @@ def topic_advertisements(advertisements: DataFrame) -> DataFrame:
     return (tirs.groupBy("capture", "topic", "transport", "source_ip", "source_port",
                          "session_id", "topic_index")
             .agg(F.count("*").alias("tirs"),
-                 F.countDistinct("src_ip").alias("senders"),
+                 _distinct_count("src_ip").alias("senders"),
                  F.min("ts_ns").alias("first_ts_ns"),
                  F.max("ts_ns").alias("last_ts_ns"),
                  F.first("mcast_group", ignorenulls=True).alias("mcast_group"),
@@ -294,7 +311,7 @@ def topic_queries(advertisements: DataFrame) -> DataFrame:
     matched = exact.unionByName(_wildcard_answers(advertisements))
     return (queries.groupBy("capture", "record", "topic", "pattern_type")
             .agg(F.count("*").alias("queries"),
-                 F.countDistinct("src_ip").alias("queriers"),
+                 _distinct_count("src_ip").alias("queriers"),
                  F.min("ts_ns").alias("first_ts_ns"),
                  F.max("ts_ns").alias("last_ts_ns"))
             .join(matched, ["capture", "record", "topic"], "left")
@@ -480,7 +497,7 @@ def transport_sessions(packets: DataFrame, data: DataFrame) -> DataFrame:
                          count(live & (F.col("packet_type") == "creq")).alias("creq_packets"),
                          count(live & (F.col("packet_type") == "ack")).alias("ack_packets"),
                          count(live & (F.col("packet_type") == "rst")).alias("rst_packets"),
-                         F.countDistinct("peer").alias("peers"),
+                         _distinct_count("peer").alias("peers"),
                          F.min(F.when(is_data, F.col("src_port"))).alias("data_src_port"),
                          F.first(F.when(is_data & (F.col("protocol") == "lbtrm"),
                                         F.col("dst_ip")), ignorenulls=True).alias("mcast_group"),
@@ -502,7 +519,7 @@ def transport_sessions(packets: DataFrame, data: DataFrame) -> DataFrame:
                          total(~F.col("tcp_rx"), F.col("payload_length")).alias("data_bytes"),
                          count(F.col("tcp_rx")).alias("rx_packets"),
                          total(F.col("tcp_rx"), F.col("payload_length")).alias("rx_bytes"),
-                         F.countDistinct(F.concat_ws(":", "dst_ip", "dst_port")).alias("peers"),
+                         _distinct_count(F.concat_ws(":", "dst_ip", "dst_port")).alias("peers"),
                          F.min("ts_ns").alias("first_ts_ns"),
                          F.max("ts_ns").alias("last_ts_ns"))
                     .withColumn("session_id", F.lit(None).cast("long")))
@@ -510,7 +527,7 @@ def transport_sessions(packets: DataFrame, data: DataFrame) -> DataFrame:
     new_messages = (data.where(_new_data(data))
                     .groupBy("capture", "session")
                     .agg(F.count("*").alias("messages"),
-                         F.countDistinct("tidx").alias("topics"),
+                         _distinct_count("tidx").alias("topics"),
                          F.array_join(F.array_sort(F.collect_set("topic")), ", ")
                          .alias("topic_names")))
     out = (udp_sessions.unionByName(tcp_sessions, allowMissingColumns=True)
@@ -823,8 +840,8 @@ def registration_summary(regs: DataFrame) -> DataFrame:
     (returning) client, and response-time extremes."""
     return (regs.groupBy("capture", "role", "store_ip", "outcome", "error_code", "error")
             .agg(F.count("*").alias("requests"),
-                 F.countDistinct("client_ip").alias("clients"),
-                 F.countDistinct("transport_idx", "topic_idx", "source_ip").alias("topics"),
+                 _distinct_count("client_ip").alias("clients"),
+                 _distinct_count("transport_idx", "topic_idx", "source_ip").alias("topics"),
                  F.sum(F.when(F.col("old_client"), 1).otherwise(0)).alias("old_clients"),
                  F.sum(F.when(F.col("rpp"), 1).otherwise(0)).alias("rpp_requests"),
                  F.max("response_us").alias("max_response_us"),
@@ -849,16 +866,28 @@ def _acks(messages: DataFrame, ack_type: int) -> DataFrame:
 
 
 def _as_of_send(acks: DataFrame, sends: DataFrame) -> DataFrame:
-    """Attach to each ACK the latest send of its message at or before the ACK (or nulls)."""
-    right = sends.select(*[F.col(k).alias(f"_s_{k}") for k in _SEND_KEY], "session",
-                         "send_ts_ns")
-    cond = [F.col(k).eqNullSafe(F.col(f"_s_{k}")) for k in _SEND_KEY]
-    joined = (acks.join(right, [*cond, F.col("send_ts_ns") <= F.col("ts_ns")], "left")
-              .drop(*[f"_s_{k}" for k in _SEND_KEY]))
-    latest = Window.partitionBy("capture", "pos", "msg_index").orderBy(
-        F.col("send_ts_ns").desc_nulls_last())
-    return (joined.withColumn("_rank", F.row_number().over(latest)).where(F.col("_rank") == 1)
-            .drop("_rank")
+    """Attach to each ACK the latest send of its message at or before the ACK (or nulls).
+
+    An as-of join in one pass: ACKs and sends of a message (:data:`_SEND_KEY`) in one
+    window, in time order with a send before an ACK of the same instant, and each ACK takes
+    the last send before it.  (A join on the key with ``send <= ACK`` and then a window per
+    ACK keeping the latest send shuffled and sorted the ACKs twice and the sends once; this
+    is one shuffle and sort of both.)  Of sends at the same instant, the greatest session
+    wins."""
+    ack_columns = acks.columns
+    sent = F.struct(F.col("send_ts_ns"), F.col("session"))
+    items = (acks.select(*ack_columns, F.lit(1).alias("_kind"), F.lit(None).cast(
+                 "struct<send_ts_ns:bigint,session:string>").alias("_sent"))
+             .unionByName(sends.select(*_SEND_KEY, F.col("send_ts_ns").alias("ts_ns"),
+                                       F.lit(0).alias("_kind"), sent.alias("_sent")),
+                          allowMissingColumns=True))
+    before = (Window.partitionBy(*_SEND_KEY)
+              .orderBy("ts_ns", "_kind", F.col("_sent.session"))
+              .rowsBetween(Window.unboundedPreceding, Window.currentRow))
+    return (items.withColumn("_latest", F.last("_sent", ignorenulls=True).over(before))
+            .where(F.col("_kind") == 1)
+            .select(*ack_columns, F.col("_latest.session").alias("session"),
+                    F.col("_latest.send_ts_ns").alias("send_ts_ns"))
             .withColumn("latency_us", _us(F.col("ts_ns"), F.col("send_ts_ns"))))
 
 
@@ -927,7 +956,7 @@ def latency_summary(stability: DataFrame, consumption: DataFrame) -> DataFrame:
     q = F.percentile("latency_us", list(PERCENTILES))
     return (both.groupBy("capture", "kind", "source_ip", "tidx", "topic", "store_ip")
             .agg(F.count("*").alias("acks"), F.count("latency_us").alias("matched"),
-                 F.countDistinct("receiver_ip").alias("receivers"), q.alias("q"),
+                 _distinct_count("receiver_ip").alias("receivers"), q.alias("q"),
                  F.min("latency_us").alias("min_us"), F.max("latency_us").alias("max_us"),
                  F.avg("latency_us").alias("mean_us"))
             .select("*", F.col("q")[0].alias("p50_us"), F.col("q")[1].alias("p90_us"),
@@ -969,14 +998,16 @@ def stable_times(stability: DataFrame, regs: DataFrame,
     ACKed when no registration is in the capture.  Messages that never got enough ACKs have
     no row."""
     rule = (options or AnalysisOptions()).stability_rule
-    matched = stability.where(F.col("send_ts_ns").isNotNull())
+    # partitioned once by message: the first ACK per store and the n-th store per message
+    # both group within a message, so neither shuffles again (without this each did)
+    matched = stability.where(F.col("send_ts_ns").isNotNull()).repartition(*_FLIGHT, "sqn")
     first_per_store = (matched.groupBy(*_FLIGHT, "sqn", "store_ip")
                        .agg(F.min("ts_ns").alias("ack_ts_ns")))
     registered = (regs.where((F.col("role") == "source") & (F.col("outcome") == "granted"))
                   .groupBy("capture", "source_ip", F.col("topic_idx").alias("tidx"))
-                  .agg(F.countDistinct("store_ip").alias("registered_stores")))
+                  .agg(_distinct_count("store_ip").alias("registered_stores")))
     acking = (first_per_store.groupBy(*_FLIGHT)
-              .agg(F.countDistinct("store_ip").alias("acking_stores")))
+              .agg(_distinct_count("store_ip").alias("acking_stores")))
     stores = (acking.join(registered, ["capture", "source_ip", "tidx"], "left")
               .withColumn("stores", F.coalesce("registered_stores", "acking_stores")))
     need = {"quorum": F.floor(F.col("stores") / 2) + 1, "all": F.col("stores"),
@@ -1200,8 +1231,8 @@ def retransmission_summary(requests: DataFrame) -> DataFrame:
 
     q = F.percentile("service_us", list(PERCENTILES))
     return (requests.groupBy("capture", "kind", "responder_ip", "responder_port", "session")
-            .agg(F.count("*").alias("requests"), F.countDistinct("sqn").alias("sqns"),
-                 F.countDistinct("requester_ip").alias("requesters"),
+            .agg(F.count("*").alias("requests"), _distinct_count("sqn").alias("sqns"),
+                 _distinct_count("requester_ip").alias("requesters"),
                  count(F.col("outcome") == "served").alias("served"),
                  count(F.col("outcome") == "ncf").alias("ncf"),
                  count(F.col("outcome") == "closed-port").alias("closed_port"),

@@ -48,6 +48,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -175,16 +176,20 @@ class Progress:
         if not self.quiet:
             print(self._prefix(message), file=self._out(), flush=True)
 
-    def bar(self, message: str, spark: Any) -> contextlib.AbstractContextManager[Any]:
-        """A block of Spark work: a bar of its tasks on a terminal, else the plain line."""
+    def bar(self, message: str, spark: Any = None,
+            counter: Callable[[], tuple[float, int]] | None = None,
+            ) -> contextlib.AbstractContextManager[Any]:
+        """A block of Spark work (or of tasks ``counter`` counts): a bar of its tasks on a
+        terminal, else the plain line."""
         out = self._out()
         tty = self.tty if self.tty is not None else bool(getattr(out, "isatty", bool)())
-        if self.quiet or not tty:
+        if self.quiet or not tty or (spark is None and counter is None):
             self(message)
             return contextlib.nullcontext()
         from spark_analysis.progress import TaskBar, spark_task_counter
 
-        return TaskBar(self._prefix(message), spark_task_counter(spark.sparkContext),
+        return TaskBar(self._prefix(message),
+                       counter if counter is not None else spark_task_counter(spark.sparkContext),
                        stream=out)
 
 
@@ -256,22 +261,50 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
     options = AnalysisOptions(stability_rule=args.stability, flight_bins=args.flight_bins)
     decode_options = DecodeOptions(ports=port_map(args),
                                    content_heuristics=not args.no_content_heuristics)
-    log("starting Spark")
     capture_bytes = _capture_bytes(args.captures)
     small_files = capture_bytes <= SMALL_CAPTURE_BYTES
     verbose = bool(args.debug or getattr(args, "verbose", False))
-    spark = get_spark(app_name="ump-analyze", master=args.master,
-                      config=SMALL_CAPTURE_JVM if small_files else launch_config(capture_bytes),
-                      log_level="WARN" if verbose else "ERROR", quiet=not verbose)
-    size_shuffle_partitions(spark, capture_bytes)
-    if isinstance(log, Progress):
-        decoding = log.bar("decoding", spark)
+
+    def start_spark() -> Any:
+        spark = get_spark(app_name="ump-analyze", master=args.master,
+                          config=SMALL_CAPTURE_JVM if small_files
+                          else launch_config(capture_bytes),
+                          log_level="WARN" if verbose else "ERROR", quiet=not verbose)
+        size_shuffle_partitions(spark, capture_bytes)
+        return spark
+
+    split_size = args.split_size << 20 if args.split_size else None
+    if _decode_while_starting(args.master):
+        # the decode needs no JVM: local processes decode while Spark starts (a thread)
+        log("starting Spark")
+        with _decode_pool(capture_bytes) as pool, \
+                ThreadPoolExecutor(1, thread_name_prefix="ump-spark-start") as starter:
+            starting = starter.submit(start_spark)
+            try:
+                # no pool: the driver decodes, one step the bar shows at 0% until it is done
+                counter = pool.counter if pool is not None else _no_tasks
+                if isinstance(log, Progress):
+                    decoding = log.bar("decoding", counter=counter)
+                else:
+                    log("decoding")
+                    decoding = contextlib.nullcontext()
+                with decoding:
+                    stored = _decode_locally(natural_order(files), args.per_file,
+                                             decode_options, split_size, out, pool)
+            finally:
+                spark = starting.result()
+        decoded = _read_decoded(spark, stored, out)
     else:
-        log("decoding")
-        decoding = contextlib.nullcontext()
-    with decoding:
-        decoded = _decode(spark, natural_order(files), args.per_file, decode_options,
-                          args.split_size << 20 if args.split_size else None, out)
+        log("starting Spark")
+        spark = start_spark()
+        if isinstance(log, Progress):
+            decoding = log.bar("decoding", spark)
+        else:
+            log("decoding")
+            decoding = contextlib.nullcontext()
+        with decoding:
+            decoded = _decode(spark, natural_order(files), args.per_file, decode_options,
+                              split_size, out)
     log(f"  decoded {decoded.frames} frames into {out.uri(DECODED)}")
     tables = prepare(decoded.packets, decoded.messages, decoded.advertisements, files=files,
                      per_file=args.per_file)
@@ -283,7 +316,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
                          progress=lambda step: _step(spark, log, step))
         log(f"writing {len(result.outputs)} results")
         try:
-            counts = _write_all(spark, result.outputs, out, small, log)
+            counts = _write_all(spark, result.outputs, out,
+                                small or decoded.frames <= DRIVER_WRITE_FRAMES, log)
         finally:
             result.unpersist()
     skipped = decoded.skipped
@@ -449,6 +483,90 @@ class Decoded:
     """PREG and PREG-RESP messages decoded."""
 
 
+def _decode_while_starting(master: str | None) -> bool:
+    """Whether the decode runs in local processes while Spark starts: on a local master
+    launched by this process (not under spark-submit, whose JVM is up already; not on a
+    cluster, whose executors may be the only ones that reach the captures)."""
+    from spark_analysis.session import _is_local, _launch_master, _under_spark_submit
+
+    if _under_spark_submit():
+        return False
+    from pyspark.sql import SparkSession
+
+    if SparkSession.getActiveSession() is not None:
+        return False
+    return _is_local(master or _launch_master())
+
+
+def _no_tasks() -> tuple[float, int]:
+    """A task counter for the driver's own decode: no tasks to count."""
+    return 0.0, 0
+
+
+class _DecodePool(ProcessPoolExecutor):
+    """A process pool that counts its calls for the decode's progress bar."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.submitted = 0
+        self.done = 0
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        future = super().submit(fn, *args, **kwargs)
+        self.submitted += 1
+        future.add_done_callback(self._one_done)
+        return future
+
+    def _one_done(self, _future: Any) -> None:
+        self.done += 1
+
+    def counter(self) -> tuple[float, int]:
+        """(calls done, calls submitted): a :data:`spark_analysis.progress.TaskCounter`."""
+        return float(self.done), self.submitted
+
+
+@contextlib.contextmanager
+def _decode_pool(capture_bytes: int) -> Iterator[_DecodePool | None]:
+    """Local decode processes, one per core, for a capture of more than
+    :data:`DRIVER_DECODE_BYTES` (None: the driver decodes a smaller one itself).
+
+    They are forked, and all of them before this returns: a forked child copies the driver
+    with its modules imported (spawned ones imported pyarrow, numpy and PySpark again, about
+    four CPU-seconds each), and forking must happen before the thread that starts Spark runs
+    (a fork copies only the forking thread, and any lock another thread holds stays held)."""
+    if capture_bytes <= DRIVER_DECODE_BYTES:
+        yield None
+        return
+    import multiprocessing
+
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    pool = _DecodePool(os.cpu_count() or 1, mp_context=multiprocessing.get_context(method))
+    try:
+        ProcessPoolExecutor.submit(pool, os.getpid).result()  # forks every process now
+        yield pool
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+def _decode_locally(files: Sequence[str], per_file: bool, options: Any,
+                    split_size: int | None, out: OutputDir,
+                    pool: ProcessPoolExecutor | None) -> Any:
+    """:func:`spark_analysis.decode.decode_to_parquet` in ``pool`` (:func:`_decode_pool`)
+    or, without one, in this process."""
+    import dataclasses
+
+    from spark_analysis.decode import decode_to_parquet
+    from spark_analysis.splits import CaptureError
+
+    options = dataclasses.replace(options, separate_files=per_file)
+    try:
+        return decode_to_parquet(None, list(files), out.uri(DECODED), options,
+                                 split_size=split_size, overwrite=True,
+                                 driver_bytes=DRIVER_DECODE_BYTES, processes=pool)
+    except (CaptureError, FileExistsError) as exc:
+        raise AnalyzeError(str(exc)) from None
+
+
 def _decode(spark: Any, files: Sequence[str], per_file: bool, options: Any,
             split_size: int | None, out: OutputDir) -> Decoded:
     """Decode the captures to Parquet under ``OUT/decoded/`` in one Spark decode, then read
@@ -461,8 +579,6 @@ def _decode(spark: Any, files: Sequence[str], per_file: bool, options: Any,
     pyarrow on the driver, not by a Spark job."""
     import dataclasses
 
-    import pyarrow.dataset as ds
-
     from spark_analysis.decode import decode_to_parquet
     from spark_analysis.splits import CaptureError
 
@@ -473,6 +589,14 @@ def _decode(spark: Any, files: Sequence[str], per_file: bool, options: Any,
                                    driver_bytes=DRIVER_DECODE_BYTES)
     except (CaptureError, FileExistsError) as exc:
         raise AnalyzeError(str(exc)) from None
+    return _read_decoded(spark, tables, out)
+
+
+def _read_decoded(spark: Any, tables: Any, out: OutputDir) -> Decoded:
+    """The decoded tables (``tables``: the decode's
+    :class:`spark_analysis.decode.ParquetTables`) read back as DataFrames."""
+    import pyarrow.dataset as ds
+
     # only the two tables used as they are: every ``spark.read.parquet`` runs a Spark job
     # (the schema from the files' footers) and ``tables.dataframes`` reads all twenty
     # (``tables.messages`` reads them all again): 40 jobs before the analyses started
@@ -489,19 +613,29 @@ def _decode(spark: Any, files: Sequence[str], per_file: bool, options: Any,
                    tables.frames, registration_messages)
 
 
-def _write_all(spark: Any, outputs: Mapping[str, DataFrame], out: OutputDir, small: bool,
+DRIVER_WRITE_FRAMES = 2_000_000
+"""Up to this many captured frames every output, detail tables too, is sorted and written by
+the driver (:func:`_write`).  A detail table has at most a few rows per frame: at 1,000,000
+frames the largest (``stability_acks``) has 329,435 rows, about 40 MiB as Arrow.  Spark's
+sorted write of it is three jobs (sampling the sort keys, the sort, the commit) and a shuffle
+of the whole table; the driver's is one collect and a sort of indices."""
+
+
+def _write_all(spark: Any, outputs: Mapping[str, DataFrame], out: OutputDir, on_driver: bool,
                log: Callable[[str], None]) -> dict[str, int]:
     """Write every output (:func:`_write`), :data:`spark_analysis.analyses.ANALYSIS_THREADS`
     at a time: each is a few jobs of small stages, often of one task, so one at a time left a
-    core idle; side by side they keep both busy.  Returns the row counts in ``outputs``
-    order."""
+    core idle; side by side they keep both busy.  With ``on_driver`` detail tables are
+    written by the driver too (:data:`DRIVER_WRITE_FRAMES`).  Returns the row counts in
+    ``outputs`` order."""
     from concurrent.futures import ThreadPoolExecutor
 
     from spark_analysis.analyses import ANALYSIS_THREADS, DETAIL_OUTPUTS, SORT_KEYS
 
     def write(name: str, df: DataFrame) -> int:
         spark.sparkContext.setJobDescription(f"write {name}")
-        rows = _write(df, name, SORT_KEYS[name], name in DETAIL_OUTPUTS and not small, out)
+        rows = _write(df, name, SORT_KEYS[name], name in DETAIL_OUTPUTS and not on_driver,
+                      out)
         log(f"  wrote {name}: {rows} rows")
         return rows
 
