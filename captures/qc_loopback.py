@@ -30,7 +30,7 @@ Frames of other processes are left out (:func:`reference_impl.run_frames.keep_ru
 the capture filter names UM's port ranges, which other processes on the machine use too,
 before, during and after the run.  The stores' and the resolver's ports (chosen for the run)
 are its own throughout; the ports of UM's ranges the run's processes bound, only while the
-source and the receiver ran.
+process that bound them lived.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import TextIO
 
 from reference_impl.config.store_xml_writer import disk_store_xml
-from reference_impl.run_frames import RunPorts, bound_ports, keep_run_frames
+from reference_impl.run_frames import RunPorts, Socket, bound_sockets, keep_run_frames
 
 IP = "127.0.0.1"
 NAME = "ume-qc-loopback.pcap"
@@ -86,6 +86,10 @@ class _Proc:
     def __init__(self, args: list[str], cwd: Path, log: Path) -> None:
         self.args = args
         self.log = log
+        self.spawned = time.time()
+        """Wall-clock start and exit (:class:`~reference_impl.run_frames.RunPorts` windows)."""
+        self.ended: float | None = None
+        self.sockets: frozenset[Socket] = frozenset()
         self._fh: TextIO = log.open("a")
         self.offset = log.stat().st_size
         self.proc = subprocess.Popen(
@@ -106,6 +110,10 @@ class _Proc:
                                      f"{self.log}; last line: {tail[0]}")
             time.sleep(0.05)
 
+    def note_sockets(self) -> None:
+        """Remember the ports it holds now: the run's while it lives."""
+        self.sockets |= bound_sockets(self.proc.pid)
+
     def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
@@ -114,6 +122,8 @@ class _Proc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.ended is None:
+            self.ended = time.time()
         self._fh.close()
 
 
@@ -178,7 +188,6 @@ def record(pcap: Path, workdir: Path, *, store_ports: tuple[int, ...] | None = N
                      home, home / "store.log")
 
     procs: list[_Proc] = []
-    ports: set[int] = {*stores, resolver}
     cap = LoopbackCapture(pcap, ports=[*stores, resolver, *range(14360, 14396)])
     cap.start()
     try:
@@ -190,7 +199,6 @@ def record(pcap: Path, workdir: Path, *, store_ports: tuple[int, ...] | None = N
         procs += running
         for proc in running:
             proc.wait_for("ready to accept registrations")
-        started = time.time()
         receiver = _Proc(["receiver", "-c", "receiver.cfg", "--topic", TOPIC, "--out",
                           out.name, "--count", str(MESSAGES), "-v"], workdir,
                          workdir / "receiver.log")
@@ -201,8 +209,7 @@ def record(pcap: Path, workdir: Path, *, store_ports: tuple[int, ...] | None = N
         source.wait_for("ump source: registered")
         receiver.wait_for("registration complete")
         for proc in procs:
-            ports |= bound_ports(proc.proc.pid)
-        clients = (started, time.time())
+            proc.note_sockets()
         source.proc.send_signal(signal.SIGUSR2)  # everyone registered: the data may start
         deadline = time.monotonic() + START_TIMEOUT
         while _delivered(out) < KILL_AFTER:
@@ -215,18 +222,18 @@ def record(pcap: Path, workdir: Path, *, store_ports: tuple[int, ...] | None = N
         back = store(KILLED)
         procs.append(back)
         back.wait_for("ready to accept registrations")
-        ports |= bound_ports(back.proc.pid)
+        back.note_sockets()
         source.wait_for(f"SourceRegistrationSuccess(store=StoreInfo(index={KILLED},",
                         count=2)
         if source.proc.wait(timeout=60) != 0 or receiver.proc.wait(timeout=60) != 0:
             raise QcCaptureError(f"the source or the receiver failed; see {workdir}")
-        clients = (clients[0], time.time())
     finally:
         for proc in reversed(procs):
             proc.stop()
         cap.stop()
     run = RunPorts.always({*stores, resolver})
-    run.add(ports - {*stores, resolver}, *clients)
+    for proc in procs:
+        run.add(proc.sockets, proc.spawned, proc.ended)
     kept, dropped = keep_run_frames(pcap, run)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     return QcRun(pcap, stores, resolver, [int(r["sqn"]) for r in rows], kept, dropped)

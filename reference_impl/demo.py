@@ -85,7 +85,7 @@ from tqdm import tqdm
 
 from reference_impl.config.store_xml_writer import disk_store_xml
 from reference_impl.events import ReceiverRegistrationComplete
-from reference_impl.run_frames import RunPorts, bound_ports, keep_run_frames
+from reference_impl.run_frames import RunPorts, Socket, bound_sockets, keep_run_frames
 
 keep_own_frames = keep_run_frames
 """The name the capture tests knew it by (:func:`reference_impl.run_frames.keep_run_frames`)."""
@@ -160,8 +160,8 @@ class Started:
         is_ready: whether ``ready`` has appeared.
         seen: the output read so far (from ``offset``), until ``ready`` appeared.
         read_to: the log position ``seen`` ends at.
-        ports: the ports it had bound once ready (its sockets, read from ``/proc``), which
-            tell its traffic from other processes' in a capture.
+        ports: the ports it had bound once ready (its listening TCP and bound UDP sockets,
+            read from ``/proc``), which tell its traffic from other processes' in a capture.
         spawned: wall-clock time (``time.time()``, the clock of capture timestamps) just
             before it was started: it bound nothing before.
         ended: wall-clock time its exit was first seen (``None`` while it runs): it held
@@ -183,7 +183,7 @@ class Started:
     is_ready: bool = False
     seen: bytes = b""
     read_to: int = 0
-    ports: frozenset[int] = frozenset()
+    ports: frozenset[Socket] = frozenset()
     spawned: float = field(default_factory=time.time)
     ended: float | None = None
 
@@ -206,7 +206,7 @@ class Started:
         if self.ready.encode() in self.seen:
             self.is_ready = True
             self.seen = b""
-            self.ports = bound_ports(self.proc.pid)
+            self.ports = bound_sockets(self.proc.pid)
             return True
         code = self.proc.poll()
         if code is not None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reference_impl.config.store_xml_writer import disk_store_xml
-from reference_impl.run_frames import RunPorts, bound_ports
+from reference_impl.run_frames import RunPorts, Socket, bound_sockets
 
 ROOT = Path(__file__).resolve().parents[2]
 IP = "127.0.0.1"
@@ -55,7 +55,7 @@ class Proc:
         """Wall-clock time (the clock of capture timestamps) before the start."""
         self.ended: float | None = None
         """Wall-clock time its stderr ended (it exited), ``None`` before."""
-        self.ports: set[int] = set()
+        self.ports: set[Socket] = set()
         """The ports :meth:`note_ports` saw it hold."""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ump", *args], cwd=cwd, stdout=subprocess.PIPE,
@@ -77,7 +77,7 @@ class Proc:
 
     def note_ports(self) -> None:
         """Remember the ports it holds now (its own in a capture while it lives)."""
-        self.ports |= bound_ports(self.proc.pid)
+        self.ports |= bound_sockets(self.proc.pid)
 
     @property
     def stderr(self) -> str:

@@ -5,9 +5,11 @@ both and check which frames survive (reference_impl.run_frames' module docstring
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 
-from reference_impl.run_frames import RunPorts, keep_run_frames
+from reference_impl.run_frames import RunPorts, bound_sockets, keep_run_frames
 from wire.pcap import TcpConversation, decode_frame, read_capture, udp_frame, write_pcap
 
 IP = "127.0.0.1"
@@ -87,8 +89,37 @@ def test_a_port_held_twice_is_ours_in_either_window_and_a_plain_set_means_always
     run = RunPorts.always({15380})
     run.add({14371}, 10.0, 20.0)  # a source, killed
     run.add({14371}, 30.0)  # its restart, still running at the end of the capture
-    assert [run.held(14371, t) for t in (5.0, 10.0, 20.0, 25.0, 30.0, 1e12)] == \
+    assert [run.held("tcp", 14371, t) for t in (5.0, 10.0, 20.0, 25.0, 30.0, 1e12)] == \
         [False, True, True, False, True, True]
-    assert run.held(15380, -1e12) and run.held(15380, 1e12)
-    assert not run.held(14372, 15.0)
+    assert run.held("udp", 15380, -1e12) and run.held("tcp", 15380, 1e12)
+    assert not run.held("tcp", 14372, 15.0)
     assert run.ports == {15380, 14371}
+
+
+def test_a_port_is_ours_only_for_the_protocol_we_held_it_for(tmp_path: Path) -> None:
+    # LBT-RU's UDP ranges overlap LBT-TCP's: our source listens on TCP 14371 while another
+    # run's LBT-RU receiver uses UDP 14371
+    pcap = tmp_path / "run.pcap"
+    ours = TcpConversation((IP, 50001), (IP, 14371))
+    write_pcap(pcap, [udp_frame(IP, 14380, IP, 14371, b"their lbt-ru"),
+                      *ours.handshake(), ours.send(False, b"our data")])
+    run = RunPorts()
+    run.add({("tcp", 14371)})
+    assert keep_run_frames(pcap, run) == (4, 1)
+    assert b"their lbt-ru" not in [p for _, _, p in _kept(pcap)]
+
+
+def test_bound_sockets_names_listening_tcp_and_bound_udp_ports_not_client_ends() -> None:
+    # a client end is an ephemeral port the kernel gives to another process once it closes
+    with socket.socket() as server, socket.socket() as client, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        server.bind((IP, 0))
+        server.listen(1)
+        client.connect(server.getsockname())
+        accepted, _ = server.accept()
+        udp.bind((IP, 0))
+        with accepted:
+            found = bound_sockets(os.getpid())
+            assert ("tcp", server.getsockname()[1]) in found
+            assert ("udp", udp.getsockname()[1]) in found
+            assert ("tcp", client.getsockname()[1]) not in found
