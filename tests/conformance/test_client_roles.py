@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from conformance.model import Role, all_cases
-from wire.dissect import Disagreement, FrameReport, check_against_tshark, dissect_file
+from tests.conformance.explain import explain
+from wire.dissect import check_against_tshark, dissect_file
 from wire.tshark import PortMap
-from wire.tshark import run as run_tshark
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,27 +62,6 @@ def test_every_case_of_the_role_passes(
     assert not root.findall(".//failure") and not root.findall(".//error")
 
 
-def _explain(pcap: Path, ports: PortMap, reports: list[FrameReport],
-             problems: list[Disagreement]) -> str:
-    """Every disagreement, with each frame concerned as both sides see it (its ports, our
-    status, tshark's protocol stack and summary line): the evidence pcap lives in a temporary
-    directory, so a failure in CI must explain itself in the log."""
-    numbers = sorted({p.frame for p in problems})[:5]
-    ours = {r.number: r for r in reports}
-    theirs = run_tshark(["-r", str(pcap), *ports.tshark_args(), "-Y",
-                         " || ".join(f"frame.number == {n}" for n in numbers), "-T", "fields",
-                         "-e", "frame.number", "-e", "frame.protocols", "-e", "_ws.col.Info"])
-    lines = [f"{pcap.name}: {len(problems)} disagreement(s) with tshark ({ports})"]
-    lines += [f"  {p}" for p in problems]
-    for n in numbers:
-        if n in ours:
-            r = ours[n]
-            lines.append(f"  ours frame {n}: {r.status} {r.transport} {r.src}:{r.sport} -> "
-                         f"{r.dst}:{r.dport} {[o.label for o in r.occurrences]} {r.reason or ''}")
-    lines += [f"  tshark: {line}" for line in theirs.splitlines()]
-    return "\n".join(lines)
-
-
 @pytest.mark.oracle
 def test_every_evidence_pcap_agrees_with_tshark(
         run: tuple[Role, subprocess.CompletedProcess[str], Path]) -> None:
@@ -96,7 +75,7 @@ def test_every_evidence_pcap_agrees_with_tshark(
         # at least the IUT's own packets (a short case may end after its TIR and one PREG)
         assert any(r.status == "um" for r in reports), case["id"]
         problems = check_against_tshark(pcap, reports, ports)
-        assert not problems, f"{case['id']}: {_explain(pcap, ports, reports, problems)}"
+        assert not problems, f"{case['id']}: {explain(pcap, ports, reports, problems)}"
         checked += 1
     assert checked == len(all_cases(role)) - 3  # the RPP matrix's pre-5.3 row: no traffic
 

@@ -17,6 +17,7 @@ import pytest
 from conformance.model import Role, Strength, Verdict, all_cases
 from conformance.profile import resolve_profile
 from conformance.runner import RunResult, run
+from tests.conformance.explain import explain
 from wire.dissect import check_against_tshark, dissect_file
 from wire.tshark import PortMap
 
@@ -63,4 +64,5 @@ def test_the_evidence_agrees_with_tshark(suite_run: RunResult) -> None:
         ports = PortMap(store_ports=case.store_ports)
         reports = list(dissect_file(case.pcap, ports))
         assert any(r.status == "um" for r in reports), case.spec.id
-        assert check_against_tshark(case.pcap, reports, ports) == [], case.spec.id
+        problems = check_against_tshark(case.pcap, reports, ports)
+        assert not problems, f"{case.spec.id}: {explain(case.pcap, ports, reports, problems)}"

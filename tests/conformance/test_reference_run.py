@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from conformance.model import Role, all_cases
+from tests.conformance.explain import explain
 from wire.dissect import check_against_tshark, dissect_file
 from wire.tshark import PortMap
 
@@ -76,7 +77,8 @@ def test_every_evidence_pcap_agrees_with_tshark(
         ports = PortMap(store_ports=[case["store_port"]])
         reports = list(dissect_file(pcap, ports))
         assert any(r.status == "um" for r in reports), case["id"]
-        assert check_against_tshark(pcap, reports, ports) == [], case["id"]
+        problems = check_against_tshark(pcap, reports, ports)
+        assert not problems, f"{case['id']}: {explain(pcap, ports, reports, problems)}"
         checked += 1
     # every case but the RPP matrix's pre-5.3 store column (unsupported: no traffic)
     assert checked == len(all_cases(Role.STORE)) - 6
