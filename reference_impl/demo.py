@@ -87,9 +87,6 @@ from reference_impl.config.store_xml_writer import disk_store_xml
 from reference_impl.events import ReceiverRegistrationComplete
 from reference_impl.run_frames import RunPorts, Socket, bound_sockets, keep_run_frames
 
-keep_own_frames = keep_run_frames
-"""The name the capture tests knew it by (:func:`reference_impl.run_frames.keep_run_frames`)."""
-
 TOPIC = "demo.persistent.topic"
 WELL_KNOWN_RESOLVER_PORT = 15380
 """The resolver port UM and tshark assume (``resolver_unicast_daemon``'s usual port)."""

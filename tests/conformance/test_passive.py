@@ -36,7 +36,8 @@ from conformance.passive.observe import (
     observe,
 )
 from reference_impl.config.client import load_client_config, parse_client_config
-from reference_impl.demo import Demo, Started, keep_own_frames
+from reference_impl.demo import Demo, Started
+from reference_impl.run_frames import keep_run_frames
 from wire.pcap import PcapWriter, read_capture
 from wire.tshark import PortMap
 
@@ -120,7 +121,7 @@ def _capture_demo(tmp: Path, transport: str, mutant: str | None = None,
     ports = [demo.port, demo.resolver_port, *range(14360, 14396)]
     with LoopbackCapture(pcap, ports=ports):
         code = demo.run()
-    keep_own_frames(pcap, demo.own_ports())
+    keep_run_frames(pcap, demo.own_ports())
     if mutant is None:
         assert code == 0, sorted(p.name for p in (tmp / "work").iterdir())
     return pcap
