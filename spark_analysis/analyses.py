@@ -607,12 +607,16 @@ def _judged_items(packets: DataFrame, data: DataFrame) -> DataFrame:
     items = transport.unionByName(topic)
     order = Window.partitionBy(*_STREAM).orderBy("pos", "msg_index")
     before = order.rowsBetween(Window.unboundedPreceding, -1)
-    same_sqn = Window.partitionBy(*_STREAM, "sqn").orderBy("pos", "msg_index")
+    # the same stream partitions in number order: an item whose predecessor there has its
+    # number is not its number's first.  (A window per stream and number, as before, needs
+    # a shuffle of every item of its own; this one only sorts the stream's rows again.)
+    by_sqn = Window.partitionBy(*_STREAM).orderBy("sqn", "pos", "msg_index")
     items = (items
              .withColumn("high", F.coalesce(F.max(F.when(~F.col("rx"), F.col("sqn")))
                                             .over(before), F.lit(0)))
              .withColumn("previous", F.lag("sqn").over(order))
-             .withColumn("seen", F.row_number().over(same_sqn) > 1))
+             .withColumn("seen", F.coalesce(F.lag("sqn").over(by_sqn) == F.col("sqn"),
+                                            F.lit(False))))
     judged = F.col("previous").isNotNull() & ~F.col("rx")
     low = judged & (F.col("sqn") <= F.col("high"))
     gap_from_previous = F.col("level") == "transport-data"
