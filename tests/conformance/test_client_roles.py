@@ -18,6 +18,7 @@ import pytest
 
 from conformance.model import Role, all_cases
 from tests.conformance.explain import explain
+from tests.conformance.judged import DELIBERATE, by_iut, passive_failures
 from wire.dissect import check_against_tshark, dissect_file
 from wire.tshark import PortMap
 
@@ -60,6 +61,18 @@ def test_every_case_of_the_role_passes(
     root = ET.parse(out / "junit.xml").getroot()
     assert len(root.findall(".//testcase")) == len(all_cases(role))
     assert not root.findall(".//failure") and not root.findall(".//error")
+
+
+def test_every_evidence_pcap_is_judged_passively_without_a_failure(
+        run: tuple[Role, subprocess.CompletedProcess[str], Path]) -> None:
+    """What the reference source or receiver did in every case, judged from the capture alone
+    (``ump conform --capture``): the IUT fails nothing, and the harness's peers only what
+    they break on purpose."""
+    role, _, out = run
+    cases = _results(out)["cases"]
+    failures = passive_failures(out, cases)
+    assert by_iut(failures, role, cases) == []
+    assert [f for f in failures if f[:2] not in DELIBERATE] == []
 
 
 @pytest.mark.oracle

@@ -19,6 +19,7 @@ import pytest
 
 from conformance.model import Role, all_cases
 from tests.conformance.explain import explain
+from tests.conformance.judged import DELIBERATE, by_iut, passive_failures
 from wire.dissect import check_against_tshark, dissect_file
 from wire.tshark import PortMap
 
@@ -64,6 +65,18 @@ def test_junit_lists_every_case_without_failures(
     assert {s.get("name") for s in root.findall("testsuite")} == {
         "registration", "recovery", "robustness", "proactive-retransmit", "durability",
         "rpp-matrix", "rpp", "quorum", "proxy", "otr"}
+
+
+def test_every_evidence_pcap_is_judged_passively_without_a_failure(
+        run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    """What the reference store did in every case, judged from the capture alone (``ump
+    conform --capture``): the store fails nothing, and the harness's peers only what they
+    break on purpose."""
+    _, out = run
+    cases = _results(out)["cases"]
+    failures = passive_failures(out, cases)
+    assert by_iut(failures, Role.STORE, cases) == []
+    assert [f for f in failures if f[:2] not in DELIBERATE] == []
 
 
 @pytest.mark.oracle
