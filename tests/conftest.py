@@ -14,12 +14,17 @@ a loaded CI machine must not turn a slow example into a failure.  The tests that
 Under CI (``CI`` set, as ``.ci/run`` runs) a skipped test fails: CI installs every tool the tests
 use (``scripts/ensure-tools``), so a skip there can only hide a missing install step.  On a
 developer's machine a skip still says what is missing.
+
+The ``spark`` fixture is one local SparkSession per test process (starting a JVM costs seconds),
+for the Spark analysis tests and passive judging in Spark alike.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -59,3 +64,20 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
         report.outcome = "failed"
         report.longrepr = (f"skipped under CI ({reason}): CI installs every tool the tests "
                            "need, so this skip hides a missing install step")
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    pytest.importorskip("pyspark", reason="pyspark is in the 'spark' extra")
+    if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+        pytest.skip("Spark needs a Java runtime (17 or later)")
+    from spark_analysis.session import get_spark
+
+    session = get_spark(app_name="ump-tests", master="local[2]", config={
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "2",
+        # a test JVM lives for seconds: the quick JIT tier and the serial GC start faster
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    }, log_level="ERROR")
+    yield session
+    session.stop()

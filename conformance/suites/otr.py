@@ -77,6 +77,26 @@ def _gap(src: HarnessSource) -> float:
     return sent
 
 
+def _asked_of_source(h: CaseContext, src: HarnessSource, who: str, what: str,
+                     sent: float) -> dict[int, list[float]]:
+    """When ``who`` (the receiver, the store) asked the harness source's request port for 5 and
+    6, which its transport ``what`` (skipped, gave up on) after ``sent``: both must be asked,
+    neither before ``otr_request_initial_delay`` (300 ms in :data:`PACING`, checked at 200)."""
+    asked: dict[int, list[float]] = {}
+    for at, message in src.rxreqs():
+        header = message.header(UmeRxreq)
+        if header is not None:
+            asked.setdefault(header.seqnum, []).append(at)
+    h.check({5, 6} <= set(asked), f"the {who} did not ask the source for what its transport "
+            f"{what}", expected="RXREQs for 5 and 6 on the source's request port",
+            observed=sorted(asked))
+    first = min(min(asked[5]), min(asked[6])) - sent
+    h.check(first >= h.scaled(0.2), f"the {who} asked before otr_request_initial_delay",
+            expected="no request within 300 ms of the gap", observed=f"{first * 1000:.0f} ms")
+    h.note(f"first OTR request {first * 1000:.0f} ms after the gap; asked for {sorted(asked)}")
+    return asked
+
+
 def _request_times(store: HarnessStore, sqns: set[int]) -> dict[int, list[float]]:
     times: dict[int, list[float]] = {}
     for seen in store.snapshot(store.rxreqs):
@@ -195,18 +215,7 @@ def streaming_gap_from_source(h: CaseContext) -> None:
     h.wait_until(lambda: len(h.deliveries()) >= 5, 3.0, "live 0..4 delivered")
     sent = _gap(src)
     h.wait_until(lambda: len(h.deliveries()) >= 10, 4.0, "0..9 delivered")
-    asked: dict[int, list[float]] = {}
-    for at, message in src.rxreqs():
-        header = message.header(UmeRxreq)
-        if header is not None:
-            asked.setdefault(header.seqnum, []).append(at)
-    h.check({5, 6} <= set(asked), "the receiver did not ask the streaming source for what its "
-            "transport skipped", expected="RXREQs for 5 and 6 on the source's request port",
-            observed=sorted(asked))
-    first = min(min(asked[5]), min(asked[6])) - sent
-    h.check(first >= h.scaled(0.2), "the receiver asked before otr_request_initial_delay",
-            expected="no request within 300 ms of the gap", observed=f"{first * 1000:.0f} ms")
-    h.note(f"first OTR request {first * 1000:.0f} ms after the gap; asked for {sorted(asked)}")
+    _asked_of_source(h, src, "receiver", "skipped", sent)
     h.check(not store.rxreq_sqns(), "the receiver asked a store of a streaming source",
             expected="no RXREQ at the store", observed=sorted(store.rxreq_sqns()))
     h.check_delivered(list(range(10)), retransmitted={5, 6})
@@ -409,19 +418,7 @@ def _store_recovers_from_source(h: CaseContext) -> None:
     src.send(7, 8, 9)
     src.expect_stable(9)
     h.wait_until(lambda: {5, 6} <= _stable_acks(src), 5.0, "stability ACKs for 5 and 6")
-    asked: dict[int, list[float]] = {}
-    for at, message in src.rxreqs():
-        header = message.header(UmeRxreq)
-        if header is not None:
-            asked.setdefault(header.seqnum, []).append(at)
-    h.check({5, 6} <= set(asked), "the store did not ask the source for what its transport "
-            "gave up on", expected="RXREQs for 5 and 6 on the source's request port",
-            observed=sorted(asked))
-    first = min(min(asked[5]), min(asked[6])) - sent
-    h.check(first >= h.scaled(0.2), "the store asked before otr_request_initial_delay",
-            expected="no request within 300 ms of the gap", observed=f"{first * 1000:.0f} ms")
-    h.note(f"first OTR request {first * 1000:.0f} ms after the gap; asked for "
-           f"{sorted(asked)}")
+    _asked_of_source(h, src, "store", "gave up on", sent)
     stable = _stable_acks(src)
     h.check({5, 6} <= stable, "the store did not acknowledge what it recovered by OTR",
             expected="stability ACKs for 5 and 6", observed=sorted(stable))

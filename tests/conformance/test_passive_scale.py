@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -107,18 +106,6 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("scale") / "big-40000.pcap"
     generate(preset("big"), path, seed=3, packets=40_000, progress=False)
     return path
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from spark_analysis.session import get_spark
-
-    session = get_spark(app_name="ump-tests-passive", master="local[2]", config={
-        "spark.ui.enabled": "false",
-        "spark.sql.shuffle.partitions": "2",
-        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-    }, log_level="ERROR")
-    yield session
 
 
 def test_generated_capture_same_verdicts_in_process_and_in_spark(generated: Path,
