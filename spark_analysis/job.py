@@ -648,10 +648,11 @@ def _write(df: DataFrame, name: str, keys: Sequence[str], detail: bool,
            out: OutputDir) -> int:
     """Write ``df`` sorted by ``keys`` to ``parquet/<name>``; returns its row count.
 
-    A detail table (as large as the capture) is written by Spark after a global sort.  A
-    summary is small by construction (a few rows per session, source or store): it comes to
-    the driver as Arrow, is sorted there and written as one file, which saves the sort and
-    commit jobs Spark would run for a handful of rows.  Nulls sort first either way."""
+    With ``detail`` (a detail table of a capture above :data:`DRIVER_WRITE_FRAMES`: as large
+    as the capture) Spark writes it after a global sort.  Otherwise the table is small enough
+    (a summary: a few rows per session, source or store; or a detail table of a smaller
+    capture): it comes to the driver as Arrow, is sorted there and written as one file, which
+    saves the sampling, sort and commit jobs Spark would run.  Nulls sort first either way."""
     if detail:
         df.orderBy(*keys).write.mode("overwrite").parquet(out.uri(f"parquet/{name}"))
         return out.count(name)
