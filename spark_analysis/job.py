@@ -46,6 +46,7 @@ import math
 import os
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -153,6 +154,9 @@ def _one_line(exc: BaseException) -> str:
     return first[:300]
 
 
+_PRINT_LOCK = threading.Lock()
+
+
 @dataclass
 class Progress:
     """Progress lines on stderr (``ump analyze: ...`` with the elapsed time): one per step and
@@ -174,7 +178,13 @@ class Progress:
 
     def __call__(self, message: str) -> None:
         if not self.quiet:
-            print(self._prefix(message), file=self._out(), flush=True)
+            # one write of the whole line under a lock: the analysis steps report from several
+            # threads, and print() writes the text and its newline apart (two steps' lines
+            # then ran together, "stability ACKsump analyze: ...")
+            with _PRINT_LOCK:
+                out = self._out()
+                out.write(self._prefix(message) + "\n")
+                out.flush()
 
     def bar(self, message: str, spark: Any = None,
             counter: Callable[[], tuple[float, int]] | None = None,
