@@ -52,7 +52,7 @@ from types import TracebackType
 from typing import Any, BinaryIO, Literal
 
 from wire.errors import WireError
-from wire.pcap import LINKTYPE_ETHERNET, PCAP_MAGIC_NS, PcapWriter, read_capture
+from wire.pcap import LINKTYPE_ETHERNET, PcapWriter, has_nanosecond_stamps, read_capture
 
 __all__ = ["Backend", "CaptureError", "LoopbackCapture", "available_backends"]
 
@@ -286,8 +286,7 @@ def _strip_sentinel(raw: Path, path: Path, token: bytes) -> int:
     if not rewrite:
         os.replace(raw, path)
         return frames
-    with open(raw, "rb") as fh:
-        nanosecond = int.from_bytes(fh.read(4), "little") == PCAP_MAGIC_NS
+    nanosecond = has_nanosecond_stamps(raw)
     with PcapWriter(path, linktype=linktype, nanosecond=nanosecond) as writer:
         try:
             for rec in read_capture(raw):

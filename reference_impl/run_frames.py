@@ -40,7 +40,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from wire.errors import WireError
-from wire.pcap import PCAP_MAGIC_NS, TCP_SYN, PcapWriter, decode_frame, read_capture
+from wire.pcap import TCP_SYN, PcapWriter, decode_frame, has_nanosecond_stamps, read_capture
 
 __all__ = ["RunPorts", "bound_ports", "bound_sockets", "keep_run_frames"]
 
@@ -137,8 +137,7 @@ def keep_run_frames(path: Path, run: RunPorts | frozenset[int]) -> tuple[int, in
         run = RunPorts.always(run)
     everything = path.with_name(path.name + ".all")
     os.replace(path, everything)
-    with everything.open("rb") as fh:
-        nanosecond = int.from_bytes(fh.read(4), "little") == PCAP_MAGIC_NS
+    nanosecond = has_nanosecond_stamps(everything)
     group_ports: set[int] = set()
     for rec in read_capture(everything):
         with contextlib.suppress(WireError):

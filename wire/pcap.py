@@ -147,6 +147,17 @@ def read_capture(path: str | Path) -> Iterator[CaptureRecord]:
             yield from _read_pcap(fh)
 
 
+def has_nanosecond_stamps(path: str | Path) -> bool:
+    """Whether the little-endian classic pcap at ``path`` (what :class:`PcapWriter` and the
+    capture tools write) has nanosecond timestamps, read from its magic, so a copy of it
+    keeps its clock resolution."""
+    with open(path, "rb") as fh:
+        raw = fh.read(PcapHeaderLE.sizeof())
+    if len(raw) < PcapHeaderLE.sizeof():
+        return False
+    return bool(derive(PcapHeaderLE).decode(raw)["magic"] == PCAP_MAGIC_NS)
+
+
 def _read_pcap(fh: BinaryIO) -> Iterator[CaptureRecord]:
     raw = fh.read(24)
     if len(raw) < 24:

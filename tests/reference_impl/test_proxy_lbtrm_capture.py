@@ -39,6 +39,7 @@ import pytest
 
 from reference_impl.capture import LoopbackCapture
 from reference_impl.config.store_xml_writer import StoreXml, TopicXml, store_daemon_xml
+from reference_impl.run_frames import bound_sockets
 from tests.reference_impl.loopback import IP, Proc, free_port, stop_processes
 from tests.reference_impl.oracle_capture import assert_tshark_agrees, start_capture
 from wire.tshark import PortMap, run
@@ -56,17 +57,9 @@ repository keeps every message (the product's 1 KiB size threshold would keep th
 
 
 def listening_tcp_ports(pid: int) -> frozenset[int]:
-    """The TCP ports process ``pid`` listens on (Linux ``/proc``): a store's own port and the
-    port its proxy sources advertise (any free one, chosen when the store starts)."""
-    fds = Path(f"/proc/{pid}/fd")
-    inodes = {os.readlink(fd)[8:-1] for fd in fds.iterdir()
-              if os.readlink(fd).startswith("socket:[")}
-    listening = set()
-    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if fields[3] == "0A" and fields[9] in inodes:  # TCP_LISTEN, one of its sockets
-            listening.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return frozenset(listening)
+    """The TCP ports process ``pid`` listens on: a store's own port and the port its proxy
+    sources advertise (any free one, chosen when the store starts)."""
+    return frozenset(port for proto, port in bound_sockets(pid) if proto == "tcp")
 
 
 def two_free_tcp_ports() -> tuple[int, int]:

@@ -24,7 +24,14 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from wire import WireError, pcap, tshark
-from wire.pcap import CaptureRecord, Segment, decode_frame, read_capture
+from wire.pcap import (
+    CaptureRecord,
+    PcapWriter,
+    Segment,
+    decode_frame,
+    has_nanosecond_stamps,
+    read_capture,
+)
 
 NO_UM = ["--disable-heuristic", "lbttcp_tcp", "--disable-heuristic", "lbtru_udp",
          "--disable-heuristic", "lbtrm_udp"]
@@ -700,3 +707,12 @@ def test_tcp_conversation_is_consistent_for_tshark(tmp_path: Path) -> None:
                                                pcap.TCP_ACK]
     # the sequence number wraps past 2^32 without confusing tshark
     assert segments[0].seq == 0xFFFFFF00
+
+
+def test_the_timestamp_resolution_is_read_from_the_magic(tmp_path: Path) -> None:
+    for nanosecond in (True, False):
+        path = tmp_path / f"{nanosecond}.pcap"
+        PcapWriter(path, nanosecond=nanosecond).close()
+        assert has_nanosecond_stamps(path) is nanosecond
+    (tmp_path / "empty").write_bytes(b"")
+    assert has_nanosecond_stamps(tmp_path / "empty") is False
