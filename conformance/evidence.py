@@ -14,6 +14,7 @@ kept in the same timeline, so a report shows what the harness did between packet
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -120,8 +121,13 @@ class Recorder:
         self._conns: dict[int, tuple[Addr, Addr]] = {}
 
     def _add(self, entry: Entry) -> None:
+        # stamped again under the lock: two threads that read the clock, then queue for the
+        # lock in the other order, would write a pcap whose timestamps step back
         with self._lock:
-            self.entries.append(entry)
+            at = time.time()
+            if self.entries and at < self.entries[-1].at:
+                at = self.entries[-1].at
+            self.entries.append(dataclasses.replace(entry, at=at))
 
     def note(self, text: str) -> None:
         self._add(Entry(time.time(), "note", None, None, b"", None, False, text))
