@@ -1,4 +1,16 @@
-"""What every source, receiver and store did: the analyses of ``ump analyze`` as DataFrames.
+"""The analyses of ``ump analyze`` in Spark SQL: the Spark DataFrame twins of
+:mod:`spark_analysis.engine`, kept as the independent oracle the engine's tests compare with.
+
+``ump analyze`` ran these until the analyses moved to the engine (issue 19: 145 Spark jobs of
+small stages made a 1,000,000-frame run 50 s long; the engine does the same in seconds, one
+Spark task per capture).  Every engine function must give what its twin here gives on the same
+inputs (``tests/spark_analysis/test_engine_*.py``, through
+:mod:`tests.spark_analysis.engine_oracle`): two implementations written apart, one in
+Spark's SQL semantics (nulls, joins, windows, ``min_by``, ``percentile``), one in numpy and
+Arrow, agreeing on the corpus, is the check that the port kept every rule.  Change a rule in
+both, or the tests say which one moved.
+
+What every source, receiver and store did: the analyses of ``ump analyze`` as DataFrames.
 
 Each public function takes DataFrames and returns one DataFrame; its docstring says which
 question it answers.  They read the decoded tables of :mod:`spark_analysis.decode` (column
@@ -40,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from spark_analysis.engine.options import PERCENTILES, AnalysisOptions
 from wire.lbmc import AckType, PregError
 from wire.lbtru import NCF_REASON_TEXT
 
@@ -97,36 +110,6 @@ PREG_ERROR_TEXT: dict[int, str] = {
 
 FILE_SHIFT = 40
 """``pos`` = file rank << FILE_SHIFT | byte offset: files up to 1 TiB, 8 million files."""
-
-STABILITY_RULES = ("quorum", "all", "any")
-PERCENTILES = (0.5, 0.9, 0.99)
-
-
-@dataclass(frozen=True)
-class AnalysisOptions:
-    """Choices the capture cannot make for us.
-
-    Attributes:
-        stability_rule: when a message stops being in flight: ``quorum`` (stability ACKs from a
-            majority of the stores the source registered with, UM's default), ``all`` (every
-            such store) or ``any`` (the first ACK).
-        flight_bins: time bins of the flight-size series over the whole capture.
-        histogram_base: latency histogram buckets grow by this factor (log scale).
-    """
-
-    stability_rule: str = "quorum"
-    flight_bins: int = 200
-    histogram_base: float = 2.0
-
-    def __post_init__(self) -> None:
-        if self.stability_rule not in STABILITY_RULES:
-            raise ValueError(f"stability_rule must be one of {', '.join(STABILITY_RULES)}, "
-                             f"not {self.stability_rule!r}")
-        if self.flight_bins < 1:
-            raise ValueError("flight_bins must be >= 1")
-        if self.histogram_base <= 1:
-            raise ValueError("histogram_base must be > 1")
-
 
 # =============================================================================================
 # Preparation

@@ -1,0 +1,8 @@
+"""The analyses of ``ump analyze`` as vectorised functions over Arrow-backed pandas tables.
+
+Each module answers one group of questions (topics, transport sessions, sequence gaps,
+registrations, ACK latencies, flight size, retransmission requests, anomalies) with pure
+functions: tables in, one table out, no I/O and no Spark.  Spark runs the chain once per
+capture in a Python worker (or the driver runs it, in local mode); see
+:mod:`spark_analysis.engine.common` for the table conventions.
+"""

@@ -1,0 +1,172 @@
+"""The tables the analyses read, loaded from the decode's Parquet output: :func:`load`.
+
+The decode (:mod:`spark_analysis.decode`) stores ``packets``, ``messages`` (without its typed
+LBMC header columns), one ``lbmc_<header>`` table per header and ``advertisements``.  The
+analyses read a narrow part of them, with two columns added:
+
+``capture``
+    which capture a row belongs to: every file given is one capture (``all``: the files of a
+    rotated capture, ``tcpdump -C``), or with ``per_file`` each file is its own (its name).
+``pos``
+    the frame's place in capture order: the file's rank in natural name order (``x2`` before
+    ``x10``) shifted by :data:`FILE_SHIFT`, plus the record's byte offset.  Sequence analysis
+    follows capture order, as tshark does, not timestamps (which may step back).
+
+Rows come in the order of the stored files, which is nearly capture order (LBT-TCP messages,
+reassembled apart, are stored apart): a function that walks a table in capture order sorts it
+by ``pos`` (and ``msg_index``) itself.  Only the rows of the captures asked for are read (a
+filter on ``file`` pushed into the Parquet scan), so a task analysing one capture of many
+reads that capture alone.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from spark_analysis.engine.common import frame
+
+FILE_SHIFT = 40
+"""``pos`` = file rank << FILE_SHIFT | byte offset: files up to 1 TiB, 8 million files."""
+
+HEADER_COLUMNS = ("ume_preg", "ume_preg_resp", "ume_ack", "ume_rxreq", "ume_sid", "ume_storeid")
+"""The typed LBMC header columns of ``messages`` the analyses read, each joined back from its
+``lbmc_<name>`` table by the message key (file, record offset, index in the frame)."""
+
+HEADER_TABLE_PREFIX = "lbmc_"
+MESSAGE_KEY = ["file", "file_offset", "msg_index"]
+
+MESSAGE_COLUMNS = ["capture", "pos", "msg_index", "file", "file_offset", "ts_ns", "protocol",
+                   "src_ip", "src_port", "dst_ip", "dst_port", "session_id", "transport_sqn",
+                   "message_type", "label", "tidx", "sqn", "topic_name", "payload_length",
+                   "malformed_reason", *HEADER_COLUMNS]
+"""The messages columns the analyses read (the stored table is wide: read what is used)."""
+
+PACKET_COLUMNS = ["capture", "pos", "file", "file_offset", "ts_ns", "protocol", "src_ip",
+                  "src_port", "dst_ip", "dst_port", "payload_length", "packet_type", "sqn",
+                  "session_id", "ucast_port", "retransmission", "nak_sqns", "ncf_sqns",
+                  "ncf_reason", "messages", "malformed_reason"]
+"""The packets columns the analyses read: about half of the stored table."""
+
+OPTIONAL_PACKET_COLUMNS = ["icmp_type", "icmp_code"]
+"""Packets columns the analyses read when the decode wrote them (ICMP-quoted datagrams)."""
+
+
+def natural_order(names: Iterable[str]) -> list[str]:
+    """File names in natural order (``cap2`` before ``cap10``): how rotated captures sort."""
+    def key(name: str) -> list[tuple[int, int | str]]:
+        return [(0, int(part)) if part.isdigit() else (1, part)
+                for part in re.split(r"(\d+)", name)]
+    return sorted(set(names), key=key)
+
+
+@dataclass
+class Inputs:
+    """The three tables the analyses start from (pandas, Arrow-backed columns)."""
+
+    packets: pd.DataFrame
+    messages: pd.DataFrame
+    advertisements: pd.DataFrame
+
+
+def _read(path: str, columns: Sequence[str] | None, files: Sequence[str] | None,
+          filesystem: Any, where: Any = None) -> pa.Table:
+    dataset = ds.dataset(path, format="parquet", filesystem=filesystem)
+    names = dataset.schema.names
+    wanted = None if columns is None else [c for c in columns if c in names]
+    condition = None if files is None else pc.field("file").isin(list(files))
+    if where is not None:
+        condition = where if condition is None else condition & where
+    out = dataset.to_table(columns=wanted, filter=condition)
+    # a partition column or a dictionary page comes as a dictionary: plain values, as Spark
+    # reads them (and a join cannot unify the dictionaries of two tables)
+    for i, field in enumerate(out.schema):
+        if pa.types.is_dictionary(field.type):
+            out = out.set_column(i, field.name, out.column(i).cast(field.type.value_type))
+    return out
+
+
+def _add_capture(table: pa.Table, ranks: dict[str, int], per_file: bool) -> pa.Table:
+    """``capture`` and ``pos`` (module docstring) in front of ``table``'s columns."""
+    file = table.column("file")
+    rank = pc.index_in(file, value_set=pa.array(list(ranks), pa.string()))
+    rank = pc.take(pa.array(list(ranks.values()), pa.int64()), rank)
+    pos = pc.add(pc.shift_left(pc.coalesce(rank, 0), FILE_SHIFT), table.column("file_offset"))
+    capture = file if per_file else pa.array(["all"], pa.string()).take(
+        pa.array(np.zeros(table.num_rows, dtype=np.int64)))
+    return table.append_column("capture", capture).append_column("pos", pos)
+
+
+def _joined(messages: pa.Table, header: pa.Table, name: str) -> pa.ChunkedArray:
+    """``header``'s column ``name`` aligned with the rows of ``messages`` by the message key
+    (null where a message has no such header).  Arrow's join carries no struct columns, so
+    it joins row numbers, and the struct column is taken by them."""
+    left = messages.select(MESSAGE_KEY).append_column(
+        "_m", pa.array(np.arange(messages.num_rows, dtype=np.int64)))
+    right = header.select(MESSAGE_KEY).append_column(
+        "_h", pa.array(np.arange(header.num_rows, dtype=np.int64)))
+    pairs = left.join(right, MESSAGE_KEY, join_type="inner")
+    index = np.full(messages.num_rows, -1, dtype=np.int64)
+    index[pairs.column("_m").to_numpy()] = pairs.column("_h").to_numpy()
+    return pc.take(header.column(name), pa.array(index, mask=index < 0))
+
+
+def load_tables(root: str, files: Sequence[str], per_file: bool, *,
+                captures: Sequence[str] | None = None, filesystem: Any = None,
+                ) -> dict[str, pa.Table]:
+    """The analyses' three tables as Arrow, read from the decode's output ``root``.
+
+    Args:
+        files: every capture file name as the ``file`` column holds it; their natural order
+            is the capture order (``pos``).
+        per_file: each file is its own capture, else all are one (``all``).
+        captures: read only the rows of these captures (file names with ``per_file``, else
+            ``["all"]``); default all.
+    """
+    ordered = natural_order(files)
+    ranks = {name: index for index, name in enumerate(ordered)}
+    only = None if captures is None or not per_file else list(captures)
+
+    def table(name: str) -> str:
+        return f"{root.rstrip('/')}/{name}"
+
+    packets = _read(table("packets"), [c for c in PACKET_COLUMNS + OPTIONAL_PACKET_COLUMNS
+                                       if c not in ("capture", "pos")], only, filesystem)
+    packets = _add_capture(packets, ranks, per_file)
+    packets = packets.select([c for c in PACKET_COLUMNS + OPTIONAL_PACKET_COLUMNS
+                              if c in packets.schema.names])
+
+    core = [c for c in MESSAGE_COLUMNS if c not in ("capture", "pos", *HEADER_COLUMNS)]
+    messages = _read(table("messages"), core, only, filesystem)
+    for name in HEADER_COLUMNS:
+        header = _read(table(f"{HEADER_TABLE_PREFIX}{name}"), [*MESSAGE_KEY, name], only,
+                       filesystem)
+        messages = messages.append_column(name, _joined(messages, header, name))
+    messages = _add_capture(messages, ranks, per_file)
+    keep = pc.is_valid(messages.column("sqn"))
+    for name in ("ume_preg", "ume_preg_resp", "ume_ack", "ume_rxreq", "malformed_reason"):
+        keep = pc.or_(keep, pc.is_valid(messages.column(name)))
+    messages = messages.filter(keep).select(MESSAGE_COLUMNS)
+
+    adverts = _read(table("advertisements"), None, only, filesystem)
+    adverts = _add_capture(adverts, ranks, per_file)
+    return {"packets": packets, "messages": messages, "advertisements": adverts}
+
+
+def load(root: str, files: Sequence[str], per_file: bool, *,
+         captures: Sequence[str] | None = None, filesystem: Any = None) -> Inputs:
+    """:func:`load_tables` as pandas (:func:`frame`)."""
+    tables = load_tables(root, files, per_file, captures=captures, filesystem=filesystem)
+    # one chunk per column (a table read from many files has one per file and row group):
+    # pandas' Arrow-backed operations handle chunked columns chunk by chunk or combine them
+    # again each time (at 10,000,000 frames the data messages took twice as long)
+    return Inputs(*(frame(tables[name].combine_chunks())
+                    for name in ("packets", "messages", "advertisements")))

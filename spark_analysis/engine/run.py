@@ -1,0 +1,159 @@
+"""Every analysis of ``ump analyze`` over one capture's tables: :func:`analyze`.
+
+The intermediate tables several results share (data messages, sends, registrations,
+sequence verdicts, ACK matches, stability times, retransmission requests, flight events) are
+made once, each as soon as its inputs are there, two at a time: numpy, pandas and Arrow
+release the interpreter lock in their loops, so two steps share the two cores of a laptop.
+The results come out in report order (:data:`OUTPUTS`) as Arrow tables sorted by
+:data:`SORT_KEYS`, so two runs over one capture write the same rows in the same order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_analysis.engine import (
+    acks,
+    anomalies,
+    data,
+    flight,
+    registrations,
+    retransmission,
+    sequence,
+    sessions,
+    topics,
+)
+from spark_analysis.engine.inputs import Inputs
+from spark_analysis.engine.options import AnalysisOptions
+
+OUTPUTS = ("anomaly_summary", "anomalies", "topic_advertisements", "topic_queries",
+           "transport_sessions", "sequence_summary", "sequence_events", "registrations",
+           "registration_summary", "latency_summary", "latency_histogram", "stability_acks",
+           "consumption_acks", "flight_size_summary", "flight_size", "retransmission_summary",
+           "retransmission_requests")
+"""The results, in report order."""
+
+DETAIL_OUTPUTS = frozenset({"anomalies", "sequence_events", "registrations", "stability_acks",
+                            "consumption_acks", "retransmission_requests"})
+"""Outputs with a row per event: as large as the capture.  (``flight_size`` has a row per
+time bin and source topic: bounded by ``flight_bins``.)"""
+
+SORT_KEYS: dict[str, list[str]] = {
+    "anomaly_summary": ["capture", "severity", "kind"],
+    "anomalies": ["capture", "ts_ns", "kind", "file", "file_offset", "subject", "detail"],
+    "topic_advertisements": ["capture", "topic", "transport", "source_ip", "source_port",
+                             "session_id", "topic_index"],
+    "topic_queries": ["capture", "record", "topic"],
+    "transport_sessions": ["capture", "session"],
+    "sequence_summary": ["capture", "level", "protocol", "source_ip", "source_port",
+                         "session_id", "dest_ip", "dest_port", "tidx"],
+    "sequence_events": ["capture", "pos", "msg_index", "level", "dest_ip", "dest_port", "tidx",
+                        "event"],
+    "registrations": ["capture", "pos", "msg_index"],
+    "registration_summary": ["capture", "role", "store_ip", "outcome", "error_code"],
+    "latency_summary": ["capture", "kind", "source_ip", "tidx", "store_ip"],
+    "latency_histogram": ["capture", "kind", "source_ip", "store_ip", "bucket"],
+    "stability_acks": ["capture", "pos", "msg_index"],
+    "consumption_acks": ["capture", "pos", "msg_index"],
+    "flight_size_summary": ["capture", "session", "tidx"],
+    "flight_size": ["capture", "session", "tidx", "bin"],
+    "retransmission_summary": ["capture", "kind", "responder_ip", "responder_port", "session"],
+    "retransmission_requests": ["capture", "pos", "kind", "sqn", "requester_ip"],
+}
+"""A total order of every output's rows (nulls first)."""
+
+THREADS = 2
+"""Steps run at once."""
+
+
+def to_arrow(df: pd.DataFrame, sort_keys: list[str] | None = None) -> pa.Table:
+    """A result as Arrow, sorted by ``sort_keys`` (nulls first) when given."""
+    # without pandas' metadata: a reader of the Parquet gets plain Arrow types back, not the
+    # Arrow-backed pandas dtypes the engine computed with
+    table = pa.Table.from_pandas(df, preserve_index=False).replace_schema_metadata(None)
+    if sort_keys:
+        order = pc.sort_indices(table, sort_keys=[(k, "ascending", "at_start")
+                                                  for k in sort_keys])
+        table = table.take(order)
+    return table
+
+
+def analyze(inputs: Inputs, options: AnalysisOptions | None = None, *,
+            progress: Callable[[str, float], None] | None = None) -> dict[str, pa.Table]:
+    """Every result over ``inputs`` (one or more captures), by name in report order.
+
+    ``progress`` is told each step's name and its seconds when it is done."""
+    options = options or AnalysisOptions()
+    packets, messages, adverts = inputs.packets, inputs.messages, inputs.advertisements
+
+    with ThreadPoolExecutor(THREADS, thread_name_prefix="ump-engine") as pool:
+        def step(name: str, make: Callable[..., Any], *needs: Any) -> Future[Any]:
+            def run() -> Any:
+                ready = [x.result() if isinstance(x, Future) else x for x in needs]
+                started = time.perf_counter()
+                result = make(*ready)
+                if progress is not None:
+                    progress(name, time.perf_counter() - started)
+                return result
+            return pool.submit(run)
+
+        named_f = step("topics", topics.advertised_topics, adverts)
+        data_f = step("data messages", data.data_messages, packets, messages, adverts)
+        regs_f = step("registrations", registrations.registrations, messages)
+        sends_f = step("message sends", data.message_sends, data_f)
+        flags_f = step("sequence analysis", sequence.judged_items, packets, data_f)
+        stability_f = step("stability ACKs", acks.stability_acks, messages, sends_f, regs_f)
+        consumption_f = step("consumption ACKs", acks.consumption_acks, messages, sends_f,
+                             regs_f)
+        requests_f = step("retransmission requests", retransmission.retransmission_requests,
+                          packets, data_f, messages, regs_f)
+        stable_f = step("stability times",
+                        lambda a, r: flight.stable_times(a, r, options), stability_f, regs_f)
+        events_f = step("flight events", flight.flight_events, sends_f, stable_f)
+        found_f = step("anomalies", anomalies.anomalies, packets, messages, sends_f, regs_f,
+                       stability_f, consumption_f, requests_f, flags_f)
+        out: dict[str, Future[Any]] = {
+            "anomaly_summary": step("anomaly summary", anomalies.anomaly_summary, found_f),
+            "anomalies": found_f,
+            "topic_advertisements": step("topic advertisements", topics.topic_advertisements,
+                                         adverts),
+            "topic_queries": step("topic queries", topics.topic_queries, adverts),
+            "transport_sessions": step("transport sessions", sessions.transport_sessions,
+                                       packets, data_f),
+            "sequence_summary": step("sequence summary", sequence.sequence_summary, flags_f),
+            "sequence_events": step("sequence events", sequence.sequence_events, flags_f),
+            "registrations": regs_f,
+            "registration_summary": step("registration summary",
+                                         registrations.registration_summary, regs_f),
+            "latency_summary": step("latency summary", acks.latency_summary, stability_f,
+                                    consumption_f),
+            "latency_histogram": step("latency histogram",
+                                      lambda s, c: acks.latency_histogram(s, c, options),
+                                      stability_f, consumption_f),
+            "stability_acks": stability_f,
+            "consumption_acks": consumption_f,
+            "flight_size_summary": step(
+                "flight size summary",
+                lambda e, s, t: flight.flight_size_summary(e, s, options, t),
+                events_f, stable_f, named_f),
+            "flight_size": step("flight size", lambda e: flight.flight_size(e, options),
+                                events_f),
+            "retransmission_summary": step("retransmission summary",
+                                           retransmission.retransmission_summary, requests_f),
+            "retransmission_requests": requests_f,
+        }
+        results = {name: future.result() for name, future in out.items()}
+        started = time.perf_counter()
+        tables = dict(zip(results, pool.map(lambda name: to_arrow(results[name],
+                                                                  SORT_KEYS[name]), results),
+                          strict=True))
+        if progress is not None:
+            progress("sorting the results", time.perf_counter() - started)
+    return tables
