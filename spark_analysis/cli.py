@@ -1,4 +1,4 @@
-"""``ump analyze``: mine UM captures with Spark (the analyses of :mod:`spark_analysis.analyses`).
+"""``ump analyze``: mine UM captures with Spark (the analyses of :mod:`spark_analysis.engine`).
 
 Adds the subcommand to the ``ump`` front end; the work is :mod:`spark_analysis.job` (which also
 runs under ``spark-submit``).  Importing this module is cheap: Spark, pyarrow and pandas are

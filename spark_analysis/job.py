@@ -26,9 +26,9 @@ The same code runs in three ways:
 ``--out`` may be a local directory or any URI pyarrow understands (``hdfs://``, ``s3://``).
 It receives ``decoded/<table>/`` (the decoded ``packets``, ``messages``, ``advertisements``
 and ``skipped`` counts of :func:`spark_analysis.decode.decode_to_parquet`, which the analyses
-read back), ``parquet/<analysis>/`` for every DataFrame of
-:func:`spark_analysis.analyses.analyze` (written sorted, so reruns are byte-for-byte
-comparable), ``summary.json`` (every summary
+read back), ``parquet/<analysis>/`` for every result of :mod:`spark_analysis.engine` (one
+Spark task per capture, :mod:`spark_analysis.engine_job`; written sorted, so reruns are
+byte-for-byte comparable), ``summary.json`` (every summary
 table per capture plus the row count of every detail table: what the corpus tests compare)
 and ``report.html`` (:mod:`spark_analysis.report`).
 
@@ -59,7 +59,6 @@ from wire.cli import add_port_options, port_map
 
 if TYPE_CHECKING:
     import pandas as pd
-    from pyspark.sql import DataFrame
 
 PROG = "ump analyze"
 SUMMARY_FORMAT = 1
@@ -258,27 +257,23 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
     out = OutputDir(args.out)
     log(f"{len(files)} capture file(s); results in {args.out}")
 
-    from spark_analysis.analyses import (
-        DETAIL_OUTPUTS,
-        AnalysisOptions,
-        analyze,
-        natural_order,
-        prepare,
-    )
     from spark_analysis.columnar import DecodeOptions
+    from spark_analysis.engine.inputs import natural_order
+    from spark_analysis.engine.options import AnalysisOptions
+    from spark_analysis.engine.run import DETAIL_OUTPUTS, OUTPUTS
+    from spark_analysis.engine_job import analyze_captures
     from spark_analysis.session import get_spark, size_shuffle_partitions
 
     options = AnalysisOptions(stability_rule=args.stability, flight_bins=args.flight_bins)
     decode_options = DecodeOptions(ports=port_map(args),
                                    content_heuristics=not args.no_content_heuristics)
     capture_bytes = _capture_bytes(args.captures)
-    small_files = capture_bytes <= SMALL_CAPTURE_BYTES
     verbose = bool(args.debug or getattr(args, "verbose", False))
 
     def start_spark() -> Any:
-        spark = get_spark(app_name="ump-analyze", master=args.master,
-                          config=SMALL_CAPTURE_JVM if small_files
-                          else launch_config(capture_bytes),
+        # the JVM only schedules: the decode and the analyses run in Python processes, and
+        # no table passes through the JVM's heap, whatever the capture's size
+        spark = get_spark(app_name="ump-analyze", master=args.master, config=SMALL_CAPTURE_JVM,
                           log_level="WARN" if verbose else "ERROR", quiet=not verbose)
         size_shuffle_partitions(spark, capture_bytes)
         return spark
@@ -303,7 +298,6 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
                                              decode_options, split_size, out, pool)
             finally:
                 spark = starting.result()
-        decoded = _read_decoded(spark, stored, out)
     else:
         log("starting Spark")
         spark = start_spark()
@@ -313,27 +307,20 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
             log("decoding")
             decoding = contextlib.nullcontext()
         with decoding:
-            decoded = _decode(spark, natural_order(files), args.per_file, decode_options,
-                              split_size, out)
-    log(f"  decoded {decoded.frames} frames into {out.uri(DECODED)}")
-    tables = prepare(decoded.packets, decoded.messages, decoded.advertisements, files=files,
-                     per_file=args.per_file)
-    small = decoded.frames <= SMALL_CAPTURE_FRAMES
-    log("analysing" + (" (small capture: one partition, no adaptive plans)" if small else ""))
-    with _sql_settings(spark, SMALL_CAPTURE_SQL if small else {}):
-        result = analyze(tables, options, small=small,
-                         pair_on_driver=small or decoded.registration_messages <= DRIVER_PAIRING,
-                         progress=lambda step: _step(spark, log, step))
-        log(f"writing {len(result.outputs)} results")
-        try:
-            counts = _write_all(spark, result.outputs, out,
-                                small or decoded.frames <= DRIVER_WRITE_FRAMES, log)
-        finally:
-            result.unpersist()
-    skipped = decoded.skipped
+            stored = _decode(spark, natural_order(files), args.per_file, decode_options,
+                             split_size, out)
+    log(f"  decoded {stored.frames} frames into {out.uri(DECODED)}")
+    spark.sparkContext.setJobDescription("analyses")
+    out.reset("parquet")
+    analysing = log.bar("analysing", spark) if isinstance(log, Progress) \
+        else contextlib.nullcontext()
+    with analysing:
+        counts = analyze_captures(spark, out.uri(DECODED), files, args.per_file, options,
+                                  out.location if "://" in out.location else out.path, log)
+    skipped = _skipped(out)
     tables_read = {name: out.read(name, REPORT_ROW_LIMIT if name in DETAIL_OUTPUTS else None)
-                   for name in result.outputs}
-    summary = build_summary(files, args, out, list(result.outputs), DETAIL_OUTPUTS, skipped)
+                   for name in OUTPUTS}
+    summary = build_summary(files, args, out, list(OUTPUTS), DETAIL_OUTPUTS, skipped)
     out.write_text("summary.json", json.dumps(summary, indent=1, sort_keys=True) + "\n")
     from spark_analysis.report import ReportInput, render
 
@@ -345,55 +332,15 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
     return RunResult(args.out, files, summary, tables_read, counts, seconds)
 
 
-def _step(spark: Any, log: Callable[[str], None], step: str) -> None:
-    """An analysis step starts: one progress line, and the step's name on its Spark jobs (the
-    Spark UI and event log then show which analysis each job belongs to)."""
-    spark.sparkContext.setJobDescription(step)
-    log(f"  {step}")
-
-
-SMALL_CAPTURE_FRAMES = 60_000
-"""Up to this many captured frames a run is *small*: what it pays is Spark's fixed cost per
-job, stage and plan, not the data.  The analyses then run with :data:`SMALL_CAPTURE_SQL` and
-every output (a few rows per frame at most) is sorted and written on the driver, which saves
-the sampling and commit jobs of a distributed sort and write.  On planted.pcap (43 frames) the
-run went from 143 Spark jobs and about 75 CPU-seconds of JVM to 42 jobs and about 28.
-
-The interpreted evaluators of :data:`SMALL_CAPTURE_SQL` cost per row, though, so the bound is
-where the two settings cost the same.  ``ump analyze`` on the first frames of the benchmark
-capture (2-core machine, both with :data:`SMALL_CAPTURE_JVM`): 50,000 frames 38 s small
-against 42 s not; 100,000 frames 49 against 42 s; 200,000 frames 64 against 46 s (the bound
-was 250,000 before these measurements)."""
-
-SMALL_CAPTURE_SQL = {
-    # adaptive execution runs every shuffle stage as a job of its own and re-plans after it:
-    # on a few hundred rows that is all the cost and nothing to adapt to
-    "spark.sql.adaptive.enabled": "false",
-    "spark.sql.shuffle.partitions": "1",
-    # a broadcast join is one more job (collecting the small side); a sort-merge join of one
-    # partition is a stage of the same job
-    "spark.sql.autoBroadcastJoinThreshold": "-1",
-    # generated code is compiled (Janino, then the JIT) per plan: seconds of CPU for plans
-    # that each see a few rows; the interpreted evaluators start at once
-    "spark.sql.codegen.wholeStage": "false",
-    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
-}
-"""Session SQL settings for small captures (restored when the analysis is done)."""
-
-
-DRIVER_PAIRING = 100_000
-"""Up to this many registration messages (PREG and PREG-RESP) the analysis pairs them in the
-driver (``analyze(pair_on_driver=True)``): they come over as Arrow in one job, where the
-``applyInArrow`` pairing ran 14 jobs of 26 stages for the 960 messages of 1,000,000 frames.
-Registrations are few whatever the capture's size (one per source or receiver and store)."""
-
 DRIVER_DECODE_BYTES = 4 << 20
 """Captures up to this size (about 30,000 frames) are decoded in the driver process
 (``decode_to_parquet(driver_bytes=...)``): under a second of decoding, against seconds of
 Python worker start and two Spark jobs."""
 
 SMALL_CAPTURE_BYTES = 32 << 20
-"""Captures of at most this many bytes in all start Spark with :data:`SMALL_CAPTURE_JVM`."""
+"""Captures of at most this many bytes in all are judged by ``ump conform --capture
+--decode spark`` (:mod:`conformance.passive.spark_tables`) with Spark started with
+:data:`SMALL_CAPTURE_JVM`; larger ones get :func:`launch_config`."""
 
 SMALL_CAPTURE_JVM = {
     # the JVM's optimising compiler (C2) spends tens of CPU-seconds on a run that lasts
@@ -401,17 +348,17 @@ SMALL_CAPTURE_JVM = {
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
     "spark.ui.enabled": "false",
 }
-"""Launch settings when Spark is started for small captures (ignored when a session exists
-already, e.g. under spark-submit, which has launched its JVM).  The quick tier alone also pays
-beyond :data:`SMALL_CAPTURE_FRAMES`: ``ump analyze`` on 100,000 and 200,000 frames of the
-benchmark capture took 42 and 46 s with it, 51 and 57 s without.  Larger captures get
-:func:`launch_config` (the quick tier too, up to :data:`QUICK_TIER_BYTES`, with a larger code
-cache and heap)."""
+"""Launch settings of the JVM when ``ump analyze`` starts Spark, for every capture (ignored
+when a session exists already, e.g. under spark-submit, which has launched its JVM): the JVM
+there schedules tasks and holds no table.  ``ump conform --capture --decode spark`` uses them
+for captures up to :data:`SMALL_CAPTURE_BYTES` (its judges' tables pass through the JVM), and
+:func:`launch_config` above that."""
 
 
 QUICK_TIER_BYTES = 512 << 20
 """Captures up to this many bytes in all run Spark's JVM with the quick compiler tier alone
-(:func:`launch_config`).  The optimising compiler (C2) cost 41-50 CPU-seconds of a 1,000,000
+(:func:`launch_config`, used by ``ump conform --capture --decode spark``).  The optimising
+compiler (C2) cost 41-50 CPU-seconds of a 1,000,000
 frame run (142 MB of capture) that spent about 48 in its tasks: more than it saved.  The
 bound is where the task work, about ten times larger at 10,000,000 frames, pays back the
 compiler (a join over the decoded 10,000,000-frame tables took 22 s with the quick tier alone
@@ -458,39 +405,10 @@ def _capture_bytes(captures: Sequence[str]) -> int:
                for ref in expand_paths(list(captures)))
 
 
-@contextlib.contextmanager
-def _sql_settings(spark: Any, settings: Mapping[str, str]) -> Iterator[None]:
-    """Apply runtime SQL settings for a block, then put back what was there."""
-    before = {key: spark.conf.get(key, None) for key in settings}
-    for key, value in settings.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
-
-
 DECODED = "decoded"
 """The subdirectory of ``--out`` that receives the decoded tables (``packets/``,
 ``messages/``, ``advertisements/``, ``skipped/``: :func:`spark_analysis.decode.decode_to_parquet`),
 which the analyses read back and users may query themselves."""
-
-
-@dataclass
-class Decoded:
-    """The decoded tables of all captures (see :func:`_decode`)."""
-
-    packets: DataFrame
-    messages: DataFrame
-    advertisements: DataFrame
-    skipped: pd.DataFrame
-    frames: int
-    registration_messages: int
-    """PREG and PREG-RESP messages decoded."""
 
 
 def _decode_while_starting(master: str | None) -> bool:
@@ -578,15 +496,13 @@ def _decode_locally(files: Sequence[str], per_file: bool, options: Any,
 
 
 def _decode(spark: Any, files: Sequence[str], per_file: bool, options: Any,
-            split_size: int | None, out: OutputDir) -> Decoded:
-    """Decode the captures to Parquet under ``OUT/decoded/`` in one Spark decode, then read
-    the tables back as DataFrames for the analyses.
+            split_size: int | None, out: OutputDir) -> Any:
+    """Decode the captures to Parquet under ``OUT/decoded/`` in one Spark decode (the
+    analyses read them from there).
 
     All files are one capture (TCP streams continue from one file to the next), or with
     ``per_file`` each is its own (``DecodeOptions.separate_files``: separate captures may reuse
-    the same TCP 4-tuples, whose segments must not be reassembled together).  Either way the
-    analyses run once over all of them.  ``skipped`` is a handful of rows: it is read with
-    pyarrow on the driver, not by a Spark job."""
+    the same TCP 4-tuples, whose segments must not be reassembled together)."""
     import dataclasses
 
     from spark_analysis.decode import decode_to_parquet
@@ -599,79 +515,16 @@ def _decode(spark: Any, files: Sequence[str], per_file: bool, options: Any,
                                    driver_bytes=DRIVER_DECODE_BYTES)
     except (CaptureError, FileExistsError) as exc:
         raise AnalyzeError(str(exc)) from None
-    return _read_decoded(spark, tables, out)
+    return tables
 
 
-def _read_decoded(spark: Any, tables: Any, out: OutputDir) -> Decoded:
-    """The decoded tables (``tables``: the decode's
-    :class:`spark_analysis.decode.ParquetTables`) read back as DataFrames."""
+def _skipped(out: OutputDir) -> pd.DataFrame:
+    """The decode's counts of frames that are not UM, by file and reason (a handful of rows,
+    read on the driver)."""
     import pyarrow.dataset as ds
 
-    # only the two tables used as they are: every ``spark.read.parquet`` runs a Spark job
-    # (the schema from the files' footers) and ``tables.dataframes`` reads all twenty
-    # (``tables.messages`` reads them all again): 40 jobs before the analyses started
-    packets, adverts = (spark.read.parquet(tables.paths[name])
-                        for name in ("packets", "advertisements"))
-    skipped = ds.dataset(f"{out.path}/{DECODED}/skipped", format="parquet",
-                         filesystem=out.fs).to_table().to_pandas()
-    from spark_analysis.analyses import HEADER_COLUMNS
-    from spark_analysis.schemas import HEADER_TABLE_PREFIX
-
-    registration_messages = sum(tables.rows.get(f"{HEADER_TABLE_PREFIX}{name}", 0)
-                                for name in ("ume_preg", "ume_preg_resp"))
-    return Decoded(packets, tables.messages(spark, HEADER_COLUMNS), adverts, skipped,
-                   tables.frames, registration_messages)
-
-
-DRIVER_WRITE_FRAMES = 2_000_000
-"""Up to this many captured frames every output, detail tables too, is sorted and written by
-the driver (:func:`_write`).  A detail table has at most a few rows per frame: at 1,000,000
-frames the largest (``stability_acks``) has 329,435 rows, about 40 MiB as Arrow.  Spark's
-sorted write of it is three jobs (sampling the sort keys, the sort, the commit) and a shuffle
-of the whole table; the driver's is one collect and a sort of indices."""
-
-
-def _write_all(spark: Any, outputs: Mapping[str, DataFrame], out: OutputDir, on_driver: bool,
-               log: Callable[[str], None]) -> dict[str, int]:
-    """Write every output (:func:`_write`), :data:`spark_analysis.analyses.ANALYSIS_THREADS`
-    at a time: each is a few jobs of small stages, often of one task, so one at a time left a
-    core idle; side by side they keep both busy.  With ``on_driver`` detail tables are
-    written by the driver too (:data:`DRIVER_WRITE_FRAMES`).  Returns the row counts in
-    ``outputs`` order."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from spark_analysis.analyses import ANALYSIS_THREADS, DETAIL_OUTPUTS, SORT_KEYS
-
-    def write(name: str, df: DataFrame) -> int:
-        spark.sparkContext.setJobDescription(f"write {name}")
-        rows = _write(df, name, SORT_KEYS[name], name in DETAIL_OUTPUTS and not on_driver,
-                      out)
-        log(f"  wrote {name}: {rows} rows")
-        return rows
-
-    with ThreadPoolExecutor(ANALYSIS_THREADS, thread_name_prefix="ump-write") as pool:
-        futures = {name: pool.submit(write, name, df) for name, df in outputs.items()}
-    return {name: future.result() for name, future in futures.items()}
-
-
-def _write(df: DataFrame, name: str, keys: Sequence[str], detail: bool,
-           out: OutputDir) -> int:
-    """Write ``df`` sorted by ``keys`` to ``parquet/<name>``; returns its row count.
-
-    With ``detail`` (a detail table of a capture above :data:`DRIVER_WRITE_FRAMES`: as large
-    as the capture) Spark writes it after a global sort.  Otherwise the table is small enough
-    (a summary: a few rows per session, source or store; or a detail table of a smaller
-    capture): it comes to the driver as Arrow, is sorted there and written as one file, which
-    saves the sampling, sort and commit jobs Spark would run.  Nulls sort first either way."""
-    if detail:
-        df.orderBy(*keys).write.mode("overwrite").parquet(out.uri(f"parquet/{name}"))
-        return out.count(name)
-    import pyarrow.compute as pc
-
-    table = df.toArrow()
-    order = pc.sort_indices(table, sort_keys=[(k, "ascending", "at_start") for k in keys])
-    out.write_table(name, table.take(order))
-    return int(table.num_rows)
+    return ds.dataset(f"{out.path}/{DECODED}/skipped", format="parquet",
+                      filesystem=out.fs).to_table().to_pandas()
 
 
 # =============================================================================================
@@ -743,6 +596,13 @@ class OutputDir:
         self.fs.create_dir(directory, recursive=True)
         self.fs.delete_dir_contents(directory, missing_dir_ok=True)
         pq.write_table(table, f"{directory}/part-00000.parquet", filesystem=self.fs)
+
+    def reset(self, relative: str) -> None:
+        """Empty ``relative`` (created if missing): results of an earlier run must not mix
+        with this run's (each capture writes its own part of every result)."""
+        directory = f"{self.path}/{relative}"
+        self.fs.create_dir(directory, recursive=True)
+        self.fs.delete_dir_contents(directory, missing_dir_ok=True)
 
     def write_text(self, relative: str, text: str) -> None:
         with self.fs.open_output_stream(f"{self.path}/{relative}") as stream:

@@ -360,16 +360,14 @@ def test_results_equal_committed_expected(corpus: CorpusRun, capture: Path) -> N
 
 
 def test_natural_file_order() -> None:
-    pytest.importorskip("pyspark")
-    from spark_analysis.analyses import natural_order
+    from spark_analysis.engine.inputs import natural_order
 
     assert natural_order(["cap10.pcap", "cap2.pcap", "cap1.pcap", "b.pcap"]) == [
         "b.pcap", "cap1.pcap", "cap2.pcap", "cap10.pcap"]
 
 
 def test_options_are_checked() -> None:
-    pytest.importorskip("pyspark")
-    from spark_analysis.analyses import AnalysisOptions
+    from spark_analysis.engine.options import AnalysisOptions
 
     with pytest.raises(ValueError, match="stability_rule"):
         AnalysisOptions(stability_rule="most")
@@ -380,9 +378,9 @@ def test_options_are_checked() -> None:
 def test_registration_pairing_is_first_come_first_served() -> None:
     """Two requests on one key (a receiver registering two sources' topics with the same
     indices) take the responses in order; a repeated request replaces the pending one."""
-    pa = pytest.importorskip("pyarrow")
-    pytest.importorskip("pyspark")
-    from spark_analysis.analyses import _pair_registrations
+    import pyarrow as pa
+
+    from spark_analysis.engine.registrations import _pair_registrations
 
     events = pa.table({
         "capture": ["c"] * 7, "pos": [10, 20, 30, 40, 50, 60, 5],
@@ -392,28 +390,3 @@ def test_registration_pairing_is_first_come_first_served() -> None:
     pairs = _pair_registrations(events).to_pydict()
     # the response at 5 precedes every request: it answers nothing
     assert list(zip(pairs["pos"], pairs["response_pos"], strict=True)) == [(10, 30), (20, 40)]
-
-
-def test_registrations_paired_on_the_driver_equal_the_task_pairing(spark: Any,
-                                                                    tmp_path: Path) -> None:
-    """Small runs pair registrations in the driver (no Python workers); the restarts capture
-    (re-registrations, several stores) gives the same timeline either way."""
-    from spark_analysis.analyses import prepare, registrations
-    from spark_analysis.columnar import DecodeOptions
-    from spark_analysis.decode import decode_to_parquet
-    from wire.tshark import PortMap
-
-    from .analysis_corpus import CORPUS, STORE_PORT
-
-    capture = str(CORPUS / "restarts.pcap")
-    decoded = decode_to_parquet(spark, capture, str(tmp_path / "d"),
-                                DecodeOptions(PortMap(store_ports=[STORE_PORT])),
-                                driver_bytes=1 << 30)
-    frames = decoded.dataframes(spark)
-    tables = prepare(frames["packets"], decoded.messages(spark), frames["advertisements"],
-                     files=[capture])
-    keys = [("pos", "ascending"), ("msg_index", "ascending")]
-    in_tasks = registrations(tables.messages).toArrow().sort_by(keys)
-    on_driver = registrations(tables.messages, pair_on_driver=True).toArrow().sort_by(keys)
-    assert in_tasks.num_rows > 5 and "granted" in in_tasks.column("outcome").to_pylist()
-    assert in_tasks.equals(on_driver)

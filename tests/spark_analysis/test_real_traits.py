@@ -427,7 +427,7 @@ def test_naks_to_a_closed_port_are_anomalies(corpus: CorpusRun, views: dict[Path
 def test_wildcard_patterns_search_topic_names() -> None:
     """UM matches a receiver's pattern anywhere in the name unless it anchors itself; a
     pattern that does not compile answers nothing instead of failing the analysis."""
-    from spark_analysis.analyses import wildcard_matches
+    from spark_analysis.engine.topics import wildcard_matches
 
     assert wildcard_matches(r"^ump\.lbtrm\.src0\.topic[0-9]+$", "ump.lbtrm.src0.topic12")
     assert not wildcard_matches(r"^ump\.lbtrm\.src0\.topic[0-9]+$", "ump.lbtrm.src0.topicX")
