@@ -100,7 +100,8 @@ def analyze_captures(spark: Any, decoded: str, files: Sequence[str], per_file: b
                      log: Callable[[str], None] = print) -> dict[str, int]:
     """Analyse every capture of the run (the files, or each file with ``per_file``) in Spark,
     one task per capture, and write the results under ``out/parquet``; returns the rows of
-    each result over all captures.  A line per capture says what its analyses took."""
+    each result over all captures.  A line per capture says what its analyses took (and, for
+    a single capture, a line per analysis step)."""
     captures = sorted(files) if per_file else ["all"]
     order = {capture: rank for rank, capture in enumerate(captures)}
     totals = dict.fromkeys(OUTPUTS, 0)
@@ -120,4 +121,8 @@ def analyze_captures(spark: Any, decoded: str, files: Sequence[str], per_file: b
                             sorted(steps.items(), key=lambda kv: -kv[1])[:3])
         log(f"  {capture}: {len(steps)} steps in {sum(steps.values()):.1f}s "
             f"(slowest: {slowest})")
+        if len(captures) == 1:
+            # one capture: a line per analysis step, in the order they ended
+            for step, seconds in steps.items():
+                log(f"    {step}: {seconds:.2f}s")
     return totals
