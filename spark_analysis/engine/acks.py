@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_analysis.engine.common import arrow, series
+from spark_analysis.engine.common import arrow, dense_codes, series
 from spark_analysis.engine.options import PERCENTILES, AnalysisOptions
 from wire.lbmc import AckType
 
@@ -437,25 +437,13 @@ def _groups(codes: Sequence[np.ndarray],
     radix = 1
     for code, size in zip(codes, sizes, strict=True):
         if radix * size >= _LIMIT:
-            combined, radix = _dense_codes(combined, radix)
+            combined, radix = dense_codes(combined, radix)
         combined = combined * size + code
         radix *= size
-    group, count = _dense_codes(combined, radix)
+    group, count = dense_codes(combined, radix)
     some_row = np.zeros(count, dtype=np.int64)
     some_row[group] = np.arange(n)
     return group, [code[some_row] for code in codes]
-
-
-def _dense_codes(codes: np.ndarray, radix: int) -> tuple[np.ndarray, int]:
-    """``codes`` (in ``range(radix)``) renumbered 0, 1, ... and how many there are: by a
-    table when ``radix`` is small (no sort), else by a sort."""
-    if radix <= max(4 * len(codes), 1 << 20):
-        seen = np.zeros(radix, dtype=bool)
-        seen[codes] = True
-        number = np.cumsum(seen) - 1
-        return number[codes], int(seen.sum())
-    present, dense = np.unique(codes, return_inverse=True)
-    return dense.astype(np.int64).reshape(-1), len(present)
 
 
 def _latencies(stability: pd.DataFrame, consumption: pd.DataFrame) -> tuple[np.ndarray,

@@ -10,7 +10,8 @@ says so (:func:`_s`).  The strings are built with ``pyarrow.compute`` over whole
 the few flagged rows; the big tables (packets, messages, flags, stability ACKs) are only
 filtered: each test reads the one or two columns it needs (an Arrow mask made positions),
 and only the flagged rows of only the columns an anomaly prints are taken, chunk by chunk
-(:func:`_take`: a ``take`` on a chunked column would first copy all of it into one).
+(:func:`~spark_analysis.engine.common.take_rows`: a ``take`` on a chunked column would first
+copy all of it into one).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_analysis.engine.common import arrow, closed_port, series, session_key
+from spark_analysis.engine.common import arrow, closed_port, series, session_key, take_rows
 from spark_analysis.engine.sequence import sequence_events
 
 ANOMALY_COLUMNS = ["capture", "severity", "kind", "ts_ns", "file", "file_offset", "subject",
@@ -125,24 +126,6 @@ def _present(table: pd.DataFrame, name: str) -> Column:
     return pc.is_valid(arrow(table[name]))
 
 
-def _take(values: Column, rows: np.ndarray) -> pa.Array:
-    """``values`` at the ascending positions ``rows``, chunk by chunk (``pc.take`` on a
-    chunked column concatenates all of it first: a copy of a whole column per few rows)."""
-    if isinstance(values, pa.ChunkedArray) and values.num_chunks == 1:
-        values = values.chunk(0)
-    if isinstance(values, pa.Array):
-        return values.take(pa.array(rows, pa.int64()))
-    ends = np.cumsum([len(chunk) for chunk in values.chunks])
-    cuts = np.searchsorted(rows, ends)
-    parts = [pa.array([], values.type)]
-    start, offset = 0, 0
-    for chunk, cut, end in zip(values.chunks, cuts.tolist(), ends.tolist(), strict=True):
-        if cut > start:
-            parts.append(chunk.take(pa.array(rows[start:cut] - offset, pa.int64())))
-        start, offset = cut, end
-    return pa.concat_arrays(parts)
-
-
 def _chunks(values: Column) -> list[pa.Array]:
     """The arrays of a column (itself if not chunked), as strings."""
     arrays = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
@@ -153,7 +136,7 @@ def _rows(table: pd.DataFrame, rows: np.ndarray, columns: Sequence[str]) -> pd.D
     """``columns`` (each once, in order) of ``table`` at the ascending positions ``rows``:
     a small frame of the flagged rows, the other columns of the big table left alone."""
     index = pd.RangeIndex(len(rows))
-    return pd.DataFrame({name: series(_take(arrow(table[name]), rows), index)
+    return pd.DataFrame({name: series(take_rows(arrow(table[name]), rows), index)
                          for name in dict.fromkeys(columns)}, index=index)
 
 

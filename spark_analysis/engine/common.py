@@ -182,6 +182,36 @@ def take_matched(values: Arrayish, found: np.ndarray) -> Arrayish:
     return pc.take(values, pa.array(found, mask=found < 0))
 
 
+def take_rows(values: Arrayish, rows: np.ndarray) -> pa.Array:
+    """``values`` at the ascending positions ``rows``, chunk by chunk: ``pc.take`` on a
+    chunked column concatenates all of it first (a copy of a whole column for a few rows)."""
+    if isinstance(values, pa.ChunkedArray) and values.num_chunks == 1:
+        values = values.chunk(0)
+    if isinstance(values, pa.Array):
+        return values.take(pa.array(rows, pa.int64()))
+    ends = np.cumsum([len(chunk) for chunk in values.chunks])
+    cuts = np.searchsorted(rows, ends)
+    parts = [pa.array([], values.type)]
+    start, offset = 0, 0
+    for chunk, cut, end in zip(values.chunks, cuts.tolist(), ends.tolist(), strict=True):
+        if cut > start:
+            parts.append(chunk.take(pa.array(rows[start:cut] - offset, pa.int64())))
+        start, offset = cut, end
+    return pa.concat_arrays(parts)
+
+
+def dense_codes(codes: np.ndarray, radix: int) -> tuple[np.ndarray, int]:
+    """``codes`` (in ``range(radix)``) renumbered 0, 1, ... in the order of their values, and
+    how many there are: by a table when ``radix`` is small (no sort), else by a sort."""
+    if radix <= max(4 * len(codes), 1 << 20):
+        seen = np.zeros(radix, dtype=bool)
+        seen[codes] = True
+        number = np.cumsum(seen) - 1
+        return number[codes], int(seen.sum())
+    present, dense = np.unique(codes, return_inverse=True)
+    return dense.astype(np.int64).reshape(-1), len(present)
+
+
 def _chunks(values: Arrayish) -> list[pa.Array]:
     return values.chunks if isinstance(values, pa.ChunkedArray) else [values]
 

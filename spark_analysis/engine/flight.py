@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_analysis.engine.common import series
+from spark_analysis.engine.common import dense_codes, series
 from spark_analysis.engine.options import AnalysisOptions
 
 FLIGHT = ["capture", "session", "source_ip", "tidx"]
@@ -57,18 +57,6 @@ def _part(values: pa.Array) -> tuple[np.ndarray, int]:
             max(len(encoded.dictionary), 1))
 
 
-def _dense(codes: np.ndarray, radix: int) -> tuple[np.ndarray, int]:
-    """``codes`` (in ``range(radix)``) renumbered 0, 1, ... and how many there are: by a
-    table when ``radix`` is small (no sort), else by a sort."""
-    if radix <= max(4 * len(codes), 1 << 20):
-        seen = np.zeros(radix, dtype=bool)
-        seen[codes] = True
-        number = np.cumsum(seen) - 1
-        return number[codes], int(seen.sum())
-    uniques, dense = np.unique(codes, return_inverse=True)
-    return dense.astype(np.int64).reshape(-1), len(uniques)
-
-
 def _packed(columns: Sequence[pa.Array | np.ndarray], room: int = 1) -> tuple[np.ndarray, int]:
     """One int64 code per row for the values of ``columns`` (Arrow arrays, or numpy codes
     already dense from 0), a null being a value of its own (Spark's ``groupBy``), and the
@@ -84,11 +72,11 @@ def _packed(columns: Sequence[pa.Array | np.ndarray], room: int = 1) -> tuple[np
             codes, size = _part(column)
         size = max(size, 1)
         if radix * size >= _LIMIT:
-            key, radix = _dense(key, radix)
+            key, radix = dense_codes(key, radix)
         key = key * size + codes
         radix *= size
     if radix * room >= _LIMIT:
-        key, radix = _dense(key, radix)
+        key, radix = dense_codes(key, radix)
     return key, radix
 
 
@@ -316,7 +304,7 @@ def flight_events(sends: pd.DataFrame, stable: pd.DataFrame) -> pd.DataFrame:
     columns["ts_ns"] = joint("send_ts_ns", "stable_ts_ns")
     delta = np.r_[np.ones(n_ups, dtype=np.int64), -np.ones(n_downs, dtype=np.int64)]
     flight_key, flight_radix = _packed([columns[k] for k in FLIGHT])
-    flight, n_flights = _dense(flight_key, flight_radix)
+    flight, n_flights = dense_codes(flight_key, flight_radix)
     ts_nulls = pc.is_null(columns["ts_ns"]).to_numpy(zero_copy_only=False)
     ts_values = pc.fill_null(columns["ts_ns"], 0).to_numpy(zero_copy_only=False).astype(np.int64)
     ts_rank, n_times = _ranks(ts_values, ts_nulls)

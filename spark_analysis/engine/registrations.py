@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from wire.lbmc import PregError
 
-from .common import arrow
+from .common import arrow, take_rows
 
 __all__ = ["PREG_ERROR_TEXT", "registration_summary", "registrations"]
 
@@ -102,28 +102,9 @@ def _header(messages: pd.DataFrame, header: str, columns: dict[str, str]) -> dic
     for name, source in columns.items():
         column, _, field = source.partition(".")
         if column not in kept:
-            kept[column] = _take(arrow(messages[column]), rows)
+            kept[column] = take_rows(arrow(messages[column]), rows)
         taken[name] = pc.struct_field(kept[column], field) if field else kept[column]
     return taken
-
-
-def _take(values: Column, rows: np.ndarray) -> pa.Array:
-    """``values`` at the ascending positions ``rows``, chunk by chunk: ``pc.take`` on a
-    chunked column first concatenates all of it (a copy of a whole message column for a few
-    registration rows)."""
-    if isinstance(values, pa.ChunkedArray) and values.num_chunks == 1:
-        values = values.chunk(0)
-    if isinstance(values, pa.Array):
-        return values.take(pa.array(rows, pa.int64()))
-    ends = np.cumsum([len(chunk) for chunk in values.chunks])
-    cuts = np.searchsorted(rows, ends)
-    parts = [pa.array([], values.type)]
-    start, offset = 0, 0
-    for chunk, cut, end in zip(values.chunks, cuts.tolist(), ends.tolist(), strict=True):
-        if cut > start:
-            parts.append(chunk.take(pa.array(rows[start:cut] - offset, pa.int64())))
-        start, offset = cut, end
-    return pa.concat_arrays(parts)
 
 
 # =============================================================================================

@@ -34,6 +34,7 @@ def spark_steps(spark: Any, out: Path, per_file: bool) -> dict[str, pa.Table]:
     from pyspark.sql import functions as F
 
     from spark_analysis.decode import ParquetTables
+    from spark_analysis.engine.inputs import HEADER_COLUMNS
     from tests.spark_analysis import twin as A
 
     dec = out / "decoded"
@@ -47,7 +48,7 @@ def spark_steps(spark: Any, out: Path, per_file: bool) -> dict[str, pa.Table]:
     import json
 
     files = json.loads((out / "summary.json").read_text())["files"]
-    t = A.prepare(raw, tables.messages(spark, A.HEADER_COLUMNS),
+    t = A.prepare(raw, tables.messages(spark, HEADER_COLUMNS),
                   spark.read.parquet(paths["advertisements"]), files=files, per_file=per_file)
     packets = t.packets.select(
         *A._PACKET_COLUMNS, *[c for c in A._OPTIONAL_PACKET_COLUMNS if c in t.packets.columns])

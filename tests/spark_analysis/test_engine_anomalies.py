@@ -19,10 +19,10 @@ from spark_analysis.engine.anomalies import (
     _concat,
     _concat_ws,
     _s,
-    _take,
     anomalies,
     anomaly_summary,
 )
+from spark_analysis.engine.common import take_rows
 from tests.spark_analysis.engine_oracle import assert_same, corpus_steps, frame
 
 INPUTS = ["packets", "messages", "sends", "regs", "stability", "consumption", "requests",
@@ -202,7 +202,7 @@ def _rechunked(table: pa.Table, rows: int) -> pd.DataFrame:
 
 
 def test_chunked_inputs_give_the_same_anomalies(steps: dict[str, pa.Table]) -> None:
-    """The flagged rows are taken chunk by chunk (:func:`_take`): columns in many chunks
+    """The flagged rows are taken chunk by chunk (:func:`common.take_rows`): columns in many chunks
     give the same anomalies as whole ones."""
     found = anomalies(*(_rechunked(steps[name], 7) for name in INPUTS))
     assert_same(found, steps["found"], columns_in_order=True)
@@ -211,8 +211,8 @@ def test_chunked_inputs_give_the_same_anomalies(steps: dict[str, pa.Table]) -> N
 def test_take_reads_positions_across_chunks() -> None:
     values = pa.chunked_array([pa.array([], pa.string()), pa.array(["a", None, "c"]),
                                pa.array([], pa.string()), pa.array(["d", "e"])])
-    taken = _take(values, np.array([0, 1, 2, 3, 4], np.int64))
+    taken = take_rows(values, np.array([0, 1, 2, 3, 4], np.int64))
     assert taken.to_pylist() == ["a", None, "c", "d", "e"]
-    assert _take(values, np.array([2, 3], np.int64)).to_pylist() == ["c", "d"]
-    assert _take(values, np.array([], np.int64)).type == pa.string()
-    assert _take(pa.array([1, 2, 3]), np.array([2], np.int64)).to_pylist() == [3]
+    assert take_rows(values, np.array([2, 3], np.int64)).to_pylist() == ["c", "d"]
+    assert take_rows(values, np.array([], np.int64)).type == pa.string()
+    assert take_rows(pa.array([1, 2, 3]), np.array([2], np.int64)).to_pylist() == [3]

@@ -44,16 +44,22 @@ with unless told otherwise (UM's default intragroup behaviour).
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from spark_analysis.engine.inputs import FILE_SHIFT, natural_order
+from spark_analysis.engine.inputs import MESSAGE_COLUMNS as _MESSAGE_COLUMNS
+from spark_analysis.engine.inputs import OPTIONAL_PACKET_COLUMNS as _OPTIONAL_PACKET_COLUMNS
+from spark_analysis.engine.inputs import PACKET_COLUMNS as _PACKET_COLUMNS
 from spark_analysis.engine.options import PERCENTILES, AnalysisOptions
-from wire.lbmc import AckType, PregError
+from spark_analysis.engine.registrations import PREG_ERROR_TEXT
+from spark_analysis.engine.run import DETAIL_OUTPUTS, SORT_KEYS
+from spark_analysis.engine.topics import wildcard_matches
+from wire.lbmc import AckType
 from wire.lbtru import NCF_REASON_TEXT
 
 if TYPE_CHECKING:
@@ -97,20 +103,6 @@ __all__ = [
     "with_session_side",
 ]
 
-PREG_ERROR_TEXT: dict[int, str] = {
-    PregError.ENOERROR: "No error",
-    PregError.ENOPATTERN: "Store has no matching pattern",
-    PregError.ESRCREGID: "Source RegID not found",
-    PregError.EREGID: "RegID is in use by a receiver",
-    PregError.ETOPICNAME: "Topic name does not match previous registration",
-    PregError.EACTIVE: "RegID is in use by a different source",
-    PregError.ECONFIG: "Source and store configuration values are incompatible",
-}
-"""tshark's texts for the PREG-RESP error codes (``lbmc.ume_preg_resp.code.code``)."""
-
-FILE_SHIFT = 40
-"""``pos`` = file rank << FILE_SHIFT | byte offset: files up to 1 TiB, 8 million files."""
-
 # =============================================================================================
 # Preparation
 # =============================================================================================
@@ -123,14 +115,6 @@ class CaptureTables:
     packets: DataFrame
     messages: DataFrame
     advertisements: DataFrame
-
-
-def natural_order(names: Iterable[str]) -> list[str]:
-    """File names in natural order (``cap2`` before ``cap10``): how rotated captures sort."""
-    def key(name: str) -> list[tuple[int, int | str]]:
-        return [(0, int(part)) if part.isdigit() else (1, part)
-                for part in re.split(r"(\d+)", name)]
-    return sorted(set(names), key=key)
 
 
 def prepare(packets: DataFrame, messages: DataFrame, advertisements: DataFrame, *,
@@ -301,18 +285,6 @@ def topic_queries(advertisements: DataFrame) -> DataFrame:
             .withColumn("matching_topics", F.coalesce(F.col("_matching"), F.lit(0)))
             .withColumn("answered", F.col("matching_topics") > 0)
             .drop("_matching"))
-
-
-def wildcard_matches(pattern: str, topic: str) -> bool:
-    """Whether a wildcard receiver's pattern selects ``topic``: a regular-expression search
-    anywhere in the name (the pattern anchors itself with ``^``/``$`` if it wants to).
-    Python's ``re`` stands for both UM pattern types (PCRE and POSIX extended regex): they
-    agree on what receiver patterns use (classes, alternation, quantifiers, anchors).  A
-    pattern that does not compile matches nothing."""
-    try:
-        return re.search(pattern, topic) is not None
-    except re.error:
-        return False
 
 
 def _wildcard_answers(advertisements: DataFrame) -> DataFrame:
@@ -1398,27 +1370,6 @@ def anomaly_summary(found: DataFrame) -> DataFrame:
 # All of them
 # =============================================================================================
 
-HEADER_COLUMNS = ("ume_preg", "ume_preg_resp", "ume_ack", "ume_rxreq", "ume_sid", "ume_storeid")
-"""The typed LBMC header columns of ``messages`` the analyses read: what a reader of stored
-tables joins back (:meth:`spark_analysis.decode.ParquetTables.messages`)."""
-
-_MESSAGE_COLUMNS = ["capture", "pos", "msg_index", "file", "file_offset", "ts_ns", "protocol",
-                    "src_ip", "src_port", "dst_ip", "dst_port", "session_id", "transport_sqn",
-                    "message_type", "label", "tidx", "sqn", "topic_name", "payload_length",
-                    "malformed_reason", *HEADER_COLUMNS]
-"""The messages columns the analyses read (the table is wide: select early)."""
-
-_PACKET_COLUMNS = ["capture", "pos", "file", "file_offset", "ts_ns", "protocol", "src_ip",
-                   "src_port", "dst_ip", "dst_port", "payload_length", "packet_type", "sqn",
-                   "session_id", "ucast_port", "retransmission", "nak_sqns", "ncf_sqns",
-                   "ncf_reason", "messages", "malformed_reason"]
-"""The packets columns the analyses read: about half of the table, and the checkpoint of
-``packets`` copies every column it keeps."""
-
-_OPTIONAL_PACKET_COLUMNS = ["icmp_type", "icmp_code"]
-"""Packets columns the analyses read when the decode has them (:func:`_quoted`)."""
-
-
 ANALYSIS_THREADS = 3
 """Intermediate tables made at once by :func:`analyze` (and outputs written at once by
 ``ump analyze``): a few more than the two cores of the machine the figures of issue 19 were
@@ -1541,34 +1492,3 @@ def analyze(tables: CaptureTables, options: AnalysisOptions | None = None, *,
         "retransmission_requests": requests,
     }
     return AnalysisRun(outputs, cached)
-
-
-DETAIL_OUTPUTS = frozenset({"anomalies", "sequence_events", "registrations", "stability_acks",
-                            "consumption_acks", "retransmission_requests"})
-"""Outputs with a row per event: as large as the capture.  (``flight_size`` has a row per
-time bin and source topic: bounded by ``flight_bins``.)"""
-
-SORT_KEYS: dict[str, list[str]] = {
-    "anomaly_summary": ["capture", "severity", "kind"],
-    "anomalies": ["capture", "ts_ns", "kind", "file", "file_offset", "subject", "detail"],
-    "topic_advertisements": ["capture", "topic", "transport", "source_ip", "source_port",
-                             "session_id", "topic_index"],
-    "topic_queries": ["capture", "record", "topic"],
-    "transport_sessions": ["capture", "session"],
-    "sequence_summary": ["capture", "level", "protocol", "source_ip", "source_port",
-                         "session_id", "dest_ip", "dest_port", "tidx"],
-    "sequence_events": ["capture", "pos", "msg_index", "level", "dest_ip", "dest_port", "tidx",
-                        "event"],
-    "registrations": ["capture", "pos", "msg_index"],
-    "registration_summary": ["capture", "role", "store_ip", "outcome", "error_code"],
-    "latency_summary": ["capture", "kind", "source_ip", "tidx", "store_ip"],
-    "latency_histogram": ["capture", "kind", "source_ip", "store_ip", "bucket"],
-    "stability_acks": ["capture", "pos", "msg_index"],
-    "consumption_acks": ["capture", "pos", "msg_index"],
-    "flight_size_summary": ["capture", "session", "tidx"],
-    "flight_size": ["capture", "session", "tidx", "bin"],
-    "retransmission_summary": ["capture", "kind", "responder_ip", "responder_port", "session"],
-    "retransmission_requests": ["capture", "pos", "kind", "sqn", "requester_ip"],
-}
-"""A total order of every output's rows: results are written sorted, so two runs over the same
-capture write the same rows in the same order."""
