@@ -33,7 +33,9 @@ def steps(request: Any, tmp_path_factory: Any) -> dict[str, pa.Table]:
 
 @pytest.fixture(scope="module")
 def golden(request: Any, tmp_path_factory: Any) -> Any:
-    """The Spark final outputs of the corpus run (``OUT/parquet``)."""
+    """The final outputs of the corpus run (``OUT/parquet``, written by the engine through
+    ``ump analyze``: they check the wiring and column order of :mod:`spark_analysis.engine.run`;
+    the Spark twins are the oracle of the values)."""
     from tests.spark_analysis.analysis_corpus import shared_corpus_run
 
     return shared_corpus_run(request, tmp_path_factory).out / "parquet"
