@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from spark_analysis.engine.inputs import load
+from spark_analysis.engine.inputs import Inputs, load
 from spark_analysis.engine.options import AnalysisOptions
 from spark_analysis.engine.run import OUTPUTS, analyze
 
@@ -41,13 +41,16 @@ def analyze_capture(decoded: str, files: Sequence[str], per_file: bool, capture:
     Returns the rows written per result."""
     import pyarrow.parquet as pq
 
-    started = time.perf_counter()
-    fs, root = _filesystem(decoded)
-    inputs = load(root, files, per_file, captures=[capture], filesystem=fs)
-    if progress is not None:
-        progress("reading the decoded tables", time.perf_counter() - started)
-    results = analyze(inputs, options, progress=progress)
-    del inputs
+    def read() -> Inputs:
+        started = time.perf_counter()
+        fs, root = _filesystem(decoded)
+        inputs = load(root, files, per_file, captures=[capture], filesystem=fs)
+        if progress is not None:
+            progress("reading the decoded tables", time.perf_counter() - started)
+        return inputs
+
+    # no reference kept here: the analyses let each input table go when done with it
+    results = analyze(read(), options, progress=progress)
     started = time.perf_counter()
     out_fs, out_root = _filesystem(out)
     rows = {}

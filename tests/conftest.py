@@ -76,8 +76,12 @@ def spark() -> Iterator[Any]:
     session = get_spark(app_name="ump-tests", master="local[2]", config={
         "spark.ui.enabled": "false",
         "spark.sql.shuffle.partitions": "2",
-        # a test JVM lives for seconds: the quick JIT tier and the serial GC start faster
-        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        # a test JVM lives for seconds: the quick JIT tier and the serial GC start faster.
+        # The quick tier alone gets the JVM's small code cache (48 MiB), which a test process
+        # running the Spark SQL twins of the analyses filled ("Out of space in CodeCache for
+        # adapters": the JVM died under the tests), so it gets the tiered default's size
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC "
+                                         "-XX:ReservedCodeCacheSize=256m",
     }, log_level="ERROR")
     yield session
     session.stop()

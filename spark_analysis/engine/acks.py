@@ -336,7 +336,8 @@ def stability_acks(messages: pd.DataFrame, sends: pd.DataFrame,
     between them.  ``send_ts_ns`` (and ``session``, ``latency_us``) is null when the capture
     holds no such send.  ``topic`` comes from the source's first registration of that
     transport and topic index; null without one (or with a null key).  Columns in the order
-    of the Spark twin (the join keys first).
+    of the Spark twin (the join keys first).  Only the messages with a ``ume_ack`` are read:
+    all messages or the control messages alone (``Inputs.controls``) give the same.
     """
     raw = _acks(messages, AckType.STABLE)
     acks = {"capture": raw["capture"], "pos": raw["pos"], "msg_index": raw["msg_index"],
@@ -370,6 +371,7 @@ def consumption_acks(messages: pd.DataFrame, sends: pd.DataFrame,
     :func:`stability_acks`, the latest send of the acknowledged sequence number and the
     latency.  A cumulative (batched) ACK is measured for the sequence number it names.  An
     ACK whose registration is not in the capture has a null ``source_ip`` (and so no send).
+    ``messages``: as for :func:`stability_acks`.
     """
     raw = _acks(messages, AckType.CDELV)
     acks = {"capture": raw["capture"], "pos": raw["pos"], "msg_index": raw["msg_index"],

@@ -12,6 +12,13 @@ analyses read a narrow part of them, with two columns added:
     ``x10``) shifted by :data:`FILE_SHIFT`, plus the record's byte offset.  Sequence analysis
     follows capture order, as tshark does, not timestamps (which may step back).
 
+``messages`` is given twice (:class:`Inputs`): every message the analyses read, without
+the typed header columns, and the *control* messages, the few that carry a UME header the
+analyses read (registrations, ACKs, RXREQs) or are malformed, with the header columns joined
+back.  A header column is a struct of many fields as long as its table: on every data message
+it was a null that still cost the struct's width (about 1 GiB of nulls at 10,000,000 frames);
+every analysis that reads a header reads the rows that carry it and nothing else.
+
 Rows come in the order of the stored files, which is nearly capture order (LBT-TCP messages,
 reassembled apart, are stored apart): a function that walks a table in capture order sorts it
 by ``pos`` (and ``msg_index``) itself.  Only the rows of the captures asked for are read (a
@@ -33,6 +40,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from spark_analysis.engine.common import frame
+from spark_analysis.schemas import HEADER_TABLE_PREFIX, MESSAGE_KEY
 
 FILE_SHIFT = 40
 """``pos`` = file rank << FILE_SHIFT | byte offset: files up to 1 TiB, 8 million files."""
@@ -41,14 +49,18 @@ HEADER_COLUMNS = ("ume_preg", "ume_preg_resp", "ume_ack", "ume_rxreq", "ume_sid"
 """The typed LBMC header columns of ``messages`` the analyses read, each joined back from its
 ``lbmc_<name>`` table by the message key (file, record offset, index in the frame)."""
 
-HEADER_TABLE_PREFIX = "lbmc_"
-MESSAGE_KEY = ["file", "file_offset", "msg_index"]
-
 MESSAGE_COLUMNS = ["capture", "pos", "msg_index", "file", "file_offset", "ts_ns", "protocol",
                    "src_ip", "src_port", "dst_ip", "dst_port", "session_id", "transport_sqn",
                    "message_type", "label", "tidx", "sqn", "topic_name", "payload_length",
-                   "malformed_reason", *HEADER_COLUMNS]
+                   "malformed_reason"]
 """The messages columns the analyses read (the stored table is wide: read what is used)."""
+
+CONTROL_COLUMNS = [*MESSAGE_COLUMNS, *HEADER_COLUMNS]
+"""The columns of the control messages: the message columns and the typed headers."""
+
+CONTROL_HEADERS = ("ume_preg", "ume_preg_resp", "ume_ack", "ume_rxreq")
+"""The headers that make a message a control message (``ume_sid`` and ``ume_storeid`` only
+qualify a registration)."""
 
 PACKET_COLUMNS = ["capture", "pos", "file", "file_offset", "ts_ns", "protocol", "src_ip",
                   "src_port", "dst_ip", "dst_port", "payload_length", "packet_type", "sqn",
@@ -58,6 +70,14 @@ PACKET_COLUMNS = ["capture", "pos", "file", "file_offset", "ts_ns", "protocol", 
 
 OPTIONAL_PACKET_COLUMNS = ["icmp_type", "icmp_code"]
 """Packets columns the analyses read when the decode wrote them (ICMP-quoted datagrams)."""
+
+
+DICTIONARY = frozenset({"file"})
+"""Columns the analyses get dictionary-encoded: ``file`` is the capture file's name (often a
+path) on every row, which the analyses only carry to their detail rows; as a plain string it
+was the widest column of every big table (a 40-character path: 190 MiB of the 760 MiB of
+``packets`` at 10,000,000 frames, and as much again in every table made from them).  The
+results hold plain strings again (:func:`spark_analysis.engine.run.to_arrow`)."""
 
 
 def natural_order(names: Iterable[str]) -> list[str]:
@@ -70,11 +90,18 @@ def natural_order(names: Iterable[str]) -> list[str]:
 
 @dataclass
 class Inputs:
-    """The three tables the analyses start from (pandas, Arrow-backed columns)."""
+    """The tables the analyses start from (pandas, Arrow-backed columns)."""
 
     packets: pd.DataFrame
+    """Every UM frame: :data:`PACKET_COLUMNS`."""
     messages: pd.DataFrame
+    """Every message with a sequence number, a control header or a malformation:
+    :data:`MESSAGE_COLUMNS`."""
     advertisements: pd.DataFrame
+    """Topic resolution records."""
+    controls: pd.DataFrame
+    """The messages carrying one of :data:`CONTROL_HEADERS` or malformed:
+    :data:`CONTROL_COLUMNS` (module docstring)."""
 
 
 def _read(path: str, columns: Sequence[str] | None, files: Sequence[str] | None,
@@ -105,6 +132,15 @@ def _add_capture(table: pa.Table, ranks: dict[str, int], per_file: bool) -> pa.T
     return table.append_column("capture", capture).append_column("pos", pos)
 
 
+def _key_rows(messages: pa.Table, keys: pa.Table) -> np.ndarray:
+    """The rows of ``messages`` whose message key (:data:`MESSAGE_KEY`) is one of ``keys``'s
+    rows, ascending."""
+    left = messages.select(MESSAGE_KEY).append_column(
+        "_m", pa.array(np.arange(messages.num_rows, dtype=np.int64)))
+    pairs = left.join(keys.select(MESSAGE_KEY), MESSAGE_KEY, join_type="left semi")
+    return np.sort(pairs.column("_m").to_numpy())
+
+
 def _joined(messages: pa.Table, header: pa.Table, name: str) -> pa.ChunkedArray:
     """``header``'s column ``name`` aligned with the rows of ``messages`` by the message key
     (null where a message has no such header).  Arrow's join carries no struct columns, so
@@ -122,7 +158,7 @@ def _joined(messages: pa.Table, header: pa.Table, name: str) -> pa.ChunkedArray:
 def load_tables(root: str, files: Sequence[str], per_file: bool, *,
                 captures: Sequence[str] | None = None, filesystem: Any = None,
                 ) -> dict[str, pa.Table]:
-    """The analyses' three tables as Arrow, read from the decode's output ``root``.
+    """The analyses' tables (:class:`Inputs`) as Arrow, read from the decode's output ``root``.
 
     Args:
         files: every capture file name as the ``file`` column holds it; their natural order
@@ -144,29 +180,48 @@ def load_tables(root: str, files: Sequence[str], per_file: bool, *,
     packets = packets.select([c for c in PACKET_COLUMNS + OPTIONAL_PACKET_COLUMNS
                               if c in packets.schema.names])
 
-    core = [c for c in MESSAGE_COLUMNS if c not in ("capture", "pos", *HEADER_COLUMNS)]
+    core = [c for c in MESSAGE_COLUMNS if c not in ("capture", "pos")]
     messages = _read(table("messages"), core, only, filesystem)
+    headers = {name: _read(table(f"{HEADER_TABLE_PREFIX}{name}"), [*MESSAGE_KEY, name], only,
+                           filesystem) for name in HEADER_COLUMNS}
+    # the control messages: the rows named by a control header's table, and the malformed
+    marked = pa.concat_tables([headers[name].select(MESSAGE_KEY) for name in CONTROL_HEADERS])
+    control = np.zeros(messages.num_rows, dtype=bool)
+    control[_key_rows(messages, marked)] = True
+    malformed = pc.is_valid(messages.column("malformed_reason"))
+    control |= malformed.to_numpy(zero_copy_only=False)
+    controls = messages.filter(pa.array(control))
     for name in HEADER_COLUMNS:
-        header = _read(table(f"{HEADER_TABLE_PREFIX}{name}"), [*MESSAGE_KEY, name], only,
-                       filesystem)
-        messages = messages.append_column(name, _joined(messages, header, name))
-    messages = _add_capture(messages, ranks, per_file)
-    keep = pc.is_valid(messages.column("sqn"))
-    for name in ("ume_preg", "ume_preg_resp", "ume_ack", "ume_rxreq", "malformed_reason"):
-        keep = pc.or_(keep, pc.is_valid(messages.column(name)))
-    messages = messages.filter(keep).select(MESSAGE_COLUMNS)
+        controls = controls.append_column(name, _joined(controls, headers[name], name))
+    controls = _add_capture(controls, ranks, per_file).select(CONTROL_COLUMNS)
+    keep = pc.or_(pc.is_valid(messages.column("sqn")), pa.array(control))
+    messages = _add_capture(messages.filter(keep), ranks, per_file).select(MESSAGE_COLUMNS)
 
     adverts = _read(table("advertisements"), None, only, filesystem)
     adverts = _add_capture(adverts, ranks, per_file)
-    return {"packets": packets, "messages": messages, "advertisements": adverts}
+    return {"packets": packets, "messages": messages, "advertisements": adverts,
+            "controls": controls}
 
 
 def load(root: str, files: Sequence[str], per_file: bool, *,
          captures: Sequence[str] | None = None, filesystem: Any = None) -> Inputs:
     """:func:`load_tables` as pandas (:func:`frame`)."""
     tables = load_tables(root, files, per_file, captures=captures, filesystem=filesystem)
-    # one chunk per column (a table read from many files has one per file and row group):
-    # pandas' Arrow-backed operations handle chunked columns chunk by chunk or combine them
-    # again each time (at 10,000,000 frames the data messages took twice as long)
-    return Inputs(*(frame(tables[name].combine_chunks())
-                    for name in ("packets", "messages", "advertisements")))
+    return Inputs(*(frame(_combined(tables.pop(name)))
+                    for name in ("packets", "messages", "advertisements", "controls")))
+
+
+def _combined(table: pa.Table) -> pa.Table:
+    """``table`` with one chunk per column (a table read from many files has one per file and
+    row group: pandas' Arrow-backed operations handle chunked columns chunk by chunk or
+    combine them again each time; at 10,000,000 frames the data messages took twice as
+    long).  Column by column, each chunked original let go once copied (when the caller
+    holds no other reference), so the copy costs one column's memory, not the table's."""
+    columns: dict[str, pa.Array] = {}
+    for name in table.column_names:
+        column = table.column(name)
+        columns[name] = (pc.dictionary_encode(column).combine_chunks() if name in DICTIONARY
+                         else column.combine_chunks())
+        table = table.drop_columns([name])
+        del column
+    return pa.table(columns)

@@ -270,7 +270,9 @@ def registrations(messages: pd.DataFrame) -> pd.DataFrame:
     such grants, the earliest in capture order.  A source's are its own address and topic.
 
     ``messages`` has the message columns and the header struct columns ``ume_preg``,
-    ``ume_preg_resp``, ``ume_sid`` and ``ume_storeid`` (null where the header is absent).
+    ``ume_preg_resp``, ``ume_sid`` and ``ume_storeid`` (null where the header is absent):
+    all messages or the control messages alone (``Inputs.controls``), since only those with
+    a PREG or PREG-RESP are read.
     """
     req = _requests(messages)
     resp = _responses(messages)

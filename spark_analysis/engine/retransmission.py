@@ -61,7 +61,8 @@ def retransmission_requests(packets: pd.DataFrame, data: pd.DataFrame, messages:
     """Which retransmissions were asked for, who answered, how fast?  One row per requested
     sequence number.
 
-    ``ume-rxreq``: a receiver's RXREQ (``messages.ume_rxreq``) to a store, served by the
+    ``ume-rxreq``: a receiver's RXREQ (``messages.ume_rxreq``; ``messages`` may be the control
+    messages alone, ``Inputs.controls``: no other row is read) to a store, served by the
     store's first RETRANS (``data``, ``message_type`` ``retrans``) of that sequence number on
     the same connection (store -> receiver) after the request, in ``(pos, msg_index)`` order.
     When the receiver's granted registration with that store names a topic (``regs``: the

@@ -256,6 +256,8 @@ def _items(packets: pd.DataFrame, data: pd.DataFrame) -> tuple[pa.Table, np.ndar
 
     def joined(name: str, transport: pa.Array, topic: pa.Array) -> pa.ChunkedArray:
         type_ = _ITEM_TYPES[name]
+        if transport.type == topic.type and pa.types.is_dictionary(transport.type):
+            type_ = transport.type   # kept encoded (inputs.DICTIONARY), each its dictionary
         return pa.chunked_array([transport.cast(type_), topic.cast(type_)], type_)
 
     def same(name: str, p_name: str, d_name: str | None = None) -> pa.Array:

@@ -1,0 +1,125 @@
+"""The engine's input tables (:mod:`spark_analysis.engine.inputs`) against the rows the Spark
+SQL twin prepares from the same decoded corpus: the messages without their header columns,
+the control messages with them, ``file`` dictionary-encoded while analysed and plain in every
+result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from spark_analysis.engine.inputs import (
+    CONTROL_COLUMNS,
+    CONTROL_HEADERS,
+    HEADER_COLUMNS,
+    MESSAGE_COLUMNS,
+    Inputs,
+    load,
+)
+from spark_analysis.engine.run import analyze
+from tests.spark_analysis.engine_oracle import assert_same, corpus_steps
+
+
+@pytest.fixture(scope="module")
+def steps(request: Any, tmp_path_factory: Any) -> dict[str, pa.Table]:
+    return corpus_steps(request, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def loaded(request: Any, tmp_path_factory: Any) -> Any:
+    """A fresh :func:`load` of the decoded corpus per call (as ``ump analyze --per-file``)."""
+    from tests.spark_analysis.analysis_corpus import shared_corpus_run
+
+    out = shared_corpus_run(request, tmp_path_factory).out
+    files = json.loads((out / "summary.json").read_text())["files"]
+    return lambda: load(str(out / "decoded"), files, per_file=True)
+
+
+def _plain(df: pd.DataFrame, columns: list[str]) -> pa.Table:
+    table = pa.Table.from_pandas(df[columns], preserve_index=False)
+    for i, field in enumerate(table.schema):
+        if pa.types.is_dictionary(field.type):
+            table = table.set_column(i, field.name, table.column(i).cast(field.type.value_type))
+    return table.replace_schema_metadata(None)
+
+
+def test_messages_are_the_twins_rows_without_header_columns(
+        steps: dict[str, pa.Table], loaded: Any) -> None:
+    inputs: Inputs = loaded()
+    assert list(inputs.messages.columns) == MESSAGE_COLUMNS
+    assert not set(HEADER_COLUMNS) & set(inputs.messages.columns)
+    assert_same(_plain(inputs.messages, MESSAGE_COLUMNS), steps["messages"].select(
+        MESSAGE_COLUMNS), ["capture", "pos", "msg_index"])
+
+
+def test_controls_are_the_twins_rows_that_carry_a_control_header(
+        steps: dict[str, pa.Table], loaded: Any) -> None:
+    inputs: Inputs = loaded()
+    theirs = steps["messages"]
+    marked = pc.is_valid(theirs["malformed_reason"])
+    for name in CONTROL_HEADERS:
+        marked = pc.or_(marked, pc.is_valid(theirs[name]))
+    expected = theirs.filter(marked).select(CONTROL_COLUMNS)
+    # the corpus has registrations, ACKs and RXREQs: each kind of control row is there to be
+    # kept (it has no malformed message: test_malformed_messages_are_control_messages)
+    for name in CONTROL_HEADERS:
+        assert pc.sum(pc.is_valid(expected[name])).as_py() > 0, name
+    assert 0 < expected.num_rows < theirs.num_rows
+    assert list(inputs.controls.columns) == CONTROL_COLUMNS
+    assert_same(_plain(inputs.controls, CONTROL_COLUMNS), expected,
+                ["capture", "pos", "msg_index"])
+
+
+def test_file_is_encoded_while_analysed_and_plain_in_the_results(loaded: Any) -> None:
+    inputs: Inputs = loaded()
+    for df in (inputs.packets, inputs.messages, inputs.controls):
+        assert pa.types.is_dictionary(df["file"].dtype.pyarrow_dtype)
+    results = analyze(inputs)
+    with_file = [name for name, table in results.items() if "file" in table.schema.names]
+    assert {"anomalies", "registrations", "stability_acks", "sequence_events",
+            "retransmission_requests"} <= set(with_file)
+    for name in with_file:
+        assert results[name].schema.field("file").type == pa.string(), name
+    assert results["stability_acks"].num_rows > 0
+    assert all(pc.ends_with(results["stability_acks"]["file"], ".pcap").to_pylist())
+
+
+def test_malformed_messages_are_control_messages(spark: Any, tmp_path: Path) -> None:
+    """A malformed message carries no header the analyses read, but it is an anomaly: it is a
+    control message, so the anomalies (which read the control messages) still report it."""
+    from spark_analysis import decode
+    from spark_analysis.columnar import DecodeOptions
+    from tests.spark_analysis.test_columnar import (
+        RCV,
+        SRC,
+        STORE_PORTS,
+        data_message,
+    )
+    from wire import lbtru
+    from wire.pcap import PcapWriter, udp_frame
+
+    good = data_message(1).build()
+    bad = bytearray(data_message(2).build())
+    bad[1] = 0x03   # an unknown header code
+    capture = tmp_path / "bad.pcap"
+    with PcapWriter(capture) as writer:
+        for i, payload in enumerate([good, good + bytes(bad)]):
+            writer.write(1.0 + i / 1000, udp_frame(SRC, 14380, RCV, 14360, lbtru.LbtruData(
+                sqn=i + 1, payload=payload).build()))
+    out = tmp_path / "decoded"
+    decode.decode_to_parquet(spark, str(capture), str(out), DecodeOptions(STORE_PORTS))
+    inputs = load(str(out), [str(capture)], per_file=False)
+    assert inputs.controls["malformed_reason"].notna().sum() == 1
+    assert "unknown header code" in inputs.controls["malformed_reason"].dropna().iloc[0]
+    assert len(inputs.messages) == 3   # two good messages and the malformed one
+    found = analyze(inputs)["anomalies"].to_pylist()
+    bad_messages = [r for r in found if r["kind"] == "malformed"
+                    and r["subject"].endswith(f"message from {SRC}")]
+    assert [(r["file"], r["detail"]) for r in bad_messages] == [
+        (str(capture), "lbmc at offset 12: unknown header code 0x03")], found
