@@ -337,7 +337,7 @@ def stability_acks(messages: pd.DataFrame, sends: pd.DataFrame,
     holds no such send.  ``topic`` comes from the source's first registration of that
     transport and topic index; null without one (or with a null key).  Columns in the order
     of the Spark twin (the join keys first).  Only the messages with a ``ume_ack`` are read:
-    all messages or the control messages alone (``Inputs.controls``) give the same.
+    all messages or the control messages alone (``Inputs.acks``) give the same.
     """
     raw = _acks(messages, AckType.STABLE)
     acks = {"capture": raw["capture"], "pos": raw["pos"], "msg_index": raw["msg_index"],

@@ -375,7 +375,7 @@ def anomalies(packets: pd.DataFrame, messages: pd.DataFrame, sends: pd.DataFrame
     ``nak-to-closed-port`` (a transport NAK quoted back in an ICMP port-unreachable: nobody
     listens on the session's NAK port, the source is gone and will repair nothing, so the
     receivers are left with the stores); ``malformed`` packets and messages (``messages`` may
-    be the control messages alone, ``Inputs.controls``: only the malformed and the PREG-RESPs
+    be the control messages alone, ``Inputs.flagged``: only the malformed and the PREG-RESPs
     are read).  ``warning``s:
     ``registration-unanswered``, ``unsolicited-registration-response``,
     ``retransmission-unanswered`` (an RXREQ or NAKed number neither retransmitted nor NCF'd

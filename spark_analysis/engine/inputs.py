@@ -12,12 +12,14 @@ analyses read a narrow part of them, with two columns added:
     ``x10``) shifted by :data:`FILE_SHIFT`, plus the record's byte offset.  Sequence analysis
     follows capture order, as tshark does, not timestamps (which may step back).
 
-``messages`` is given twice (:class:`Inputs`): every message the analyses read, without
-the typed header columns, and the *control* messages, the few that carry a UME header the
-analyses read (registrations, ACKs, RXREQs) or are malformed, with the header columns joined
-back.  A header column is a struct of many fields as long as its table: on every data message
-it was a null that still cost the struct's width (about 1 GiB of nulls at 10,000,000 frames);
-every analysis that reads a header reads the rows that carry it and nothing else.
+The typed header columns are not on ``messages``: each analysis of UME headers gets the
+*control messages* it reads, the rows that carry its headers, with those header columns
+joined back (:data:`CONTROL_TABLES`: ACKs, registrations, RXREQs, and PREG-RESPs with the
+malformed messages for the anomalies), and ``messages`` holds the rows with a sequence
+number, all that the data analyses read.  A header column is a struct of many fields as long
+as its table: on every message it was a null that still cost the struct's width (about
+1 GiB of nulls at 10,000,000 frames), and the millions of ACKs of a persistent capture were
+carried through the data analyses for nothing.
 
 Rows come in the order of the stored files, which is nearly capture order (LBT-TCP messages,
 reassembled apart, are stored apart): a function that walks a table in capture order sorts it
@@ -55,12 +57,41 @@ MESSAGE_COLUMNS = ["capture", "pos", "msg_index", "file", "file_offset", "ts_ns"
                    "malformed_reason"]
 """The messages columns the analyses read (the stored table is wide: read what is used)."""
 
-CONTROL_COLUMNS = [*MESSAGE_COLUMNS, *HEADER_COLUMNS]
-"""The columns of the control messages: the message columns and the typed headers."""
+WIDE_MESSAGE_COLUMNS = [*MESSAGE_COLUMNS, *HEADER_COLUMNS]
+"""Messages with every header column the analyses read: what an analysis of UME headers
+takes (all messages, or only the control messages it reads: the same result)."""
 
-CONTROL_HEADERS = ("ume_preg", "ume_preg_resp", "ume_ack", "ume_rxreq")
-"""The headers that make a message a control message (``ume_sid`` and ``ume_storeid`` only
-qualify a registration)."""
+ACK_COLUMNS = ["capture", "pos", "msg_index", "ts_ns", "file", "file_offset", "src_ip",
+               "src_port", "dst_ip", "dst_port"]
+"""The message columns the ACK analyses read (:func:`spark_analysis.engine.acks._acks`):
+ACKs are as many as the messages of a persistent capture, so their table is kept narrow."""
+
+
+@dataclass(frozen=True)
+class ControlTable:
+    """Which messages one analysis of UME headers reads, and which of their columns."""
+
+    marked_by: tuple[str, ...]
+    """A message carrying one of these headers is in the table."""
+    headers: tuple[str, ...]
+    """The header columns joined to the rows (null where a row has not that header)."""
+    columns: tuple[str, ...] = tuple(MESSAGE_COLUMNS)
+    """The message columns kept."""
+    malformed: bool = False
+    """Malformed messages are in the table too."""
+
+
+CONTROL_TABLES: dict[str, ControlTable] = {
+    "acks": ControlTable(("ume_ack",), ("ume_ack",), tuple(ACK_COLUMNS)),
+    "registrations": ControlTable(("ume_preg", "ume_preg_resp"),
+                                  ("ume_preg", "ume_preg_resp", "ume_sid", "ume_storeid")),
+    "rxreqs": ControlTable(("ume_rxreq",), ("ume_rxreq",)),
+    "flagged": ControlTable(("ume_preg_resp",), ("ume_preg_resp",), malformed=True),
+}
+"""The control messages (module docstring): for the stability and consumption ACKs; the
+registrations (PREG and PREG-RESP, with the session ID and store ID that qualify them); the
+retransmission requests to stores; the anomalies (unsolicited PREG-RESPs and malformed
+messages)."""
 
 PACKET_COLUMNS = ["capture", "pos", "file", "file_offset", "ts_ns", "protocol", "src_ip",
                   "src_port", "dst_ip", "dst_port", "payload_length", "packet_type", "sqn",
@@ -95,13 +126,21 @@ class Inputs:
     packets: pd.DataFrame
     """Every UM frame: :data:`PACKET_COLUMNS`."""
     messages: pd.DataFrame
-    """Every message with a sequence number, a control header or a malformation:
-    :data:`MESSAGE_COLUMNS`."""
+    """Every message with a sequence number: :data:`MESSAGE_COLUMNS`."""
     advertisements: pd.DataFrame
     """Topic resolution records."""
-    controls: pd.DataFrame
-    """The messages carrying one of :data:`CONTROL_HEADERS` or malformed:
-    :data:`CONTROL_COLUMNS` (module docstring)."""
+    acks: pd.DataFrame
+    """:data:`CONTROL_TABLES` ``acks``: the messages with a UME ACK."""
+    registrations: pd.DataFrame
+    """:data:`CONTROL_TABLES` ``registrations``: the messages with a PREG or PREG-RESP."""
+    rxreqs: pd.DataFrame
+    """:data:`CONTROL_TABLES` ``rxreqs``: the messages with an RXREQ."""
+    flagged: pd.DataFrame
+    """:data:`CONTROL_TABLES` ``flagged``: PREG-RESPs and malformed messages."""
+
+
+TABLES = ("packets", "messages", "advertisements", *CONTROL_TABLES)
+"""The tables of :class:`Inputs`, in its order."""
 
 
 def _read(path: str, columns: Sequence[str] | None, files: Sequence[str] | None,
@@ -114,45 +153,82 @@ def _read(path: str, columns: Sequence[str] | None, files: Sequence[str] | None,
         condition = where if condition is None else condition & where
     out = dataset.to_table(columns=wanted, filter=condition)
     # a partition column or a dictionary page comes as a dictionary: plain values, as Spark
-    # reads them (and a join cannot unify the dictionaries of two tables)
+    # reads them (and a join cannot unify the dictionaries of two tables), but for the
+    # columns kept encoded (DICTIONARY), which no join reads
     for i, field in enumerate(out.schema):
-        if pa.types.is_dictionary(field.type):
+        if pa.types.is_dictionary(field.type) and field.name not in DICTIONARY:
             out = out.set_column(i, field.name, out.column(i).cast(field.type.value_type))
     return out
 
 
-def _add_capture(table: pa.Table, ranks: dict[str, int], per_file: bool) -> pa.Table:
-    """``capture`` and ``pos`` (module docstring) in front of ``table``'s columns."""
+def _positions(table: pa.Table, ranks: dict[str, int]) -> pa.ChunkedArray:
+    """``pos`` (module docstring) of every row of ``table`` (``file``, ``file_offset``); a
+    file not in ``ranks`` counts as the first.  A dictionary-encoded ``file`` is ranked once
+    per distinct name."""
     file = table.column("file")
-    rank = pc.index_in(file, value_set=pa.array(list(ranks), pa.string()))
-    rank = pc.take(pa.array(list(ranks.values()), pa.int64()), rank)
-    pos = pc.add(pc.shift_left(pc.coalesce(rank, 0), FILE_SHIFT), table.column("file_offset"))
-    capture = file if per_file else pa.array(["all"], pa.string()).take(
-        pa.array(np.zeros(table.num_rows, dtype=np.int64)))
-    return table.append_column("capture", capture).append_column("pos", pos)
+    if pa.types.is_dictionary(file.type):
+        whole = file.combine_chunks()
+        by_name = np.array([ranks.get(name, 0) for name in whole.dictionary.to_pylist()]
+                           or [0], dtype=np.int64)
+        rank = by_name[np.asarray(pc.fill_null(whole.indices, 0), dtype=np.int64)]
+        offset = np.asarray(table.column("file_offset").combine_chunks(), dtype=np.int64)
+        return pa.chunked_array([pa.array((rank << FILE_SHIFT) + offset)])
+    found = pc.index_in(file, value_set=pa.array(list(ranks), pa.string()))
+    found = pc.take(pa.array(list(ranks.values()), pa.int64()), found)
+    return pc.add(pc.shift_left(pc.coalesce(found, 0), FILE_SHIFT), table.column("file_offset"))
 
 
-def _key_rows(messages: pa.Table, keys: pa.Table) -> np.ndarray:
-    """The rows of ``messages`` whose message key (:data:`MESSAGE_KEY`) is one of ``keys``'s
-    rows, ascending."""
-    left = messages.select(MESSAGE_KEY).append_column(
+def _add_capture(table: pa.Table, ranks: dict[str, int], per_file: bool) -> pa.Table:
+    """``capture`` and ``pos`` (module docstring) after ``table``'s columns."""
+    file = table.column("file")
+    if per_file:
+        capture = file.cast(pa.string()) if pa.types.is_dictionary(file.type) else file
+    else:
+        capture = pa.array(["all"], pa.string()).take(
+            pa.array(np.zeros(table.num_rows, dtype=np.int64)))
+    return table.append_column("capture", capture).append_column(
+        "pos", _positions(table, ranks))
+
+
+_KEY = ["pos", "msg_index"]
+"""A message's key within the analyses: its frame's place and its index in the frame (the
+stored key, :data:`MESSAGE_KEY`, with the file name made a number)."""
+
+
+def _carriers(messages: pa.Table, header: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of ``messages`` that carry ``header`` (a header table with :data:`_KEY`) and,
+    for each, the header's row: one hash join on two integers."""
+    left = messages.select(_KEY).append_column(
         "_m", pa.array(np.arange(messages.num_rows, dtype=np.int64)))
-    pairs = left.join(keys.select(MESSAGE_KEY), MESSAGE_KEY, join_type="left semi")
-    return np.sort(pairs.column("_m").to_numpy())
-
-
-def _joined(messages: pa.Table, header: pa.Table, name: str) -> pa.ChunkedArray:
-    """``header``'s column ``name`` aligned with the rows of ``messages`` by the message key
-    (null where a message has no such header).  Arrow's join carries no struct columns, so
-    it joins row numbers, and the struct column is taken by them."""
-    left = messages.select(MESSAGE_KEY).append_column(
-        "_m", pa.array(np.arange(messages.num_rows, dtype=np.int64)))
-    right = header.select(MESSAGE_KEY).append_column(
+    right = header.select(_KEY).append_column(
         "_h", pa.array(np.arange(header.num_rows, dtype=np.int64)))
-    pairs = left.join(right, MESSAGE_KEY, join_type="inner")
-    index = np.full(messages.num_rows, -1, dtype=np.int64)
-    index[pairs.column("_m").to_numpy()] = pairs.column("_h").to_numpy()
-    return pc.take(header.column(name), pa.array(index, mask=index < 0))
+    pairs = left.join(right, _KEY, join_type="inner")
+    return (pairs.column("_m").to_numpy().astype(np.int64, copy=False),
+            pairs.column("_h").to_numpy().astype(np.int64, copy=False))
+
+
+def _control_table(messages: pa.Table, headers: dict[str, pa.Table],
+                   carriers: dict[str, tuple[np.ndarray, np.ndarray]],
+                   spec: ControlTable) -> pa.Table:
+    """The control messages of ``spec`` (:class:`ControlTable`), in the order of
+    ``messages``."""
+    chosen = np.zeros(messages.num_rows, dtype=bool)
+    for name in spec.marked_by:
+        chosen[carriers[name][0]] = True
+    if spec.malformed:
+        chosen |= np.asarray(pc.is_valid(messages.column("malformed_reason")), dtype=bool)
+    rows = np.flatnonzero(chosen)
+    out = messages.select(list(spec.columns)).take(pa.array(rows))
+    row_in_out = np.full(messages.num_rows, -1, dtype=np.int64)
+    row_in_out[rows] = np.arange(len(rows), dtype=np.int64)
+    for name in spec.headers:
+        at, header_row = carriers[name]
+        index = np.full(len(rows), -1, dtype=np.int64)
+        mine = row_in_out[at]
+        index[mine[mine >= 0]] = header_row[mine >= 0]
+        out = out.append_column(name, pc.take(headers[name].column(name),
+                                              pa.array(index, mask=index < 0)))
+    return out
 
 
 def load_tables(root: str, files: Sequence[str], per_file: bool, *,
@@ -181,34 +257,36 @@ def load_tables(root: str, files: Sequence[str], per_file: bool, *,
                               if c in packets.schema.names])
 
     core = [c for c in MESSAGE_COLUMNS if c not in ("capture", "pos")]
-    messages = _read(table("messages"), core, only, filesystem)
-    headers = {name: _read(table(f"{HEADER_TABLE_PREFIX}{name}"), [*MESSAGE_KEY, name], only,
-                           filesystem) for name in HEADER_COLUMNS}
-    # the control messages: the rows named by a control header's table, and the malformed
-    marked = pa.concat_tables([headers[name].select(MESSAGE_KEY) for name in CONTROL_HEADERS])
-    control = np.zeros(messages.num_rows, dtype=bool)
-    control[_key_rows(messages, marked)] = True
-    malformed = pc.is_valid(messages.column("malformed_reason"))
-    control |= malformed.to_numpy(zero_copy_only=False)
-    controls = messages.filter(pa.array(control))
+    # one chunk per column first: every control table takes rows of it (a take from a chunked
+    # column concatenates the whole column each time)
+    messages = _combined(_add_capture(_read(table("messages"), core, only, filesystem), ranks,
+                                      per_file))
+    headers: dict[str, pa.Table] = {}
     for name in HEADER_COLUMNS:
-        controls = controls.append_column(name, _joined(controls, headers[name], name))
-    controls = _add_capture(controls, ranks, per_file).select(CONTROL_COLUMNS)
-    keep = pc.or_(pc.is_valid(messages.column("sqn")), pa.array(control))
-    messages = _add_capture(messages.filter(keep), ranks, per_file).select(MESSAGE_COLUMNS)
+        header = _read(table(f"{HEADER_TABLE_PREFIX}{name}"), [*MESSAGE_KEY, name], only,
+                       filesystem)
+        headers[name] = pa.table({"pos": _positions(header, ranks),
+                                  "msg_index": header.column("msg_index"),
+                                  name: header.column(name)})
+    carriers = {name: _carriers(messages, headers[name]) for name in HEADER_COLUMNS}
+    controls = {name: _control_table(messages, headers, carriers, spec)
+                for name, spec in CONTROL_TABLES.items()}
+    del headers, carriers
+    messages = messages.filter(pc.is_valid(messages.column("sqn"))).select(MESSAGE_COLUMNS)
 
     adverts = _read(table("advertisements"), None, only, filesystem)
+    if "file" in DICTIONARY:
+        adverts = adverts.set_column(adverts.schema.get_field_index("file"), "file",
+                                     adverts.column("file").cast(pa.string()))
     adverts = _add_capture(adverts, ranks, per_file)
-    return {"packets": packets, "messages": messages, "advertisements": adverts,
-            "controls": controls}
+    return {"packets": packets, "messages": messages, "advertisements": adverts, **controls}
 
 
 def load(root: str, files: Sequence[str], per_file: bool, *,
          captures: Sequence[str] | None = None, filesystem: Any = None) -> Inputs:
     """:func:`load_tables` as pandas (:func:`frame`)."""
     tables = load_tables(root, files, per_file, captures=captures, filesystem=filesystem)
-    return Inputs(*(frame(_combined(tables.pop(name)))
-                    for name in ("packets", "messages", "advertisements", "controls")))
+    return Inputs(*(frame(_combined(tables.pop(name))) for name in TABLES))
 
 
 def _combined(table: pa.Table) -> pa.Table:
@@ -220,8 +298,11 @@ def _combined(table: pa.Table) -> pa.Table:
     columns: dict[str, pa.Array] = {}
     for name in table.column_names:
         column = table.column(name)
-        columns[name] = (pc.dictionary_encode(column).combine_chunks() if name in DICTIONARY
-                         else column.combine_chunks())
+        if name in DICTIONARY and not pa.types.is_dictionary(column.type):
+            column = pc.dictionary_encode(column)
+        # (chunks of a dictionary column read from several files have their own dictionaries:
+        # combining them unifies them)
+        columns[name] = column.combine_chunks()
         table = table.drop_columns([name])
         del column
     return pa.table(columns)

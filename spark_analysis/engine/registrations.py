@@ -271,7 +271,7 @@ def registrations(messages: pd.DataFrame) -> pd.DataFrame:
 
     ``messages`` has the message columns and the header struct columns ``ume_preg``,
     ``ume_preg_resp``, ``ume_sid`` and ``ume_storeid`` (null where the header is absent):
-    all messages or the control messages alone (``Inputs.controls``), since only those with
+    all messages or the control messages alone (``Inputs.registrations``): only those with
     a PREG or PREG-RESP are read.
     """
     req = _requests(messages)

@@ -62,7 +62,7 @@ def retransmission_requests(packets: pd.DataFrame, data: pd.DataFrame, messages:
     sequence number.
 
     ``ume-rxreq``: a receiver's RXREQ (``messages.ume_rxreq``; ``messages`` may be the control
-    messages alone, ``Inputs.controls``: no other row is read) to a store, served by the
+    messages alone, ``Inputs.rxreqs``: no other row is read) to a store, served by the
     store's first RETRANS (``data``, ``message_type`` ``retrans``) of that sequence number on
     the same connection (store -> receiver) after the request, in ``(pos, msg_index)`` order.
     When the receiver's granted registration with that store names a topic (``regs``: the

@@ -116,24 +116,25 @@ def analyze(inputs: Inputs, options: AnalysisOptions | None = None, *,
         def first_steps(inputs: Inputs) -> dict[str, Future[Any]]:
             """The steps that read the input tables (so that only they hold them)."""
             packets, messages, adverts = inputs.packets, inputs.messages, inputs.advertisements
-            # the analyses of UME headers read the control messages only (Inputs.controls)
-            controls = inputs.controls
+            # each analysis of UME headers reads its own control messages (inputs.CONTROL_TABLES)
+            acked, flagged = inputs.acks, inputs.flagged
             f = {"topics": step("topics", topics.advertised_topics, adverts),
                  "data": step("data messages", data.data_messages, packets, messages, adverts),
-                 "regs": step("registrations", registrations.registrations, controls)}
+                 "regs": step("registrations", registrations.registrations,
+                              inputs.registrations)}
             f["sends"] = step("message sends", data.message_sends, f["data"])
             f["flags"] = step("sequence analysis", sequence.judged_items, packets, f["data"])
             # early: the last reader of packets and the data messages
             f["transport_sessions"] = step("transport sessions", sessions.transport_sessions,
                                            packets, f["data"])
-            f["stability"] = step("stability ACKs", acks.stability_acks, controls, f["sends"],
+            f["stability"] = step("stability ACKs", acks.stability_acks, acked, f["sends"],
                                   f["regs"])
-            f["consumption"] = step("consumption ACKs", acks.consumption_acks, controls,
+            f["consumption"] = step("consumption ACKs", acks.consumption_acks, acked,
                                     f["sends"], f["regs"])
             f["requests"] = step("retransmission requests",
                                  retransmission.retransmission_requests, packets, f["data"],
-                                 controls, f["regs"])
-            f["found"] = step("anomalies", anomalies.anomalies, packets, controls, f["sends"],
+                                 inputs.rxreqs, f["regs"])
+            f["found"] = step("anomalies", anomalies.anomalies, packets, flagged, f["sends"],
                               f["regs"], f["stability"], f["consumption"], f["requests"],
                               f["flags"])
             f["topic_advertisements"] = step("topic advertisements",

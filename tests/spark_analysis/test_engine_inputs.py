@@ -1,7 +1,7 @@
 """The engine's input tables (:mod:`spark_analysis.engine.inputs`) against the rows the Spark
-SQL twin prepares from the same decoded corpus: the messages without their header columns,
-the control messages with them, ``file`` dictionary-encoded while analysed and plain in every
-result."""
+SQL twin prepares from the same decoded corpus: the messages with a sequence number without
+their header columns, each analysis's control messages with theirs, ``file``
+dictionary-encoded while analysed and plain in every result."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ import pyarrow.compute as pc
 import pytest
 
 from spark_analysis.engine.inputs import (
-    CONTROL_COLUMNS,
-    CONTROL_HEADERS,
+    CONTROL_TABLES,
     HEADER_COLUMNS,
     MESSAGE_COLUMNS,
     Inputs,
@@ -49,36 +48,40 @@ def _plain(df: pd.DataFrame, columns: list[str]) -> pa.Table:
     return table.replace_schema_metadata(None)
 
 
-def test_messages_are_the_twins_rows_without_header_columns(
+def test_messages_are_the_twins_rows_with_a_sequence_number(
         steps: dict[str, pa.Table], loaded: Any) -> None:
     inputs: Inputs = loaded()
     assert list(inputs.messages.columns) == MESSAGE_COLUMNS
     assert not set(HEADER_COLUMNS) & set(inputs.messages.columns)
-    assert_same(_plain(inputs.messages, MESSAGE_COLUMNS), steps["messages"].select(
-        MESSAGE_COLUMNS), ["capture", "pos", "msg_index"])
-
-
-def test_controls_are_the_twins_rows_that_carry_a_control_header(
-        steps: dict[str, pa.Table], loaded: Any) -> None:
-    inputs: Inputs = loaded()
     theirs = steps["messages"]
-    marked = pc.is_valid(theirs["malformed_reason"])
-    for name in CONTROL_HEADERS:
-        marked = pc.or_(marked, pc.is_valid(theirs[name]))
-    expected = theirs.filter(marked).select(CONTROL_COLUMNS)
-    # the corpus has registrations, ACKs and RXREQs: each kind of control row is there to be
-    # kept (it has no malformed message: test_malformed_messages_are_control_messages)
-    for name in CONTROL_HEADERS:
-        assert pc.sum(pc.is_valid(expected[name])).as_py() > 0, name
-    assert 0 < expected.num_rows < theirs.num_rows
-    assert list(inputs.controls.columns) == CONTROL_COLUMNS
-    assert_same(_plain(inputs.controls, CONTROL_COLUMNS), expected,
+    expected = theirs.filter(pc.is_valid(theirs["sqn"])).select(MESSAGE_COLUMNS)
+    assert 0 < expected.num_rows < theirs.num_rows   # the corpus has control messages
+    assert_same(_plain(inputs.messages, MESSAGE_COLUMNS), expected,
                 ["capture", "pos", "msg_index"])
+
+
+@pytest.mark.parametrize("name", list(CONTROL_TABLES))
+def test_control_tables_are_the_twins_rows_that_carry_their_headers(
+        steps: dict[str, pa.Table], loaded: Any, name: str) -> None:
+    spec = CONTROL_TABLES[name]
+    ours = getattr(loaded(), name)
+    theirs = steps["messages"]
+    marked = pc.is_valid(theirs["malformed_reason"]) if spec.malformed else pa.array(
+        [False] * theirs.num_rows)
+    for header in spec.marked_by:
+        marked = pc.or_(marked, pc.is_valid(theirs[header]))
+    columns = [*spec.columns, *spec.headers]
+    expected = theirs.filter(marked).select(columns)
+    # the corpus has registrations, ACKs and RXREQs (no malformed message:
+    # test_malformed_messages_are_control_messages)
+    assert expected.num_rows > 0
+    assert list(ours.columns) == columns
+    assert_same(_plain(ours, columns), expected, ["capture", "pos", "msg_index"])
 
 
 def test_file_is_encoded_while_analysed_and_plain_in_the_results(loaded: Any) -> None:
     inputs: Inputs = loaded()
-    for df in (inputs.packets, inputs.messages, inputs.controls):
+    for df in (inputs.packets, inputs.messages, inputs.acks, inputs.registrations):
         assert pa.types.is_dictionary(df["file"].dtype.pyarrow_dtype)
     results = analyze(inputs)
     with_file = [name for name, table in results.items() if "file" in table.schema.names]
@@ -115,9 +118,8 @@ def test_malformed_messages_are_control_messages(spark: Any, tmp_path: Path) -> 
     out = tmp_path / "decoded"
     decode.decode_to_parquet(spark, str(capture), str(out), DecodeOptions(STORE_PORTS))
     inputs = load(str(out), [str(capture)], per_file=False)
-    assert inputs.controls["malformed_reason"].notna().sum() == 1
-    assert "unknown header code" in inputs.controls["malformed_reason"].dropna().iloc[0]
-    assert len(inputs.messages) == 3   # two good messages and the malformed one
+    assert inputs.flagged["malformed_reason"].notna().sum() == 1
+    assert "unknown header code" in inputs.flagged["malformed_reason"].dropna().iloc[0]
     found = analyze(inputs)["anomalies"].to_pylist()
     bad_messages = [r for r in found if r["kind"] == "malformed"
                     and r["subject"].endswith(f"message from {SRC}")]

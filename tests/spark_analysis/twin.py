@@ -51,10 +51,10 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from spark_analysis.engine.inputs import CONTROL_COLUMNS as _MESSAGE_COLUMNS
 from spark_analysis.engine.inputs import FILE_SHIFT, natural_order
 from spark_analysis.engine.inputs import OPTIONAL_PACKET_COLUMNS as _OPTIONAL_PACKET_COLUMNS
 from spark_analysis.engine.inputs import PACKET_COLUMNS as _PACKET_COLUMNS
+from spark_analysis.engine.inputs import WIDE_MESSAGE_COLUMNS as _MESSAGE_COLUMNS
 from spark_analysis.engine.options import PERCENTILES, AnalysisOptions
 from spark_analysis.engine.registrations import PREG_ERROR_TEXT
 from spark_analysis.engine.run import DETAIL_OUTPUTS, SORT_KEYS
