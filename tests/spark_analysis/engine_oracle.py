@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+
+Golden = Callable[[str], pa.Table]
+"""A reader of an ``ump analyze`` run's outputs by name (the ``golden`` fixture)."""
 
 INPUTS = ("packets", "messages", "advertisements")
 STEPS = ("data", "regs", "sends", "flags", "stability", "consumption", "requests", "stable",
@@ -74,6 +77,23 @@ def spark_steps(spark: Any, out: Path, per_file: bool) -> dict[str, pa.Table]:
               "stability": stability, "consumption": consumption, "requests": requests,
               "stable": stable, "events": events, "found": found}
     return {name: df.toArrow() for name, df in frames.items()}
+
+
+def spark_twin(spark: Any, name: str, *tables: pa.Table) -> pa.Table:
+    """The Spark SQL function ``name`` of :mod:`tests.spark_analysis.twin` over ``tables``.
+
+    Spark's ``first`` takes the first row it meets, which the engine takes to be the first in
+    capture order: so the twin gets the rows in capture order (``pos``, then
+    ``record_index``), in one partition."""
+    from tests.spark_analysis import twin as A
+
+    def df(t: pa.Table) -> Any:
+        if "pos" in t.column_names:
+            t = t.sort_by([("pos", "ascending"), *([("record_index", "ascending")]
+                                                  if "record_index" in t.column_names else [])])
+        return spark.createDataFrame(t).coalesce(1)
+
+    return getattr(A, name)(*(df(t) for t in tables)).toArrow()
 
 
 _CORPUS: dict[str, pa.Table] = {}

@@ -11,8 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.dataset as ds
-import pytest
 
 from spark_analysis.engine.acks import (
     consumption_acks,
@@ -21,53 +19,34 @@ from spark_analysis.engine.acks import (
     stability_acks,
 )
 from spark_analysis.engine.options import AnalysisOptions
-from tests.spark_analysis.engine_oracle import assert_same, corpus_steps, frame
+from tests.spark_analysis.engine_oracle import Golden, assert_same, frame
 
 STABLE, CDELV = 1, 0
 
 
-@pytest.fixture(scope="module")
-def steps(request: Any, tmp_path_factory: Any) -> dict[str, pa.Table]:
-    return corpus_steps(request, tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def golden(request: Any, tmp_path_factory: Any) -> Any:
-    """The final outputs of the corpus run (``OUT/parquet``, written by the engine through
-    ``ump analyze``: they check the wiring and column order of :mod:`spark_analysis.engine.run`;
-    the Spark twins are the oracle of the values)."""
-    from tests.spark_analysis.analysis_corpus import shared_corpus_run
-
-    return shared_corpus_run(request, tmp_path_factory).out / "parquet"
-
-
-def read(folder: Any, name: str) -> pa.Table:
-    return ds.dataset(str(folder / name), format="parquet").to_table()
-
-
 # --- the corpus --------------------------------------------------------------------------------
 
-def test_stability_acks_equal_spark(steps: dict[str, pa.Table], golden: Any) -> None:
+def test_stability_acks_equal_spark(steps: dict[str, pa.Table], golden: Golden) -> None:
     ours = stability_acks(frame(steps["messages"]), frame(steps["sends"]), frame(steps["regs"]))
     assert_same(ours, steps["stability"])
-    assert_same(ours, read(golden, "stability_acks"), columns_in_order=True)
+    assert_same(ours, golden("stability_acks"), columns_in_order=True)
 
 
-def test_consumption_acks_equal_spark(steps: dict[str, pa.Table], golden: Any) -> None:
+def test_consumption_acks_equal_spark(steps: dict[str, pa.Table], golden: Golden) -> None:
     ours = consumption_acks(frame(steps["messages"]), frame(steps["sends"]),
                             frame(steps["regs"]))
     assert_same(ours, steps["consumption"])
-    assert_same(ours, read(golden, "consumption_acks"), columns_in_order=True)
+    assert_same(ours, golden("consumption_acks"), columns_in_order=True)
 
 
-def test_latency_summary_equal_spark(steps: dict[str, pa.Table], golden: Any) -> None:
+def test_latency_summary_equal_spark(steps: dict[str, pa.Table], golden: Golden) -> None:
     ours = latency_summary(frame(steps["stability"]), frame(steps["consumption"]))
-    assert_same(ours, read(golden, "latency_summary"), columns_in_order=True, rel=0)
+    assert_same(ours, golden("latency_summary"), columns_in_order=True, rel=0)
 
 
-def test_latency_histogram_equal_spark(steps: dict[str, pa.Table], golden: Any) -> None:
+def test_latency_histogram_equal_spark(steps: dict[str, pa.Table], golden: Golden) -> None:
     ours = latency_histogram(frame(steps["stability"]), frame(steps["consumption"]))
-    assert_same(ours, read(golden, "latency_histogram"), columns_in_order=True, rel=0)
+    assert_same(ours, golden("latency_histogram"), columns_in_order=True, rel=0)
 
 
 # --- hand-made edge cases ----------------------------------------------------------------------

@@ -23,18 +23,13 @@ from spark_analysis.engine.anomalies import (
     anomaly_summary,
 )
 from spark_analysis.engine.common import take_rows
-from tests.spark_analysis.engine_oracle import assert_same, corpus_steps, frame
+from tests.spark_analysis.engine_oracle import assert_same, frame
 
 INPUTS = ["packets", "messages", "sends", "regs", "stability", "consumption", "requests",
           "flags"]
 """The tables :func:`anomalies` reads, in argument order."""
 
 EXAMPLE = ["example_subject", "example_detail", "example_file", "example_file_offset"]
-
-
-@pytest.fixture(scope="module")
-def steps(request: Any, tmp_path_factory: Any) -> dict[str, pa.Table]:
-    return corpus_steps(request, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

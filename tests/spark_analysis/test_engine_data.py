@@ -13,7 +13,6 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pytest
 
 from spark_analysis.engine.data import data_messages, message_sends, with_session_side
 from spark_analysis.engine.sessions import transport_sessions
@@ -24,29 +23,7 @@ from spark_analysis.engine.topics import (
     transport_session_key,
     wildcard_matches,
 )
-from tests.spark_analysis.engine_oracle import assert_same, corpus_steps, frame
-
-
-@pytest.fixture(scope="module")
-def steps(request: Any, tmp_path_factory: Any) -> dict[str, pa.Table]:
-    return corpus_steps(request, tmp_path_factory)
-
-
-def spark_twin(spark: Any, name: str, *tables: pa.Table) -> pa.Table:
-    """The Spark SQL function ``name`` of :mod:`tests.spark_analysis.twin` over ``tables``.
-
-    Spark's ``first`` takes the first row it meets, which the engine takes to be the first in
-    capture order: so the twin gets the rows in capture order (``pos``), in one partition."""
-    from tests.spark_analysis import twin as A
-
-    def df(t: pa.Table) -> Any:
-        if "pos" in t.column_names:
-            t = t.sort_by([("pos", "ascending"), *([("record_index", "ascending")]
-                                                  if "record_index" in t.column_names else [])])
-        return spark.createDataFrame(t).coalesce(1)
-
-    return getattr(A, name)(*(df(t) for t in tables)).toArrow()
-
+from tests.spark_analysis.engine_oracle import assert_same, frame, spark_twin
 
 # ---------------------------------------------------------------------------------------------
 # The corpus

@@ -20,14 +20,9 @@ from spark_analysis.engine.flight import (
     stable_times,
 )
 from spark_analysis.engine.options import AnalysisOptions
-from tests.spark_analysis.engine_oracle import assert_same, corpus_steps, frame
+from tests.spark_analysis.engine_oracle import assert_same, frame
 
 FLIGHT = ["capture", "session", "source_ip", "tidx"]
-
-
-@pytest.fixture(scope="module")
-def steps(request: Any, tmp_path_factory: Any) -> dict[str, pa.Table]:
-    return corpus_steps(request, tmp_path_factory)
 
 
 def advertised_topics(advertisements: pd.DataFrame) -> pd.DataFrame:

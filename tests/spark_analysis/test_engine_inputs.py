@@ -22,12 +22,7 @@ from spark_analysis.engine.inputs import (
     load,
 )
 from spark_analysis.engine.run import analyze
-from tests.spark_analysis.engine_oracle import assert_same, corpus_steps
-
-
-@pytest.fixture(scope="module")
-def steps(request: Any, tmp_path_factory: Any) -> dict[str, pa.Table]:
-    return corpus_steps(request, tmp_path_factory)
+from tests.spark_analysis.engine_oracle import assert_same
 
 
 @pytest.fixture(scope="module")

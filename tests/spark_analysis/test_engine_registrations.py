@@ -9,8 +9,6 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
-import pytest
 
 from spark_analysis.engine.registrations import (
     PREG_ERROR_TEXT,
@@ -20,34 +18,21 @@ from spark_analysis.engine.registrations import (
     registration_summary,
     registrations,
 )
-from tests.spark_analysis.engine_oracle import assert_same, corpus_steps, frame
+from tests.spark_analysis.engine_oracle import Golden, assert_same, frame
 
 POSITIONS = ["pos", "response_pos"]
 """``pos`` of the golden output counts every corpus file (``not-um.pcap`` too), the steps'
 only files with packets: the same rows, other file ranks."""
 
 
-@pytest.fixture(scope="module")
-def steps(request: Any, tmp_path_factory: Any) -> dict[str, pa.Table]:
-    return corpus_steps(request, tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def golden(request: Any, tmp_path_factory: Any) -> Any:
-    from tests.spark_analysis.analysis_corpus import shared_corpus_run
-
-    out = shared_corpus_run(request, tmp_path_factory).out / "parquet"
-    return lambda name: ds.dataset(out / name, format="parquet").to_table()
-
-
-def test_registrations_equal_spark(steps: dict[str, pa.Table], golden: Any) -> None:
+def test_registrations_equal_spark(steps: dict[str, pa.Table], golden: Golden) -> None:
     ours = registrations(frame(steps["messages"]))
     assert_same(ours, steps["regs"])
     assert_same(ours.drop(columns=POSITIONS), golden("registrations").drop_columns(POSITIONS),
                 columns_in_order=True)
 
 
-def test_registration_summary_equal_spark(steps: dict[str, pa.Table], golden: Any) -> None:
+def test_registration_summary_equal_spark(steps: dict[str, pa.Table], golden: Golden) -> None:
     assert_same(registration_summary(frame(steps["regs"])), golden("registration_summary"),
                 columns_in_order=True)
 

@@ -13,8 +13,6 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.dataset as ds
-import pytest
 
 from spark_analysis.engine.retransmission import (
     REQUEST_FIELDS,
@@ -22,40 +20,20 @@ from spark_analysis.engine.retransmission import (
     retransmission_requests,
     retransmission_summary,
 )
-from tests.spark_analysis.engine_oracle import assert_same, corpus_steps, frame
-
-
-@pytest.fixture(scope="module")
-def steps(request: Any, tmp_path_factory: Any) -> dict[str, pa.Table]:
-    return corpus_steps(request, tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def golden(request: Any, tmp_path_factory: Any) -> Any:
-    """The final outputs of the corpus run (``OUT/parquet``, written by the engine through
-    ``ump analyze``: they check the wiring and column order of :mod:`spark_analysis.engine.run`;
-    the Spark twins are the oracle of the values)."""
-    from tests.spark_analysis.analysis_corpus import shared_corpus_run
-
-    return shared_corpus_run(request, tmp_path_factory).out / "parquet"
-
-
-def read(folder: Any, name: str) -> pa.Table:
-    return ds.dataset(str(folder / name), format="parquet").to_table()
-
+from tests.spark_analysis.engine_oracle import Golden, assert_same, frame
 
 # --- the corpus --------------------------------------------------------------------------------
 
-def test_retransmission_requests_equal_spark(steps: dict[str, pa.Table], golden: Any) -> None:
+def test_retransmission_requests_equal_spark(steps: dict[str, pa.Table], golden: Golden) -> None:
     ours = retransmission_requests(frame(steps["packets"]), frame(steps["data"]),
                                    frame(steps["messages"]), frame(steps["regs"]))
     assert_same(ours, steps["requests"], columns_in_order=True)
-    assert_same(ours, read(golden, "retransmission_requests"), columns_in_order=True)
+    assert_same(ours, golden("retransmission_requests"), columns_in_order=True)
 
 
-def test_retransmission_summary_equal_spark(steps: dict[str, pa.Table], golden: Any) -> None:
+def test_retransmission_summary_equal_spark(steps: dict[str, pa.Table], golden: Golden) -> None:
     ours = retransmission_summary(frame(steps["requests"]))
-    assert_same(ours, read(golden, "retransmission_summary"), columns_in_order=True)
+    assert_same(ours, golden("retransmission_summary"), columns_in_order=True)
 
 
 # --- hand-made tables --------------------------------------------------------------------------

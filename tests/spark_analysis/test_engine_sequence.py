@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pytest
 
 from spark_analysis.engine.sequence import (
     judged_items,
@@ -20,20 +19,7 @@ from spark_analysis.engine.sequence import (
     sequence_flags,
     sequence_summary,
 )
-from tests.spark_analysis.engine_oracle import assert_same, corpus_steps, frame
-
-
-@pytest.fixture(scope="module")
-def steps(request: Any, tmp_path_factory: Any) -> dict[str, pa.Table]:
-    return corpus_steps(request, tmp_path_factory)
-
-
-def spark_twin(spark: Any, name: str, *tables: pa.Table) -> pa.Table:
-    """The Spark SQL function ``name`` of :mod:`tests.spark_analysis.twin` over ``tables``."""
-    from tests.spark_analysis import twin as A
-
-    return getattr(A, name)(*(spark.createDataFrame(t) for t in tables)).toArrow()
-
+from tests.spark_analysis.engine_oracle import assert_same, frame, spark_twin
 
 # ---------------------------------------------------------------------------------------------
 # The corpus
