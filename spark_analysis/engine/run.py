@@ -10,6 +10,7 @@ The results come out in report order (:data:`OUTPUTS`) as Arrow tables sorted by
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -72,6 +73,10 @@ SORT_KEYS: dict[str, list[str]] = {
 THREADS = 2
 """Steps run at once."""
 
+HEAVY = frozenset({"sequence analysis", "transport sessions", "stability ACKs"})
+"""Steps whose working memory is as large as the capture's: one at a time (the other
+thread runs the light steps meanwhile)."""
+
 
 def to_arrow(df: pd.DataFrame, sort_keys: list[str] | None = None) -> pa.Table:
     """A result as Arrow, sorted by ``sort_keys`` (nulls first) when given."""
@@ -101,12 +106,17 @@ def analyze(inputs: Inputs, options: AnalysisOptions | None = None, *,
     tables go too: ``messages`` once the data messages are made, ``packets`` once the
     transport sessions are.  At 10,000,000 frames that is a gigabyte less at the peak."""
     options = options or AnalysisOptions()
+    heavy = threading.Lock()
     with ThreadPoolExecutor(THREADS, thread_name_prefix="ump-engine") as pool:
         def step(name: str, make: Callable[..., Any], *needs: Any) -> Future[Any]:
             def run() -> Any:
                 ready = [x.result() if isinstance(x, Future) else x for x in needs]
                 started = time.perf_counter()
-                result = make(*ready)
+                if name in HEAVY:
+                    with heavy:
+                        result = make(*ready)
+                else:
+                    result = make(*ready)
                 del ready
                 if progress is not None:
                     progress(name, time.perf_counter() - started)
@@ -181,9 +191,13 @@ def analyze(inputs: Inputs, options: AnalysisOptions | None = None, *,
         # sends, sequence verdicts, stability times, flight events) goes with its last reader
         del f, flags_f, stable_f, events_f
         results = {name: future.result() for name, future in out.items()}
+        del out
         started = time.perf_counter()
-        tables = dict(zip(results, pool.map(lambda name: to_arrow(results[name],
-                                                                  SORT_KEYS[name]), results),
+        names = list(results)
+        # each result let go once sorted (a sorted copy of the ACKs of a persistent capture is
+        # as big as the capture's data messages)
+        tables = dict(zip(names, pool.map(lambda name: to_arrow(results.pop(name),
+                                                                SORT_KEYS[name]), names),
                           strict=True))
         if progress is not None:
             progress("sorting the results", time.perf_counter() - started)
