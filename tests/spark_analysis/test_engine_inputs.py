@@ -120,3 +120,30 @@ def test_malformed_messages_are_control_messages(spark: Any, tmp_path: Path) -> 
                     and r["subject"].endswith(f"message from {SRC}")]
     assert [(r["file"], r["detail"]) for r in bad_messages] == [
         (str(capture), "lbmc at offset 12: unknown header code 0x03")], found
+
+
+def test_analyze_lets_the_input_tables_go(loaded: Any) -> None:
+    """Given without a reference kept (as ``ump analyze``'s task does), no input table
+    outlives the analyses that read it: by the time the results are sorted, every step is
+    done and the inputs are gone (their memory is free for the sorted copies)."""
+    import gc
+    import weakref
+
+    alive: dict[str, list[str]] = {}
+
+    def inputs() -> Inputs:
+        made = loaded()
+        refs.update({name: weakref.ref(getattr(made, name)) for name in
+                     ("packets", "messages", "acks", "registrations", "rxreqs", "flagged")})
+        return made
+
+    def progress(step: str, seconds: float) -> None:
+        gc.collect()
+        alive[step] = [name for name, ref in refs.items() if ref() is not None]
+
+    refs: dict[str, weakref.ref[pd.DataFrame]] = {}
+    results = analyze(inputs(), progress=progress)
+    assert alive["sorting the results"] == [], alive
+    # while the first steps run, the tables are there (the check can see them alive)
+    assert "packets" in alive["data messages"], alive
+    assert results["stability_acks"].num_rows > 0
