@@ -14,6 +14,7 @@ names; in local mode the driver's machine does both).
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -83,19 +84,67 @@ def _ready_worker(threads: int) -> None:
         pa.set_memory_pool(pa.system_memory_pool())
 
 
+Done = tuple[str, dict[str, int], dict[str, float], str | None]
+"""What a task says of one capture: its name, the rows of every result it wrote, the seconds
+of every step, and why it failed (None when it did not)."""
+
+
+class AnalysisFailed(Exception):
+    """The analyses of a capture failed (the message says which capture and why, in a line)."""
+
+
+MEMORY_HINT = ("the analyses of one capture hold it in one process, about half a KiB per "
+               "frame: give the worker more memory, or cut the capture into files "
+               "(editcap -c) and analyse them with --per-file")
+"""What a user can do when a capture's analyses ran out of memory."""
+
+
 def _task(decoded: str, files: list[str], per_file: bool, order: dict[str, int],
           options: AnalysisOptions, out: str, threads: int,
-          ) -> Callable[[Iterator[str]], Iterator[tuple[str, dict[str, int], dict[str, float]]]]:
-    """The function a Spark task runs over its share of the capture names: per capture, the
-    rows of every result it wrote and the seconds of every step."""
-    def run(captures: Iterator[str]) -> Iterator[tuple[str, dict[str, int], dict[str, float]]]:
+          ) -> Callable[[Iterator[str]], Iterator[Done]]:
+    """The function a Spark task runs over its share of the capture names: per capture
+    :data:`Done`.  An exception of the analyses is caught here and said by the capture's
+    name (raised, Spark would report a Java stack trace of the task with it inside)."""
+    def run(captures: Iterator[str]) -> Iterator[Done]:
         _ready_worker(threads)
         for capture in captures:
             steps: dict[str, float] = {}
-            rows = analyze_capture(decoded, files, per_file, capture, order[capture], options,
-                                   out, progress=steps.__setitem__)
-            yield capture, rows, steps
+            try:
+                rows = analyze_capture(decoded, files, per_file, capture, order[capture],
+                                       options, out, progress=steps.__setitem__)
+            except Exception as exc:
+                yield capture, {}, steps, _reason(exc)
+                continue
+            yield capture, rows, steps, None
     return run
+
+
+def _name(capture: str, per_file: bool) -> str:
+    """A capture as a message names it (``all`` is every file given, as one capture)."""
+    return capture if per_file else "the capture"
+
+
+def _reason(exc: BaseException) -> str:
+    """One line for a failed analysis: out of memory said as such, else the exception."""
+    import pyarrow as pa
+
+    if isinstance(exc, (MemoryError, pa.ArrowMemoryError)):
+        return f"out of memory ({MEMORY_HINT})"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
+
+
+def _crash(exc: BaseException) -> str:
+    """One line for a Spark job that failed outside the analyses' own code: a Python worker
+    that died (the system kills the biggest process when memory runs out) or Spark's own
+    error."""
+    text = str(exc)
+    if "Python worker exited unexpectedly" in text or "EOFException" in text \
+            or "crashed" in text:
+        return f"the analysing process died, most likely killed for want of memory ({MEMORY_HINT})"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line)]
+    return (errors[-1] if errors else lines[0] if lines else type(exc).__name__)[:300]
 
 
 def analyze_captures(spark: Any, decoded: str, files: Sequence[str], per_file: bool,
@@ -117,7 +166,17 @@ def analyze_captures(spark: Any, decoded: str, files: Sequence[str], per_file: b
     names = spark.sparkContext.parallelize(captures, len(captures))
     done = names.mapPartitions(_task(decoded, list(files), per_file, order, options, out,
                                      threads))
-    for capture, rows, steps in done.collect():
+    try:
+        finished = done.collect()
+    except Exception as exc:
+        what = _name(captures[0], per_file) if len(captures) == 1 else "a capture"
+        raise AnalysisFailed(f"analysing {what} failed: {_crash(exc)}") from exc
+    failed = [(capture, error) for capture, _, _, error in finished if error is not None]
+    if failed:
+        capture, error = failed[0]
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        raise AnalysisFailed(f"analysing {_name(capture, per_file)} failed{more}: {error}")
+    for capture, rows, steps, _ in finished:
         for name, count in rows.items():
             totals[name] += count
         slowest = ", ".join(f"{k} {v:.1f}s" for k, v in

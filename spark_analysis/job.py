@@ -311,12 +311,25 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
                              split_size, out)
     log(f"  decoded {stored.frames} frames into {out.uri(DECODED)}")
     spark.sparkContext.setJobDescription("analyses")
+    # no result of an earlier run stays next to this run's (nor after it failed)
     out.reset("parquet")
+    out.remove("summary.json", "report.html")
     analysing = log.bar("analysing", spark) if isinstance(log, Progress) \
         else contextlib.nullcontext()
-    with analysing:
-        counts = analyze_captures(spark, out.uri(DECODED), files, args.per_file, options,
-                                  out.location if "://" in out.location else out.path, log)
+    if not verbose:
+        # a failed task is said in one line (AnalysisFailed), not by Spark's stack traces
+        spark.sparkContext.setLogLevel("FATAL")
+    try:
+        with analysing:
+            counts = analyze_captures(spark, out.uri(DECODED), files, args.per_file, options,
+                                      out.location if "://" in out.location else out.path,
+                                      log)
+    except BaseException:
+        out.reset("parquet")   # no half-written results (the decoded tables are whole)
+        raise
+    finally:
+        if not verbose:
+            spark.sparkContext.setLogLevel("ERROR")
     skipped = _skipped(out)
     tables_read = {name: out.read(name, REPORT_ROW_LIMIT if name in DETAIL_OUTPUTS else None)
                    for name in OUTPUTS}
@@ -603,6 +616,15 @@ class OutputDir:
         directory = f"{self.path}/{relative}"
         self.fs.create_dir(directory, recursive=True)
         self.fs.delete_dir_contents(directory, missing_dir_ok=True)
+
+    def remove(self, *relative: str) -> None:
+        """Delete these files of the directory (those that are there)."""
+        import pyarrow.fs as pafs
+
+        for name in relative:
+            path = f"{self.path}/{name}"
+            if self.fs.get_file_info(path).type == pafs.FileType.File:
+                self.fs.delete_file(path)
 
     def write_text(self, relative: str, text: str) -> None:
         with self.fs.open_output_stream(f"{self.path}/{relative}") as stream:

@@ -207,3 +207,48 @@ def test_run_keeps_the_decoded_tables(corpus: CorpusRun) -> None:
     for capture, section in summary["captures"].items():
         assert section["not_um_frames"] == {
             r["reason"]: r["frames"] for r in skipped if r["file"] == capture}
+
+
+def test_failed_analyses_are_said_in_a_line() -> None:
+    """What a failed capture's analyses say: out of memory as such (a Python or an Arrow
+    allocation that failed in the task, or the task's process killed), else the exception."""
+    import pyarrow as pa
+
+    from spark_analysis.engine_job import MEMORY_HINT, _crash, _reason
+
+    assert _reason(MemoryError()) == f"out of memory ({MEMORY_HINT})"
+    assert _reason(pa.ArrowMemoryError("malloc of size 64 failed")).startswith("out of memory")
+    assert _reason(KeyError("tidx")) == "KeyError: 'tidx'"
+    died = Exception("An error occurred while calling o93.collectAndServe.\n: org.apache.spark."
+                     "SparkException: Python worker exited unexpectedly (crashed)\n\tat x")
+    assert _crash(died).startswith("the analysing process died, most likely killed for want"
+                                   " of memory")
+    other = Exception("An error occurred while calling o93.collectAndServe.\n"
+                      "pyspark.errors.exceptions.base.PySparkRuntimeError: [X] the reason\n\tat y")
+    assert _crash(other) == "pyspark.errors.exceptions.base.PySparkRuntimeError: [X] the reason"
+
+
+def test_analysis_out_of_memory_leaves_no_results(tmp_path: Path) -> None:
+    """A capture whose analyses do not fit the worker's memory (Spark's Python workers held to
+    a tenth of what they need, ``spark.executor.pyspark.memory``): one line saying so,
+    status 1, no results and no report (not even an earlier run's), the decoded tables kept."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "spark-defaults.conf").write_text("spark.executor.pyspark.memory 200m\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.html").write_text("an earlier run's report")
+    done = subprocess.run([sys.executable, "-m", "ump", "analyze", str(PLANTED), "--out",
+                           str(out), "--store-port", str(STORE_PORT)],
+                          capture_output=True, text=True, timeout=600,
+                          env={**__import__("os").environ, "SPARK_CONF_DIR": str(conf)})
+    assert done.returncode == 1, done.stderr
+    ours = [line for line in done.stderr.splitlines() if line.startswith("ump analyze: ")]
+    failed = [line for line in ours if "failed" in line]
+    assert len(failed) == 1, done.stderr
+    assert failed[0].startswith("ump analyze: analysing the capture failed: "), failed[0]
+    assert "memory" in failed[0], failed[0]
+    assert "at org.apache" not in done.stderr   # no Java stack trace
+    assert not (out / "report.html").exists() and not (out / "summary.json").exists()
+    assert list((out / "parquet").iterdir()) == []
+    assert (out / job.DECODED / "_SUCCESS").exists()
