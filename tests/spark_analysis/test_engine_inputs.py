@@ -147,3 +147,41 @@ def test_analyze_lets_the_input_tables_go(loaded: Any) -> None:
     # while the first steps run, the tables are there (the check can see them alive)
     assert "packets" in alive["data messages"], alive
     assert results["stability_acks"].num_rows > 0
+
+
+@pytest.mark.parametrize("capture", ["restarts.pcap", "qc3.pcap"])
+def test_a_rotated_capture_is_one_capture(tmp_path: Path, capture: str) -> None:
+    """A capture cut into files (``tcpdump -C``, named so that plain name order is wrong:
+    ``cap9``, ``cap10``, ``cap11``) and analysed as one gives what the whole file gives, but
+    for the file and position columns: the files' dictionaries of ``file`` are unified, and
+    capture order is natural name order (TCP streams and sequences cross the cuts)."""
+    from spark_analysis import decode
+    from spark_analysis.columnar import DecodeOptions
+    from tests.spark_analysis.analysis_corpus import CAPTURES, STORE_PORT
+    from wire.pcap import PcapWriter, read_capture
+    from wire.tshark import PortMap
+
+    source = next(c for c in CAPTURES if c.name == capture)
+    records = list(read_capture(source))
+    cuts = [0, len(records) // 3, 2 * len(records) // 3, len(records)]
+    parts = [tmp_path / f"cap{n}.pcap" for n in (9, 10, 11)]
+    for path, start, end in zip(parts, cuts, cuts[1:], strict=False):
+        with PcapWriter(path, linktype=records[0].linktype) as writer:
+            for record in records[start:end]:
+                writer.write(record.ts, record.data)
+    options = DecodeOptions(PortMap(store_ports=[STORE_PORT]))
+    names = [str(p) for p in parts]
+    decode.decode_to_parquet(None, names, str(tmp_path / "cut"), options)
+    decode.decode_to_parquet(None, [str(source)], str(tmp_path / "whole"), options)
+    cut = analyze(load(str(tmp_path / "cut"), names, per_file=False))
+    whole = analyze(load(str(tmp_path / "whole"), [str(source)], per_file=False))
+    placed = {"file", "file_offset", "pos", "response_pos", "example_file", "example_file_offset"}
+    for name, table in whole.items():
+        columns = [c for c in table.schema.names if c not in placed]
+        assert cut[name].select(columns).equals(table.select(columns)), name
+    acks = cut["stability_acks"]
+    assert acks.num_rows > 0
+    assert set(acks["file"].to_pylist()) == set(names)
+    # capture order is cap9, cap10, cap11: the ACKs' positions follow the files in that order
+    order = [names.index(f) for f in acks.sort_by("pos")["file"].to_pylist()]
+    assert order == sorted(order)
