@@ -339,8 +339,10 @@ def judged_items(packets: pd.DataFrame, data: pd.DataFrame) -> pd.DataFrame:
     order = _stream_order(codes, pos, msg_index)
     del pos, msg_index
     codes_s = codes[order]
+    del codes   # (the arrays of a step are as long as the capture: each goes when done)
     sqn_all, valid_all = _ints(items["sqn"])
     sqn, valid = sqn_all[order], valid_all[order]
+    del sqn_all, valid_all
     # a null ``rx`` (never, in practice) is neither new nor judged, as in Spark's ``when``
     new = ~_bools(pc.fill_null(items["rx"], True))[order]
     is_start, starts = _starts(codes_s)
@@ -353,17 +355,21 @@ def judged_items(packets: pd.DataFrame, data: pd.DataFrame) -> pd.DataFrame:
         has_previous[1:] = valid[:-1]
     has_previous &= ~is_start
     seen = _repeated(codes_s, sqn, valid)
+    del codes_s
 
     judged = has_previous & new
+    del has_previous, new, is_start, starts
     low = judged & valid & (sqn <= high)
     duplicate = low & seen
     ooo_gap = np.where(low & (sqn != high), high - sqn, 0)
     ahead = judged & valid & (sqn > high + 1)
+    del judged, low
     from_previous = levels[order] == 0  # transport-data: from the previous item
     base = high
     if n:
         base = np.where(from_previous, np.concatenate([[0], sqn[:-1]]), high)
     sqn_gap = np.where(ahead, sqn - (base + 1), 0)
+    del base, high, ahead, from_previous, sqn, valid
 
     def back(values: np.ndarray) -> pa.Array:
         out = np.empty_like(values)
