@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_analysis.engine.common import arrow, dense_codes, series
+from spark_analysis.engine.inputs import ACK_COLUMNS
 from spark_analysis.engine.options import PERCENTILES, AnalysisOptions
 from wire.lbmc import AckType
 
@@ -223,9 +224,7 @@ def _acks(messages: pd.DataFrame, ack_type: int) -> dict[str, pa.Array]:
     is_type = pc.and_kleene(pc.is_valid(ack),
                             pc.equal(pc.struct_field(ack, "type"), ack_type))
     keep = pc.fill_null(is_type, False)
-    out = {name: _flat(pc.filter(arrow(messages[name]), keep))
-           for name in ("capture", "pos", "msg_index", "ts_ns", "file", "file_offset",
-                        "src_ip", "src_port", "dst_ip", "dst_port")}
+    out = {name: _flat(pc.filter(arrow(messages[name]), keep)) for name in ACK_COLUMNS}
     # only the four fields are filtered, not the whole struct (its other children)
     for name, field in (("transport_idx", "transport_idx"), ("id_2", "id_2"),
                         ("rcv_reg_id", "rcv_reg_id"), ("sqn", "seqnum")):

@@ -48,8 +48,9 @@ FILE_SHIFT = 40
 """``pos`` = file rank << FILE_SHIFT | byte offset: files up to 1 TiB, 8 million files."""
 
 HEADER_COLUMNS = ("ume_preg", "ume_preg_resp", "ume_ack", "ume_rxreq", "ume_sid", "ume_storeid")
-"""The typed LBMC header columns of ``messages`` the analyses read, each joined back from its
-``lbmc_<name>`` table by the message key (file, record offset, index in the frame)."""
+"""The typed LBMC header columns the analyses read, each from its ``lbmc_<name>`` table,
+joined to the control messages that carry it by ``(pos, msg_index)`` (:data:`MESSAGE_KEY`
+with the file name made a number)."""
 
 MESSAGE_COLUMNS = ["capture", "pos", "msg_index", "file", "file_offset", "ts_ns", "protocol",
                    "src_ip", "src_port", "dst_ip", "dst_port", "session_id", "transport_sqn",
@@ -144,19 +145,18 @@ TABLES = ("packets", "messages", "advertisements", *CONTROL_TABLES)
 
 
 def _read(path: str, columns: Sequence[str] | None, files: Sequence[str] | None,
-          filesystem: Any, where: Any = None) -> pa.Table:
+          filesystem: Any, encoded: frozenset[str] = DICTIONARY) -> pa.Table:
+    """The ``columns`` (all: None) of the stored table at ``path``, rows of ``files`` only
+    (all: None).  A partition column or a dictionary page comes as a dictionary: plain values
+    here, as Spark reads them (and a join cannot unify the dictionaries of two tables), but
+    for the ``encoded`` columns, which no join reads."""
     dataset = ds.dataset(path, format="parquet", filesystem=filesystem)
     names = dataset.schema.names
     wanted = None if columns is None else [c for c in columns if c in names]
     condition = None if files is None else pc.field("file").isin(list(files))
-    if where is not None:
-        condition = where if condition is None else condition & where
     out = dataset.to_table(columns=wanted, filter=condition)
-    # a partition column or a dictionary page comes as a dictionary: plain values, as Spark
-    # reads them (and a join cannot unify the dictionaries of two tables), but for the
-    # columns kept encoded (DICTIONARY), which no join reads
     for i, field in enumerate(out.schema):
-        if pa.types.is_dictionary(field.type) and field.name not in DICTIONARY:
+        if pa.types.is_dictionary(field.type) and field.name not in encoded:
             out = out.set_column(i, field.name, out.column(i).cast(field.type.value_type))
     return out
 
@@ -274,11 +274,9 @@ def load_tables(root: str, files: Sequence[str], per_file: bool, *,
     del headers, carriers
     messages = messages.filter(pc.is_valid(messages.column("sqn"))).select(MESSAGE_COLUMNS)
 
-    adverts = _read(table("advertisements"), None, only, filesystem)
-    if "file" in DICTIONARY:
-        adverts = adverts.set_column(adverts.schema.get_field_index("file"), "file",
-                                     adverts.column("file").cast(pa.string()))
-    adverts = _add_capture(adverts, ranks, per_file)
+    # the few advertisements keep plain names (the topic analyses join on them)
+    adverts = _add_capture(_read(table("advertisements"), None, only, filesystem,
+                                 encoded=frozenset()), ranks, per_file)
     return {"packets": packets, "messages": messages, "advertisements": adverts, **controls}
 
 
