@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_analysis.engine.common import arrow, dense_codes, series
+from spark_analysis.engine.common import arrow, dense_codes, dictionary_encode, series
 from spark_analysis.engine.inputs import ACK_COLUMNS
 from spark_analysis.engine.options import PERCENTILES, AnalysisOptions
 from wire.lbmc import AckType
@@ -67,7 +67,7 @@ def _codes(columns: Sequence[Array]) -> np.ndarray:
     n = len(columns[0])
     codes = np.zeros(n, dtype=np.int64)
     for values in columns:
-        encoded = pc.dictionary_encode(_flat(values), null_encoding="encode")
+        encoded = dictionary_encode(_flat(values), null_encoding="encode")
         part = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         combined = codes * max(len(encoded.dictionary), 1) + part
         codes = pd.factorize(combined)[0].astype(np.int64)
@@ -122,7 +122,7 @@ def _part(right: pa.Array, left: pa.Array,
         r_code[r_null] = 0 if null_equal else -1
         l_code[l_null] = 0 if null_equal else -1
         return r_code, l_code, max(size, 1)
-    encoded = pc.dictionary_encode(right, null_encoding="encode" if null_equal else "mask")
+    encoded = dictionary_encode(right, null_encoding="encode" if null_equal else "mask")
     r_code = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
     if isinstance(left, pa.DictionaryArray):
         # already encoded (nulls as an entry): look up its few values, not every row
@@ -266,7 +266,7 @@ def _as_of_send(acks: dict[str, pa.Array], sends: pd.DataFrame,
                             zero_copy_only=False), side="right"), 0)
     # Spark orders strings by their UTF-8 bytes, as Arrow's sort does; a null session first
     session = _col(sends, "session")
-    encoded = pc.dictionary_encode(session)
+    encoded = dictionary_encode(session)
     rank_of = np.empty(len(encoded.dictionary), dtype=np.int64)
     rank_of[pc.array_sort_indices(encoded.dictionary).to_numpy()] = np.arange(len(rank_of))
     entry = pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -345,7 +345,7 @@ def stability_acks(messages: pd.DataFrame, sends: pd.DataFrame,
             "source_ip": raw["dst_ip"], "transport_idx": raw["transport_idx"],
             "tidx": raw["id_2"], "sqn": raw["sqn"]}
     # the string keys hashed once, for both joins
-    coded = {k: pc.dictionary_encode(acks[k], null_encoding="encode")
+    coded = {k: dictionary_encode(acks[k], null_encoding="encode")
              for k in ("capture", "source_ip")}
     timed = _as_of_send(acks, sends, coded)
     topics = _source_topics(regs)
@@ -413,14 +413,14 @@ def _kinds(stability: pd.DataFrame, consumption: pd.DataFrame,
         parts, values = [], []
         for table in tables:
             if name in table.columns:
-                encoded = pc.dictionary_encode(_col(table, name).cast(kind),
+                encoded = dictionary_encode(_col(table, name).cast(kind),
                                                null_encoding="encode")
                 parts.append(encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64))
                 values.append(encoded.dictionary)
             else:
                 parts.append(np.zeros(len(table), dtype=np.int64))
                 values.append(pa.nulls(1 if len(table) else 0, kind))
-        joint = pc.dictionary_encode(pa.concat_arrays(values), null_encoding="encode")
+        joint = dictionary_encode(pa.concat_arrays(values), null_encoding="encode")
         unified = joint.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         codes.append(np.concatenate([unified[part] if len(unified) else part for part in
                                      (parts[0], parts[1] + len(values[0]))]))
@@ -508,7 +508,7 @@ def latency_summary(stability: pd.DataFrame, consumption: pd.DataFrame) -> pd.Da
     latency, valid = _latencies(stability, consumption)
     matched = np.bincount(group[valid], minlength=n_groups)
     if "receiver_ip" in consumption.columns:
-        encoded = pc.dictionary_encode(_col(consumption, "receiver_ip"))
+        encoded = dictionary_encode(_col(consumption, "receiver_ip"))
         receiver = pc.fill_null(encoded.indices, -1).to_numpy(
             zero_copy_only=False).astype(np.int64)
         has = receiver >= 0

@@ -24,7 +24,14 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_analysis.engine.common import arrow, closed_port, series, session_key, take_rows
+from spark_analysis.engine.common import (
+    arrow,
+    closed_port,
+    plain,
+    series,
+    session_key,
+    take_rows,
+)
 from spark_analysis.engine.sequence import sequence_events
 
 ANOMALY_COLUMNS = ["capture", "severity", "kind", "ts_ns", "file", "file_offset", "subject",
@@ -66,7 +73,8 @@ def _s(values: Column) -> Column:
 
 def _concat(*parts: Text) -> Column:
     """Spark's ``concat``: the parts one after the other, null when any part is."""
-    return pc.binary_join_element_wise(*parts, "", null_handling="emit_null")
+    return pc.binary_join_element_wise(*(p if isinstance(p, str) else plain(p) for p in parts),
+                                       "", null_handling="emit_null")
 
 
 def _concat_ws(sep: str, *parts: Text) -> Column:
@@ -186,8 +194,8 @@ def _lowest_sends(sends: pd.DataFrame, unmatched: Sequence[pd.DataFrame]) -> pd.
     left out: they join nothing."""
     ips = arrow(sends["source_ip"])
     wanted = pc.unique(pa.chunked_array(
-        [chunk for acks in unmatched for chunk in _chunks(arrow(acks["source_ip"]))],
-        pa.string()).cast(ips.type))
+        [plain(chunk) for acks in unmatched for chunk in _chunks(arrow(acks["source_ip"]))],
+        pa.string()))
     mine = _where(pc.is_in(ips, value_set=wanted))
     return (_rows(sends, mine, [*_SOURCE_TOPIC, "sqn"])
             .groupby(_SOURCE_TOPIC, sort=False, observed=True, dropna=True)["sqn"]

@@ -29,6 +29,35 @@ def arrow(series: pd.Series) -> pa.ChunkedArray | pa.Array:
     return pa.array(series)
 
 
+def plain(values: Arrayish) -> Arrayish:
+    """``values`` decoded when dictionary-encoded (the inputs' low-cardinality strings,
+    :data:`spark_analysis.engine.inputs.DICTIONARY`): for the few functions Arrow has no
+    dictionary kernel for."""
+    if pa.types.is_dictionary(values.type):
+        return pc.cast(values, values.type.value_type)
+    return values
+
+
+def encoded(codes: np.ndarray, values: Arrayish) -> pa.DictionaryArray:
+    """``values`` at ``codes`` (a per-row code into ``values``, as :func:`row_codes` gives)
+    kept dictionary-encoded: what ``pc.take(values, codes)`` holds at 4 bytes a row.  For
+    the strings made once per distinct key and spread to millions of rows (session keys,
+    topic names).  ``values`` may hold a value twice: :func:`row_codes` codes by value."""
+    dictionary = plain(values)
+    if isinstance(dictionary, pa.ChunkedArray):
+        dictionary = dictionary.combine_chunks()
+    return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), dictionary)
+
+
+def plain_table(table: pa.Table) -> pa.Table:
+    """``table`` with every dictionary-encoded column decoded (:func:`plain`): Arrow sorts a
+    table by plain columns only."""
+    for i, field in enumerate(table.schema):
+        if pa.types.is_dictionary(field.type):
+            table = table.set_column(i, field.name, plain(table.column(i)))
+    return table
+
+
 def series(values: pa.Array | pa.ChunkedArray, index: pd.Index) -> pd.Series:
     """An Arrow-backed Series of ``values`` on ``index``."""
     return pd.Series(pd.arrays.ArrowExtensionArray(values), index=index)
@@ -105,6 +134,8 @@ def _dense(values: Arrayish, span: int) -> tuple[np.ndarray, int]:
     by its distance from its least value, a column of one value by 0, any other by a
     dictionary of its values."""
     whole = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    if pa.types.is_dictionary(whole.type):
+        return _dictionary_codes(whole)
     if pa.types.is_integer(whole.type) and whole.null_count == 0 and len(whole):
         ints = np.asarray(whole).astype(np.int64, copy=False)
         low, high = int(ints.min()), int(ints.max())
@@ -113,8 +144,50 @@ def _dense(values: Arrayish, span: int) -> tuple[np.ndarray, int]:
     if whole.null_count == 0 and len(whole) and pc.all(pc.equal(whole, whole[0])).as_py():
         # one value (the capture, a filtered protocol): no hashing
         return np.zeros(len(whole), dtype=np.int64), 1
-    encoded = pc.dictionary_encode(whole, null_encoding="encode")
-    return np.asarray(encoded.indices, dtype=np.int64), max(len(encoded.dictionary), 1)
+    coded = pc.dictionary_encode(whole, null_encoding="encode")
+    return np.asarray(coded.indices, dtype=np.int64), max(len(coded.dictionary), 1)
+
+
+def _dictionary_codes(values: pa.DictionaryArray) -> tuple[np.ndarray, int]:
+    """:func:`_dense` of a dictionary-encoded column without decoding it: a code per
+    distinct value (:func:`dictionary_encode` merges a value the dictionary holds twice),
+    a null a value of its own."""
+    normal = dictionary_encode(values, null_encoding="encode")
+    assert isinstance(normal, pa.DictionaryArray)
+    return (np.asarray(normal.indices, dtype=np.int64).reshape(-1),
+            max(len(normal.dictionary), 1))
+
+
+def dictionary_encode(values: Arrayish, null_encoding: str = "mask") -> Arrayish:
+    """``pc.dictionary_encode`` for a column that may be dictionary-encoded already (the
+    inputs' strings, :data:`spark_analysis.engine.inputs.DICTIONARY`; the session keys and
+    topic names :func:`encoded` spreads): Arrow returns such a column unchanged, whatever
+    ``null_encoding`` asks and though its dictionary may hold a value twice.  Here an
+    encoded column comes back with a dictionary of distinct values and its nulls encoded as
+    asked (``encode``: a null is an entry of the dictionary, no index is null), as a plain
+    one does; without decoding it."""
+    if not pa.types.is_dictionary(values.type):
+        return pc.dictionary_encode(values, null_encoding=null_encoding)
+    if isinstance(values, pa.ChunkedArray):   # (combining unifies the chunks' dictionaries)
+        # a chunked column comes back chunked, as from Arrow
+        return pa.chunked_array([dictionary_encode(values.combine_chunks(), null_encoding)])
+    distinct = pc.dictionary_encode(values.dictionary, null_encoding=null_encoding)
+    remap = np.asarray(pc.fill_null(distinct.indices, -1), dtype=np.int64).reshape(-1)
+    entries = np.asarray(pc.fill_null(values.indices, 0), dtype=np.int64).reshape(-1)
+    codes = remap[entries] if len(remap) else np.full(len(values), -1, dtype=np.int64)
+    nulls = codes < 0
+    if values.indices.null_count:
+        nulls |= np.asarray(pc.is_null(values.indices), dtype=bool)
+    dictionary = distinct.dictionary
+    if null_encoding == "encode" and nulls.any():
+        at = [i for i, v in enumerate(dictionary.to_pylist()) if v is None]
+        if not at:
+            dictionary = pa.concat_arrays([dictionary, pa.nulls(1, dictionary.type)])
+            at = [len(dictionary) - 1]
+        codes[nulls] = at[0]
+        nulls[:] = False
+    return pa.DictionaryArray.from_arrays(
+        pa.array(codes, pa.int32(), mask=nulls if nulls.any() else None), dictionary)
 
 
 def row_codes(columns: Sequence[Arrayish]) -> tuple[np.ndarray, np.ndarray]:
@@ -160,8 +233,10 @@ def match_rows(left: Sequence[Arrayish], right: Sequence[Arrayish]) -> np.ndarra
     none; a null key matches nothing, as in a SQL join), or None when a key occurs twice in
     ``right`` (a join would repeat the left row: the caller joins for real)."""
     n_left = len(left[0])
-    joint = [pa.chunked_array([*_chunks(a), *_chunks(b)], type=a.type)
+    # a dictionary-encoded key meets a plain one as plain values
+    pairs = [(a, b) if a.type == b.type else (plain(a), plain(b))
              for a, b in zip(left, right, strict=True)]
+    joint = [pa.chunked_array([*_chunks(a), *_chunks(b)], type=a.type) for a, b in pairs]
     valid = np.ones(len(joint[0]), dtype=bool)
     for column in joint:
         valid &= np.asarray(pc.is_valid(column).combine_chunks(), dtype=bool)

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from spark_analysis.engine.common import (
     Arrayish,
+    encoded,
     frame,
     match_rows,
     row_codes,
@@ -150,7 +151,8 @@ def data_messages(packets: pd.DataFrame, messages: pd.DataFrame,
     codes, first = row_codes(parts)
     picked = pa.array(first)
     keys = transport_session_key(*(pc.take(c, picked) for c in parts[1:]))
-    session = pc.take(keys, pa.array(codes))
+    # encoded: a capture has few sessions (as a string on every message, the widest column)
+    session = encoded(codes, keys)
     out = joined.append_column("rx", rx).append_column(
         "source_port", source_port).append_column("session", session)
     if advertisements is None:
@@ -170,7 +172,7 @@ def data_messages(packets: pd.DataFrame, messages: pd.DataFrame,
         picked = pa.array(topics_first)
         chosen = pc.coalesce(pc.take(out["topic_name"], picked),
                              pc.take(advertised, pa.array(combo[topics_first])))
-        topic = pc.take(chosen, pa.array(topics))
+        topic = encoded(topics, chosen)
     return frame(out.append_column("topic", topic).select(_DATA_ORDER))
 
 

@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_analysis.engine.common import dense_codes, series
+from spark_analysis.engine.common import dense_codes, dictionary_encode, series
 from spark_analysis.engine.options import AnalysisOptions
 
 FLIGHT = ["capture", "session", "source_ip", "tidx"]
@@ -52,7 +52,7 @@ def _part(values: pa.Array) -> tuple[np.ndarray, int]:
                 codes = ints - (low - 1)
                 codes[nulls] = 0
                 return codes, high - low + 2
-    encoded = pc.dictionary_encode(values, null_encoding="encode")
+    encoded = dictionary_encode(values, null_encoding="encode")
     return (encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64),
             max(len(encoded.dictionary), 1))
 

@@ -31,7 +31,7 @@ reads that capture alone.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,11 +104,16 @@ OPTIONAL_PACKET_COLUMNS = ["icmp_type", "icmp_code"]
 """Packets columns the analyses read when the decode wrote them (ICMP-quoted datagrams)."""
 
 
-DICTIONARY = frozenset({"file"})
-"""Columns the analyses get dictionary-encoded: ``file`` is the capture file's name (often a
-path) on every row, which the analyses only carry to their detail rows; as a plain string it
-was the widest column of every big table (a 40-character path: 190 MiB of the 760 MiB of
-``packets`` at 10,000,000 frames, and as much again in every table made from them).  The
+DICTIONARY = frozenset({"file", "capture", "protocol", "src_ip", "dst_ip", "packet_type",
+                        "message_type", "label"})
+"""Columns the analyses get dictionary-encoded: the low-cardinality strings on every row.
+``file`` is the capture file's name (often a path): as a plain string it was the widest
+column of every big table (190 MiB of the 760 MiB of ``packets`` at 10,000,000 frames, and
+as much again in every table made from them).  The capture, protocol, addresses and types
+have a handful of values each; plain, they were a third of ``packets`` and of the sequence
+verdicts.  The engine spreads its own session keys, topic names and sequence levels encoded
+too (:func:`spark_analysis.engine.common.encoded`); a step Arrow has no dictionary kernel
+for decodes the few values it needs (:func:`spark_analysis.engine.common.plain`).  The
 results hold plain strings again (:func:`spark_analysis.engine.run.to_arrow`)."""
 
 
@@ -150,15 +155,45 @@ def _read(path: str, columns: Sequence[str] | None, files: Sequence[str] | None,
     (all: None).  A partition column or a dictionary page comes as a dictionary: plain values
     here, as Spark reads them (and a join cannot unify the dictionaries of two tables), but
     for the ``encoded`` columns, which no join reads."""
-    dataset = ds.dataset(path, format="parquet", filesystem=filesystem)
-    names = dataset.schema.names
-    wanted = None if columns is None else [c for c in columns if c in names]
-    condition = None if files is None else pc.field("file").isin(list(files))
-    out = dataset.to_table(columns=wanted, filter=condition)
-    for i, field in enumerate(out.schema):
+    return _plain(_dataset(path, filesystem).to_table(
+        columns=_wanted(path, columns, filesystem), filter=_only(files)), encoded)
+
+
+def _scan(path: str, columns: Sequence[str] | None, files: Sequence[str] | None,
+          filesystem: Any, encoded: frozenset[str] = DICTIONARY) -> Iterator[pa.Table]:
+    """:func:`_read` a record batch at a time (an empty table when there are no rows): a
+    caller that keeps part of each batch never holds the whole stored table."""
+    dataset = _dataset(path, filesystem)
+    scanner = dataset.scanner(columns=_wanted(path, columns, filesystem), filter=_only(files))
+    empty = True
+    for batch in scanner.to_batches():
+        if batch.num_rows:
+            empty = False
+            yield _plain(pa.Table.from_batches([batch]), encoded)
+    if empty:
+        yield _plain(scanner.projected_schema.empty_table(), encoded)
+
+
+def _dataset(path: str, filesystem: Any) -> ds.Dataset:
+    return ds.dataset(path, format="parquet", filesystem=filesystem)
+
+
+def _wanted(path: str, columns: Sequence[str] | None, filesystem: Any) -> list[str] | None:
+    """``columns`` that the stored table has (all: None)."""
+    names = _dataset(path, filesystem).schema.names
+    return None if columns is None else [c for c in columns if c in names]
+
+
+def _only(files: Sequence[str] | None) -> pc.Expression | None:
+    return None if files is None else pc.field("file").isin(list(files))
+
+
+def _plain(table: pa.Table, encoded: frozenset[str]) -> pa.Table:
+    """``table`` with its dictionary columns as plain values but the ``encoded`` ones."""
+    for i, field in enumerate(table.schema):
         if pa.types.is_dictionary(field.type) and field.name not in encoded:
-            out = out.set_column(i, field.name, out.column(i).cast(field.type.value_type))
-    return out
+            table = table.set_column(i, field.name, table.column(i).cast(field.type.value_type))
+    return table
 
 
 def _positions(table: pa.Table, ranks: dict[str, int]) -> pa.ChunkedArray:
@@ -231,6 +266,32 @@ def _control_table(messages: pa.Table, headers: dict[str, pa.Table],
     return out
 
 
+def _split_messages(batches: Iterable[pa.Table], headers: dict[str, pa.Table],
+                    ranks: dict[str, int], per_file: bool) -> tuple[pa.Table, pa.Table]:
+    """The stored messages, a batch at a time, as two tables in stored order: those with a
+    sequence number (``messages``) and the *candidates* for the control tables, every
+    message in a frame that carries one of the ``headers`` or marked malformed (a superset
+    of the control messages: :func:`_control_table` picks them by their exact key).  The
+    whole messages table is never held: a persistent capture's ACKs make it nearly twice
+    the data messages, and its combined copy was the peak of the load."""
+    # the frames that carry a header, sorted for a binary search (repeats are harmless;
+    # nearly in capture order already, which a stable sort is quick on)
+    marked = np.sort(np.concatenate(
+        [np.asarray(h.column("pos").combine_chunks(), dtype=np.int64) for h in headers.values()]
+        or [np.empty(0, dtype=np.int64)]), kind="stable")
+    data: list[pa.Table] = []
+    control: list[pa.Table] = []
+    for batch in batches:
+        batch = _add_capture(batch, ranks, per_file)
+        data.append(batch.filter(pc.is_valid(batch.column("sqn"))).select(MESSAGE_COLUMNS))
+        pos = np.asarray(batch.column("pos").combine_chunks(), dtype=np.int64)
+        at = np.minimum(np.searchsorted(marked, pos), max(len(marked) - 1, 0))
+        carries = (marked[at] == pos) if len(marked) else np.zeros(len(pos), dtype=bool)
+        malformed = np.asarray(pc.is_valid(batch.column("malformed_reason")), dtype=bool)
+        control.append(batch.filter(pa.array(carries | malformed)).select(MESSAGE_COLUMNS))
+    return _combined(pa.concat_tables(data)), _combined(pa.concat_tables(control))
+
+
 def load_tables(root: str, files: Sequence[str], per_file: bool, *,
                 captures: Sequence[str] | None = None, filesystem: Any = None,
                 ) -> dict[str, pa.Table]:
@@ -256,11 +317,6 @@ def load_tables(root: str, files: Sequence[str], per_file: bool, *,
     packets = packets.select([c for c in PACKET_COLUMNS + OPTIONAL_PACKET_COLUMNS
                               if c in packets.schema.names])
 
-    core = [c for c in MESSAGE_COLUMNS if c not in ("capture", "pos")]
-    # one chunk per column first: every control table takes rows of it (a take from a chunked
-    # column concatenates the whole column each time)
-    messages = _combined(_add_capture(_read(table("messages"), core, only, filesystem), ranks,
-                                      per_file))
     headers: dict[str, pa.Table] = {}
     for name in HEADER_COLUMNS:
         header = _read(table(f"{HEADER_TABLE_PREFIX}{name}"), [*MESSAGE_KEY, name], only,
@@ -268,11 +324,13 @@ def load_tables(root: str, files: Sequence[str], per_file: bool, *,
         headers[name] = pa.table({"pos": _positions(header, ranks),
                                   "msg_index": header.column("msg_index"),
                                   name: header.column(name)})
-    carriers = {name: _carriers(messages, headers[name]) for name in HEADER_COLUMNS}
-    controls = {name: _control_table(messages, headers, carriers, spec)
+    messages, candidates = _split_messages(_scan(table("messages"), [
+        c for c in MESSAGE_COLUMNS if c not in ("capture", "pos")], only, filesystem),
+        headers, ranks, per_file)
+    carriers = {name: _carriers(candidates, headers[name]) for name in HEADER_COLUMNS}
+    controls = {name: _control_table(candidates, headers, carriers, spec)
                 for name, spec in CONTROL_TABLES.items()}
-    del headers, carriers
-    messages = messages.filter(pc.is_valid(messages.column("sqn"))).select(MESSAGE_COLUMNS)
+    del headers, carriers, candidates
 
     # the few advertisements keep plain names (the topic analyses join on them)
     adverts = _add_capture(_read(table("advertisements"), None, only, filesystem,
@@ -284,10 +342,12 @@ def load(root: str, files: Sequence[str], per_file: bool, *,
          captures: Sequence[str] | None = None, filesystem: Any = None) -> Inputs:
     """:func:`load_tables` as pandas (:func:`frame`)."""
     tables = load_tables(root, files, per_file, captures=captures, filesystem=filesystem)
-    return Inputs(*(frame(_combined(tables.pop(name))) for name in TABLES))
+    # (the few advertisements keep plain strings: the topic analyses join on them)
+    return Inputs(*(frame(_combined(tables.pop(name), frozenset() if name == "advertisements"
+                                    else DICTIONARY)) for name in TABLES))
 
 
-def _combined(table: pa.Table) -> pa.Table:
+def _combined(table: pa.Table, encoded: frozenset[str] = DICTIONARY) -> pa.Table:
     """``table`` with one chunk per column (a table read from many files has one per file and
     row group: pandas' Arrow-backed operations handle chunked columns chunk by chunk or
     combine them again each time; at 10,000,000 frames the data messages took twice as
@@ -296,7 +356,7 @@ def _combined(table: pa.Table) -> pa.Table:
     columns: dict[str, pa.Array] = {}
     for name in table.column_names:
         column = table.column(name)
-        if name in DICTIONARY and not pa.types.is_dictionary(column.type):
+        if name in encoded and not pa.types.is_dictionary(column.type):
             column = pc.dictionary_encode(column)
         # (chunks of a dictionary column read from several files have their own dictionaries:
         # combining them unifies them)

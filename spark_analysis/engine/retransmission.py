@@ -19,7 +19,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_analysis.engine.common import ICMP_DEST_UNREACHABLE, ICMP_PORT_UNREACHABLE
+from spark_analysis.engine.common import (
+    ICMP_DEST_UNREACHABLE,
+    ICMP_PORT_UNREACHABLE,
+    dictionary_encode,
+    plain,
+)
 from spark_analysis.engine.data import session_side
 from spark_analysis.engine.options import PERCENTILES
 from wire.lbtru import NCF_REASON_TEXT
@@ -234,7 +239,7 @@ def _nak_requests(packets: pd.DataFrame) -> pa.Table:
     nulls_long = pa.nulls(n, pa.int64())
     return pa.table({
         "capture": naks.column("capture"),
-        "kind": pc.binary_join_element_wise(naks.column("protocol"), "-nak", ""),
+        "kind": pc.binary_join_element_wise(plain(naks.column("protocol")), "-nak", ""),
         "ts_ns": naks.column("ts_ns"), "file": naks.column("file"),
         "file_offset": naks.column("file_offset"), "pos": naks.column("pos"),
         "requester_ip": naks.column("src_ip"), "requester_port": naks.column("src_port"),
@@ -443,7 +448,7 @@ def _codes(requests: pa.ChunkedArray | pa.Array, answers: pa.ChunkedArray | pa.A
            ) -> Int64s:
     """Equal values get equal codes over requests then answers; null gets -1."""
     both = _chunked(requests, answers)
-    encoded = pc.dictionary_encode(both).combine_chunks()
+    encoded = dictionary_encode(both).combine_chunks()
     return pc.fill_null(encoded.indices.cast(pa.int64()), _NO_MATCH).to_numpy()
 
 

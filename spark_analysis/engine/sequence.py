@@ -123,7 +123,8 @@ def _stream_codes(columns: list[pa.Array | pa.ChunkedArray | np.ndarray]) -> np.
     names = [f"key{i}" for i in range(len(columns))]
     keys = pa.table({name: pa.array(column) if isinstance(column, np.ndarray) else column
                      for name, column in zip(names, columns, strict=True)})
-    keys = keys.append_column("row", pa.array(np.arange(n, dtype=np.int64)))
+    keys = keys.unify_dictionaries().append_column(
+        "row", pa.array(np.arange(n, dtype=np.int64)))
     lists = _array(keys.group_by(names, use_threads=False)
                    .aggregate([("row", "list")])["row_list"])
     sizes = pc.list_value_length(lists).to_numpy(zero_copy_only=False)
@@ -277,7 +278,8 @@ def _items(packets: pd.DataFrame, data: pd.DataFrame) -> tuple[pa.Table, np.ndar
         "file": same("file", "file"),
         "file_offset": same("file_offset", "file_offset"),
         "ts_ns": same("ts_ns", "ts_ns"),
-        "level": pc.take(_LEVELS, pa.array(levels)),
+        # encoded: a level per item, three values (its name was a tenth of the table)
+        "level": pa.DictionaryArray.from_arrays(pa.array(levels, pa.int32()), _LEVELS),
         "protocol": joined("protocol", t_protocol, d_protocol),
         "source_ip": same("source_ip", "src_ip"),
         "source_port": joined(
@@ -461,7 +463,7 @@ def _summary_grouped(t: pa.Table) -> pa.Table | None:
             ("duplicate", flag(_bools(t["duplicate"]))),
             ("ts_ns", t["ts_ns"])):
         work = work.append_column(name, values)
-    g = work.group_by(STREAM, use_threads=False).aggregate([
+    g = work.unify_dictionaries().group_by(STREAM, use_threads=False).aggregate([
         ([], "count_all"), ("rx", "sum"), ("first", "min"), ("sqn", "max"), ("sqn", "min"),
         ("distinct", "sum"), ("gaps", "sum"), ("gap_sqns", "sum"), ("ooo", "sum"),
         ("duplicate", "sum"), ("ts_ns", "min"), ("ts_ns", "max")])

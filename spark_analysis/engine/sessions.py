@@ -22,8 +22,10 @@ from spark_analysis.engine.common import (
     ICMP_PORT_UNREACHABLE,
     Arrayish,
     concat_ws,
+    dictionary_encode,
     frame,
     match_rows,
+    plain_table,
     row_codes,
     table,
     take_matched,
@@ -123,7 +125,7 @@ def _endpoint_codes(ip: Arrayish, port: Arrayish) -> np.ndarray:
     texts = concat_ws(":", pc.take(ip, picked), pc.take(port, picked))
     if isinstance(texts, pa.ChunkedArray):
         texts = texts.combine_chunks()
-    merged = np.asarray(pc.dictionary_encode(texts).indices, dtype=np.int64)
+    merged = np.asarray(dictionary_encode(texts).indices, dtype=np.int64)
     return merged[codes]
 
 
@@ -280,14 +282,14 @@ def _new_messages(data: pa.Table) -> pa.Table:
     # the distinct named topics of a group, by the group's code and the topic's
     _, once = row_codes([pa.array(codes), new["topic"]])
     named = new.select(["capture", "session", "topic"]).take(pa.array(once, pa.int64()))
-    named = named.filter(pc.is_valid(named["topic"]))
+    named = plain_table(named.filter(pc.is_valid(named["topic"])))
     named = named.sort_by([("capture", "ascending"), ("session", "ascending"),
                            ("topic", "ascending")])
     lists = named.group_by(["capture", "session"], use_threads=False).aggregate(
         [("topic", "list")])
     lists = pa.table({"capture": lists["capture"], "session": lists["session"],
                       "topic_names": pc.binary_join(lists["topic_list"], ", ")})
-    out = counts.join(lists, ["capture", "session"], join_type="left outer")
+    out = plain_table(counts).join(lists, ["capture", "session"], join_type="left outer")
     return out.set_column(out.schema.get_field_index("topic_names"), "topic_names",
                           pc.fill_null(out["topic_names"], ""))
 
@@ -321,7 +323,9 @@ def transport_sessions(packets: pd.DataFrame, data: pd.DataFrame) -> pd.DataFram
     session = transport_session_key(sessions["protocol"], sessions["source_ip"],
                                     sessions["source_port"], sessions["session_id"])
     sessions = sessions.append_column("session", session)
-    out = sessions.join(_new_messages(rows), ["capture", "session"], join_type="left outer")
+    # (a row per session: joined as plain strings, Arrow's join cannot unify dictionaries)
+    out = plain_table(sessions).join(plain_table(_new_messages(rows)), ["capture", "session"],
+                                     join_type="left outer")
     columns = {name: out[name] for name in ["capture", "session", *_UDP_COLUMNS[1:],
                                             "messages", "topics", "topic_names"]}
     for name in _COUNTS:

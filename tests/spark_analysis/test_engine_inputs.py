@@ -16,6 +16,7 @@ import pytest
 
 from spark_analysis.engine.inputs import (
     CONTROL_TABLES,
+    DICTIONARY,
     HEADER_COLUMNS,
     MESSAGE_COLUMNS,
     Inputs,
@@ -74,16 +75,26 @@ def test_control_tables_are_the_twins_rows_that_carry_their_headers(
     assert_same(_plain(ours, columns), expected, ["capture", "pos", "msg_index"])
 
 
-def test_file_is_encoded_while_analysed_and_plain_in_the_results(loaded: Any) -> None:
+def test_strings_are_encoded_while_analysed_and_plain_in_the_results(loaded: Any) -> None:
     inputs: Inputs = loaded()
     for df in (inputs.packets, inputs.messages, inputs.acks, inputs.registrations):
         assert pa.types.is_dictionary(df["file"].dtype.pyarrow_dtype)
+        for name in DICTIONARY & set(df.columns):
+            assert pa.types.is_dictionary(df[name].dtype.pyarrow_dtype), name
+    # the topic analyses join the advertisements' strings: plain
+    assert not any(pa.types.is_dictionary(t.pyarrow_dtype)
+                   for t in inputs.advertisements.dtypes)
     results = analyze(inputs)
     with_file = [name for name, table in results.items() if "file" in table.schema.names]
     assert {"anomalies", "registrations", "stability_acks", "sequence_events",
             "retransmission_requests"} <= set(with_file)
     for name in with_file:
         assert results[name].schema.field("file").type == pa.string(), name
+    # no result column is left encoded (sessions, topics and levels are encoded on the way)
+    for name, table in results.items():
+        for field in table.schema:
+            assert not pa.types.is_dictionary(field.type), (name, field.name)
+    assert results["transport_sessions"].schema.field("session").type == pa.string()
     assert results["stability_acks"].num_rows > 0
     assert all(pc.ends_with(results["stability_acks"]["file"], ".pcap").to_pylist())
 
