@@ -122,17 +122,20 @@ def _part(right: pa.Array, left: pa.Array,
         r_code[r_null] = 0 if null_equal else -1
         l_code[l_null] = 0 if null_equal else -1
         return r_code, l_code, max(size, 1)
+    values = right.type.value_type if pa.types.is_dictionary(right.type) else right.type
     encoded = dictionary_encode(right, null_encoding="encode" if null_equal else "mask")
     r_code = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
     if isinstance(left, pa.DictionaryArray):
-        # already encoded (nulls as an entry): look up its few values, not every row
-        found = pc.index_in(left.dictionary.cast(right.type), value_set=encoded.dictionary,
+        # encoded (an input's strings, or a caller's codes): normalised, a null an entry of
+        # its own, and only its few values looked up, not every row
+        left = dictionary_encode(left, null_encoding="encode")
+        found = pc.index_in(left.dictionary.cast(values), value_set=encoded.dictionary,
                             skip_nulls=not null_equal)
         per_entry = pc.fill_null(found, -1).to_numpy(zero_copy_only=False).astype(np.int64)
         rows = left.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         l_code = per_entry[rows] if len(per_entry) else np.full(len(rows), -1, dtype=np.int64)
     else:
-        found = pc.index_in(left.cast(right.type), value_set=encoded.dictionary,
+        found = pc.index_in(left.cast(values), value_set=encoded.dictionary,
                             skip_nulls=not null_equal)
         l_code = pc.fill_null(found, -1).to_numpy(zero_copy_only=False).astype(np.int64)
     return r_code, l_code, max(len(encoded.dictionary), 1)
