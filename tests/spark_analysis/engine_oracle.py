@@ -23,6 +23,7 @@ import pandas as pd
 import pyarrow as pa
 
 from spark_analysis.engine.common import plain_table
+from spark_analysis.engine.inputs import TABLES, Inputs
 
 Golden = Callable[[str], pa.Table]
 """A reader of an ``ump analyze`` run's outputs by name (the ``golden`` fixture)."""
@@ -115,6 +116,14 @@ def corpus_steps(request: Any, tmp_path_factory: Any) -> dict[str, pa.Table]:
 def frame(table: pa.Table) -> pd.DataFrame:
     """An Arrow table as the engine takes it: pandas with Arrow-backed columns."""
     return table.to_pandas(types_mapper=pd.ArrowDtype)
+
+
+def plain_inputs(inputs: Inputs) -> Inputs:
+    """``inputs`` with every dictionary-encoded column plain: the engine must give the same
+    results from both (:data:`spark_analysis.engine.inputs.DICTIONARY`)."""
+    return Inputs(*(frame(plain_table(pa.Table.from_pandas(getattr(inputs, name),
+                                                           preserve_index=False)))
+                    for name in TABLES))
 
 
 def _cell(value: Any) -> Any:

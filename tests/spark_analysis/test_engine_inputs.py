@@ -14,18 +14,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from spark_analysis.engine.common import frame, plain_table
 from spark_analysis.engine.inputs import (
     CONTROL_TABLES,
     DICTIONARY,
     HEADER_COLUMNS,
     MESSAGE_COLUMNS,
-    TABLES,
     Inputs,
     load,
 )
 from spark_analysis.engine.run import analyze
-from tests.spark_analysis.engine_oracle import assert_same
+from tests.spark_analysis.engine_oracle import assert_same, plain_inputs
 
 
 @pytest.fixture(scope="module")
@@ -200,14 +198,6 @@ def test_a_rotated_capture_is_one_capture(tmp_path: Path, capture: str) -> None:
     assert order == sorted(order)
 
 
-def _decoded(inputs: Inputs) -> Inputs:
-    """``inputs`` with every dictionary-encoded column plain (as the engine took them before
-    :data:`DICTIONARY` grew)."""
-    return Inputs(*(frame(plain_table(pa.Table.from_pandas(getattr(inputs, name),
-                                                           preserve_index=False)))
-                    for name in TABLES))
-
-
 @pytest.mark.parametrize("kept", [0.0, 0.5])
 def test_encoded_and_plain_inputs_give_the_same_results(loaded: Any, kept: float) -> None:
     """The engine reads the inputs' strings encoded; every result equals the result from the
@@ -218,7 +208,7 @@ def test_encoded_and_plain_inputs_give_the_same_results(loaded: Any, kept: float
     encoded = loaded()
     regs = encoded.registrations
     encoded.registrations = regs.iloc[::2] if kept else regs.iloc[0:0]
-    plain = _decoded(encoded)
+    plain = plain_inputs(encoded)
     assert not any(pa.types.is_dictionary(t.pyarrow_dtype) for t in plain.acks.dtypes)
     ours, theirs = analyze(encoded), analyze(plain)
     # registrations were missing: some consumption ACKs have no source
