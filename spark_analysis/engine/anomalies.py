@@ -394,6 +394,29 @@ def anomalies(packets: pd.DataFrame, messages: pd.DataFrame, sends: pd.DataFrame
     only (see the module docstring for the rules of the text).  Columns:
     :data:`ANOMALY_COLUMNS`; row order is not meaningful.
     """
+    return combined_anomalies(packet_anomalies(packets), _sequence_anomalies(flags), messages,
+                              sends, regs, stability, consumption, requests)
+
+
+def packet_anomalies(packets: pd.DataFrame) -> pa.Table:
+    """The anomalies of :func:`anomalies` that only ``packets`` shows (``nak-to-closed-port``
+    and malformed packets): found on their own, as soon as the packets are read, so that
+    the packets table is let go before the ACK analyses run (:mod:`.run`)."""
+    return pa.concat_tables([_bounced_naks(packets), _malformed(packets, "packet")])
+
+
+def sequence_anomalies(flags: pd.DataFrame) -> pa.Table:
+    """The anomalies of :func:`anomalies` that only the sequence verdicts show (``gap``,
+    ``out-of-order``, ``duplicate``), on their own for the same reason."""
+    return _sequence_anomalies(flags)
+
+
+def combined_anomalies(from_packets: pa.Table, from_sequence: pa.Table,
+                       messages: pd.DataFrame, sends: pd.DataFrame, regs: pd.DataFrame,
+                       stability: pd.DataFrame, consumption: pd.DataFrame,
+                       requests: pd.DataFrame) -> pd.DataFrame:
+    """:func:`anomalies` given what :func:`packet_anomalies` and :func:`sequence_anomalies`
+    found."""
     unmatched = [_unmatched(stability, "store_ip"), _unmatched(consumption, "receiver_ip")]
     lows = _lowest_sends(sends, unmatched)
     parts = [_unsent_acks(lows, unmatched[0], "stability", "store_ip"),
@@ -401,10 +424,9 @@ def anomalies(packets: pd.DataFrame, messages: pd.DataFrame, sends: pd.DataFrame
              *_registration_anomalies(regs),
              _orphan_responses(messages, regs),
              _lost_requests(requests),
-             _bounced_naks(packets),
-             _malformed(packets, "packet"),
+             from_packets,
              _malformed(messages, "message"),
-             _sequence_anomalies(flags)]
+             from_sequence]
     return pa.concat_tables(parts).to_pandas(types_mapper=pd.ArrowDtype)
 
 

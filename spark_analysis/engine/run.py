@@ -131,22 +131,30 @@ def analyze(inputs: Inputs, options: AnalysisOptions | None = None, *,
             f = {"topics": step("topics", topics.advertised_topics, adverts),
                  "data": step("data messages", data.data_messages, packets, messages, adverts),
                  "regs": step("registrations", registrations.registrations,
-                              inputs.registrations)}
+                              inputs.registrations),
+                 "packet_found": step("packet anomalies", anomalies.packet_anomalies, packets)}
             f["sends"] = step("message sends", data.message_sends, f["data"])
             f["flags"] = step("sequence analysis", sequence.judged_items, packets, f["data"])
-            # early: the last reader of packets and the data messages
             f["transport_sessions"] = step("transport sessions", sessions.transport_sessions,
                                            packets, f["data"])
+            # the last reader of packets, and every reader of the sequence verdicts, before the
+            # ACK analyses: both tables are gone by the time the ACKs are paired
+            f["requests"] = step("retransmission requests",
+                                 retransmission.retransmission_requests, packets, f["data"],
+                                 inputs.rxreqs, f["regs"])
+            f["sequence_found"] = step("sequence anomalies", anomalies.sequence_anomalies,
+                                       f["flags"])
+            f["sequence_summary"] = step("sequence summary", sequence.sequence_summary,
+                                         f["flags"])
+            f["sequence_events"] = step("sequence events", sequence.sequence_events,
+                                        f.pop("flags"))
             f["stability"] = step("stability ACKs", acks.stability_acks, acked, f["sends"],
                                   f["regs"])
             f["consumption"] = step("consumption ACKs", acks.consumption_acks, acked,
                                     f["sends"], f["regs"])
-            f["requests"] = step("retransmission requests",
-                                 retransmission.retransmission_requests, packets, f["data"],
-                                 inputs.rxreqs, f["regs"])
-            f["found"] = step("anomalies", anomalies.anomalies, packets, flagged, f["sends"],
-                              f["regs"], f["stability"], f["consumption"], f["requests"],
-                              f["flags"])
+            f["found"] = step("anomalies", anomalies.combined_anomalies, f.pop("packet_found"),
+                              f.pop("sequence_found"), flagged, f["sends"], f["regs"],
+                              f["stability"], f["consumption"], f["requests"])
             f["topic_advertisements"] = step("topic advertisements",
                                              topics.topic_advertisements, adverts)
             f["topic_queries"] = step("topic queries", topics.topic_queries, adverts)
@@ -157,15 +165,14 @@ def analyze(inputs: Inputs, options: AnalysisOptions | None = None, *,
         stable_f = step("stability times", lambda a, r: flight.stable_times(a, r, options),
                         f["stability"], f["regs"])
         events_f = step("flight events", flight.flight_events, f.pop("sends"), stable_f)
-        flags_f = f.pop("flags")
         out: dict[str, Future[Any]] = {
             "anomaly_summary": step("anomaly summary", anomalies.anomaly_summary, f["found"]),
             "anomalies": f["found"],
             "topic_advertisements": f["topic_advertisements"],
             "topic_queries": f["topic_queries"],
             "transport_sessions": f["transport_sessions"],
-            "sequence_summary": step("sequence summary", sequence.sequence_summary, flags_f),
-            "sequence_events": step("sequence events", sequence.sequence_events, flags_f),
+            "sequence_summary": f["sequence_summary"],
+            "sequence_events": f["sequence_events"],
             "registrations": f["regs"],
             "registration_summary": step("registration summary",
                                          registrations.registration_summary, f["regs"]),
@@ -189,7 +196,7 @@ def analyze(inputs: Inputs, options: AnalysisOptions | None = None, *,
         }
         # only the futures of the results stay here: an intermediate table (data messages,
         # sends, sequence verdicts, stability times, flight events) goes with its last reader
-        del f, flags_f, stable_f, events_f
+        del f, stable_f, events_f
         results = {name: future.result() for name, future in out.items()}
         del out
         started = time.perf_counter()
