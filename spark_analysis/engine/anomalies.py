@@ -347,13 +347,14 @@ def _malformed(table: pd.DataFrame, what: str) -> pa.Table:
                     _col(bad, "malformed_reason"))
 
 
-def _sequence_anomalies(flags: pd.DataFrame) -> pa.Table:
+def sequence_anomalies(flags: pd.DataFrame) -> pa.Table:
     """The ``gap``, ``out-of-order`` and ``duplicate`` events of the sequence flags
     (:func:`~spark_analysis.engine.sequence.sequence_events`: one item can be several), each
     a warning: ``topic lbtrm:10.0.1.1:14390 to 224.10.10.10:14400 tidx 1`` / ``sqn 3, size
     2``.  Unlike the other subjects, the stream's null parts are left out, not printed as
     ``?``, and a null number makes the detail null.  Only the flagged items (a gap, out of
-    order or a duplicate) are handed to ``sequence_events``, in their order."""
+    order or a duplicate) are handed to ``sequence_events``, in their order.  Found on its
+    own as soon as the verdicts are (:mod:`.run`), like :func:`packet_anomalies`."""
     flagged = pc.or_kleene(pc.or_kleene(pc.greater(arrow(flags["sqn_gap"]), 0),
                                         pc.greater(arrow(flags["ooo_gap"]), 0)),
                            arrow(flags["duplicate"]))
@@ -394,7 +395,7 @@ def anomalies(packets: pd.DataFrame, messages: pd.DataFrame, sends: pd.DataFrame
     only (see the module docstring for the rules of the text).  Columns:
     :data:`ANOMALY_COLUMNS`; row order is not meaningful.
     """
-    return combined_anomalies(packet_anomalies(packets), _sequence_anomalies(flags), messages,
+    return combined_anomalies(packet_anomalies(packets), sequence_anomalies(flags), messages,
                               sends, regs, stability, consumption, requests)
 
 
@@ -403,12 +404,6 @@ def packet_anomalies(packets: pd.DataFrame) -> pa.Table:
     and malformed packets): found on their own, as soon as the packets are read, so that
     the packets table is let go before the ACK analyses run (:mod:`.run`)."""
     return pa.concat_tables([_bounced_naks(packets), _malformed(packets, "packet")])
-
-
-def sequence_anomalies(flags: pd.DataFrame) -> pa.Table:
-    """The anomalies of :func:`anomalies` that only the sequence verdicts show (``gap``,
-    ``out-of-order``, ``duplicate``), on their own for the same reason."""
-    return _sequence_anomalies(flags)
 
 
 def combined_anomalies(from_packets: pa.Table, from_sequence: pa.Table,

@@ -49,11 +49,11 @@ def encoded(codes: np.ndarray, values: Arrayish) -> pa.DictionaryArray:
     return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), dictionary)
 
 
-def plain_table(table: pa.Table) -> pa.Table:
-    """``table`` with every dictionary-encoded column decoded (:func:`plain`): Arrow sorts a
-    table by plain columns only."""
+def plain_table(table: pa.Table, keep: frozenset[str] = frozenset()) -> pa.Table:
+    """``table`` with every dictionary-encoded column decoded (:func:`plain`) but those named
+    in ``keep``: Arrow sorts a table by plain columns only."""
     for i, field in enumerate(table.schema):
-        if pa.types.is_dictionary(field.type):
+        if pa.types.is_dictionary(field.type) and field.name not in keep:
             table = table.set_column(i, field.name, plain(table.column(i)))
     return table
 
@@ -134,28 +134,19 @@ def _dense(values: Arrayish, span: int) -> tuple[np.ndarray, int]:
     by its distance from its least value, a column of one value by 0, any other by a
     dictionary of its values."""
     whole = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-    if pa.types.is_dictionary(whole.type):
-        return _dictionary_codes(whole)
-    if pa.types.is_integer(whole.type) and whole.null_count == 0 and len(whole):
-        ints = np.asarray(whole).astype(np.int64, copy=False)
-        low, high = int(ints.min()), int(ints.max())
-        if high - low < span:
-            return ints - low, high - low + 1
-    if whole.null_count == 0 and len(whole) and pc.all(pc.equal(whole, whole[0])).as_py():
-        # one value (the capture, a filtered protocol): no hashing
-        return np.zeros(len(whole), dtype=np.int64), 1
-    coded = pc.dictionary_encode(whole, null_encoding="encode")
-    return np.asarray(coded.indices, dtype=np.int64), max(len(coded.dictionary), 1)
-
-
-def _dictionary_codes(values: pa.DictionaryArray) -> tuple[np.ndarray, int]:
-    """:func:`_dense` of a dictionary-encoded column without decoding it: a code per
-    distinct value (:func:`dictionary_encode` merges a value the dictionary holds twice),
-    a null a value of its own."""
-    normal = dictionary_encode(values, null_encoding="encode")
-    assert isinstance(normal, pa.DictionaryArray)
-    return (np.asarray(normal.indices, dtype=np.int64).reshape(-1),
-            max(len(normal.dictionary), 1))
+    if not pa.types.is_dictionary(whole.type):   # (an encoded column is coded by its entries)
+        if pa.types.is_integer(whole.type) and whole.null_count == 0 and len(whole):
+            ints = np.asarray(whole).astype(np.int64, copy=False)
+            low, high = int(ints.min()), int(ints.max())
+            if high - low < span:
+                return ints - low, high - low + 1
+        if whole.null_count == 0 and len(whole) and pc.all(pc.equal(whole, whole[0])).as_py():
+            # one value (the capture, a filtered protocol): no hashing
+            return np.zeros(len(whole), dtype=np.int64), 1
+    coded = dictionary_encode(whole, null_encoding="encode")
+    assert isinstance(coded, pa.DictionaryArray)
+    return (np.asarray(coded.indices, dtype=np.int64).reshape(-1),
+            max(len(coded.dictionary), 1))
 
 
 def dictionary_encode(values: Arrayish, null_encoding: str = "mask") -> Arrayish:

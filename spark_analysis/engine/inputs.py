@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from spark_analysis.engine.common import frame
+from spark_analysis.engine.common import frame, plain_table
 from spark_analysis.schemas import HEADER_TABLE_PREFIX, MESSAGE_KEY
 
 FILE_SHIFT = 40
@@ -155,7 +155,7 @@ def _read(path: str, columns: Sequence[str] | None, files: Sequence[str] | None,
     (all: None).  A partition column or a dictionary page comes as a dictionary: plain values
     here, as Spark reads them (and a join cannot unify the dictionaries of two tables), but
     for the ``encoded`` columns, which no join reads."""
-    return _plain(_dataset(path, filesystem).to_table(
+    return plain_table(_dataset(path, filesystem).to_table(
         columns=_wanted(path, columns, filesystem), filter=_only(files)), encoded)
 
 
@@ -169,9 +169,9 @@ def _scan(path: str, columns: Sequence[str] | None, files: Sequence[str] | None,
     for batch in scanner.to_batches():
         if batch.num_rows:
             empty = False
-            yield _plain(pa.Table.from_batches([batch]), encoded)
+            yield plain_table(pa.Table.from_batches([batch]), encoded)
     if empty:
-        yield _plain(scanner.projected_schema.empty_table(), encoded)
+        yield plain_table(scanner.projected_schema.empty_table(), encoded)
 
 
 def _dataset(path: str, filesystem: Any) -> ds.Dataset:
@@ -186,14 +186,6 @@ def _wanted(path: str, columns: Sequence[str] | None, filesystem: Any) -> list[s
 
 def _only(files: Sequence[str] | None) -> pc.Expression | None:
     return None if files is None else pc.field("file").isin(list(files))
-
-
-def _plain(table: pa.Table, encoded: frozenset[str]) -> pa.Table:
-    """``table`` with its dictionary columns as plain values but the ``encoded`` ones."""
-    for i, field in enumerate(table.schema):
-        if pa.types.is_dictionary(field.type) and field.name not in encoded:
-            table = table.set_column(i, field.name, table.column(i).cast(field.type.value_type))
-    return table
 
 
 def _positions(table: pa.Table, ranks: dict[str, int]) -> pa.ChunkedArray:

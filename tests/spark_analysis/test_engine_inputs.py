@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from spark_analysis.engine.common import plain_table
 from spark_analysis.engine.inputs import (
     CONTROL_TABLES,
     DICTIONARY,
@@ -37,11 +38,8 @@ def loaded(request: Any, tmp_path_factory: Any) -> Any:
 
 
 def _plain(df: pd.DataFrame, columns: list[str]) -> pa.Table:
-    table = pa.Table.from_pandas(df[columns], preserve_index=False)
-    for i, field in enumerate(table.schema):
-        if pa.types.is_dictionary(field.type):
-            table = table.set_column(i, field.name, table.column(i).cast(field.type.value_type))
-    return table.replace_schema_metadata(None)
+    return plain_table(pa.Table.from_pandas(df[columns], preserve_index=False)
+                       ).replace_schema_metadata(None)
 
 
 def test_messages_are_the_twins_rows_with_a_sequence_number(
