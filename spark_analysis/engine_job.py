@@ -14,14 +14,28 @@ names; in local mode the driver's machine does both).
 
 from __future__ import annotations
 
+import functools
 import re
+import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from spark_analysis.engine.inputs import Inputs, load
-from spark_analysis.engine.options import AnalysisOptions
-from spark_analysis.engine.run import OUTPUTS, analyze
+import pyarrow as pa
+
+from spark_analysis.engine.inputs import Inputs, count_packets, load, load_tables, scan_packets
+from spark_analysis.engine.options import BYTES_PER_FRAME, MEMORY_SHARE, AnalysisOptions
+from spark_analysis.engine.owners import (
+    WHOLE,
+    Part,
+    host_counts,
+    parts_needed,
+    plan_parts,
+    split,
+)
+from spark_analysis.engine.run import OUTPUTS, PART_TOTAL, analyze, analyze_in_parts
+from spark_analysis.engine.spill import Spill
 
 
 def _filesystem(location: str) -> tuple[Any, str]:
@@ -42,16 +56,25 @@ def analyze_capture(decoded: str, files: Sequence[str], per_file: bool, capture:
     Returns the rows written per result."""
     import pyarrow.parquet as pq
 
+    fs, root = _filesystem(decoded)
+
     def read() -> Inputs:
         started = time.perf_counter()
-        fs, root = _filesystem(decoded)
         inputs = load(root, files, per_file, captures=[capture], filesystem=fs)
         if progress is not None:
             progress("reading the decoded tables", time.perf_counter() - started)
         return inputs
 
-    # no reference kept here: the analyses let each input table go when done with it
-    results = analyze(read(), options, progress=progress)
+    started = time.perf_counter()
+    parts = plan(root, files, per_file, capture, options.frames_per_part, fs)
+    if progress is not None:
+        progress(f"planning the parts ({len(parts)})", time.perf_counter() - started)
+    if len(parts) == 1:
+        # no reference kept here: the analyses let each input table go when done with it
+        results = analyze(read(), options, progress=progress)
+    else:
+        results = read_in_parts(root, files, per_file, capture, parts, options, fs,
+                                    progress)
     started = time.perf_counter()
     out_fs, out_root = _filesystem(out)
     rows = {}
@@ -63,6 +86,77 @@ def analyze_capture(decoded: str, files: Sequence[str], per_file: bool, capture:
     if progress is not None:
         progress("writing the results", time.perf_counter() - started)
     return rows
+
+
+def read_in_parts(root: str, files: Sequence[str], per_file: bool, capture: str,
+                      parts: Sequence[Part], options: AnalysisOptions, filesystem: Any,
+                      progress: Callable[[str, float], None] | None) -> dict[str, pa.Table]:
+    """Every result of ``capture`` (:func:`analyze_in_parts`): read once, its packets and
+    topic messages cut into ``parts`` on local disk (a temporary directory), and analysed a
+    part at a time."""
+    with tempfile.TemporaryDirectory(prefix="ump-parts-") as scratch:
+        started = time.perf_counter()
+        spills = [Spill(f"{scratch}/part-{i}") for i in range(len(parts))]
+        shared = load_tables(root, files, per_file, captures=[capture], filesystem=filesystem,
+                             parts=(functools.partial(split, parts), spills))
+        if progress is not None:
+            progress("reading the decoded tables into parts", time.perf_counter() - started)
+
+        def read(i: int) -> dict[str, pa.Table]:
+            return {name: spills[i].read(name) for name in ("packets", "messages")}
+
+        return analyze_in_parts(shared, parts, read, options, progress=progress,
+                                scratch=scratch)
+
+
+def plan(root: str, files: Sequence[str], per_file: bool, capture: str,
+         frames_per_part: int | None, filesystem: Any = None) -> list[Part]:
+    """The parts ``capture`` is analysed in (:func:`spark_analysis.engine.owners.plan_parts`):
+    one unless it has more than ``frames_per_part`` UM frames (0: one; None: what fits in
+    this machine's memory, :func:`frames_that_fit`) and more than one source host.  Only
+    the columns that name a packet's host are read for it."""
+    limit = frames_that_fit() if frames_per_part is None else frames_per_part
+    if not limit or count_packets(root, files, per_file, captures=[capture],
+                                  filesystem=filesystem) <= limit:
+        return [WHOLE]
+    counts: Counter[str | None] = Counter()
+    for batch in scan_packets(root, files, per_file, ["protocol", "packet_type", "src_ip",
+                                                      "dst_ip"],
+                              captures=[capture], filesystem=filesystem):
+        counts.update(host_counts(batch, "packets"))
+    return plan_parts(counts, parts_needed(sum(counts.values()), limit))
+
+
+def frames_that_fit(available: int | None = None) -> int:
+    """The UM frames a capture analysed whole may have on this machine: ``available`` bytes
+    (default: the system's ``MemAvailable`` now) times :data:`~spark_analysis.engine.options.
+    MEMORY_SHARE` over :data:`~spark_analysis.engine.options.BYTES_PER_FRAME`, at least
+    a million.  0 (whole) when the memory available is unknown."""
+    if available is None:
+        available = _memory_available()
+    if available is None:
+        return 0
+    return max(1_000_000, int(available * MEMORY_SHARE / BYTES_PER_FRAME))
+
+
+def _memory_available() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes, or the process's address-space limit
+    when lower (Spark sets one on its Python workers with ``spark.executor.pyspark.memory``);
+    None when neither is known."""
+    import resource
+
+    known = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    known.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit != resource.RLIM_INFINITY and limit > 0:
+        known.append(limit)
+    return min(known) if known else None
 
 
 def _ready_worker(threads: int) -> None:
@@ -94,8 +188,9 @@ class AnalysisFailed(Exception):
 
 
 MEMORY_HINT = ("the analyses of one capture hold it in one process, about half a KiB per "
-               "frame: give the worker more memory, or cut the capture into files "
-               "(editcap -c) and analyse them with --per-file")
+               "frame: give the worker more memory, analyse it in smaller parts "
+               "(--frames-per-part), or cut the capture into files (editcap -c) and "
+               "analyse them with --per-file")
 """What a user can do when a capture's analyses ran out of memory."""
 
 
@@ -179,9 +274,12 @@ def analyze_captures(spark: Any, decoded: str, files: Sequence[str], per_file: b
     for capture, rows, steps, _ in finished:
         for name, count in rows.items():
             totals[name] += count
+        # a capture analysed in parts tells each part's time, then each step's over the
+        # parts (PART_TOTAL): counted once, by its parts
+        own = {k: v for k, v in steps.items() if not k.endswith(PART_TOTAL)}
         slowest = ", ".join(f"{k} {v:.1f}s" for k, v in
-                            sorted(steps.items(), key=lambda kv: -kv[1])[:3])
-        log(f"  {capture}: {len(steps)} steps in {sum(steps.values()):.1f}s "
+                            sorted(own.items(), key=lambda kv: -kv[1])[:3])
+        log(f"  {capture}: {len(own)} steps in {sum(own.values()):.1f}s "
             f"(slowest: {slowest})")
         if len(captures) == 1:
             # one capture: a line per analysis step, in the order they ended

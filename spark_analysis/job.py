@@ -101,6 +101,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "majority of the source's stores (default), all of them, or any")
     parser.add_argument("--flight-bins", type=_positive, default=200, metavar="N",
                         help="time bins of the flight-size series (default 200)")
+    parser.add_argument("--frames-per-part", type=_count, metavar="N",
+                        help="analyse a capture of more UM frames in parts of about N, one "
+                             "after the other: the same results in less memory (0: every "
+                             "capture whole; default: whole when it fits in half the "
+                             "memory available, else in parts that do)")
     parser.add_argument("--split-size", type=_positive, metavar="MIB",
                         help="MiB of capture per Spark task (default 64)")
     parser.add_argument("--report-rows", type=_positive, default=50, metavar="N",
@@ -120,6 +125,16 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text.replace(",", "").replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
@@ -264,7 +279,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
     from spark_analysis.engine_job import analyze_captures
     from spark_analysis.session import get_spark, size_shuffle_partitions
 
-    options = AnalysisOptions(stability_rule=args.stability, flight_bins=args.flight_bins)
+    options = AnalysisOptions(stability_rule=args.stability, flight_bins=args.flight_bins,
+                              frames_per_part=args.frames_per_part)
     decode_options = DecodeOptions(ports=port_map(args),
                                    content_heuristics=not args.no_content_heuristics)
     capture_bytes = _capture_bytes(args.captures)

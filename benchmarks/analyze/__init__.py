@@ -32,6 +32,9 @@ report).  ``--spark-events`` adds Spark's own account (its event log, what the S
 shows): per analysis step the jobs, stages and tasks it ran and its tasks' run and CPU
 seconds, which stay meaningful on a busy machine where wall times do not.
 
+``--frames-per-part N`` is passed to ``ump analyze``: the same captures analysed in parts
+(a capture bigger than the memory available is analysed so by default).
+
 The benchmark reports; it never fails because a target is missed.  Exit status 2 is a usage
 error, 1 a failed run (``ump analyze`` or tshark failed: its last lines are shown).
 """
@@ -357,14 +360,15 @@ def _fail(what: str, run: Measured) -> RuntimeError:
 
 
 def bench_capture(capture: Capture, master: str | None, tshark: bool,
-                  keep: Path | None, spark_events: bool = False) -> dict[str, Any]:
+                  keep: Path | None, spark_events: bool = False,
+                  extra: Sequence[str] = ()) -> dict[str, Any]:
     """Both tools on one capture; the figures as a JSON-ready dict."""
     out_parent = keep or Path(tempfile.mkdtemp(prefix="ump-bench-analyze-"))
     out = out_parent / capture.path.stem
     events = out_parent / f"{capture.path.stem}.spark-events" if spark_events else None
     jobs: list[dict[str, Any]] = []
     try:
-        analyze = run_analyze(capture, out, master, events=events)
+        analyze = run_analyze(capture, out, master, extra, events=events)
         if analyze.returncode != 0:
             raise _fail("ump analyze", analyze)
         summary = json.loads((out / "summary.json").read_text())
@@ -471,6 +475,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--spark-events", action="store_true",
                         help="have Spark write its event log and print, per analysis step, "
                              "its jobs, stages, tasks and task CPU seconds")
+    parser.add_argument("--frames-per-part", metavar="N",
+                        help="passed to ump analyze: analyse each capture in parts of N "
+                             "frames (0: whole; default: ump analyze's, whole when it fits "
+                             "in half the memory available)")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
     sizes = args.frames or list(DEFAULT_FRAMES)
@@ -485,8 +493,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"generated {captures[-1].path} in {captures[-1].generated_seconds:.0f} s",
                       flush=True)
         for capture in captures:
+            extra = ([] if args.frames_per_part is None
+                     else ["--frames-per-part", args.frames_per_part])
             results.append(bench_capture(capture, args.master, not args.skip_tshark,
-                                         args.keep_out, args.spark_events))
+                                         args.keep_out, args.spark_events, extra))
             done = results[-1]
             if args.json:  # after every capture: a long run's figures survive a later failure
                 args.json.write_text(json.dumps({"results": results}, indent=2))

@@ -24,7 +24,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_analysis.engine.common import arrow, dense_codes, dictionary_encode, series
+from spark_analysis.engine.common import (
+    arrow,
+    dense_codes,
+    dictionary_encode,
+    plain,
+    series,
+)
 from spark_analysis.engine.inputs import ACK_COLUMNS
 from spark_analysis.engine.options import PERCENTILES, AnalysisOptions
 from wire.lbmc import AckType
@@ -324,6 +330,30 @@ def _receiver_registrations(regs: pd.DataFrame) -> pd.DataFrame:
                    "topic": _take(_col(granted, "topic"), chosen)})
 
 
+def _registered(regs: pd.DataFrame, keys: Sequence[Array]) -> tuple[pd.DataFrame, np.ndarray]:
+    """:func:`_receiver_registrations` and, for each row of ``keys`` (capture, store address,
+    receiver RegID of a consumption ACK), its registration's row there, or -1."""
+    receivers = _receiver_registrations(regs)
+    return receivers, _lookup(keys, [_col(receivers, k)
+                                     for k in ("capture", "store_ip", "rcv_reg_id")])
+
+
+def ack_hosts(messages: pd.DataFrame, regs: pd.DataFrame) -> pa.Array:
+    """The source host (:mod:`spark_analysis.engine.owners`) of each message of ``messages``
+    (``Inputs.acks``): for a consumption ACK the source of its receiver's registration, as
+    :func:`consumption_acks` finds it (null without one), else the destination (a stability
+    ACK's source, :func:`stability_acks`)."""
+    ack = _col(messages, "ume_ack")
+    destination = plain(_col(messages, "dst_ip"))
+    if not len(ack):
+        return destination
+    consumption = pc.fill_null(pc.equal(pc.struct_field(ack, "type"), AckType.CDELV), False)
+    receivers, match = _registered(regs, [_col(messages, "capture"), _col(messages, "dst_ip"),
+                                          _flat(pc.struct_field(ack, "rcv_reg_id"))])
+    source = plain(_take(_col(receivers, "source_ip"), match)).cast(pa.string())
+    return pc.if_else(consumption, source, destination.cast(pa.string()))
+
+
 # ---------------------------------------------------------------------------------------------
 # Per-ACK tables
 # ---------------------------------------------------------------------------------------------
@@ -382,9 +412,8 @@ def consumption_acks(messages: pd.DataFrame, sends: pd.DataFrame,
             "store_ip": raw["dst_ip"], "store_port": raw["dst_port"],
             "transport_idx": raw["transport_idx"], "rcv_reg_id": raw["rcv_reg_id"],
             "sqn": raw["sqn"]}
-    receivers = _receiver_registrations(regs)
-    join = ["capture", "store_ip", "rcv_reg_id"]
-    match = _lookup([acks[k] for k in join], [_col(receivers, k) for k in join])
+    receivers, match = _registered(regs, [acks[k] for k in ("capture", "store_ip",
+                                                             "rcv_reg_id")])
     acks["source_ip"] = _take(_col(receivers, "source_ip"), match)
     acks["tidx"] = _take(_col(receivers, "topic_idx"), match)
     acks["topic"] = _take(_col(receivers, "topic"), match)

@@ -409,20 +409,27 @@ def packet_anomalies(packets: pd.DataFrame) -> pa.Table:
 def combined_anomalies(from_packets: pa.Table, from_sequence: pa.Table,
                        messages: pd.DataFrame, sends: pd.DataFrame, regs: pd.DataFrame,
                        stability: pd.DataFrame, consumption: pd.DataFrame,
-                       requests: pd.DataFrame) -> pd.DataFrame:
+                       requests: pd.DataFrame, *, shared: bool = True) -> pd.DataFrame:
     """:func:`anomalies` given what :func:`packet_anomalies` and :func:`sequence_anomalies`
-    found."""
+    found; without the :func:`shared_anomalies` when ``shared`` is false (one part of a
+    capture analysed in parts: :mod:`spark_analysis.engine.owners`)."""
     unmatched = [_unmatched(stability, "store_ip"), _unmatched(consumption, "receiver_ip")]
     lows = _lowest_sends(sends, unmatched)
     parts = [_unsent_acks(lows, unmatched[0], "stability", "store_ip"),
              _unsent_acks(lows, unmatched[1], "consumption", "receiver_ip"),
-             *_registration_anomalies(regs),
-             _orphan_responses(messages, regs),
              _lost_requests(requests),
              from_packets,
-             _malformed(messages, "message"),
              from_sequence]
+    if shared:
+        parts.append(shared_anomalies(messages, regs))
     return pa.concat_tables(parts).to_pandas(types_mapper=pd.ArrowDtype)
+
+
+def shared_anomalies(messages: pd.DataFrame, regs: pd.DataFrame) -> pa.Table:
+    """The anomalies of :func:`anomalies` that the registrations and the flagged control
+    messages (``messages``) show alone: the same for every part of a capture, so found once."""
+    return pa.concat_tables([*_registration_anomalies(regs), _orphan_responses(messages, regs),
+                             _malformed(messages, "message")])
 
 
 def anomaly_summary(found: pd.DataFrame) -> pd.DataFrame:

@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_analysis.engine.common import dense_codes, dictionary_encode, series
+from spark_analysis.engine.common import dense_codes, dictionary_encode, plain, series
 from spark_analysis.engine.options import AnalysisOptions
 
 FLIGHT = ["capture", "session", "source_ip", "tidx"]
@@ -337,7 +337,47 @@ def _ints(df: pd.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray]:
     return pc.fill_null(values, 0).to_numpy(zero_copy_only=False).astype(np.int64), nulls
 
 
-def flight_size(events: pd.DataFrame, options: AnalysisOptions | None = None) -> pd.DataFrame:
+Span = dict[str, tuple[int, int]]
+"""Per capture, the least and greatest event time (ns) of its flight events."""
+
+
+def event_span(events: pd.DataFrame) -> Span:
+    """The time span of ``events`` (:func:`flight_events`) per capture, for
+    :func:`flight_size` over events analysed in parts (a capture without a timed event is
+    left out)."""
+    ts, ts_null = _ints(events, "ts_ns")
+    capture = _codes(events, ["capture"])
+    valid = np.asarray(pc.is_valid(_arrow(events, "capture")), dtype=bool)
+    timed = ~ts_null & valid
+    n_cap = int(capture.max(initial=-1)) + 1
+    big = np.iinfo(np.int64).max
+    low = np.full(n_cap, big, dtype=np.int64)
+    high = np.full(n_cap, -big - 1, dtype=np.int64)
+    np.minimum.at(low, capture[timed], ts[timed])
+    np.maximum.at(high, capture[timed], ts[timed])
+    names = _capture_names(events, capture)
+    return {names[code]: (int(low[code]), int(high[code])) for code in range(n_cap)
+            if low[code] != big}
+
+
+def _capture_names(events: pd.DataFrame, capture: np.ndarray) -> list[str]:
+    """The capture of each code of ``capture`` (:func:`_codes` of the ``capture`` column)."""
+    firsts = np.unique(capture, return_index=True)[1]
+    return plain(pc.take(_arrow(events, "capture"), pa.array(firsts, pa.int64()))).to_pylist()
+
+
+def merged_span(spans: Sequence[Span]) -> Span:
+    """The span of the events of every part (:func:`event_span` of each)."""
+    out: Span = {}
+    for span in spans:
+        for name, (low, high) in span.items():
+            was = out.get(name, (low, high))
+            out[name] = (min(was[0], low), max(was[1], high))
+    return out
+
+
+def flight_size(events: pd.DataFrame, options: AnalysisOptions | None = None,
+                bounds: Span | None = None) -> pd.DataFrame:
     """How many messages were in flight (sent, not yet stable) per source topic, over time?
 
     ``events`` from :func:`flight_events`.  Per capture the span of event times ``t0..t1``
@@ -345,7 +385,9 @@ def flight_size(events: pd.DataFrame, options: AnalysisOptions | None = None) ->
     (in floating point, as Spark divides); per source topic and bin with events: the peak
     (``max_in_flight``), the value after the bin's last event (``end_in_flight``), messages
     ``sent`` and ``stabilized``, and the bin's ``[bin_start_ns, bin_end_ns)``; between bins
-    the value holds.  An event without a time falls in a null bin.  One sort of integer codes
+    the value holds.  An event without a time falls in a null bin.  ``bounds`` gives each
+    capture's ``t0..t1`` instead, when ``events`` are one part of a capture
+    (:func:`merged_span`).  One sort of integer codes
     (source topic, bin, event) packed into an int64; the aggregates are reductions over the
     sorted runs.
     """
@@ -360,6 +402,10 @@ def flight_size(events: pd.DataFrame, options: AnalysisOptions | None = None) ->
     t1 = np.full(n_cap, -big - 1, dtype=np.int64)
     np.minimum.at(t0, capture[~ts_null], ts[~ts_null])
     np.maximum.at(t1, capture[~ts_null], ts[~ts_null])
+    if bounds is not None and n_cap:
+        for code, name in enumerate(_capture_names(events, capture)):
+            if name in bounds:
+                t0[code], t1[code] = bounds[name]
     no_time = t0 == big  # Spark: t0 null, greatest(1, null) = 1
     span = (t1 - t0 + 1).astype(np.float64)
     width = np.where(no_time, 1, np.maximum(1, np.ceil(span / options.flight_bins))

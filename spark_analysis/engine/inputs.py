@@ -31,7 +31,7 @@ reads that capture alone.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from spark_analysis.engine.common import frame, plain_table
+from spark_analysis.engine.spill import Spill
 from spark_analysis.schemas import HEADER_TABLE_PREFIX, MESSAGE_KEY
 
 FILE_SHIFT = 40
@@ -258,14 +259,21 @@ def _control_table(messages: pa.Table, headers: dict[str, pa.Table],
     return out
 
 
+Split = Callable[[str, pa.Table], list[pa.Table]]
+"""A batch of ``packets`` or topic ``messages`` (the name) cut into the parts of a capture
+analysed in parts (:func:`spark_analysis.engine.owners.split`)."""
+
+
 def _split_messages(batches: Iterable[pa.Table], headers: dict[str, pa.Table],
-                    ranks: dict[str, int], per_file: bool) -> tuple[pa.Table, pa.Table]:
+                    ranks: dict[str, int], per_file: bool, parts: _Parts | None = None
+                    ) -> tuple[pa.Table, pa.Table]:
     """The stored messages, a batch at a time, as two tables in stored order: those with a
     sequence number (``messages``) and the *candidates* for the control tables, every
     message in a frame that carries one of the ``headers`` or marked malformed (a superset
     of the control messages: :func:`_control_table` picks them by their exact key).  The
     whole messages table is never held: a persistent capture's ACKs make it nearly twice
-    the data messages, and its combined copy was the peak of the load."""
+    the data messages, and its combined copy was the peak of the load.  With ``parts`` the
+    ``messages`` go to the parts' spill files instead (the candidates are all kept)."""
     # the frames that carry a header, sorted for a binary search (repeats are harmless;
     # nearly in capture order already, which a stable sort is quick on)
     marked = np.sort(np.concatenate(
@@ -275,18 +283,24 @@ def _split_messages(batches: Iterable[pa.Table], headers: dict[str, pa.Table],
     control: list[pa.Table] = []
     for batch in batches:
         batch = _add_capture(batch, ranks, per_file)
-        data.append(batch.filter(pc.is_valid(batch.column("sqn"))).select(MESSAGE_COLUMNS))
+        sequenced = batch.filter(pc.is_valid(batch.column("sqn"))).select(MESSAGE_COLUMNS)
+        if parts is None:
+            data.append(sequenced)
+        else:
+            parts.add("messages", sequenced)
         pos = np.asarray(batch.column("pos").combine_chunks(), dtype=np.int64)
         at = np.minimum(np.searchsorted(marked, pos), max(len(marked) - 1, 0))
         carries = (marked[at] == pos) if len(marked) else np.zeros(len(pos), dtype=bool)
         malformed = np.asarray(pc.is_valid(batch.column("malformed_reason")), dtype=bool)
         control.append(batch.filter(pa.array(carries | malformed)).select(MESSAGE_COLUMNS))
+    if parts is not None:   # (the batches went to the parts' spills)
+        data = [parts.schemas["messages"].empty_table()]
     return _combined(pa.concat_tables(data)), _combined(pa.concat_tables(control))
 
 
 def load_tables(root: str, files: Sequence[str], per_file: bool, *,
                 captures: Sequence[str] | None = None, filesystem: Any = None,
-                ) -> dict[str, pa.Table]:
+                parts: tuple[Split, Sequence[Spill]] | None = None) -> dict[str, pa.Table]:
     """The analyses' tables (:class:`Inputs`) as Arrow, read from the decode's output ``root``.
 
     Args:
@@ -295,6 +309,11 @@ def load_tables(root: str, files: Sequence[str], per_file: bool, *,
         per_file: each file is its own capture, else all are one (``all``).
         captures: read only the rows of these captures (file names with ``per_file``, else
             ``["all"]``); default all.
+        parts: to read a capture analysed in parts: how to cut a batch into the parts
+            (:data:`Split`) and a spill per part.  ``packets`` and ``messages`` are then
+            written to the spills a batch at a time (read back by :func:`load_part`) and
+            come back without rows; the control tables and advertisements, shared by every
+            part, come back whole.
     """
     ordered = natural_order(files)
     ranks = {name: index for index, name in enumerate(ordered)}
@@ -303,11 +322,18 @@ def load_tables(root: str, files: Sequence[str], per_file: bool, *,
     def table(name: str) -> str:
         return f"{root.rstrip('/')}/{name}"
 
-    packets = _read(table("packets"), [c for c in PACKET_COLUMNS + OPTIONAL_PACKET_COLUMNS
-                                       if c not in ("capture", "pos")], only, filesystem)
-    packets = _add_capture(packets, ranks, per_file)
-    packets = packets.select([c for c in PACKET_COLUMNS + OPTIONAL_PACKET_COLUMNS
-                              if c in packets.schema.names])
+    wanted = PACKET_COLUMNS + OPTIONAL_PACKET_COLUMNS
+    stored = [c for c in wanted if c not in ("capture", "pos")]
+    spills = None if parts is None else _Parts(*parts)
+    if spills is None:
+        packets = _add_capture(_read(table("packets"), stored, only, filesystem), ranks,
+                               per_file)
+    else:
+        for batch in _scan(table("packets"), stored, only, filesystem):
+            batch = _add_capture(batch, ranks, per_file)
+            spills.add("packets", batch.select([c for c in wanted if c in batch.schema.names]))
+        packets = spills.schemas["packets"].empty_table()
+    packets = packets.select([c for c in wanted if c in packets.schema.names])
 
     headers: dict[str, pa.Table] = {}
     for name in HEADER_COLUMNS:
@@ -318,7 +344,9 @@ def load_tables(root: str, files: Sequence[str], per_file: bool, *,
                                   name: header.column(name)})
     messages, candidates = _split_messages(_scan(table("messages"), [
         c for c in MESSAGE_COLUMNS if c not in ("capture", "pos")], only, filesystem),
-        headers, ranks, per_file)
+        headers, ranks, per_file, spills)
+    if spills is not None:
+        spills.close()
     carriers = {name: _carriers(candidates, headers[name]) for name in HEADER_COLUMNS}
     controls = {name: _control_table(candidates, headers, carriers, spec)
                 for name, spec in CONTROL_TABLES.items()}
@@ -330,13 +358,69 @@ def load_tables(root: str, files: Sequence[str], per_file: bool, *,
     return {"packets": packets, "messages": messages, "advertisements": adverts, **controls}
 
 
+def count_packets(root: str, files: Sequence[str], per_file: bool, *,
+                  captures: Sequence[str] | None = None, filesystem: Any = None) -> int:
+    """How many stored packets ``captures`` have (from the Parquet footers when every
+    capture is asked for, else a scan of the file names)."""
+    only = None if captures is None or not per_file else list(captures)
+    return int(_dataset(f"{root.rstrip('/')}/packets", filesystem).count_rows(
+        filter=_only(only)))
+
+
+def scan_packets(root: str, files: Sequence[str], per_file: bool, columns: Sequence[str], *,
+                 captures: Sequence[str] | None = None, filesystem: Any = None
+                 ) -> Iterator[pa.Table]:
+    """The ``columns`` of the stored packets of ``captures`` (as :func:`load_tables` reads
+    them, without ``capture`` and ``pos``), a record batch at a time."""
+    only = None if captures is None or not per_file else list(captures)
+    return _scan(f"{root.rstrip('/')}/packets", columns, only, filesystem)
+
+
 def load(root: str, files: Sequence[str], per_file: bool, *,
          captures: Sequence[str] | None = None, filesystem: Any = None) -> Inputs:
     """:func:`load_tables` as pandas (:func:`frame`)."""
-    tables = load_tables(root, files, per_file, captures=captures, filesystem=filesystem)
+    return as_inputs(load_tables(root, files, per_file, captures=captures,
+                                 filesystem=filesystem))
+
+
+def as_inputs(tables: dict[str, pa.Table]) -> Inputs:
+    """:func:`load_tables`' tables as pandas (:func:`as_frame`), each let go once converted."""
+    return Inputs(*(as_frame(name, tables.pop(name)) for name in TABLES))
+
+
+def as_frame(name: str, table: pa.Table) -> pd.DataFrame:
+    """Input table ``name`` as the analyses take it (:func:`frame`, its chunks combined)."""
     # (the few advertisements keep plain strings: the topic analyses join on them)
-    return Inputs(*(frame(_combined(tables.pop(name), frozenset() if name == "advertisements"
-                                    else DICTIONARY)) for name in TABLES))
+    return frame(_combined(table, frozenset() if name == "advertisements" else DICTIONARY))
+
+
+class _Parts:
+    """Batches cut into the parts of a capture (:data:`Split`), each written to its part's
+    spill."""
+
+    def __init__(self, split: Split, spills: Sequence[Spill]) -> None:
+        self.split, self.spills = split, spills
+        self.schemas: dict[str, pa.Schema] = {}
+
+    def add(self, name: str, batch: pa.Table) -> None:
+        batch = _normalised(batch)
+        self.schemas.setdefault(name, batch.schema)
+        for spill, rows in zip(self.spills, self.split(name, batch), strict=True):
+            spill.add(name, rows)
+
+    def close(self) -> None:
+        for spill in self.spills:
+            spill.close()
+
+
+def _normalised(batch: pa.Table) -> pa.Table:
+    """``batch`` with its :data:`DICTIONARY` columns encoded (a Parquet column chunk may come
+    plain): every batch of a spill has one schema."""
+    for i, field in enumerate(batch.schema):
+        if field.name in DICTIONARY and not pa.types.is_dictionary(field.type):
+            batch = batch.set_column(i, field.name,
+                                     pc.dictionary_encode(batch.column(i)))
+    return batch
 
 
 def _combined(table: pa.Table, encoded: frozenset[str] = DICTIONARY) -> pa.Table:

@@ -10,9 +10,10 @@ The results come out in report order (:data:`OUTPUTS`) as Arrow tables sorted by
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -25,13 +26,15 @@ from spark_analysis.engine import (
     anomalies,
     data,
     flight,
+    owners,
     registrations,
     retransmission,
     sequence,
     sessions,
+    spill,
     topics,
 )
-from spark_analysis.engine.inputs import Inputs
+from spark_analysis.engine.inputs import Inputs, as_frame, as_inputs
 from spark_analysis.engine.options import AnalysisOptions
 
 OUTPUTS = ("anomaly_summary", "anomalies", "topic_advertisements", "topic_queries",
@@ -82,23 +85,49 @@ def to_arrow(df: pd.DataFrame, sort_keys: list[str] | None = None) -> pa.Table:
     """A result as Arrow, sorted by ``sort_keys`` (nulls first) when given."""
     # without pandas' metadata: a reader of the Parquet gets plain Arrow types back, not the
     # Arrow-backed pandas dtypes the engine computed with
-    table = pa.Table.from_pandas(df, preserve_index=False).replace_schema_metadata(None)
-    # the results hold plain values (inputs.DICTIONARY: dictionary-encoded while analysed)
+    table = plain_values(pa.Table.from_pandas(df, preserve_index=False))
+    return sorted_rows(table, sort_keys) if sort_keys else table
+
+
+def plain_values(table: pa.Table) -> pa.Table:
+    """``table`` as a result holds it: plain values (:data:`~spark_analysis.engine.inputs.
+    DICTIONARY` columns are dictionary-encoded while analysed), no pandas metadata."""
+    table = table.replace_schema_metadata(None)
     for i, field in enumerate(table.schema):
         if pa.types.is_dictionary(field.type):
             table = table.set_column(i, field.name, table.column(i).cast(field.type.value_type))
-    if sort_keys:
-        order = pc.sort_indices(table, sort_keys=[(k, "ascending", "at_start")
-                                                  for k in sort_keys])
-        table = table.take(order)
     return table
 
 
+def sorted_rows(table: pa.Table, sort_keys: list[str]) -> pa.Table:
+    """``table``'s rows sorted by ``sort_keys`` (nulls first)."""
+    order = pc.sort_indices(table, sort_keys=[(k, "ascending", "at_start") for k in sort_keys])
+    return table.take(order)
+
+
+SHARED_OUTPUTS = ("topic_advertisements", "topic_queries", "registrations",
+                  "registration_summary")
+"""Results of the tables every part of a capture reads whole (registrations and topic
+resolution, :mod:`spark_analysis.engine.owners`): made once."""
+
+PART_OUTPUTS = tuple(name for name in OUTPUTS
+                     if name not in {*SHARED_OUTPUTS, "anomaly_summary", "flight_size"})
+"""The results a part of a capture gives (:func:`analyze` with ``shared=False``), merged
+over the parts by :func:`analyze_in_parts` (with ``flight_events``, from which the parts'
+flight size bins are made once the whole capture's time span is known)."""
+
+
 def analyze(inputs: Inputs, options: AnalysisOptions | None = None, *,
-            progress: Callable[[str, float], None] | None = None) -> dict[str, pa.Table]:
+            progress: Callable[[str, float], None] | None = None,
+            shared: bool = True, regs: pd.DataFrame | None = None) -> dict[str, pa.Table]:
     """Every result over ``inputs`` (one or more captures), by name in report order.
 
     ``progress`` is told each step's name and its seconds when it is done.
+
+    ``shared=False`` analyses one part of a capture (:func:`analyze_in_parts`): only the
+    :data:`PART_OUTPUTS`, unsorted, and ``flight_events`` (a pandas table); ``regs`` is
+    then the registrations (:func:`~spark_analysis.engine.registrations.registrations`),
+    made once for every part.
 
     Memory: a table is let go as soon as the last step that reads it is done (the steps hold
     their inputs, this function keeps only the futures of the results).  A caller that
@@ -130,8 +159,8 @@ def analyze(inputs: Inputs, options: AnalysisOptions | None = None, *,
             acked, flagged = inputs.acks, inputs.flagged
             f = {"topics": step("topics", topics.advertised_topics, adverts),
                  "data": step("data messages", data.data_messages, packets, messages, adverts),
-                 "regs": step("registrations", registrations.registrations,
-                              inputs.registrations),
+                 "regs": (step("registrations", registrations.registrations,
+                               inputs.registrations) if regs is None else regs),
                  "packet_found": step("packet anomalies", anomalies.packet_anomalies, packets)}
             f["sends"] = step("message sends", data.message_sends, f["data"])
             f["flags"] = step("sequence analysis", sequence.judged_items, packets, f["data"])
@@ -152,12 +181,16 @@ def analyze(inputs: Inputs, options: AnalysisOptions | None = None, *,
                                   f["regs"])
             f["consumption"] = step("consumption ACKs", acks.consumption_acks, acked,
                                     f["sends"], f["regs"])
-            f["found"] = step("anomalies", anomalies.combined_anomalies, f.pop("packet_found"),
-                              f.pop("sequence_found"), flagged, f["sends"], f["regs"],
-                              f["stability"], f["consumption"], f["requests"])
-            f["topic_advertisements"] = step("topic advertisements",
-                                             topics.topic_advertisements, adverts)
-            f["topic_queries"] = step("topic queries", topics.topic_queries, adverts)
+            f["found"] = step("anomalies",
+                              lambda *tables: anomalies.combined_anomalies(*tables,
+                                                                           shared=shared),
+                              f.pop("packet_found"), f.pop("sequence_found"), flagged,
+                              f["sends"], f["regs"], f["stability"], f["consumption"],
+                              f["requests"])
+            if shared:
+                f["topic_advertisements"] = step("topic advertisements",
+                                                 topics.topic_advertisements, adverts)
+                f["topic_queries"] = step("topic queries", topics.topic_queries, adverts)
             return f
 
         f = first_steps(inputs)
@@ -165,17 +198,21 @@ def analyze(inputs: Inputs, options: AnalysisOptions | None = None, *,
         stable_f = step("stability times", lambda a, r: flight.stable_times(a, r, options),
                         f["stability"], f["regs"])
         events_f = step("flight events", flight.flight_events, f.pop("sends"), stable_f)
-        out: dict[str, Future[Any]] = {
-            "anomaly_summary": step("anomaly summary", anomalies.anomaly_summary, f["found"]),
-            "anomalies": f["found"],
-            "topic_advertisements": f["topic_advertisements"],
-            "topic_queries": f["topic_queries"],
+        out: dict[str, Future[Any]] = {"anomalies": f["found"]}
+        if shared:
+            out["anomaly_summary"] = step("anomaly summary", anomalies.anomaly_summary,
+                                          f["found"])
+            out["topic_advertisements"] = f["topic_advertisements"]
+            out["topic_queries"] = f["topic_queries"]
+            out["registrations"] = f["regs"]
+            out["registration_summary"] = step("registration summary",
+                                               registrations.registration_summary, f["regs"])
+            out["flight_size"] = step("flight size", lambda e: flight.flight_size(e, options),
+                                      events_f)
+        out.update({
             "transport_sessions": f["transport_sessions"],
             "sequence_summary": f["sequence_summary"],
             "sequence_events": f["sequence_events"],
-            "registrations": f["regs"],
-            "registration_summary": step("registration summary",
-                                         registrations.registration_summary, f["regs"]),
             "latency_summary": step("latency summary", acks.latency_summary, f["stability"],
                                     f["consumption"]),
             "latency_histogram": step("latency histogram",
@@ -187,25 +224,143 @@ def analyze(inputs: Inputs, options: AnalysisOptions | None = None, *,
                 "flight size summary",
                 lambda e, s, t: flight.flight_size_summary(e, s, options, t),
                 events_f, stable_f, f.pop("topics")),
-            "flight_size": step("flight size", lambda e: flight.flight_size(e, options),
-                                events_f),
             "retransmission_summary": step("retransmission summary",
                                            retransmission.retransmission_summary,
                                            f["requests"]),
             "retransmission_requests": f["requests"],
-        }
+        })
         # only the futures of the results stay here: an intermediate table (data messages,
         # sends, sequence verdicts, stability times, flight events) goes with its last reader
-        del f, stable_f, events_f
-        results = {name: future.result() for name, future in out.items()}
+        del f, stable_f
+        if shared:
+            del events_f
+            names = [name for name in OUTPUTS if name in out]
+        else:
+            names = list(PART_OUTPUTS)
+        results = {name: out.pop(name).result() for name in names}
         del out
         started = time.perf_counter()
-        names = list(results)
         # each result let go once sorted (a sorted copy of the ACKs of a persistent capture is
-        # as big as the capture's data messages)
-        tables = dict(zip(names, pool.map(lambda name: to_arrow(results.pop(name),
-                                                                SORT_KEYS[name]), names),
-                          strict=True))
+        # as big as the capture's data messages); a part's results are sorted once merged
+        tables = dict(zip(names, pool.map(
+            lambda name: to_arrow(results.pop(name), SORT_KEYS[name] if shared else None),
+            names), strict=True))
+        if not shared:
+            tables["flight_events"] = pa.Table.from_pandas(events_f.result(),
+                                                           preserve_index=False)
         if progress is not None:
             progress("sorting the results", time.perf_counter() - started)
     return tables
+
+
+PART_TOTAL = " (all parts)"
+"""What :func:`analyze_in_parts` appends to a step's name when it tells its seconds over all
+the parts (each part's own seconds are told as ``part i of n``)."""
+
+
+def analyze_in_parts(shared: dict[str, pa.Table], parts: Sequence[owners.Part],
+                     read: Callable[[int], dict[str, pa.Table]],
+                     options: AnalysisOptions | None = None, *,
+                     progress: Callable[[str, float], None] | None = None,
+                     scratch: str | None = None) -> dict[str, pa.Table]:
+    """:func:`analyze` of one capture, a part at a time (:mod:`spark_analysis.engine.owners`):
+    the same results, the analyses holding one part at a time.
+
+    ``shared`` holds the input tables every part reads (:func:`~spark_analysis.engine.inputs.
+    load_tables` with ``parts``: control messages and advertisements) and ``read(i)`` the
+    ``packets`` and ``messages`` of part ``i`` of ``parts``.  The ACKs and RXREQs are taken
+    out of ``shared`` and cut into the parts here, where the registrations that route
+    consumption ACKs are known
+    (:func:`~spark_analysis.engine.acks.ack_hosts`).  The results of the shared tables alone
+    (:data:`SHARED_OUTPUTS`, and the anomalies of the registrations and flagged messages)
+    are made once; each part's :data:`PART_OUTPUTS` are kept, its flight events written to
+    ``scratch`` (a temporary directory) until every part is done: the flight-size bins cut
+    the whole capture's time span.  Then each result's parts are joined and sorted, and the
+    anomaly summary is made from all the anomalies.  ``progress`` is told each part's
+    seconds, then each step's over all parts."""
+    options = options or AnalysisOptions()
+    merged: dict[str, list[pa.Table]] = {name: [] for name in (*PART_OUTPUTS, "flight_size")}
+    spans: list[flight.Span] = []
+    spent: dict[str, float] = {}
+
+    def told(name: str, seconds: float) -> None:
+        spent[name] = spent.get(name, 0.0) + seconds
+
+    started = time.perf_counter()
+    regs = registrations.registrations(as_frame("registrations", shared["registrations"]))
+    made = _shared_results(as_frame("advertisements", shared["advertisements"]),
+                           as_frame("flagged", shared["flagged"]), regs)
+    told("registrations and topic resolution", time.perf_counter() - started)
+    # the ACKs and RXREQs leave shared: each part holds its own
+    whole_acks = shared.pop("acks")
+    hosts = acks.ack_hosts(as_frame("acks", whole_acks), regs)
+    cut = {"acks": [whole_acks.filter(pa.array(part.owns(hosts))) for part in parts],
+           "rxreqs": owners.split(parts, "rxreqs", shared.pop("rxreqs"))}
+    del hosts, whole_acks
+    none = {name: shared[name].schema.empty_table() for name in ("registrations", "flagged")}
+
+    def part_inputs(i: int) -> Inputs:
+        started = time.perf_counter()
+        tables = read(i)
+        tables.update({name: pieces[i] for name, pieces in cut.items()}, **none,
+                      advertisements=shared["advertisements"])
+        inputs = as_inputs(tables)
+        told("reading the decoded tables", time.perf_counter() - started)
+        return inputs
+
+    with tempfile.TemporaryDirectory(prefix="ump-analyze-", dir=scratch) as directory:
+        events = spill.Spill(directory)
+        for i in range(len(parts)):
+            started = time.perf_counter()
+            # no name holds the inputs here: analyze lets each table go when done with it
+            results = analyze(part_inputs(i), options, progress=told, shared=False, regs=regs)
+            part_events = results.pop("flight_events")
+            spans.append(flight.event_span(part_events.to_pandas(types_mapper=pd.ArrowDtype)))
+            events.add(f"flight-events-{i}", part_events)
+            del part_events
+            for name, table in results.items():
+                merged[name].append(table)
+            del results
+            for piece in cut.values():
+                piece[i] = piece[i].slice(0, 0)
+            if progress is not None:
+                progress(f"part {i + 1} of {len(parts)}", time.perf_counter() - started)
+        events.close()
+        started = time.perf_counter()
+        span = flight.merged_span(spans)
+        for i in range(len(parts)):
+            merged["flight_size"].append(to_arrow(flight.flight_size(
+                events.read(f"flight-events-{i}").to_pandas(types_mapper=pd.ArrowDtype),
+                options, span)))
+    if progress is not None:
+        for name, seconds in spent.items():
+            progress(f"{name}{PART_TOTAL}", seconds)
+        progress("flight size", time.perf_counter() - started)
+    started = time.perf_counter()
+    merged["anomalies"].append(made.pop("shared_anomalies"))
+    whole = {name: _joined(tables) for name, tables in merged.items()}
+    del merged
+    whole["anomaly_summary"] = to_arrow(anomalies.anomaly_summary(
+        whole["anomalies"].to_pandas(types_mapper=pd.ArrowDtype)))
+    whole.update(made)
+    tables = {name: sorted_rows(whole.pop(name), SORT_KEYS[name]) for name in OUTPUTS}
+    if progress is not None:
+        progress("sorting the results", time.perf_counter() - started)
+    return tables
+
+
+def _shared_results(adverts: pd.DataFrame, flagged: pd.DataFrame, regs: pd.DataFrame
+                    ) -> dict[str, pa.Table]:
+    """The results of the tables every part reads whole (:data:`SHARED_OUTPUTS`) and the
+    anomalies they show (``shared_anomalies``), unsorted."""
+    return {"topic_advertisements": to_arrow(topics.topic_advertisements(adverts)),
+            "topic_queries": to_arrow(topics.topic_queries(adverts)),
+            "registrations": to_arrow(regs),
+            "registration_summary": to_arrow(registrations.registration_summary(regs)),
+            "shared_anomalies": plain_values(anomalies.shared_anomalies(flagged, regs))}
+
+
+def _joined(tables: list[pa.Table]) -> pa.Table:
+    """The parts of a result as one table (a part without rows may type a column of nulls
+    only as null)."""
+    return pa.concat_tables(tables, promote_options="permissive")

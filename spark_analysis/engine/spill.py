@@ -1,0 +1,57 @@
+"""Tables set aside on local disk while a capture is analysed in parts
+(:func:`spark_analysis.engine.run.analyze_in_parts`): :class:`Spill`.
+
+Each table is an Arrow IPC *stream* file, written a batch at a time and read back
+memory-mapped (no copy until a step combines its columns).  The stream format, not the
+file format, because the batches of a dictionary-encoded column read from Parquet each come
+with their own dictionary, and only a stream may replace a dictionary between batches.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+
+
+class Spill:
+    """Tables by name under ``directory``: :meth:`add` batches, :meth:`close`, then
+    :meth:`read`."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._writers: dict[str, tuple[pa.NativeFile, pa.ipc.RecordBatchStreamWriter]] = {}
+        self._schemas: dict[str, pa.Schema] = {}
+
+    def _path(self, name: str) -> Path:
+        return self.directory / f"{name}.arrows"
+
+    def add(self, name: str, table: pa.Table) -> None:
+        """Append ``table``'s rows to table ``name`` (every part of one name has one schema,
+        dictionaries aside).  A table without rows only sets the schema."""
+        if name not in self._schemas:
+            self._schemas[name] = table.schema
+        if not table.num_rows:
+            return
+        if name not in self._writers:
+            sink = pa.OSFile(str(self._path(name)), "wb")
+            self._writers[name] = (sink, pa.ipc.new_stream(sink, self._schemas[name]))
+        self._writers[name][1].write_table(table.cast(self._schemas[name]))
+
+    def close(self) -> None:
+        """Finish every table (after the last :meth:`add`)."""
+        for sink, writer in self._writers.values():
+            writer.close()
+            sink.close()
+        self._writers.clear()
+
+    def read(self, name: str) -> pa.Table:
+        """Table ``name`` (no rows when none was added), memory-mapped."""
+        if name not in self._schemas:
+            raise KeyError(name)
+        path = self._path(name)
+        if not path.exists():
+            return self._schemas[name].empty_table()
+        with pa.memory_map(str(path)) as source:
+            return pa.ipc.open_stream(source).read_all()
