@@ -273,13 +273,14 @@ def analyze_in_parts(shared: dict[str, pa.Table], parts: Sequence[owners.Part],
     consumption ACKs are known
     (:func:`~spark_analysis.engine.acks.ack_hosts`).  The results of the shared tables alone
     (:data:`SHARED_OUTPUTS`, and the anomalies of the registrations and flagged messages)
-    are made once; each part's :data:`PART_OUTPUTS` are kept, its flight events written to
-    ``scratch`` (a temporary directory) until every part is done: the flight-size bins cut
-    the whole capture's time span.  Then each result's parts are joined and sorted, and the
-    anomaly summary is made from all the anomalies.  ``progress`` is told each part's
-    seconds, then each step's over all parts."""
+    are made once.  Each part's :data:`PART_OUTPUTS` and flight events are written to a
+    temporary directory in ``scratch`` (:mod:`spark_analysis.engine.spill`): the flight-size
+    bins cut the whole capture's time span, so they are made once every part is done; then
+    each result's parts are joined and sorted, a big one a slice at a time onto disk (it
+    comes back memory-mapped: :func:`_sorted_via`), and the anomaly summary is made from all
+    the anomalies.  ``progress`` is told each part's seconds, then each step's over all
+    parts."""
     options = options or AnalysisOptions()
-    merged: dict[str, list[pa.Table]] = {name: [] for name in (*PART_OUTPUTS, "flight_size")}
     spans: list[flight.Span] = []
     spent: dict[str, float] = {}
 
@@ -308,45 +309,65 @@ def analyze_in_parts(shared: dict[str, pa.Table], parts: Sequence[owners.Part],
         told("reading the decoded tables", time.perf_counter() - started)
         return inputs
 
-    with tempfile.TemporaryDirectory(prefix="ump-analyze-", dir=scratch) as directory:
-        events = spill.Spill(directory)
+    # the files stay mapped by the results returned once the directory is gone (POSIX)
+    with tempfile.TemporaryDirectory(prefix="ump-analyze-", dir=scratch,
+                                     ignore_cleanup_errors=True) as directory:
+        kept = spill.Spill(directory)
         for i in range(len(parts)):
             started = time.perf_counter()
             # no name holds the inputs here: analyze lets each table go when done with it
             results = analyze(part_inputs(i), options, progress=told, shared=False, regs=regs)
-            part_events = results.pop("flight_events")
-            spans.append(flight.event_span(part_events.to_pandas(types_mapper=pd.ArrowDtype)))
-            events.add(f"flight-events-{i}", part_events)
-            del part_events
-            for name, table in results.items():
-                merged[name].append(table)
-            del results
+            events = results.pop("flight_events")
+            spans.append(flight.event_span(events.to_pandas(types_mapper=pd.ArrowDtype)))
+            kept.add(f"flight_events-{i}", events)
+            del events
+            # each part's results on disk (a part's empty result may type a column null)
+            for name in PART_OUTPUTS:
+                kept.add(f"{name}-{i}", results.pop(name))
             for piece in cut.values():
                 piece[i] = piece[i].slice(0, 0)
             if progress is not None:
                 progress(f"part {i + 1} of {len(parts)}", time.perf_counter() - started)
-        events.close()
         started = time.perf_counter()
         span = flight.merged_span(spans)
-        for i in range(len(parts)):
-            merged["flight_size"].append(to_arrow(flight.flight_size(
-                events.read(f"flight-events-{i}").to_pandas(types_mapper=pd.ArrowDtype),
-                options, span)))
-    if progress is not None:
-        for name, seconds in spent.items():
-            progress(f"{name}{PART_TOTAL}", seconds)
-        progress("flight size", time.perf_counter() - started)
-    started = time.perf_counter()
-    merged["anomalies"].append(made.pop("shared_anomalies"))
-    whole = {name: _joined(tables) for name, tables in merged.items()}
-    del merged
-    whole["anomaly_summary"] = to_arrow(anomalies.anomaly_summary(
-        whole["anomalies"].to_pandas(types_mapper=pd.ArrowDtype)))
-    whole.update(made)
-    tables = {name: sorted_rows(whole.pop(name), SORT_KEYS[name]) for name in OUTPUTS}
-    if progress is not None:
-        progress("sorting the results", time.perf_counter() - started)
+        flight_size = _joined([to_arrow(flight.flight_size(
+            kept.read(f"flight_events-{i}").to_pandas(types_mapper=pd.ArrowDtype), options,
+            span)) for i in range(len(parts))])
+        if progress is not None:
+            for name, seconds in spent.items():
+                progress(f"{name}{PART_TOTAL}", seconds)
+            progress("flight size", time.perf_counter() - started)
+        started = time.perf_counter()
+        whole = {name: _joined([kept.read(f"{name}-{i}") for i in range(len(parts))])
+                 for name in PART_OUTPUTS}
+        whole["anomalies"] = _joined([whole["anomalies"], made.pop("shared_anomalies")])
+        whole["anomaly_summary"] = to_arrow(anomalies.anomaly_summary(
+            whole["anomalies"].to_pandas(types_mapper=pd.ArrowDtype)))
+        whole["flight_size"] = flight_size
+        whole.update(made)
+        tables = {name: _sorted_via(kept, name, whole.pop(name)) for name in OUTPUTS}
+        if progress is not None:
+            progress("sorting the results", time.perf_counter() - started)
     return tables
+
+
+SORTED_SLICE = 1 << 20
+"""Rows of a result sorted in one go: a bigger result is sorted a slice at a time onto disk
+(:func:`_sorted_via`)."""
+
+
+def _sorted_via(kept: spill.Spill, name: str, table: pa.Table) -> pa.Table:
+    """Result ``name`` sorted by its :data:`SORT_KEYS`: in memory when small, else its rows
+    taken a :data:`SORTED_SLICE` at a time in sorted order and written to ``kept``, and read
+    back memory-mapped (the sort itself holds only the key columns and the order)."""
+    keys = SORT_KEYS[name]
+    if table.num_rows <= SORTED_SLICE:
+        return sorted_rows(table, keys)
+    order = pc.sort_indices(table.select(keys),
+                            sort_keys=[(k, "ascending", "at_start") for k in keys])
+    for start in range(0, len(order), SORTED_SLICE):
+        kept.add(f"{name}-sorted", table.take(order.slice(start, SORTED_SLICE)))
+    return kept.read(f"{name}-sorted")
 
 
 def _shared_results(adverts: pd.DataFrame, flagged: pd.DataFrame, regs: pd.DataFrame

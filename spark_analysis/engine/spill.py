@@ -47,9 +47,14 @@ class Spill:
         self._writers.clear()
 
     def read(self, name: str) -> pa.Table:
-        """Table ``name`` (no rows when none was added), memory-mapped."""
+        """Table ``name`` (no rows when none was added), memory-mapped (no more rows may be
+        added to it).  The table stays readable when the file is removed (POSIX)."""
         if name not in self._schemas:
             raise KeyError(name)
+        if name in self._writers:
+            sink, writer = self._writers.pop(name)
+            writer.close()
+            sink.close()
         path = self._path(name)
         if not path.exists():
             return self._schemas[name].empty_table()
