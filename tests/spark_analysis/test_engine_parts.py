@@ -183,21 +183,26 @@ def count_frames(path: Path) -> int:
 
 
 def test_ump_analyze_in_parts_writes_what_it_writes_whole(tmp_path: Path) -> None:
-    """The whole command, Spark and all: ``--frames-per-part`` small enough for one part per
-    host writes the same Parquet results as ``--frames-per-part 0`` (whole)."""
+    """The whole command, Spark and all, on two captures analysed each on its own
+    (``--per-file``): ``--frames-per-part`` small enough for one part per host writes the
+    same Parquet results as ``--frames-per-part 0`` (whole)."""
     import pyarrow.dataset as ds
 
-    path = CORPUS / "real-traits.pcap"
+    paths = [str(CORPUS / "real-traits.pcap"), str(CORPUS / "lossy-lbtrm.pcap")]
     runs = {}
     for label, frames in (("whole", "0"), ("parts", "500")):
         out = tmp_path / label
-        done = subprocess.run([sys.executable, "-m", "ump", "analyze", str(path), "--out",
-                               str(out), "--store-port", str(STORE_PORT), "--frames-per-part",
-                               frames], capture_output=True, text=True, timeout=600)
+        done = subprocess.run([sys.executable, "-m", "ump", "analyze", *paths, "--per-file",
+                               "--out", str(out), "--store-port", str(STORE_PORT),
+                               "--frames-per-part", frames],
+                              capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr
         runs[label] = (out, done.stderr)
-    assert "planning the parts (1)" in runs["whole"][1]
-    assert "planning the parts (5)" in runs["parts"][1] and "part 5 of 5" in runs["parts"][1]
+    assert "part 1 of" not in runs["whole"][1]
+    for path in paths:   # a line per capture: its parts are counted once
+        line = next(x for x in runs["parts"][1].splitlines() if f"  {path}: " in x)
+        # planning, reading, five parts, flight size, sorting, writing
+        assert " 10 steps in " in line and "(all parts)" not in line, line
     for name in OUTPUTS:
         whole, parts = (ds.dataset(runs[label][0] / "parquet" / name).to_table()
                         for label in ("whole", "parts"))
