@@ -16,9 +16,15 @@ import pyarrow as pa
 
 class Spill:
     """Tables by name under ``directory``: :meth:`add` batches, :meth:`close`, then
-    :meth:`read`."""
+    :meth:`read`.
 
-    def __init__(self, directory: str | Path) -> None:
+    ``compressed``: LZ4 frames, a sixth of the bytes on disk (the packets and topic
+    messages of 10,000,000 frames: 200 MB instead of 1.3 GB) for a few hundredths of a
+    second per million rows written and read; but a table read back is then decompressed into memory, where an
+    uncompressed one stays mapped until its pages are touched."""
+
+    def __init__(self, directory: str | Path, compressed: bool = False) -> None:
+        self._options = pa.ipc.IpcWriteOptions(compression="lz4" if compressed else None)
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._writers: dict[str, tuple[pa.NativeFile, pa.ipc.RecordBatchStreamWriter]] = {}
@@ -36,7 +42,8 @@ class Spill:
             return
         if name not in self._writers:
             sink = pa.OSFile(str(self._path(name)), "wb")
-            self._writers[name] = (sink, pa.ipc.new_stream(sink, self._schemas[name]))
+            self._writers[name] = (sink, pa.ipc.new_stream(sink, self._schemas[name],
+                                                          options=self._options))
         self._writers[name][1].write_table(table.cast(self._schemas[name]))
 
     def close(self) -> None:

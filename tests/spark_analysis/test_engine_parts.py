@@ -209,12 +209,13 @@ def test_ump_analyze_in_parts_writes_what_it_writes_whole(tmp_path: Path) -> Non
         assert parts.equals(whole), name
 
 
-def test_a_spill_gives_back_its_batches(tmp_path: Path) -> None:
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_spill_gives_back_its_batches(tmp_path: Path, compressed: bool) -> None:
     """Batches whose dictionaries differ (each Parquet page has its own), one plain: read
     back as written, in order, with the first batch's schema."""
     import pyarrow.compute as pc
 
-    spill = Spill(tmp_path / "spill")
+    spill = Spill(tmp_path / "spill", compressed)
     first = pa.table({"ip": pc.dictionary_encode(pa.array(["a", "b", None])), "n": [1, 2, 3]})
     spill.add("t", first)
     spill.add("t", pa.table({"ip": pc.dictionary_encode(pa.array(["c", "a"])), "n": [4, 5]}))
