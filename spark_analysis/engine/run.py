@@ -1,4 +1,5 @@
-"""Every analysis of ``ump analyze`` over one capture's tables: :func:`analyze`.
+"""Every analysis of ``ump analyze`` over one capture's tables: :func:`analyze`, or
+:func:`analyze_in_parts` for a capture analysed a part at a time.
 
 The intermediate tables several results share (data messages, sends, registrations,
 sequence verdicts, ACK matches, stability times, retransmission requests, flight events) are

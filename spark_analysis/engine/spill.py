@@ -20,8 +20,8 @@ class Spill:
 
     ``compressed``: LZ4 frames, a sixth of the bytes on disk (the packets and topic
     messages of 10,000,000 frames: 200 MB instead of 1.3 GB) for a few hundredths of a
-    second per million rows written and read; but a table read back is then decompressed into memory, where an
-    uncompressed one stays mapped until its pages are touched."""
+    second per million rows written and read; but a table read back is then decompressed
+    into memory, where an uncompressed one stays mapped until its pages are touched."""
 
     def __init__(self, directory: str | Path, compressed: bool = False) -> None:
         self._options = pa.ipc.IpcWriteOptions(compression="lz4" if compressed else None)
