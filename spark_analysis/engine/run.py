@@ -270,8 +270,8 @@ def analyze_in_parts(shared: dict[str, pa.Table], parts: Sequence[owners.Part],
     ``shared`` holds the input tables every part reads (:func:`~spark_analysis.engine.inputs.
     load_tables` with ``parts``: control messages and advertisements) and ``read(i)`` the
     ``packets`` and ``messages`` of part ``i`` of ``parts``.  The ACKs and RXREQs are taken
-    out of ``shared`` and cut into the parts here, where the registrations that route
-    consumption ACKs are known
+    out of ``shared`` and cut into the parts here (each part's set aside on disk until its
+    turn), where the registrations that route consumption ACKs are known
     (:func:`~spark_analysis.engine.acks.ack_hosts`).  The results of the shared tables alone
     (:data:`SHARED_OUTPUTS`, and the anomalies of the registrations and flagged messages)
     are made once.  Each part's :data:`PART_OUTPUTS` and flight events are written to a
@@ -293,27 +293,33 @@ def analyze_in_parts(shared: dict[str, pa.Table], parts: Sequence[owners.Part],
     made = _shared_results(as_frame("advertisements", shared["advertisements"]),
                            as_frame("flagged", shared["flagged"]), regs)
     told("registrations and topic resolution", time.perf_counter() - started)
-    # the ACKs and RXREQs leave shared: each part holds its own
-    whole_acks = shared.pop("acks")
-    hosts = acks.ack_hosts(as_frame("acks", whole_acks), regs)
-    cut = {"acks": [whole_acks.filter(pa.array(part.owns(hosts))) for part in parts],
-           "rxreqs": owners.split(parts, "rxreqs", shared.pop("rxreqs"))}
-    del hosts, whole_acks
     none = {name: shared[name].schema.empty_table() for name in ("registrations", "flagged")}
-
-    def part_inputs(i: int) -> Inputs:
-        started = time.perf_counter()
-        tables = read(i)
-        tables.update({name: pieces[i] for name, pieces in cut.items()}, **none,
-                      advertisements=shared["advertisements"])
-        inputs = as_inputs(tables)
-        told("reading the decoded tables", time.perf_counter() - started)
-        return inputs
 
     # the files stay mapped by the results returned once the directory is gone (POSIX)
     with tempfile.TemporaryDirectory(prefix="ump-analyze-", dir=scratch,
                                      ignore_cleanup_errors=True) as directory:
         kept = spill.Spill(directory)
+        # the ACKs and RXREQs leave shared: each part's own set aside on disk until its turn
+        started = time.perf_counter()
+        cut = spill.Spill(f"{directory}/cut", compressed=True)
+        whole_acks = shared.pop("acks")
+        hosts = acks.ack_hosts(as_frame("acks", whole_acks), regs)
+        for i, part in enumerate(parts):
+            cut.add(f"acks-{i}", whole_acks.filter(pa.array(part.owns(hosts))))
+        del hosts, whole_acks
+        for i, piece in enumerate(owners.split(parts, "rxreqs", shared.pop("rxreqs"))):
+            cut.add(f"rxreqs-{i}", piece)
+        told("cutting the ACKs and RXREQs into the parts", time.perf_counter() - started)
+
+        def part_inputs(i: int) -> Inputs:
+            started = time.perf_counter()
+            tables = read(i)
+            tables.update(acks=cut.read(f"acks-{i}"), rxreqs=cut.read(f"rxreqs-{i}"), **none,
+                          advertisements=shared["advertisements"])
+            inputs = as_inputs(tables)
+            told("reading the decoded tables", time.perf_counter() - started)
+            return inputs
+
         for i in range(len(parts)):
             started = time.perf_counter()
             # no name holds the inputs here: analyze lets each table go when done with it
@@ -325,8 +331,6 @@ def analyze_in_parts(shared: dict[str, pa.Table], parts: Sequence[owners.Part],
             # each part's results on disk (a part's empty result may type a column null)
             for name in PART_OUTPUTS:
                 kept.add(f"{name}-{i}", results.pop(name))
-            for piece in cut.values():
-                piece[i] = piece[i].slice(0, 0)
             if progress is not None:
                 progress(f"part {i + 1} of {len(parts)}", time.perf_counter() - started)
         started = time.perf_counter()
