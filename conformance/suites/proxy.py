@@ -352,7 +352,7 @@ def _late_receiver(h: CaseContext, tir: lbmr.Tir) -> list[int]:
     def sri_arrived() -> bool:
         got.extend(transport.poll(has(Sri)) + request.poll(has(Sri)))
         return bool(got)
-    h.wait_until(sri_arrived, 3.0, "an SRI")
+    h.wait_until(sri_arrived, 5.0, "an SRI")
     h.check(bool(got), "the proxy source answered the SRI request with an SRI",
             expected="an SRI on the transport or the request connection", observed="none")
     ext = got[0].header(UmeStoreExt)
