@@ -74,8 +74,8 @@ def analyze_capture(decoded: str, files: Sequence[str], per_file: bool, capture:
         # no reference kept here: the analyses let each input table go when done with it
         results = analyze(read(), options, progress=progress)
     else:
-        results = read_in_parts(root, files, per_file, capture, parts, options, fs,
-                                    progress)
+        results = analyze_capture_in_parts(root, files, per_file, capture, parts, options,
+                                           fs, progress)
     started = time.perf_counter()
     out_fs, out_root = _filesystem(out)
     rows = {}
@@ -89,9 +89,10 @@ def analyze_capture(decoded: str, files: Sequence[str], per_file: bool, capture:
     return rows
 
 
-def read_in_parts(root: str, files: Sequence[str], per_file: bool, capture: str,
-                      parts: Sequence[Part], options: AnalysisOptions, filesystem: Any,
-                      progress: Callable[[str, float], None] | None) -> dict[str, pa.Table]:
+def analyze_capture_in_parts(root: str, files: Sequence[str], per_file: bool, capture: str,
+                             parts: Sequence[Part], options: AnalysisOptions, filesystem: Any,
+                             progress: Callable[[str, float], None] | None
+                             ) -> dict[str, pa.Table]:
     """Every result of ``capture`` (:func:`analyze_in_parts`): read once, its packets and
     topic messages cut into ``parts`` on local disk, and analysed a part at a time.  The
     disk is a temporary directory in the executor's first Spark local directory

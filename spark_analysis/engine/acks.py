@@ -344,14 +344,14 @@ def ack_hosts(messages: pd.DataFrame, regs: pd.DataFrame) -> pa.Array:
     :func:`consumption_acks` finds it (null without one), else the destination (a stability
     ACK's source, :func:`stability_acks`)."""
     ack = _col(messages, "ume_ack")
-    destination = plain(_col(messages, "dst_ip"))
+    destination = plain(_col(messages, "dst_ip")).cast(pa.string())
     if not len(ack):
         return destination
     consumption = pc.fill_null(pc.equal(pc.struct_field(ack, "type"), AckType.CDELV), False)
     receivers, match = _registered(regs, [_col(messages, "capture"), _col(messages, "dst_ip"),
                                           _flat(pc.struct_field(ack, "rcv_reg_id"))])
     source = plain(_take(_col(receivers, "source_ip"), match)).cast(pa.string())
-    return pc.if_else(consumption, source, destination.cast(pa.string()))
+    return pc.if_else(consumption, source, destination)
 
 
 # ---------------------------------------------------------------------------------------------

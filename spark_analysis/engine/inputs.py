@@ -311,16 +311,16 @@ def load_tables(root: str, files: Sequence[str], per_file: bool, *,
             ``["all"]``); default all.
         parts: to read a capture analysed in parts: how to cut a batch into the parts
             (:data:`Split`) and a spill per part.  ``packets`` and ``messages`` are then
-            written to the spills a batch at a time (read back by :func:`load_part`) and
+            written to the spills a batch at a time (each part's read back from its spill) and
             come back without rows; the control tables and advertisements, shared by every
             part, come back whole.
     """
     ordered = natural_order(files)
     ranks = {name: index for index, name in enumerate(ordered)}
-    only = None if captures is None or not per_file else list(captures)
+    only = _files_of(captures, per_file)
 
     def table(name: str) -> str:
-        return f"{root.rstrip('/')}/{name}"
+        return _stored(root, name)
 
     wanted = PACKET_COLUMNS + OPTIONAL_PACKET_COLUMNS
     stored = [c for c in wanted if c not in ("capture", "pos")]
@@ -362,9 +362,8 @@ def count_packets(root: str, files: Sequence[str], per_file: bool, *,
                   captures: Sequence[str] | None = None, filesystem: Any = None) -> int:
     """How many stored packets ``captures`` have (from the Parquet footers when every
     capture is asked for, else a scan of the file names)."""
-    only = None if captures is None or not per_file else list(captures)
-    return int(_dataset(f"{root.rstrip('/')}/packets", filesystem).count_rows(
-        filter=_only(only)))
+    return int(_dataset(_stored(root, "packets"), filesystem).count_rows(
+        filter=_only(_files_of(captures, per_file))))
 
 
 def scan_packets(root: str, files: Sequence[str], per_file: bool, columns: Sequence[str], *,
@@ -372,8 +371,18 @@ def scan_packets(root: str, files: Sequence[str], per_file: bool, columns: Seque
                  ) -> Iterator[pa.Table]:
     """The ``columns`` of the stored packets of ``captures`` (as :func:`load_tables` reads
     them, without ``capture`` and ``pos``), a record batch at a time."""
-    only = None if captures is None or not per_file else list(captures)
-    return _scan(f"{root.rstrip('/')}/packets", columns, only, filesystem)
+    return _scan(_stored(root, "packets"), columns, _files_of(captures, per_file), filesystem)
+
+
+def _stored(root: str, name: str) -> str:
+    """Where the decode stored table ``name`` under ``root``."""
+    return f"{root.rstrip('/')}/{name}"
+
+
+def _files_of(captures: Sequence[str] | None, per_file: bool) -> list[str] | None:
+    """The file names whose rows ``captures`` hold (None: every row): with ``per_file`` a
+    capture is a file, else ``all`` is every file."""
+    return None if captures is None or not per_file else list(captures)
 
 
 def load(root: str, files: Sequence[str], per_file: bool, *,

@@ -126,7 +126,8 @@ def analyze(inputs: Inputs, options: AnalysisOptions | None = None, *,
     ``progress`` is told each step's name and its seconds when it is done.
 
     ``shared=False`` analyses one part of a capture (:func:`analyze_in_parts`): only the
-    :data:`PART_OUTPUTS`, unsorted, and ``flight_events`` (a pandas table); ``regs`` is
+    :data:`PART_OUTPUTS`, unsorted, and ``flight_events`` (:func:`~spark_analysis.
+    engine.flight.flight_events` as Arrow); ``regs`` is
     then the registrations (:func:`~spark_analysis.engine.registrations.registrations`),
     made once for every part.
 

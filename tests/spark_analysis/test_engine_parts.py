@@ -35,7 +35,7 @@ from spark_analysis.engine.inputs import load, load_tables, scan_packets
 from spark_analysis.engine.options import BYTES_PER_FRAME, MEMORY_SHARE, AnalysisOptions
 from spark_analysis.engine.run import OUTPUTS, analyze
 from spark_analysis.engine.spill import Spill
-from spark_analysis.engine_job import frames_that_fit, plan, read_in_parts
+from spark_analysis.engine_job import analyze_capture_in_parts, frames_that_fit, plan
 from wire.pcap import PcapWriter, read_capture
 from wire.tshark import PortMap
 
@@ -71,8 +71,8 @@ def _assert_parts_alike(path: Path, decoded: Path) -> int:
     for asked in (2, 3, len(counts)):
         parts = owners.plan_parts(counts, asked)
         assert len(parts) == min(asked, len(counts))
-        got = read_in_parts(str(decoded), files, False, "all", parts, AnalysisOptions(), None,
-                            None)
+        got = analyze_capture_in_parts(str(decoded), files, False, "all", parts,
+                                       AnalysisOptions(), None, None)
         assert list(got) == list(OUTPUTS)
         for name in OUTPUTS:
             assert got[name].schema == whole[name].schema, (asked, name)
