@@ -53,7 +53,9 @@ and ``expected``: counts computed from the frames written (each template knows w
 counts for, read off the wire objects the way the dissector reads them):
 
 * ``frames`` and ``frames_by_transport`` (``lbmr``/``lbtru``/``lbtrm``/``lbttcp``; ``none`` for
-  TCP segments without UM payload);
+  TCP segments without UM payload and for IPv4 fragments that do not complete a datagram);
+* ``ipv4_fragments``, with ``ip_mtu``: frames that are IPv4 fragments (a datagram's UM
+  shows in the frame of its last fragment, as tshark reassembles it);
 * ``lbmc``: LBMC messages by tshark label (``DATA``, ``RX-DATA``, ``PREG``, ``ACK`` ...);
 * ``lbtru`` / ``lbtrm``: transport packets by type (``DATA``, ``DATA(RX)``, ``NAK``, ``NCF``,
   ``SM``, ``CREQ``); ``lbmr``: ``tqr``, ``wc_tqr`` (wildcard) and ``tir`` records,
@@ -332,9 +334,13 @@ class CaptureWriter:
     LINKTYPE = wpcap.LINKTYPE_ETHERNET
     SNAPLEN = 262144
 
-    def __init__(self, fh: IO[bytes], fmt: CaptureFormat) -> None:
+    def __init__(self, fh: IO[bytes], fmt: CaptureFormat, mtu: int = 0) -> None:
         self.fh = fh
         self.fmt = fmt
+        self.mtu = mtu
+        self.fragments = 0  # frames written as IPv4 fragments
+        self.extra_frames = 0  # frames written beyond the rows given (a datagram's fragments)
+        self._ident: dict[bytes, int] = {}  # per source address: next IP identification
         u16, u32 = (cs.Int16ub, cs.Int32ub) if fmt.big_endian else (cs.Int16ul, cs.Int32ul)
         i64 = cs.Int64sb if fmt.big_endian else cs.Int64sl
         if fmt.pcapng:
@@ -424,7 +430,42 @@ class CaptureWriter:
             buf[frame_at[i] : frame_at[i] + len(data)] = np.frombuffer(data, dtype=np.uint8)
         if len(normal):
             _render(buf, frame_at[normal], tt, rows[normal, 2:], table)
+        if self.mtu and bool((lengths > wpcap.ETH.size + self.mtu).any()):
+            buf = self._fragmented(buf, ts, frame_at, lengths)
         self.fh.write(buf.data)
+
+    def _fragmented(self, buf: np.ndarray, ts: np.ndarray, frame_at: np.ndarray,
+                    lengths: np.ndarray) -> np.ndarray:
+        """The chunk's records again, each UDP datagram larger than :attr:`mtu` cut into
+        IPv4 fragments (:func:`wire.pcap.fragment_frame`), numbered per source host."""
+        times: list[int] = []
+        frames: list[bytes] = []
+        for t, at, length in zip(ts.tolist(), frame_at.tolist(), lengths.tolist(), strict=True):
+            frame = buf[at:at + length].tobytes()
+            pieces = [frame]
+            if length > wpcap.ETH.size + self.mtu:
+                src = frame[wpcap.ETH.size + 12:wpcap.ETH.size + 16]
+                ident = self._ident.get(src, 1)
+                pieces = wpcap.fragment_frame(frame, self.mtu, ident)
+                if len(pieces) > 1:
+                    self._ident[src] = (ident + 1) & 0xFFFF
+                    self.fragments += len(pieces)
+                    self.extra_frames += len(pieces) - 1
+            times += [t] * len(pieces)
+            frames += pieces
+        sizes = np.array([len(f) for f in frames], np.int64)
+        records = self.record_lengths(sizes)
+        starts = np.zeros(len(frames), np.int64)
+        np.cumsum(records[:-1], out=starts[1:])
+        out = np.zeros(int(starts[-1] + records[-1]), np.uint8)
+        head = self._headers(np.array(times, np.int64), sizes)
+        out[starts[:, None] + np.arange(head.shape[1])] = head
+        if self.fmt.pcapng:
+            tail = _header_bytes(self._len, {"block_length": records}, len(frames))
+            out[(starts + records - tail.shape[1])[:, None] + np.arange(tail.shape[1])] = tail
+        for at, frame in zip((starts + head.shape[1]).tolist(), frames, strict=True):
+            out[at:at + len(frame)] = np.frombuffer(frame, np.uint8)
+        return out
 
 
 def _render(buf: np.ndarray, at: np.ndarray, tids: np.ndarray, values: np.ndarray,
@@ -2687,7 +2728,7 @@ def generate(scenario: Scenario, out: str | Path, *, seed: int = 0,
                    file=sys.stderr, leave=False)
     try:
         with open(path, "wb") as fh:
-            writer = CaptureWriter(fh, fmt)
+            writer = CaptureWriter(fh, fmt, scenario.ip_mtu)
             sink = FrameSink(writer, packets, chunk_rows=chunk_rows, progress=bar)
             described = backend.run(plan, sink)
             sink.flush()
@@ -2700,7 +2741,11 @@ def generate(scenario: Scenario, out: str | Path, *, seed: int = 0,
     seconds = time.perf_counter() - started
     tallies = sink.tallies()
     expected = _nest(tallies)
-    expected["frames"] = sink.frames
+    expected["frames"] = sink.frames + writer.extra_frames
+    if writer.fragments:  # all but the last fragment of each datagram show no UM
+        expected["ipv4_fragments"] = writer.fragments
+        by_transport = expected.setdefault("frames_by_transport", {})
+        by_transport["none"] = by_transport.get("none", 0) + writer.extra_frames
     meta = {
         "generator": {"backend": backend.name, "seed": seed, **fmt.describe(),
                       "packets": packets, "messages": plan.messages,
@@ -2724,5 +2769,6 @@ def generate(scenario: Scenario, out: str | Path, *, seed: int = 0,
     }
     sidecar = path.with_name(path.name + ".meta.json")
     sidecar.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
-    return GenerationResult(path, sidecar, sink.frames, described["messages_sent"], seconds, meta)
+    return GenerationResult(path, sidecar, expected["frames"], described["messages_sent"], seconds,
+                            meta)
 

@@ -108,6 +108,10 @@ class Scenario:
             NAK port, and the source's host answers ICMP port unreachable quoting the NAK.
         llc_frames: the capture also holds the switch's 802.3/LLC frames (spanning-tree
             BPDUs every 2 s), which are not UM.
+        ip_mtu: the link MTU (68 or more; 0: no limit).  A UDP datagram larger than it is
+            written as IPv4 fragments, as the sender's IP layer cuts it (UM sources send
+            datagrams of up to 8 KiB), each host numbering its fragmented datagrams.  The
+            run (and ``--packets``) counts datagrams: the capture holds more frames.
 
     Other:
         store_port: the stores' TCP port (tshark needs it: ``--store-port``).
@@ -149,6 +153,7 @@ class Scenario:
     wildcard_queries: bool = False
     naks_to_dead_source: bool = False
     llc_frames: bool = False
+    ip_mtu: int = 0
     store_port: int = 14567
     session_ids: bool = True
     big_endian: bool = False
@@ -200,6 +205,7 @@ class Scenario:
                      "sm_interval", "nak_backoff"):
             need(getattr(self, name) > 0, f"{name} must be > 0")
         need(self.sri_count >= 1, "sri_count must be >= 1")
+        need(self.ip_mtu == 0 or 68 <= self.ip_mtu <= 65535, "ip_mtu must be 0 or 68-65535")
         need(self.collision_attempts >= 1, "collision_attempts must be >= 1")
         need(1024 <= self.store_port <= 65535 and not 14360 <= self.store_port <= 14406
              and self.store_port not in (12965, 15380),
@@ -282,6 +288,16 @@ PRESETS: dict[str, Scenario] = {
             source_restarts=(Restart(index=0, at=0.5, downtime=0.2),),
             lbtrm_ephemeral_port=True, resolver_multicast=True, wildcard_queries=True,
             naks_to_dead_source=True, llc_frames=True),
+        Scenario(
+            name="fragments",
+            description="LBT-RM and LBT-RU sources sending 3,000-byte messages over a link "
+                        "of 1,500-byte MTU: every data datagram and retransmission travels as "
+                        "IPv4 fragments, as on real networks (UM datagrams reach 8 KiB); LBT-RM "
+                        "data from an ephemeral port; loss, NAKs, NCFs and store recovery.",
+            sources=2, topics_per_source=2, receivers=2, store_groups=(1,),
+            transports=(Transport.LBTRM, Transport.LBTRU), messages=120, rate=1000.0,
+            payload_size=3000, receiver_loss=0.03, store_loss=0.01, unrecoverable=0.2,
+            ack_batch_interval=0.05, lbtrm_ephemeral_port=True, ip_mtu=1500),
         Scenario(
             name="tcp-basic",
             description="One LBT-TCP source, one store, one receiver, played by the reference "

@@ -41,6 +41,7 @@
     X(IP_SIZE, "ip_size") \
     X(IP_VER_IHL_AT, "ip_ver_ihl_at") \
     X(IP_TOTAL_LENGTH_AT, "ip_total_length_at") \
+    X(IP_IDENT_AT, "ip_ident_at") \
     X(IP_FLAGS_FRAG_AT, "ip_flags_frag_at") \
     X(IP_PROTOCOL_AT, "ip_protocol_at") \
     X(IP_SRC_AT, "ip_src_at") \
@@ -68,7 +69,7 @@ static const char *const param_names[] = {PARAM_LIST(AS_TEXT)};
 #define OUTPUT_LIST(X) \
     X(PROTO, "proto") X(SRC, "src") X(DST, "dst") X(SPORT, "sport") X(DPORT, "dport") \
     X(PSTART, "pstart") X(PEND, "pend") X(SEQ, "seq") X(TCP_FLAGS, "tcp_flags") \
-    X(FIRST_FRAGMENT, "first_fragment") X(STATUS, "status") X(VALUE, "value")
+    X(FRAGMENT, "fragment") X(STATUS, "status") X(VALUE, "value")
 #define AS_OUT_ENUM(name, text) O_##name,
 enum { OUTPUT_LIST(AS_OUT_ENUM) N_OUTPUTS };
 static const char *const output_names[] = {OUTPUT_LIST(AS_TEXT)};
@@ -79,7 +80,7 @@ static const char *const output_names[] = {OUTPUT_LIST(AS_TEXT)};
     X(NOT_IPV4_HEADER, "not_ipv4_header") X(LATER_FRAGMENT, "later_fragment") \
     X(UDP_TRUNCATED, "udp_truncated") X(TCP_TRUNCATED, "tcp_truncated") \
     X(NOT_UDP_TCP, "not_udp_tcp") X(TCP_DATA_OFFSET, "tcp_data_offset") \
-    X(TCP_FRAGMENT, "tcp_fragment")
+    X(TCP_FRAGMENT, "tcp_fragment") X(SHORT_FRAGMENT, "short_fragment")
 #define AS_REASON_ENUM(name, text) R_##name,
 enum { R_DECODED, REASON_LIST(AS_REASON_ENUM) N_REASONS };
 static const char *const reason_names[] = {"decoded", REASON_LIST(AS_TEXT)};
@@ -165,15 +166,32 @@ decode_frame(const int64_t *k, const unsigned char *f, int64_t start, int64_t le
         return;
     }
     const int64_t flags_frag = be16(ip + k[P_IP_FLAGS_FRAG_AT]);
-    if (flags_frag & k[P_FRAG_OFFSET_MASK]) {
-        o[O_STATUS] = R_LATER_FRAGMENT;
-        return;
-    }
     const int64_t total = be16(ip + k[P_IP_TOTAL_LENGTH_AT]);
     const int64_t end = length < l3 + total ? length : l3 + total;
     const int64_t body = l3 + ihl;
     const int64_t proto = ip[k[P_IP_PROTOCOL_AT]];
-    const int first_fragment = (flags_frag & k[P_MORE_FRAGMENTS_MASK]) != 0;
+    const int more_fragments = (flags_frag & k[P_MORE_FRAGMENTS_MASK]) != 0;
+    const int64_t frag_offset = flags_frag & k[P_FRAG_OFFSET_MASK];
+    if ((more_fragments || frag_offset) && proto == k[P_PROTO_UDP]) {
+        /* held for reassembly: the IP payload, with the fields that place it */
+        if (length < l3 + total || total < ihl) {
+            o[O_STATUS] = R_SHORT_FRAGMENT;
+            return;
+        }
+        o[O_FRAGMENT] = 1;
+        o[O_SRC] = be32(ip + k[P_IP_SRC_AT]);
+        o[O_DST] = be32(ip + k[P_IP_DST_AT]);
+        o[O_DPORT] = be16(ip + k[P_IP_IDENT_AT]);
+        o[O_SEQ] = frag_offset * 8;
+        o[O_TCP_FLAGS] = more_fragments;
+        o[O_PSTART] = start + body;
+        o[O_PEND] = start + end;
+        return;
+    }
+    if (frag_offset) {
+        o[O_STATUS] = R_LATER_FRAGMENT;
+        return;
+    }
     const unsigned char *l4 = f + body;
     if (proto == k[P_PROTO_UDP]) {
         if (end - body < k[P_UDP_SIZE]) {
@@ -187,7 +205,6 @@ decode_frame(const int64_t *k, const unsigned char *f, int64_t start, int64_t le
         o[O_DPORT] = be16(l4 + k[P_UDP_DPORT_AT]);
         o[O_PSTART] = start + body + k[P_UDP_SIZE];
         o[O_PEND] = start + end;
-        o[O_FIRST_FRAGMENT] = first_fragment;
     } else if (proto == k[P_PROTO_TCP]) {
         if (end - body < k[P_TCP_SIZE]) {
             o[O_STATUS] = R_TCP_TRUNCATED;
@@ -202,7 +219,7 @@ decode_frame(const int64_t *k, const unsigned char *f, int64_t start, int64_t le
             o[O_STATUS] = R_TCP_DATA_OFFSET;
             return;
         }
-        if (first_fragment) {
+        if (more_fragments) {
             o[O_STATUS] = R_TCP_FRAGMENT;
             return;
         }

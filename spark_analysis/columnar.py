@@ -46,15 +46,22 @@ below.  A datagram claimed only by content that then fails to decode is counted 
 
 Nothing is dropped silently.  Every frame ends up in exactly one place: a ``packets`` row (UM
 packet, possibly with a ``malformed_reason``), or a count in ``skipped`` with the reason (not
-IPv4, non-first IPv4 fragment, no UM port rule, TCP without payload ...).
+IPv4, an IPv4 fragment whose datagram shows in another frame, no UM port rule, TCP without
+payload ...).
+
+IPv4 fragments of UDP datagrams go to stage 2 with the TCP segments and are reassembled there
+(:mod:`spark_analysis.defrag`, the rules of :mod:`wire.ipdefrag`); each whole datagram is
+decoded by stage 1 as a frame of its own, in the frame whose fragment completed it, where
+tshark and the Dissector show it.
 
 Differences from :class:`wire.dissect.Dissector` (which decodes frame by frame in capture
 order), all deliberate:
 
 * a UDP packet whose *n*-th LBMC message is bad still yields messages 1..n-1 (the packet row
   carries the reason), where the Dissector reports the whole frame as malformed;
-* an IPv4 *first* fragment of a UDP datagram is decoded as far as it goes and flagged; the
-  Dissector refuses every fragment.  Non-first fragments are skipped and counted;
+* a fragment of a datagram that the capture never completes is counted as such
+  (:data:`wire.ipdefrag.INCOMPLETE`); the Dissector, frame by frame, cannot know yet and says
+  :data:`wire.ipdefrag.HELD`, as of every fragment that does not complete its datagram;
 * LBT-TCP segments are reassembled in sequence-number order per connection direction (the
   Dissector uses capture order), so reordered segments reassemble instead of being reported as
   a gap plus a retransmission.  A message is reported with the frame that made it deliverable:
@@ -70,7 +77,8 @@ The work is split by concern, one subject per module (this module runs the stage
 * :mod:`spark_analysis.lbmc_columns`: LBMC messages and their typed header columns;
 * :mod:`spark_analysis.transport_columns`: LBT-RM and LBT-RU packets;
 * :mod:`spark_analysis.lbmr_columns`: LBMR packets and advertisements;
-* :mod:`spark_analysis.reassembly`: stage 2, LBT-TCP streams per connection direction.
+* :mod:`spark_analysis.reassembly`: stage 2, LBT-TCP streams per connection direction;
+* :mod:`spark_analysis.defrag`: stage 2, UDP datagrams from their IPv4 fragments.
 """
 
 from __future__ import annotations
@@ -94,6 +102,7 @@ from .arrow_build import (  # re-exported: the public decode API
     encode_files,
     member_at,
     null_array,
+    numpy_of,
     table_of,
 )
 from .classify import (
@@ -106,6 +115,7 @@ from .classify import (
     lbtru_content_test,
     tcp_candidates,
 )
+from .defrag import defragment
 from .framing import (
     NETWORK_DECODE,
     PROTO_TCP,
@@ -129,6 +139,7 @@ from .schemas import (  # re-exported: the public decode API
     ADVERTISEMENTS_STORED,
     CATEGORICAL_COLUMNS,
     DICTIONARY_STRING,
+    FRAGMENT_PORT,
     FRAME_SCHEMA,
     HEADER_TABLE_SCHEMAS,
     MESSAGE_CORE_SCHEMA,
@@ -193,6 +204,7 @@ __all__ = [
     "member_at",
     "merge_skipped",
     "null_array",
+    "reassemble",
     "reassemble_tcp",
     "split_messages",
 ]
@@ -284,6 +296,12 @@ def _decode_frames(fr: Frames, options: DecodeOptions, stored: bool) -> DecodedT
     # shipped buffer, and stage 2 gathers them in long runs
     tcp = tcp[np.lexsort((tcp, net.dport[tcp], net.dst[tcp], net.sport[tcp], net.src[tcp]))]
     segments = _tcp_segments_table(fr, net, tcp, stored)
+    fragments = np.flatnonzero(net.fragment)
+    if fragments.size:  # IPv4 fragments of UDP datagrams: reassembled in stage 2 too
+        held = _tcp_segments_table(fr, net, fragments, stored)
+        held = held.set_column(held.schema.get_field_index("src_port"), "src_port",
+                               arrow_array(np.full(len(fragments), FRAGMENT_PORT, np.int32)))
+        segments = pa.concat_tables([segments, held])
 
     return DecodedTables(
         concat_or_empty(packets, PACKETS_STORED),
@@ -310,14 +328,34 @@ def _tcp_segments_table(fr: Frames, net: Network, rows: np.ndarray, stored: bool
 # =============================================================================================
 
 
+def reassemble(segments: pa.Table | pa.RecordBatch, options: DecodeOptions | None = None,
+               *, stored: bool = False) -> DecodedTables:
+    """Stage 2 (stateful) of a stage-2 input (:data:`TCP_SEGMENTS_SCHEMA`) holding every row
+    of each flow and datagram it contains: LBT-TCP streams by :func:`reassemble_tcp`, and UDP
+    datagrams made whole from their IPv4 fragments by
+    :func:`spark_analysis.defrag.defragment`, then decoded by stage 1 as frames of their
+    own.  With ``stored``, the tables come in the stored form (:class:`DecodedTables`)."""
+    options = options or DecodeOptions()
+    table = segments if isinstance(segments, pa.Table) else pa.Table.from_batches([segments])
+    held = numpy_of(table.column("src_port")) == FRAGMENT_PORT  # (no scalars: see arrow_array)
+    if not held.any():
+        return reassemble_tcp(table, options, stored=stored)
+    tcp = reassemble_tcp(table.filter(arrow_array(~held)), options, stored=stored)
+    frames, skipped = defragment(table.filter(arrow_array(held)), options)
+    udp = _decode_frames(Frames.of(frames), options, stored)
+    udp.skipped = merge_skipped([udp.skipped, skipped])
+    return concat_tables([tcp, udp if stored else udp.public()])
+
+
 def decode_batches(batches: Iterable[pa.RecordBatch | pa.Table],
                    options: DecodeOptions | None = None) -> DecodedTables:
-    """Both stages in one process: every batch through :func:`decode_batch`, then the TCP
-    segments of all batches through :func:`reassemble_tcp` (connections may span batches)."""
+    """Both stages in one process: every batch through :func:`decode_batch`, then the
+    stage-2 rows of all batches through :func:`reassemble` (TCP connections and fragmented
+    datagrams may span batches)."""
     options = options or DecodeOptions()
     parts = [decode_batch(b, options) for b in batches]
     first = concat_tables(parts) if parts else DecodedTables.empty()
-    second = reassemble_tcp(first.tcp_segments, options)
+    second = reassemble(first.tcp_segments, options)
     return concat_tables([
         DecodedTables(first.packets, first.messages, first.advertisements, first.skipped,
                       empty_table(TCP_SEGMENTS_SCHEMA)),

@@ -22,11 +22,12 @@ The DataFrame path:
   (:data:`PARTS_SCHEMA`: ``table``, ``rows``, ``ipc``).  A tagged union of struct columns
   would be the obvious alternative and is far slower: Arrow ships every child buffer of a
   null struct, so each row would carry all five tables' widths (about 1.5 KB);
-* **stage 2** (LBT-TCP) needs all segments of a connection direction together, whatever
-  partition or file they came from: the ``tcp_segments`` parts are unpacked, repartitioned by
+* **stage 2** (LBT-TCP, and UDP datagrams cut into IPv4 fragments) needs all segments of a
+  connection direction (all fragments of a datagram) together, whatever partition or file
+  they came from: the ``tcp_segments`` parts are unpacked, repartitioned by
   :data:`~spark_analysis.schemas.FLOW_KEY` (a hash shuffle: every segment of a flow lands in
   the same partition) and each partition is reassembled at once by
-  :func:`~spark_analysis.reassembly.reassemble_tcp` in ``mapInArrow``, which returns parts
+  :func:`~spark_analysis.columnar.reassemble` in ``mapInArrow``, which returns parts
   again.  (``groupBy().applyInArrow`` gives the same result but also sorts by key and calls
   Python per flow: measured almost twice as slow.)  A partition's TCP payload is held in
   memory; ``spark.sql.shuffle.partitions`` bounds it (capture TCP bytes / partitions);
@@ -72,7 +73,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from . import arrow_build, columnar, reassembly, schemas
+from . import arrow_build, columnar, schemas
 from .schemas import (
     ADVERTISEMENTS_SCHEMA,
     ALWAYS_SET,
@@ -217,7 +218,7 @@ def _stage2(options: DecodeOptions) -> Callable[[Iterator[pa.RecordBatch]],
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         segments = list(batches)  # the whole partition: every segment of its flows
         if segments:
-            parts = pack(reassembly.reassemble_tcp(pa.Table.from_batches(segments), options))
+            parts = pack(columnar.reassemble(pa.Table.from_batches(segments), options))
             if parts.num_rows:
                 yield parts
     return run
@@ -611,7 +612,7 @@ def _reassemble_buckets(job: _Job, items: Iterable[tuple[int, list[tuple[int, li
         for _bucket, paths in buckets:
             table = _read_segments(job, paths)
             segments += table.num_rows
-            sink.add(reassembly.reassemble_tcp(table, job.options, stored=True))
+            sink.add(columnar.reassemble(table, job.options, stored=True))
             del table
         yield {"stage": 2, "index": index, "segments": segments, **sink.close(),
                **_worker_stats(cpu, wall)}
@@ -736,9 +737,10 @@ def decode_to_parquet(spark: SparkSession | None, paths: str | Sequence[str], ou
 
     1. one task per byte-range split reads its records (:meth:`SplitReader.chunks`, the bytes
        stay in the read buffer), decodes them (:func:`columnar.decode_chunk`) and writes the
-       UDP and LBMR rows straight to Parquet with pyarrow; LBT-TCP segments go, grouped by
-       flow, to Arrow IPC files of :data:`DEFAULT_BUCKETS` flow buckets under ``out``;
-    2. one task per group of buckets reassembles them (:func:`reassembly.reassemble_tcp`) and
+       UDP and LBMR rows straight to Parquet with pyarrow; LBT-TCP segments and IPv4
+       fragments go, grouped by flow, to Arrow IPC files of :data:`DEFAULT_BUCKETS` flow
+       buckets under ``out``;
+    2. one task per group of buckets reassembles them (:func:`columnar.reassemble`) and
        writes their rows.  Buckets are balanced over the tasks by estimated cost (segments,
        then payload bytes: :func:`_plan_stage2`).
 

@@ -105,7 +105,7 @@ _NULL_FAMILY_INET = 2
 _IPV4_ETHERTYPE = 0x0800
 _VLAN_ETHERTYPES = (0x8100, 0x88A8)
 _RAW_LINKTYPES = (pcap.LINKTYPE_RAW, pcap.LINKTYPE_IPV4, 12)
-_FRAG_OFFSET, _MORE_FRAGMENTS = 0x1FFF, 0x2000
+_FRAG_OFFSET, _MORE_FRAGMENTS = pcap.IP_FRAGMENT_OFFSET, pcap.IP_MORE_FRAGMENTS
 _TCP_FLAG_BITS = 0x3F  # FIN, SYN, RST, PSH, ACK, URG
 _U32 = np.dtype(">u4")
 _U32LE = np.dtype("<u4")
@@ -115,12 +115,13 @@ _NETWORK_SKIPS: dict[str, str | Callable[[int], str]] = {
     "not_ipv4": pcap.not_ipv4_reason,
     "ipv4_truncated": "truncated IPv4 header",
     "not_ipv4_header": "not an IPv4 header",
-    "later_fragment": "IPv4 non-first fragment (reassembly not supported)",
+    "later_fragment": pcap.LATER_FRAGMENT_REASON,
+    "short_fragment": pcap.SHORT_FRAGMENT_REASON,
     "udp_truncated": "truncated UDP header",
     "tcp_truncated": "truncated TCP header",
     "not_udp_tcp": lambda v: f"IP protocol {v} is neither UDP nor TCP",
     "tcp_data_offset": "TCP data offset does not fit the segment",
-    "tcp_fragment": "IPv4 fragment of a TCP segment (reassembly not supported)",
+    "tcp_fragment": pcap.TCP_FRAGMENT_REASON,
 }
 """Why :func:`decode_network` skips a frame, by the names both of its versions use (the
 reasons of :func:`wire.pcap.decode_frame`); a function of the link type, ethertype or IP
@@ -166,6 +167,7 @@ def _network_params() -> dict[str, int]:
         "ip_size": pcap.IP4.size, "ip_ver_ihl_at": _be_member(pcap.IP4, "ver_ihl", 1),
         "ip_total_length_at": _be_member(pcap.IP4, "total_length", 2),
         "ip_flags_frag_at": _be_member(pcap.IP4, "flags_frag", 2),
+        "ip_ident_at": _be_member(pcap.IP4, "ident", 2),
         "ip_protocol_at": _be_member(pcap.IP4, "protocol", 1),
         "ip_src_at": _be_member(pcap.IP4, "src", 4), "ip_dst_at": _be_member(pcap.IP4, "dst", 4),
         "frag_offset_mask": _FRAG_OFFSET, "more_fragments_mask": _MORE_FRAGMENTS,
@@ -264,7 +266,13 @@ class Frames:
 
 @dataclass
 class Network:
-    """Per frame row (length n; meaningful where ``proto`` is set): the L4 view."""
+    """Per frame row (length n; meaningful where ``proto`` is set): the L4 view.
+
+    A row of ``fragment`` (an IPv4 fragment of a UDP datagram, held for reassembly in stage
+    2: :mod:`wire.ipdefrag`) has no ``proto``; its ``src`` and ``dst`` are the IP addresses,
+    ``dport`` the IP identification, ``seq`` the fragment's byte offset in the datagram,
+    ``tcp_flags`` 1 when more fragments follow, and ``pstart``/``pend`` bound its IP
+    payload."""
 
     proto: np.ndarray
     src: np.ndarray
@@ -275,7 +283,7 @@ class Network:
     pend: np.ndarray
     seq: np.ndarray
     tcp_flags: np.ndarray
-    first_fragment: np.ndarray
+    fragment: np.ndarray
     text: dict[str, tuple[np.ndarray, pa.Array]] = field(default_factory=dict)
     # per row ``type << 8 | code`` of the ICMP error quoting the UDP datagram (-1: not
     # quoted); None when no row of the batch is (the usual case: no column work at all)
@@ -287,7 +295,7 @@ class Network:
             return np.zeros(n, np.int64)
         return cls(proto=zeros(), src=zeros(), dst=zeros(), sport=zeros(), dport=zeros(),
                    pstart=zeros(), pend=zeros(), seq=zeros(), tcp_flags=zeros(),
-                   first_fragment=np.zeros(n, bool))
+                   fragment=np.zeros(n, bool))
 
     def ip_strings(self, which: str, rows: np.ndarray) -> pa.Array:
         """Dotted ``src``/``dst`` of ``rows``; the batch's few distinct addresses are found
@@ -327,7 +335,7 @@ def decode_network(fr: Frames, skips: Skips) -> Network:
         _skip_network(skips, reason, which, o["value"][which])
     net = Network(proto=o["proto"], src=o["src"], dst=o["dst"], sport=o["sport"],
                   dport=o["dport"], pstart=o["pstart"], pend=o["pend"], seq=o["seq"],
-                  tcp_flags=o["tcp_flags"], first_fragment=o["first_fragment"].astype(bool))
+                  tcp_flags=o["tcp_flags"], fragment=o["fragment"].astype(bool))
     if icmp_rows.size:
         _merge_rows(net, icmp_rows, fr.take(icmp_rows), skips)
     return net
@@ -342,7 +350,7 @@ def _merge_rows(net: Network, rows: np.ndarray, sub: Frames, skips: Skips) -> No
     for part, reason in sub_skips.parts():
         skips.add(rows[part], reason)
     for name in ("proto", "src", "dst", "sport", "dport", "pstart", "pend", "seq",
-                 "tcp_flags", "first_fragment"):
+                 "tcp_flags", "fragment"):
         getattr(net, name)[rows] = getattr(got, name)
     if got.icmp is not None:
         if net.icmp is None:
@@ -390,21 +398,34 @@ def _decode_network_numpy(fr: Frames, skips: Skips) -> Network:
     _skip_network(skips, "ipv4_truncated", rows[short])
     rows = rows[~short]
     ip = read_members(bv, pcap.IP4, start[rows] + l3[rows],
-                      ("ver_ihl", "total_length", "flags_frag", "protocol", "src", "dst"))
+                      ("ver_ihl", "total_length", "ident", "flags_frag", "protocol", "src",
+                       "dst"))
     ihl = (ip["ver_ihl"] & 0x0F) * 4
     bad = (ip["ver_ihl"] >> 4 != 4) | (ihl < pcap.IP4.size)
-    later = ~bad & ((ip["flags_frag"] & _FRAG_OFFSET) != 0)
     _skip_network(skips, "not_ipv4_header", rows[bad])
+    more = (ip["flags_frag"] & _MORE_FRAGMENTS) != 0
+    offset = ip["flags_frag"] & _FRAG_OFFSET
+    held = ~bad & (more | (offset != 0)) & (ip["protocol"] == PROTO_UDP)
+    short = held & ((length[rows] < l3[rows] + ip["total_length"]) | (ip["total_length"] < ihl))
+    _skip_network(skips, "short_fragment", rows[short])
+    held &= ~short
+    later = ~bad & ~held & ~short & (offset != 0)
     _skip_network(skips, "later_fragment", rows[later])
-    keep = ~bad & ~later
-    rows, ihl = rows[keep], ihl[keep]
-    ip = {k: v[keep] for k, v in ip.items()}
 
     net = Network.empty(n)
+    r = rows[held]  # fragments of UDP datagrams, held for stage 2 (see Network)
+    net.fragment[r] = True
+    net.src[r], net.dst[r], net.dport[r] = ip["src"][held], ip["dst"][held], ip["ident"][held]
+    net.seq[r], net.tcp_flags[r] = offset[held] * 8, more[held]
+    net.pstart[r] = start[r] + l3[r] + ihl[held]
+    net.pend[r] = start[r] + l3[r] + ip["total_length"][held]
+
+    keep = ~bad & ~later & ~held & ~short
+    rows, ihl, first_fragment = rows[keep], ihl[keep], more[keep]
+    ip = {k: v[keep] for k, v in ip.items()}
     end = np.minimum(length[rows], l3[rows] + ip["total_length"])
     body = l3[rows] + ihl
     proto = ip["protocol"]
-    first_fragment = (ip["flags_frag"] & _MORE_FRAGMENTS) != 0
 
     udp = proto == PROTO_UDP
     short = udp & (end - body < pcap.UDP.size)
@@ -446,7 +467,6 @@ def _decode_network_numpy(fr: Frames, skips: Skips) -> Network:
 
     r = rows[udp | tcp]
     net.src[r], net.dst[r] = ip["src"][udp | tcp], ip["dst"][udp | tcp]
-    net.first_fragment[rows[udp]] = first_fragment[udp]
 
     if quoted.ok.any():  # the UDP datagram an ICMP error quotes, with its own addresses
         r, q = rows[quoted.ok], quoted.ok

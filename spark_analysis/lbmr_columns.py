@@ -36,10 +36,6 @@ from .schemas import (
     PACKETS_STORED,
     struct_pyvalue,
 )
-from .transport_columns import (
-    P_FRAGMENT,
-    packet_error,
-)
 
 # =============================================================================================
 # LBMR (packet by packet: resolver traffic is light)
@@ -137,8 +133,6 @@ def decode_lbmr(fr: Frames, net: Network, frame_rows: np.ndarray, strict: bool,
         if not ok:
             continue
         accepted[i] = True
-        if error is None and net.first_fragment[row]:
-            error = packet_error("lbmr", P_FRAGMENT, 0, 0, (), None)
         out.append((row, ptype, error, adverts))
     return accepted, out
 

@@ -485,9 +485,18 @@ TCP_SEGMENTS_SCHEMA = pa.schema([
     _f("tcp_flags", pa.int32(), "TCP flags (FIN 0x01, SYN 0x02, ...)"),
     _f("payload", pa.binary(), "TCP payload"),
 ])
-"""TCP segments of candidate LBT-TCP connections: the input of :func:`reassemble_tcp` (the
-stateful second stage, grouped by connection direction).  Addresses travel as numbers only:
-stage 2 formats the dotted form of the few distinct ones itself."""
+"""The input of the stateful second stage (grouped by :data:`FLOW_KEY`): the TCP segments of
+candidate LBT-TCP connections (for :func:`reassemble_tcp`), and the IPv4 fragments of UDP
+datagrams (for :func:`spark_analysis.defrag.defragment`), told apart by
+:data:`FRAGMENT_PORT`.  Addresses travel as numbers only: stage 2 formats the dotted form of
+the few distinct ones itself."""
+
+FRAGMENT_PORT = -1
+"""``src_port`` of a stage-2 row that is an IPv4 fragment of a UDP datagram (no TCP port is
+negative).  Such a row's ``dst_port`` is the IP identification, ``seq`` the fragment's byte
+offset in the datagram, ``tcp_flags`` 1 when more fragments follow (0 on the last), and
+``payload`` the fragment's IP payload.  So the stage-2 shuffle by :data:`FLOW_KEY` gathers a
+datagram's fragments (same addresses, same identification) as it gathers a TCP flow."""
 
 CATEGORICAL_COLUMNS = frozenset({"file", "protocol", "src_ip", "dst_ip", "classified_by",
                                  "packet_type", "message_type", "label"})

@@ -116,7 +116,7 @@ _OPTION_COLUMNS = {"session_id": "session_id", "client_id": "client_id"}
 
 # packet error codes
 (_P_SHORT, _P_TYPE, _P_FIXED, _P_LIST, _P_OPT_END, _P_OPT_ZERO, _P_OPT_FIXED, _P_OPT_SHORT,
- _P_OPT_OVER, _P_LBMC, P_FRAGMENT) = range(1, 12)
+ _P_OPT_OVER, _P_LBMC) = range(1, 11)
 
 
 class _TransportDecoder:
@@ -356,8 +356,6 @@ def packet_error(protocol: str, code: int, off: int, val: int, aux: tuple[Any, .
         return f"{header} at offset {off}: hdr_len {val} runs past the end of the datagram"
     if code == _P_LBMC:
         return f"{protocol}/{lbmc_reason}" if lbmc_reason else f"{protocol}: bad LBMC message"
-    if code == P_FRAGMENT:
-        return "IPv4 fragment: the datagram continues in later fragments (not reassembled)"
     return f"{protocol}: error {code}"
 
 
@@ -456,11 +454,10 @@ def udp_tables(fr: Frames, net: Network, res: _UdpResult, positions: np.ndarray,
             columns[column] = arr
     counts = res.message_count()
     columns["messages"] = arrow_array(counts[positions], pa.int32())
-    fragment = net.first_fragment[frame_rows]
     lbmc_bad = res.lbmc_error_rows()
     reasons: dict[int, str] = {}
     msgs = res.messages
-    for i in np.flatnonzero((tr.err[positions] != 0) | fragment
+    for i in np.flatnonzero((tr.err[positions] != 0)
                             | np.isin(positions, list(lbmc_bad))).tolist():
         pos = int(positions[i])
         parts = []
@@ -472,8 +469,6 @@ def udp_tables(fr: Frames, net: Network, res: _UdpResult, positions: np.ndarray,
             offset = int(msgs.start[bad] - res.pstart[pos])
             parts.append(f"{decoder.name} message {int(msgs.index[bad])} at offset "
                          f"{offset}: {msgs.error_text(bad)}")
-        if fragment[i]:
-            parts.append(packet_error(decoder.name, P_FRAGMENT, 0, 0, (), None))
         reasons[i] = "; ".join(parts)
     columns["malformed_reason"] = sparse_strings(k, reasons)
     packets = table_of(PACKETS_STORED, k, columns)

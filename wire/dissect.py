@@ -10,7 +10,10 @@ Classification follows tshark's own rules so that both sides look at the same fr
 * TCP: a connection with a port in the LBT-TCP source, request or store ranges (or a decode-as
   port) whose first data passes the LBMC entry test; each direction is reassembled in sequence
   order and framed by ``msglen``, and a message is reported in the frame that completes it, as
-  tshark does.
+  tshark does;
+* IPv4 fragments of a UDP datagram are reassembled (:mod:`wire.ipdefrag`, tshark's
+  ``ip.defragment``): the datagram is decoded in the frame whose fragment completes it, and
+  the other fragments are reported as not UM (:data:`wire.ipdefrag.HELD`).
 
 Every frame gets a report: its UM messages, or ``not-um`` with the reason it was not taken as
 UM, or ``malformed`` with the decoder's reason.  Nothing is skipped silently.
@@ -29,9 +32,10 @@ from . import lbmc, lbmr, lbtrm, lbtru
 from .detect import CONTENT, PORT, Detector
 from .errors import WireError
 from .fields import text_bytes
+from .ipdefrag import HELD, Defragmenter
 from .lbmc import LbmcMessage
 from .lbttcp import LbttcpStream, entry_test
-from .pcap import TCP_SYN, CaptureRecord, Segment, decode_frame, read_capture
+from .pcap import TCP_SYN, CaptureRecord, Fragment, Segment, decode_ip, read_capture, udp_segment
 from .tshark import Disagreement, PortMap, compare, read_frames, tshark_text
 
 
@@ -67,6 +71,8 @@ class FrameReport:
     classified_by: str | None = None  # "port" or "content" (wire.detect) when UM
     icmp: tuple[int, int] | None = None  # (type, code) when the datagram is quoted in an ICMP
     # error (addresses and ports are then the quoted datagram's): a NAK to a closed port ...
+    reassembled: list[int] = field(default_factory=list)  # frames of the IPv4 fragments this
+    # frame's datagram was reassembled from (this frame last), as tshark lists them
 
     def to_json(self) -> dict[str, Any]:
         """Field values as tshark shows them; names with bytes outside ASCII are also given
@@ -85,7 +91,8 @@ class FrameReport:
             "transport": self.transport, "src": self.src, "sport": self.sport,
             "dst": self.dst, "dport": self.dport, "reason": self.reason,
             "classified_by": self.classified_by,
-            "icmp": list(self.icmp) if self.icmp is not None else None, "messages": messages,
+            "icmp": list(self.icmp) if self.icmp is not None else None,
+            "reassembled": self.reassembled or None, "messages": messages,
         }
 
 
@@ -181,13 +188,18 @@ class Dissector:
         self.detector = Detector(self.ports, content)
         self.flows: dict[tuple[str, int, str, int], _Flow] = {}
         self.udp = UDP_DECODERS
+        self.fragments: Defragmenter[int] = Defragmenter()
 
     def frame(self, record: CaptureRecord) -> FrameReport:
         report = FrameReport(record.number, record.ts, "not-um")
         try:
-            seg = decode_frame(record.linktype, record.data)
+            found = decode_ip(record.linktype, record.data)
+            seg = found if isinstance(found, Segment) else self._fragment(found, report)
         except WireError as exc:
             report.reason = exc.reason
+            return report
+        if seg is None:
+            report.reason = HELD
             return report
         report.src, report.dst, report.sport, report.dport = (seg.src, seg.dst, seg.sport,
                                                               seg.dport)
@@ -195,6 +207,15 @@ class Dissector:
         if seg.proto == "udp":
             return self._udp(seg, report)
         return self._tcp(seg, report)
+
+    def _fragment(self, fragment: Fragment, report: FrameReport) -> Segment | None:
+        """The whole datagram when this fragment completes it (:mod:`wire.ipdefrag`), in
+        this frame as tshark shows it; None while it is incomplete."""
+        whole = self.fragments.add(fragment, report.number)
+        if whole is None:
+            return None
+        report.reassembled = whole.tags
+        return udp_segment(fragment.src, fragment.dst, whole.payload)
 
     def _udp(self, seg: Segment, report: FrameReport) -> FrameReport:
         found = self.detector.udp(seg)
@@ -363,6 +384,17 @@ DISPLAY_NAMES = {"lbttcp": "LBT-TCP", "lbtru": "LBT-RU", "lbtrm": "LBT-RM", "lbm
 """tshark's protocol column names."""
 
 
+def _frame_ranges(numbers: list[int]) -> str:
+    """Frame numbers as tshark lists them, runs of consecutive ones shortened: ``#9-#12, #15``."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(f"#{a}" if a == b else f"#{a}-#{b}" for a, b in runs)
+
+
 def print_report(report: FrameReport, out: TextIO, verbose: bool = True) -> None:
     where = ""
     if report.src is not None:
@@ -371,6 +403,9 @@ def print_report(report: FrameReport, out: TextIO, verbose: bool = True) -> None
     proto = DISPLAY_NAMES.get(report.transport or "", "")
     if report.icmp is not None:
         where = f"ICMP type {report.icmp[0]} code {report.icmp[1]} quoting {where}"
+    if report.reassembled:
+        where = (f"{where}[{len(report.reassembled)} IPv4 fragments: "
+                 f"{_frame_ranges(report.reassembled)}] ")
     head = f"{report.number:6d} {report.time:14.6f} {where}{proto}"
     if report.status == "um":
         out.write(f"{head} {labels}\n")

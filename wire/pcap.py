@@ -278,8 +278,67 @@ class Segment:
     icmp: tuple[int, int] | None = None  # (type, code) of the ICMP error quoting the datagram
 
 
+IP_MORE_FRAGMENTS, IP_FRAGMENT_OFFSET = 0x2000, 0x1FFF
+"""The ``flags_frag`` bits of an IPv4 fragment: more fragments follow; the fragment's offset
+in the datagram, in 8-byte units."""
+LATER_FRAGMENT_REASON = "IPv4 non-first fragment of a datagram that is not UDP (not reassembled)"
+TCP_FRAGMENT_REASON = "IPv4 fragment of a TCP segment (not reassembled)"
+SHORT_FRAGMENT_REASON = ("IPv4 fragment cut short by the capture or shorter than its header "
+                         "(not reassembled)")
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """One IPv4 fragment of a UDP datagram, as captured (see :mod:`wire.ipdefrag`).
+
+    UM datagrams are often larger than the link MTU (LBT-RM sends up to 8 KiB by default),
+    so the IP layer cuts them and a capture holds the pieces.  tshark reassembles them
+    (``ip.defragment``, on by default) and decodes the datagram in the frame of the fragment
+    that completes it; :class:`wire.ipdefrag.Defragmenter` does the same for us.
+
+    Attributes:
+        src, dst: the IPv4 addresses (dotted).
+        ident: the IP identification shared by the datagram's fragments.
+        offset: where this fragment's bytes start in the datagram's IP payload, in bytes.
+        more: whether more fragments follow (false on the last one).
+        payload: the fragment's IP payload (the first fragment's starts with the UDP header).
+    """
+
+    src: str
+    dst: str
+    ident: int
+    offset: int
+    more: bool
+    payload: bytes
+
+
+def udp_segment(src: str, dst: str, datagram: bytes) -> Segment:
+    """The :class:`Segment` of a whole UDP datagram (its IP payload, e.g. reassembled from
+    fragments).  Raises WireError when the UDP header does not fit."""
+    if len(datagram) < UDP.size:
+        raise WireError("udp", 0, "truncated UDP header")
+    sport, dport, _, _ = UDP.unpack_from(datagram, 0)
+    return Segment("udp", src, dst, sport, dport, datagram[UDP.size:])
+
+
 def decode_frame(linktype: int, data: bytes) -> Segment:
-    """Strip link, IPv4 and UDP/TCP headers.  Raises WireError naming what is not there."""
+    """Strip link, IPv4 and UDP/TCP headers.  Raises WireError naming what is not there,
+    and for a fragment of a UDP datagram (frame by frame there is no datagram to give:
+    :func:`decode_ip` hands the fragment over for reassembly instead)."""
+    found = _decode(linktype, data, fragments=False)
+    assert isinstance(found, Segment)
+    return found
+
+
+def decode_ip(linktype: int, data: bytes) -> Segment | Fragment:
+    """:func:`decode_frame`, with a fragment of a UDP datagram given as a :class:`Fragment`
+    (the one kind of fragment reassembled, as tshark does: a fragment cut short by the
+    capture's snap length cannot be, and raises WireError, as do fragments of TCP or other
+    protocols)."""
+    return _decode(linktype, data, fragments=True)
+
+
+def _decode(linktype: int, data: bytes, fragments: bool) -> Segment | Fragment:
     ethertype, pos = _link(linktype, data)
     if ethertype != 0x0800:
         if pos == 0 or linktype != LINKTYPE_ETHERNET:
@@ -292,10 +351,20 @@ def decode_frame(linktype: int, data: bytes) -> Segment:
     ihl = (ip["ver_ihl"] & 0x0F) * 4
     if ip["ver_ihl"] >> 4 != 4 or ihl < 20:
         raise WireError("ip", pos, "not an IPv4 header")
-    if ip["flags_frag"] & 0x3FFF:
-        raise WireError("ip", pos + 6, "IPv4 fragment (reassembly not supported)")
     end = min(len(data), pos + ip["total_length"])
     body = pos + ihl
+    if ip["flags_frag"] & (IP_MORE_FRAGMENTS | IP_FRAGMENT_OFFSET):
+        if ip["protocol"] == PROTO_UDP:
+            if not fragments:
+                raise WireError("ip", pos + 6, "IPv4 fragment of a UDP datagram (reassembled "
+                                "across frames)")
+            if len(data) < pos + ip["total_length"] or ip["total_length"] < ihl:
+                raise WireError("ip", pos + 2, SHORT_FRAGMENT_REASON)
+            return Fragment(ip["src"], ip["dst"], ip["ident"],
+                            (ip["flags_frag"] & IP_FRAGMENT_OFFSET) * 8,
+                            bool(ip["flags_frag"] & IP_MORE_FRAGMENTS), data[body:end])
+        if ip["flags_frag"] & IP_FRAGMENT_OFFSET:
+            raise WireError("ip", pos + 6, LATER_FRAGMENT_REASON)
     if ip["protocol"] == 17:
         if end - body < UDP.size:
             raise WireError("udp", body, "truncated UDP header")
@@ -309,6 +378,8 @@ def decode_frame(linktype: int, data: bytes) -> Segment:
         if off_flags >> 12 < 5 or start > end:
             raise WireError("tcp", body + 12,
                             f"data offset {off_flags >> 12} words does not fit the segment")
+        if ip["flags_frag"] & IP_MORE_FRAGMENTS:
+            raise WireError("ip", pos + 6, TCP_FRAGMENT_REASON)
         return Segment("tcp", ip["src"], ip["dst"], sport, dport, data[start:end], seq,
                        off_flags & 0x3F)
     if ip["protocol"] == PROTO_ICMP:
@@ -332,7 +403,7 @@ def _icmp_quoted_udp(data: bytes, body: int, end: int) -> Segment | None:
     ihl = (ip["ver_ihl"] & 0x0F) * 4
     udp = inner + ihl
     if (ip["ver_ihl"] >> 4 != 4 or ihl < IP4.size or ip["protocol"] != PROTO_UDP
-            or ip["flags_frag"] & 0x1FFF or end - udp < UDP.size):
+            or ip["flags_frag"] & IP_FRAGMENT_OFFSET or end - udp < UDP.size):
         return None
     sport, dport, _, _ = UDP.unpack_from(data, udp)
     stop = min(end, inner + ip["total_length"])
@@ -379,10 +450,12 @@ def _mac(ip: str) -> bytes:
     return b"\x02\x00" + ipv4_to_int(ip).to_bytes(4, "big")
 
 
-def ipv4_frame(src: str, dst: str, proto: int, l4: bytes, ident: int = 0) -> bytes:
-    """Ethernet + IPv4 around an L4 segment (checksums filled in)."""
+def ipv4_frame(src: str, dst: str, proto: int, l4: bytes, ident: int = 0,
+               flags_frag: int = 0x4000) -> bytes:
+    """Ethernet + IPv4 around an L4 segment (checksums filled in); ``flags_frag`` is "don't
+    fragment" unless given."""
     values = {"ver_ihl": 0x45, "tos": 0, "total_length": IP4.size + len(l4), "ident": ident,
-              "flags_frag": 0x4000, "ttl": 64, "protocol": proto, "checksum": 0,
+              "flags_frag": flags_frag, "ttl": 64, "protocol": proto, "checksum": 0,
               "src": src, "dst": dst}
     header = IP4.pack(values)
     values["checksum"] = _checksum(header)
@@ -399,6 +472,41 @@ def udp_frame(src: str, sport: int, dst: str, dport: int, payload: bytes) -> byt
     seg = UDP.pack(values) + payload
     values["checksum"] = _checksum(_pseudo(src, dst, 17, len(seg)) + seg) or 0xFFFF
     return ipv4_frame(src, dst, 17, UDP.pack(values) + payload)
+
+
+def udp_fragments(src: str, sport: int, dst: str, dport: int, payload: bytes, ident: int,
+                  mtu: int = 1500) -> list[bytes]:
+    """The frames of one UDP datagram as sent on a link of ``mtu`` bytes: cut into IPv4
+    fragments when it is larger (:func:`fragment_frame`)."""
+    return fragment_frame(udp_frame(src, sport, dst, dport, payload), mtu, ident)
+
+
+def fragment_frame(frame: bytes, mtu: int, ident: int) -> list[bytes]:
+    """An Ethernet frame holding a UDP datagram larger than ``mtu`` (the IP datagram's
+    limit: 68 or more) cut into IPv4 fragments as a sender's IP layer cuts it: each
+    fragment's payload a multiple of 8 bytes but the last's, identification ``ident``, the
+    "don't fragment" bit cleared, header checksums recomputed.  Any other frame (not IPv4,
+    not UDP, a fragment already, or small enough) is returned as it is, alone."""
+    if len(frame) < ETH.size + IP4.size or ETH.unpack_from(frame)[2] != 0x0800:
+        return [frame]
+    ip = IP4.decode(frame, ETH.size)
+    ihl = (ip["ver_ihl"] & 0x0F) * 4
+    total = ip["total_length"]
+    if (ip["protocol"] != PROTO_UDP or total <= mtu or len(frame) < ETH.size + total
+            or ip["flags_frag"] & (IP_MORE_FRAGMENTS | IP_FRAGMENT_OFFSET) or mtu < 68):
+        return [frame]
+    eth, options = frame[:ETH.size], frame[ETH.size + IP4.size:ETH.size + ihl]
+    payload = frame[ETH.size + ihl:ETH.size + total]
+    step = (mtu - ihl) // 8 * 8
+    out = []
+    for at in range(0, len(payload), step):
+        piece = payload[at:at + step]
+        values = {**ip, "total_length": ihl + len(piece), "ident": ident & 0xFFFF,
+                  "flags_frag": (IP_MORE_FRAGMENTS if at + step < len(payload) else 0) | at // 8,
+                  "checksum": 0}
+        values["checksum"] = _checksum(IP4.pack(values) + options)
+        out.append(eth + IP4.pack(values) + options + piece)
+    return out
 
 
 def tcp_frame(src: str, sport: int, dst: str, dport: int, seq: int, ack: int, flags: int,

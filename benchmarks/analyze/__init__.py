@@ -18,7 +18,8 @@ Captures, by default:
   project's capture generator into the cache shared with ``benchmarks.spark``
   (``--cache``, default ``$UMP_BENCH_CACHE`` or ``/tmp/ump-bench-spark``; about 10 s per
   1,000,000 frames).  ``--frames N`` (repeatable) picks other sizes, e.g. ``--frames 20000
-  --no-corpus`` for a quick run.
+  --no-corpus`` for a quick run; ``--scenario fragments`` another preset (there ``N`` counts
+  datagrams: the MTU cuts most of them into two or three IPv4 fragments).
 
 Printed per capture: frames; wall seconds, CPU seconds and peak memory of ``ump analyze``'s
 whole process tree (the Python driver, the Spark JVM and every Python worker, sampled from
@@ -246,10 +247,11 @@ def corpus_capture(corpus: Path = CORPUS) -> Capture:
     return _capture(f"corpus {pcaps[0].name}", pcaps[0])
 
 
-def generated_capture(cache: Path, frames: int, seed: int) -> Capture:
-    """``frames`` frames of the ``big`` scenario, generated into ``cache`` when missing."""
-    path, seconds = ensure_capture(cache, frames, seed)
-    return _capture(f"big {frames:,}", path, seconds)
+def generated_capture(cache: Path, frames: int, seed: int, scenario: str = "big") -> Capture:
+    """``frames`` frames of the generator's ``scenario`` (``big`` by default), generated into
+    ``cache`` when missing."""
+    path, seconds = ensure_capture(cache, frames, seed, scenario)
+    return _capture(f"{scenario} {frames:,}", path, seconds)
 
 
 # --- the runs ------------------------------------------------------------------------------------
@@ -466,6 +468,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-corpus", action="store_true",
                         help="skip the biggest corpus capture")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--scenario", default="big",
+                        help="generator preset of the generated captures (default big; "
+                             "fragments: datagrams over the MTU, reassembled from IPv4 "
+                             "fragments)")
     parser.add_argument("--cache", type=Path, default=default_cache(),
                         help="directory of generated captures (default %(default)s)")
     parser.add_argument("--master", help="Spark master for ump analyze (default: its own)")
@@ -488,7 +494,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         captures = [] if args.no_corpus else [corpus_capture()]
         for frames in sizes:
-            captures.append(generated_capture(args.cache, frames, args.seed))
+            captures.append(generated_capture(args.cache, frames, args.seed, args.scenario))
             if captures[-1].generated_seconds is not None:
                 print(f"generated {captures[-1].path} in {captures[-1].generated_seconds:.0f} s",
                       flush=True)

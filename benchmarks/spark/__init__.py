@@ -81,13 +81,15 @@ def default_cache() -> Path:
     return Path(os.environ.get("UMP_BENCH_CACHE", "/tmp/ump-bench-spark"))
 
 
-def capture_path(cache: Path, packets: int, seed: int) -> Path:
-    return cache / f"{SCENARIO}-{packets}-s{seed}.pcap"
+def capture_path(cache: Path, packets: int, seed: int, scenario: str = SCENARIO) -> Path:
+    return cache / f"{scenario}-{packets}-s{seed}.pcap"
 
 
-def ensure_capture(cache: Path, packets: int, seed: int) -> tuple[Path, float | None]:
-    """The cached capture, generated first when missing; returns (path, seconds generating)."""
-    path = capture_path(cache, packets, seed)
+def ensure_capture(cache: Path, packets: int, seed: int,
+                   scenario: str = SCENARIO) -> tuple[Path, float | None]:
+    """The cached capture of ``packets`` frames of the generator's ``scenario``, generated
+    first when missing; returns (path, seconds generating)."""
+    path = capture_path(cache, packets, seed, scenario)
     meta = Path(f"{path}.meta.json")
     if path.exists() and meta.exists():
         return path, None
@@ -97,7 +99,7 @@ def ensure_capture(cache: Path, packets: int, seed: int) -> tuple[Path, float | 
 
     partial = path.with_name(path.name + ".partial")
     started = time.perf_counter()
-    generate(preset(SCENARIO), partial, seed=seed, packets=packets, progress=False)
+    generate(preset(scenario), partial, seed=seed, packets=packets, progress=False)
     Path(f"{partial}.meta.json").replace(meta)
     partial.replace(path)
     return path, time.perf_counter() - started

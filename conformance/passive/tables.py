@@ -202,8 +202,7 @@ def decode_tables(paths: Sequence[Path], ports: PortMap, content: bool = True) -
     :func:`spark_analysis.columnar.decode_batches`, chunk by chunk from the capture reader).
 
     Raises :class:`WireError` when the first file is not a capture at all."""
-    from spark_analysis.columnar import decode_chunk
-    from spark_analysis.reassembly import reassemble_tcp
+    from spark_analysis.columnar import decode_chunk, reassemble
     from spark_analysis.schemas import DecodedTables, DecodeOptions, concat_tables
 
     options = DecodeOptions(ports=ports, content_heuristics=content)
@@ -212,7 +211,7 @@ def decode_tables(paths: Sequence[Path], ports: PortMap, content: bool = True) -
     read_records(paths, records,
                  lambda name, chunk: parts.append(decode_chunk(name, chunk, options)))
     first = concat_tables(parts) if parts else DecodedTables.empty()
-    second = reassemble_tcp(first.tcp_segments, options)
+    second = reassemble(first.tcp_segments, options)
     both = concat_tables([
         DecodedTables(first.packets, first.messages, first.advertisements, first.skipped,
                       second.tcp_segments), second])

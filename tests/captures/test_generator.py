@@ -29,9 +29,21 @@ from captures.generator import (
     stp_bpdu_frame,
 )
 from captures.scenarios import PRESETS, Restart, Scenario, ScenarioError, Transport, preset
-from wire import lbtrm
+from wire import ipdefrag, lbtrm
 from wire.dissect import FrameReport, check_against_tshark, dissect_file
-from wire.pcap import ETH, IP4, TCP, decode_frame, read_capture, tcp_frame, udp_frame
+from wire.ipdefrag import Defragmenter
+from wire.pcap import (
+    ETH,
+    IP4,
+    TCP,
+    Fragment,
+    decode_ip,
+    read_capture,
+    tcp_frame,
+    udp_fragments,
+    udp_frame,
+    udp_segment,
+)
 from wire.tshark import PortMap, expert_summary
 from wire.tshark import run as tshark
 
@@ -78,6 +90,8 @@ def recount(reports: list[FrameReport]) -> Counter[tuple[str, ...]]:
     for r in reports:
         assert r.status in ("um", "not-um"), (r.number, r.status, r.reason)
         c["frames",] += 1
+        if r.reason == ipdefrag.HELD or r.reassembled:
+            c["ipv4_fragments",] += 1
         c["frames_by_transport", r.transport if r.status == "um" else "none"] += 1
         if r.icmp is not None:  # the quoted NAK is a bounce off a closed port, not a NAK sent
             f = _first(next(o for o in r.occurrences if o.protocol == "lbtrm").fields)
@@ -334,12 +348,23 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path: Path) -> None:
 
 def test_every_frame_is_what_the_wire_encoders_build(preset_captures: dict) -> None:
     """Patched copies (slots, checksums) equal frames built from scratch by wire.pcap."""
-    for path, _ in preset_captures.values():
+    for path, meta in preset_captures.values():
+        mtu = meta["scenario"]["ip_mtu"]
+        fragments: Defragmenter[bytes] = Defragmenter()
         for record in read_capture(path):
             if ETH.decode(record.data, 0)["ethertype"] < 0x0600:  # 802.3: the switch's BPDU
                 assert record.data == stp_bpdu_frame(), (path.name, record.number)
                 continue
-            seg = decode_frame(record.linktype, record.data)
+            found = decode_ip(record.linktype, record.data)
+            if isinstance(found, Fragment):  # a datagram over the MTU, cut by the sender
+                whole = fragments.add(found, record.data)
+                if whole is not None:
+                    seg = udp_segment(found.src, found.dst, whole.payload)
+                    assert udp_fragments(seg.src, seg.sport, seg.dst, seg.dport, seg.payload,
+                                         found.ident, mtu) == whole.tags, (path.name,
+                                                                           record.number)
+                continue
+            seg = found
             if seg.icmp is not None:  # an ICMP error quoting the datagram that bounced
                 outer = IP4.decode(record.data, ETH.size)
                 quoted = udp_frame(seg.src, seg.sport, seg.dst, seg.dport, seg.payload)

@@ -193,7 +193,7 @@ def verdict_rows(path: Path) -> list[dict[str, object]]:
 
 
 @pytest.mark.parametrize("name", ["basic", "qc3", "lossy-lbtrm", "restarts", "real-traits",
-                                  "not-um", "planted"])
+                                  "fragments", "not-um", "planted"])
 def test_corpus_verdicts_match_the_expected_files(name: str) -> None:
     rows = verdict_rows(CORPUS / f"{name}.pcap")
     expected = EXPECTED / f"{name}.json"

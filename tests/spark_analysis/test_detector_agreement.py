@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow.compute as pc
 import pytest
 
 from spark_analysis import columnar
-from spark_analysis.schemas import DecodeOptions
+from spark_analysis.schemas import FRAGMENT_PORT, DecodeOptions
 from tests.wire.test_detect import real_trait_frames
 from wire.dissect import Dissector
 from wire.pcap import read_capture, udp_frame, write_pcap
@@ -65,11 +66,18 @@ def analyze_verdicts(path: Path, ports: PortMap, content: bool) -> dict[int, Ver
         out[number[row["file_offset"]]] = (row["protocol"], row["classified_by"])
     # TCP segments still to be reassembled are classified already (stage 2 only frames
     # them); a SYN without payload goes there too, to start a stream, but carries no UM
-    segments = tables.tcp_segments
+    stage2 = tables.tcp_segments
+    fragment = pc.equal(stage2["src_port"], FRAGMENT_PORT)
+    segments = stage2.filter(pc.invert(fragment))
     for off, payload in zip(segments.column("file_offset").to_pylist(),
                             segments.column("payload").to_pylist(), strict=True):
         if payload:
             out[number[off]] = ("lbttcp", "port")
+    # IPv4 fragments: classified once stage 2 has made their datagrams whole, in the frame
+    # that completes each (as the Dissector does)
+    whole = columnar.reassemble(stage2.filter(fragment), DecodeOptions(ports, content))
+    for row in whole.packets.select(["file_offset", "protocol", "classified_by"]).to_pylist():
+        out[number[row["file_offset"]]] = (row["protocol"], row["classified_by"])
     return out
 
 

@@ -2,7 +2,7 @@
 
 ``framing._decode_network_numpy`` is the reference: the compiled decode must give the same
 L4 view of every frame (protocol, addresses, ports, payload range, TCP sequence and flags,
-first-fragment flag) and skip the same frames for the same reasons.  Frames are generated
+fragment flag) and skip the same frames for the same reasons.  Frames are generated
 header by header with the values the rules test (every supported link type, VLAN stacks,
 IHL and TCP data offsets in and out of range, fragments, other protocols) and then cut
 anywhere; arbitrary bytes under any link type come on top.  The argument checks stop a bad
@@ -32,7 +32,7 @@ CORPUS = Path(__file__).resolve().parents[2] / "captures" / "corpus"
 netheaders = pytest.importorskip("spark_analysis._netheaders")
 
 NETWORK_FIELDS = ("proto", "src", "dst", "sport", "dport", "pstart", "pend", "seq",
-                  "tcp_flags", "first_fragment")
+                  "tcp_flags", "fragment")
 LINKTYPES = (pcap.LINKTYPE_ETHERNET, pcap.LINKTYPE_LINUX_SLL, pcap.LINKTYPE_LINUX_SLL2,
              pcap.LINKTYPE_NULL, pcap.LINKTYPE_RAW, pcap.LINKTYPE_IPV4, 12)
 
@@ -166,7 +166,7 @@ def assert_same_decode(fr: framing.Frames) -> None:
     reference = framing._decode_network_numpy(fr, numpy_skips)
     for name in NETWORK_FIELDS:
         assert getattr(compiled, name).tolist() == getattr(reference, name).tolist(), name
-    assert compiled.first_fragment.dtype == reference.first_fragment.dtype
+    assert compiled.fragment.dtype == reference.fragment.dtype
     assert (compiled_skips.table(fr.files, fr.file_offset).to_pylist()
             == numpy_skips.table(fr.files, fr.file_offset).to_pylist())
 
@@ -227,7 +227,7 @@ def test_known_frames() -> None:
     assert net.pstart.tolist() == [udp_end, tcp_end]
     assert net.pend.tolist() == [udp_end, tcp_end]
     assert net.seq.tolist() == [0, 2**32 - 1] and net.tcp_flags.tolist() == [0, 0x18]
-    assert net.first_fragment.tolist() == [False, False]
+    assert net.fragment.tolist() == [False, False]
 
 
 @pytest.mark.parametrize("name", ["qc3.pcap", "lossy-lbtrm.pcap", "restarts.pcap",

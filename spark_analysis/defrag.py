@@ -1,0 +1,125 @@
+"""Stage 2 of the columnar decode, for UDP: datagrams reassembled from their IPv4 fragments.
+
+Stage 1 cannot decode a fragment: the rest of its datagram may lie in another batch, split
+or file.  So it hands every fragment of a UDP datagram on in the stage-2 input, beside the
+LBT-TCP segments (:data:`spark_analysis.schemas.FRAGMENT_PORT` marks its rows), and the same
+shuffle by :data:`~spark_analysis.schemas.FLOW_KEY` brings a datagram's fragments together:
+their key (addresses, ``FRAGMENT_PORT``, identification) is the datagram's.
+
+:func:`defragment` replays them in capture order through :class:`wire.ipdefrag.Defragmenter`
+(the rules ``ump dissect`` applies, tshark's) and gives each completed datagram as a frame of
+its own: a raw IPv4 frame (link type 101) at the file, offset and time of the fragment that
+completed it, which stage 1 then decodes like any captured frame.  So a reassembled LBT-RM
+datagram is one ``packets`` row in that frame, where tshark shows it, and every other
+fragment is counted in ``skipped`` (:data:`wire.ipdefrag.HELD` or, when the capture never
+completes its datagram, :data:`wire.ipdefrag.INCOMPLETE`).
+"""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from wire import pcap
+from wire.ipdefrag import HELD, INCOMPLETE, Defragmenter
+
+from .arrow_build import (
+    BinaryColumn,
+    arrow_array,
+    binary_array,
+    empty_table,
+    encode_files,
+    numpy_of,
+    running_offsets,
+)
+from .framing import Skips
+from .schemas import FRAME_SCHEMA, SKIPPED_SCHEMA, DecodeOptions
+
+
+def defragment(fragments: pa.Table, options: DecodeOptions) -> tuple[pa.RecordBatch, pa.Table]:
+    """The completed datagrams of ``fragments`` (stage-2 rows marked
+    :data:`~spark_analysis.schemas.FRAGMENT_PORT`; every fragment of each datagram they
+    hold) as frames (:data:`~spark_analysis.schemas.FRAME_SCHEMA`), and the skipped counts
+    of the fragments that show no datagram.  Any row order: they are replayed in capture
+    order (time, then file, then offset, as stage 2 orders TCP segments).  With
+    :attr:`DecodeOptions.separate_files` a file's fragments never meet another's."""
+    n = fragments.num_rows
+    if not n:
+        return _frames([], np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool),
+                       []), empty_table(SKIPPED_SCHEMA)
+    files = encode_files(fragments.column("file"))
+    names = files.dictionary.to_pylist()
+    codes = numpy_of(files.indices).astype(np.int64)
+    rank = np.empty(len(names), np.int64)
+    rank[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))
+
+    def ints(name: str, null: int = 0) -> np.ndarray:
+        col = fragments.column(name)
+        if col.null_count:  # arrays only: an Arrow scalar from Python would import pandas
+            col = pc.if_else(pc.is_valid(col), col,
+                             arrow_array(np.full(len(col), null, np.int64), col.type))
+        return numpy_of(col).astype(np.int64)
+
+    ts_column = fragments.column("ts_ns")
+    ts_valid = (numpy_of(pc.is_valid(ts_column)).astype(bool) if ts_column.null_count
+                else np.ones(n, bool))
+    offset_in_file, ts = ints("file_offset"), ints("ts_ns", np.iinfo(np.int64).max)
+    order = np.lexsort((offset_in_file, rank[codes], ts))
+    src, dst, ident = ints("src_ip_int"), ints("dst_ip_int"), ints("dst_port")
+    at, more = ints("seq"), ints("tcp_flags")
+    payload = BinaryColumn.of(fragments.column("payload"))
+    buffer = payload.bv.data.data
+    starts, lengths = payload.starts, payload.lengths
+    scope = codes if options.separate_files else np.zeros(n, np.int64)
+
+    done: Defragmenter[int] = Defragmenter()
+    made: list[tuple[int, bytes]] = []  # (completing row, IPv4 datagram)
+    held: list[int] = []
+    for row in order.tolist():
+        start = int(starts[row])
+        whole = done.add_piece((int(scope[row]), int(src[row]), int(dst[row]), int(ident[row])),
+                               int(at[row]), bool(more[row]),
+                               bytes(buffer[start:start + int(lengths[row])]), row)
+        if whole is not None:
+            made.append((row, _ipv4(int(src[row]), int(dst[row]), whole.payload)))
+            held.extend(whole.tags[:-1])
+    skips = Skips()
+    skips.add(np.array(held, np.int64), HELD)
+    skips.add(np.array([row for tags in done.pending() for row in tags], np.int64), INCOMPLETE)
+    skipped = skips.table(files, offset_in_file)
+    rows = np.array([row for row, _ in made], np.int64)
+    return _frames([names[codes[r]] for r in rows.tolist()], offset_in_file[rows], ts[rows],
+                   ts_valid[rows], [d for _, d in made]), skipped
+
+
+def _ipv4(src: int, dst: int, payload: bytes) -> bytes:
+    """A raw IPv4 datagram (no link header) of a reassembled UDP payload: the header says
+    what the fragments' headers said of the whole, with no fragment bits."""
+    header = pcap.IP4.pack({
+        "ver_ihl": 0x45, "tos": 0, "total_length": pcap.IP4.size + len(payload), "ident": 0,
+        "flags_frag": 0, "ttl": 64, "protocol": pcap.PROTO_UDP, "checksum": 0,
+        "src": socket.inet_ntoa(src.to_bytes(4, "big")),
+        "dst": socket.inet_ntoa(dst.to_bytes(4, "big"))})
+    return header + payload
+
+
+def _frames(files: list[str], offsets: np.ndarray, ts: np.ndarray, ts_valid: np.ndarray,
+            data: list[bytes]) -> pa.RecordBatch:
+    """A frame batch of raw IPv4 datagrams (built from buffers: a decode task never imports
+    pandas, see :func:`spark_analysis.arrow_build.arrow_array`)."""
+    k = len(data)
+    sizes = np.array([len(d) for d in data], np.int64)
+    joined = np.frombuffer(b"".join(data), np.uint8)
+    return pa.RecordBatch.from_arrays([
+        arrow_array(files, pa.string()),
+        arrow_array(offsets, pa.int64()),
+        arrow_array(ts, pa.int64(), mask=~ts_valid),
+        arrow_array(sizes, pa.int32()),
+        arrow_array(sizes, pa.int32()),
+        arrow_array(np.full(k, pcap.LINKTYPE_RAW, np.int32)),
+        arrow_array(np.zeros(k, np.int32)),
+        binary_array(joined, running_offsets(sizes)[:-1], sizes),
+    ], schema=FRAME_SCHEMA)

@@ -1,0 +1,114 @@
+"""IPv4 reassembly: UDP datagrams from their fragments, in capture order, as tshark does it.
+
+A UM transport datagram may be larger than the link's MTU (an LBT-RM or LBT-RU source
+sends datagrams of up to ``transport_lbtrm_datagram_max_size``, 8,192 bytes by default), and
+then the sender's IP layer cuts it into fragments.  tshark's IPv4 dissector reassembles them
+(preference ``ip.defragment``, on by default) and decodes the datagram in the frame whose
+fragment completed it; the other fragments show as "Fragmented IP protocol".  This module is
+that rule, written once: ``ump dissect`` feeds it frame by frame, and the Spark decode feeds
+it each datagram's fragments in capture order, after a shuffle brings them together.
+
+The rules, as tshark applies them (``packet-ip.c`` and ``reassemble.c``):
+
+* fragments belong together when they share source, destination, protocol and
+  identification (only UDP fragments are reassembled here: UM runs on UDP and TCP, and TCP
+  does not let IP fragment it);
+* a datagram is complete when its last fragment (no "more fragments" flag) has been seen
+  and the bytes from 0 to its end are all there; the frame whose fragment made it so is the
+  one that shows the datagram;
+* once complete, the identification is free again: a later fragment with the same key
+  starts a new datagram (identifications wrap every 65,536 datagrams of a host);
+* a fragment cut short by the capture's snap length is not added (tshark checks that the
+  bytes exist), so its datagram never completes;
+* where fragments overlap, the bytes of the one with the lower offset are kept (of two at
+  the same offset, the first captured): tshark copies them in offset order;
+* a datagram that would be longer than IPv4 allows (65,515 bytes of payload) is refused.
+
+Incomplete datagrams are held until the end (tshark keeps them for the whole capture too):
+the memory is bounded by the capture's own fragment bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from .pcap import IP4, Fragment
+
+HELD = "IPv4 fragment of a UDP datagram, reassembled in the frame that completes it"
+INCOMPLETE = "IPv4 fragment of a UDP datagram that the capture never completes"
+"""What the tools say of a fragment that does not show its datagram itself: ``ump dissect``,
+frame by frame, cannot tell the two apart and says :data:`HELD` of both; ``ump analyze``
+sees the whole capture and says which."""
+
+MAX_PAYLOAD = 0xFFFF - IP4.size
+"""The longest IP payload a datagram can have (total length 65,535 with a 20-byte header)."""
+
+T = TypeVar("T")
+
+
+@dataclass
+class _Datagram(Generic[T]):
+    pieces: list[tuple[int, bytes]] = field(default_factory=list)
+    end: int | None = None  # the payload length, once the last fragment is seen
+    tags: list[T] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Reassembled(Generic[T]):
+    """A datagram made whole: its IP payload (UDP header first), and the tags of the
+    fragments that made it, in capture order (the last one completed it)."""
+
+    payload: bytes
+    tags: list[T]
+
+
+class Defragmenter(Generic[T]):
+    """Collects fragments in capture order and gives each datagram once it is complete.
+
+    ``tag`` is whatever the caller needs to name a fragment's frame (a frame number, a row);
+    ``scope`` keeps apart datagrams that must never meet (e.g. two capture files analysed as
+    separate captures)."""
+
+    def __init__(self) -> None:
+        self._open: dict[Hashable, _Datagram[T]] = {}
+
+    def add(self, fragment: Fragment, tag: T, scope: Hashable = None) -> Reassembled[T] | None:
+        """Add one fragment; the reassembled datagram when this fragment completes it."""
+        return self.add_piece((scope, fragment.src, fragment.dst, fragment.ident),
+                              fragment.offset, fragment.more, fragment.payload, tag)
+
+    def add_piece(self, key: Hashable, offset: int, more: bool, payload: bytes, tag: T,
+                  ) -> Reassembled[T] | None:
+        """:meth:`add` for a caller that holds a fragment as its parts: ``key`` must name the
+        datagram (addresses, identification and any scope) as :meth:`add` does."""
+        datagram = self._open.setdefault(key, _Datagram())
+        datagram.tags.append(tag)
+        datagram.pieces.append((offset, payload))
+        if not more:
+            datagram.end = offset + len(payload)
+        whole = _whole(datagram)
+        if whole is None:
+            return None
+        del self._open[key]
+        return Reassembled(whole, datagram.tags)
+
+    def pending(self) -> list[list[T]]:
+        """The tags of every datagram still incomplete (in the order they started)."""
+        return [d.tags for d in self._open.values()]
+
+
+def _whole(datagram: _Datagram[T]) -> bytes | None:
+    """The datagram's payload when every byte up to its end is there, else None (also when
+    the end would exceed :data:`MAX_PAYLOAD`: such a datagram never completes)."""
+    end = datagram.end
+    if end is None or end > MAX_PAYLOAD:
+        return None
+    out = bytearray()
+    for offset, data in sorted(datagram.pieces, key=lambda p: p[0]):
+        if offset > len(out):
+            return None  # a hole
+        if offset + len(data) > len(out):
+            out += data[len(out) - offset:]  # overlapping bytes: the lower offset's stay
+    return bytes(out[:end]) if len(out) >= end else None
