@@ -172,12 +172,9 @@ decode_frame(const int64_t *k, const unsigned char *f, int64_t start, int64_t le
     const int64_t proto = ip[k[P_IP_PROTOCOL_AT]];
     const int more_fragments = (flags_frag & k[P_MORE_FRAGMENTS_MASK]) != 0;
     const int64_t frag_offset = flags_frag & k[P_FRAG_OFFSET_MASK];
-    if ((more_fragments || frag_offset) && proto == k[P_PROTO_UDP]) {
+    if ((more_fragments || frag_offset) && proto == k[P_PROTO_UDP]
+            && length >= l3 + total && total > ihl) {
         /* held for reassembly: the IP payload, with the fields that place it */
-        if (length < l3 + total || total < ihl) {
-            o[O_STATUS] = R_SHORT_FRAGMENT;
-            return;
-        }
         o[O_FRAGMENT] = 1;
         o[O_SRC] = be32(ip + k[P_IP_SRC_AT]);
         o[O_DST] = be32(ip + k[P_IP_DST_AT]);
@@ -188,8 +185,8 @@ decode_frame(const int64_t *k, const unsigned char *f, int64_t start, int64_t le
         o[O_PEND] = start + end;
         return;
     }
-    if (frag_offset) {
-        o[O_STATUS] = R_LATER_FRAGMENT;
+    if (frag_offset) {  /* not reassembled (a first fragment is decoded as far as it goes) */
+        o[O_STATUS] = proto == k[P_PROTO_UDP] ? R_SHORT_FRAGMENT : R_LATER_FRAGMENT;
         return;
     }
     const unsigned char *l4 = f + body;

@@ -406,10 +406,13 @@ def _decode_network_numpy(fr: Frames, skips: Skips) -> Network:
     more = (ip["flags_frag"] & _MORE_FRAGMENTS) != 0
     offset = ip["flags_frag"] & _FRAG_OFFSET
     held = ~bad & (more | (offset != 0)) & (ip["protocol"] == PROTO_UDP)
-    short = held & ((length[rows] < l3[rows] + ip["total_length"]) | (ip["total_length"] < ihl))
+    # what tshark does not add to a reassembly: a first fragment is decoded as far as it
+    # goes, a later one is not decoded
+    held &= (length[rows] >= l3[rows] + ip["total_length"]) & (ip["total_length"] > ihl)
+    is_udp = ip["protocol"] == PROTO_UDP
+    short = ~bad & ~held & is_udp & (offset != 0)
     _skip_network(skips, "short_fragment", rows[short])
-    held &= ~short
-    later = ~bad & ~held & ~short & (offset != 0)
+    later = ~bad & ~is_udp & (offset != 0)
     _skip_network(skips, "later_fragment", rows[later])
 
     net = Network.empty(n)

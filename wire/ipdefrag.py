@@ -12,14 +12,17 @@ The rules, as tshark applies them (``packet-ip.c`` and ``reassemble.c``):
 
 * fragments belong together when they share source, destination, protocol and
   identification (only UDP fragments are reassembled here: UM runs on UDP and TCP, and TCP
-  does not let IP fragment it);
+  does not let IP fragment it).  tshark also mixes the VLAN ID into the key of private
+  addresses; we do not: one datagram's fragments share their VLAN, and two VLANs would have
+  to carry the same addresses and identification at the same time to differ;
 * a datagram is complete when its last fragment (no "more fragments" flag) has been seen
   and the bytes from 0 to its end are all there; the frame whose fragment made it so is the
   one that shows the datagram;
 * once complete, the identification is free again: a later fragment with the same key
   starts a new datagram (identifications wrap every 65,536 datagrams of a host);
-* a fragment cut short by the capture's snap length is not added (tshark checks that the
-  bytes exist), so its datagram never completes;
+* a fragment cut short by the capture's snap length, or without payload, is not added
+  (tshark checks that the bytes exist), so its datagram never completes; a *first* fragment
+  so cut is decoded as far as it goes, as tshark does (:func:`wire.pcap.decode_ip`);
 * where fragments overlap, the bytes of the one with the lower offset are kept (of two at
   the same offset, the first captured): tshark copies them in offset order;
 * a datagram that would be longer than IPv4 allows (65,515 bytes of payload) is refused.

@@ -283,7 +283,7 @@ IP_MORE_FRAGMENTS, IP_FRAGMENT_OFFSET = 0x2000, 0x1FFF
 in the datagram, in 8-byte units."""
 LATER_FRAGMENT_REASON = "IPv4 non-first fragment of a datagram that is not UDP (not reassembled)"
 TCP_FRAGMENT_REASON = "IPv4 fragment of a TCP segment (not reassembled)"
-SHORT_FRAGMENT_REASON = ("IPv4 fragment cut short by the capture or shorter than its header "
+SHORT_FRAGMENT_REASON = ("IPv4 non-first fragment cut short by the capture or empty "
                          "(not reassembled)")
 
 
@@ -332,9 +332,10 @@ def decode_frame(linktype: int, data: bytes) -> Segment:
 
 def decode_ip(linktype: int, data: bytes) -> Segment | Fragment:
     """:func:`decode_frame`, with a fragment of a UDP datagram given as a :class:`Fragment`
-    (the one kind of fragment reassembled, as tshark does: a fragment cut short by the
-    capture's snap length cannot be, and raises WireError, as do fragments of TCP or other
-    protocols)."""
+    (the one kind of fragment reassembled, as tshark does).  A fragment tshark does not add
+    to a reassembly (cut short by the capture's snap length, or without payload) is decoded
+    as far as it goes when it is a first fragment, and raises WireError when it is a later
+    one, as do later fragments of TCP or other protocols."""
     return _decode(linktype, data, fragments=True)
 
 
@@ -354,16 +355,19 @@ def _decode(linktype: int, data: bytes, fragments: bool) -> Segment | Fragment:
     end = min(len(data), pos + ip["total_length"])
     body = pos + ihl
     if ip["flags_frag"] & (IP_MORE_FRAGMENTS | IP_FRAGMENT_OFFSET):
+        later = ip["flags_frag"] & IP_FRAGMENT_OFFSET
         if ip["protocol"] == PROTO_UDP:
-            if not fragments:
-                raise WireError("ip", pos + 6, "IPv4 fragment of a UDP datagram (reassembled "
-                                "across frames)")
-            if len(data) < pos + ip["total_length"] or ip["total_length"] < ihl:
+            if len(data) >= pos + ip["total_length"] > pos + ihl:
+                if not fragments:
+                    raise WireError("ip", pos + 6, "IPv4 fragment of a UDP datagram "
+                                    "(reassembled across frames)")
+                return Fragment(ip["src"], ip["dst"], ip["ident"], later * 8,
+                                bool(ip["flags_frag"] & IP_MORE_FRAGMENTS), data[body:end])
+            if later:
                 raise WireError("ip", pos + 2, SHORT_FRAGMENT_REASON)
-            return Fragment(ip["src"], ip["dst"], ip["ident"],
-                            (ip["flags_frag"] & IP_FRAGMENT_OFFSET) * 8,
-                            bool(ip["flags_frag"] & IP_MORE_FRAGMENTS), data[body:end])
-        if ip["flags_frag"] & IP_FRAGMENT_OFFSET:
+            # a first fragment that cannot be reassembled (cut short by the snap length, or
+            # empty) is decoded as far as it goes, as tshark does
+        elif later:
             raise WireError("ip", pos + 6, LATER_FRAGMENT_REASON)
     if ip["protocol"] == 17:
         if end - body < UDP.size:

@@ -40,9 +40,9 @@ from tests.spark_analysis.test_columnar import (
     decode as decode_records,
 )
 from wire import ipdefrag, lbtrm, pcap
-from wire.dissect import Dissector, check_against_tshark, dissect_file
+from wire.dissect import Dissector, FrameReport, check_against_tshark, dissect_file
 from wire.pcap import CaptureRecord, PcapWriter, read_capture
-from wire.tshark import PortMap
+from wire.tshark import PortMap, read_frames
 
 CORPUS = Path(__file__).resolve().parents[2] / "captures" / "corpus"
 FRAGMENTS = CORPUS / "fragments.pcap"
@@ -64,7 +64,9 @@ def _fragments(sqn: int, ident: int, mtu: int = 1500, **kw: Any) -> list[bytes]:
 def tricky_frames() -> list[bytes]:
     """Every way fragments arrive: in order, reversed, a duplicate, a lost last fragment
     whose identification is reused by the next datagram (tshark then mixes the two, and so
-    must we), a 68-byte MTU (97 fragments), a first fragment cut by the snap length,
+    must we), a 68-byte MTU (97 fragments), a first and a second fragment cut by the snap
+    length (tshark decodes the first as far as it goes, never the second, and never
+    completes their datagram),
     two datagrams interleaved, overlapping fragments with different bytes, and a datagram
     that would be longer than IPv4 allows."""
     frames = lbtrm_frames()
@@ -76,7 +78,7 @@ def tricky_frames() -> list[bytes]:
     frames += _fragments(14, 4)
     frames += _fragments(15, 5, mtu=68)
     g = _fragments(16, 6)
-    frames += [g[0][:200], *g[1:]]
+    frames += [g[0][:200], g[1][:300], *g[2:]]
     for x, y in zip(_fragments(17, 7), _fragments(18, 8), strict=True):
         frames += [x, y]
     # overlap: a rogue copy of the second fragment, shifted 8 bytes back and with other
@@ -91,11 +93,31 @@ def tricky_frames() -> list[bytes]:
     return frames
 
 
+NOT_SHOWN = {ipdefrag.HELD, pcap.SHORT_FRAGMENT_REASON}
+"""What ``ump dissect`` says of a fragment that shows no datagram."""
+
+
+def assert_tshark_shows_the_same_frames(path: Path, reports: list[FrameReport],
+                                        ports: PortMap | None = None) -> None:
+    """``check_against_tshark`` compares the frames we call UM; here the other side: every
+    fragment we show nothing in, tshark shows nothing in either ("Fragmented IP protocol"),
+    and every frame we show a reassembled datagram in, tshark shows UM in."""
+    theirs = {f.number: f for f in read_frames(path, ports)}
+
+    def um(number: int) -> bool:
+        return any(theirs[number].occurrences(p) for p in ("lbtrm", "lbtru", "lbmr", "lbmc"))
+
+    held = [r.number for r in reports if r.reason in NOT_SHOWN]
+    assert held and not any(um(n) for n in held)
+    assert all(um(r.number) for r in reports if r.reassembled)
+
+
 def test_tricky_fragments_dissect_as_tshark_does(tmp_path: Path) -> None:
     path = tmp_path / "tricky.pcap"
     pcap.write_pcap(path, tricky_frames())
     reports = list(dissect_file(path))
     assert check_against_tshark(path, reports) == []
+    assert_tshark_shows_the_same_frames(path, reports)
     whole = [r for r in reports if r.reassembled]
     # eight datagrams complete (the mixed pair as one; not the cut, nor the too long one)
     assert [len(r.reassembled) for r in whole] == [4, 4, 5, 7, 97, 4, 4, 5]
@@ -104,8 +126,11 @@ def test_tricky_fragments_dissect_as_tshark_does(tmp_path: Path) -> None:
     assert sqns == [10, 11, 12, 13, 15, 17, 18]  # the mixed pair: the first datagram's head
     # the overlap: the rogue bytes (lower offset) were kept, where a message header was
     assert whole[-1].status == "malformed" and "offset 1870" in (whole[-1].reason or "")
-    assert {r.reason for r in reports if r.status == "not-um"} == {
-        ipdefrag.HELD, pcap.SHORT_FRAGMENT_REASON}
+    assert {r.reason for r in reports if r.status == "not-um"} == NOT_SHOWN
+    # the first fragment cut by the snap length is decoded as far as it goes (tshark too)
+    cut = next(r for r in reports if r.status == "malformed" and not r.reassembled)
+    assert "truncated" in (cut.reason or "") and cut.transport == "lbtrm"
+    assert cut.number == len(lbtrm_frames()) + 4 + 4 + 5 + 3 + 4 + 97 + 1
 
 
 @pytest.mark.parametrize("batch_size", [None, 1, 3, 16])
@@ -116,10 +141,10 @@ def test_tricky_fragments_decode_as_the_dissector_does(batch_size: int | None) -
     records = records_of(tricky_frames())
     tables = decode_records(records, DecodeOptions(), batch_size)
     counts = assert_matches_dissector(records, tables, PortMap())
-    assert counts["um"] == len(lbtrm_frames()) + 7 and counts["malformed"] == 1
+    assert counts["um"] == len(lbtrm_frames()) + 7 and counts["malformed"] == 2
     reasons = {r["reason"]: r["frames"] for r in tables.skipped.to_pylist()}
     assert reasons == {ipdefrag.HELD: 4 + 4 + 5 + 7 + 97 + 4 + 4 + 5 - 8,
-                       ipdefrag.INCOMPLETE: 3 + 1,  # behind the cut first fragment; too long
+                       ipdefrag.INCOMPLETE: 2 + 1,  # behind the cut ones; the too long one
                        pcap.SHORT_FRAGMENT_REASON: 1}
 
 
@@ -199,6 +224,7 @@ def test_the_corpus_capture_is_fragmented_and_dissects_as_tshark_does() -> None:
     assert len(fragments) == meta["expected"]["ipv4_fragments"] > len(reports) // 2
     assert {r.transport for r in reports if r.reassembled} == {"lbtrm", "lbtru"}
     assert check_against_tshark(FRAGMENTS, reports, STORE) == []
+    assert_tshark_shows_the_same_frames(FRAGMENTS, reports, STORE)
 
 
 def test_every_analysis_is_the_one_without_fragments(
