@@ -17,8 +17,6 @@ completes its datagram, :data:`wire.ipdefrag.INCOMPLETE`).
 
 from __future__ import annotations
 
-import socket
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -76,34 +74,39 @@ def defragment(fragments: pa.Table, options: DecodeOptions) -> tuple[pa.RecordBa
     scope = codes if options.separate_files else np.zeros(n, np.int64)
 
     done: Defragmenter[int] = Defragmenter()
-    made: list[tuple[int, bytes]] = []  # (completing row, IPv4 datagram)
+    made: list[int] = []  # the completing rows
+    datagrams: list[bytes] = []  # ... and their datagrams' IP payloads
     held: list[int] = []
-    for row in order.tolist():
-        start = int(starts[row])
-        whole = done.add_piece((int(scope[row]), int(src[row]), int(dst[row]), int(ident[row])),
-                               int(at[row]), bool(more[row]),
-                               bytes(buffer[start:start + int(lengths[row])]), row)
+    columns = (scope[order], src[order], dst[order], ident[order], at[order],
+               more[order] != 0, starts[order], starts[order] + lengths[order])
+    for row, key_scope, key_src, key_dst, key_ident, offset, follows, a, b in zip(
+            order.tolist(), *(c.tolist() for c in columns), strict=True):
+        whole = done.add_piece((key_scope, key_src, key_dst, key_ident), offset, follows,
+                               bytes(buffer[a:b]), row)
         if whole is not None:
-            made.append((row, _ipv4(int(src[row]), int(dst[row]), whole.payload)))
+            made.append(row)
+            datagrams.append(whole.payload)
             held.extend(whole.tags[:-1])
     skips = Skips()
     skips.add(np.array(held, np.int64), HELD)
     skips.add(np.array([row for tags in done.pending() for row in tags], np.int64), INCOMPLETE)
     skipped = skips.table(files, offset_in_file)
-    rows = np.array([row for row, _ in made], np.int64)
-    return _frames([names[codes[r]] for r in rows.tolist()], offset_in_file[rows], ts[rows],
-                   ts_valid[rows], [d for _, d in made]), skipped
+    rows = np.array(made, np.int64)
+    return _frames([names[codes[r]] for r in made], offset_in_file[rows], ts[rows],
+                   ts_valid[rows], _ipv4(src[rows], dst[rows], datagrams)), skipped
 
 
-def _ipv4(src: int, dst: int, payload: bytes) -> bytes:
-    """A raw IPv4 datagram (no link header) of a reassembled UDP payload: the header says
-    what the fragments' headers said of the whole, with no fragment bits."""
-    header = pcap.IP4.pack({
-        "ver_ihl": 0x45, "tos": 0, "total_length": pcap.IP4.size + len(payload), "ident": 0,
-        "flags_frag": 0, "ttl": 64, "protocol": pcap.PROTO_UDP, "checksum": 0,
-        "src": socket.inet_ntoa(src.to_bytes(4, "big")),
-        "dst": socket.inet_ntoa(dst.to_bytes(4, "big"))})
-    return header + payload
+def _ipv4(src: np.ndarray, dst: np.ndarray, payloads: list[bytes]) -> list[bytes]:
+    """Raw IPv4 datagrams (no link header) of reassembled UDP payloads: each header says what
+    the fragments' headers said of the whole, with no fragment bits (the headers are made
+    at once through the layout's numpy form; the checksum is left 0, as no reader here
+    checks it)."""
+    heads = np.zeros(len(payloads), pcap.IP4.dtype())
+    heads["ver_ihl"], heads["ttl"], heads["protocol"] = 0x45, 64, pcap.PROTO_UDP
+    heads["total_length"] = pcap.IP4.size + np.array([len(p) for p in payloads], np.int64)
+    heads["src"], heads["dst"] = src, dst
+    raw, size = heads.tobytes(), pcap.IP4.size
+    return [raw[i * size:(i + 1) * size] + p for i, p in enumerate(payloads)]
 
 
 def _frames(files: list[str], offsets: np.ndarray, ts: np.ndarray, ts_valid: np.ndarray,

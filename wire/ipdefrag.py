@@ -54,6 +54,7 @@ T = TypeVar("T")
 @dataclass
 class _Datagram(Generic[T]):
     pieces: list[tuple[int, bytes]] = field(default_factory=list)
+    size: int = 0  # bytes of all pieces (duplicates included): a whole datagram has its end
     end: int | None = None  # the payload length, once the last fragment is seen
     tags: list[T] = field(default_factory=list)
 
@@ -89,6 +90,7 @@ class Defragmenter(Generic[T]):
         datagram = self._open.setdefault(key, _Datagram())
         datagram.tags.append(tag)
         datagram.pieces.append((offset, payload))
+        datagram.size += len(payload)
         if not more:
             datagram.end = offset + len(payload)
         whole = _whole(datagram)
@@ -106,7 +108,7 @@ def _whole(datagram: _Datagram[T]) -> bytes | None:
     """The datagram's payload when every byte up to its end is there, else None (also when
     the end would exceed :data:`MAX_PAYLOAD`: such a datagram never completes)."""
     end = datagram.end
-    if end is None or end > MAX_PAYLOAD:
+    if end is None or end > MAX_PAYLOAD or datagram.size < end:
         return None
     out = bytearray()
     for offset, data in sorted(datagram.pieces, key=lambda p: p[0]):
