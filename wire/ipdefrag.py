@@ -33,6 +33,7 @@ the memory is bounded by the capture's own fragment bytes.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -53,10 +54,50 @@ T = TypeVar("T")
 
 @dataclass
 class _Datagram(Generic[T]):
-    pieces: list[tuple[int, bytes]] = field(default_factory=list)
-    size: int = 0  # bytes of all pieces (duplicates included): a whole datagram has its end
+    """The fragments of one datagram so far.
+
+    Pieces are kept one per offset (a later one at the same offset adds only the bytes past
+    the first's end), in offset order, and ``prefix`` is how far the bytes run from 0
+    without a hole: each fragment costs a binary search and the pieces it joins to the
+    prefix, so a flood of duplicate or overlapping fragments (hostile input) stays linear."""
+
+    pieces: dict[int, bytes] = field(default_factory=dict)
+    offsets: list[int] = field(default_factory=list)  # the pieces' offsets, sorted
+    prefix: int = 0
     end: int | None = None  # the payload length, once the last fragment is seen
     tags: list[T] = field(default_factory=list)
+
+    def add(self, offset: int, payload: bytes) -> None:
+        old = self.pieces.get(offset)
+        if old is None:
+            self.pieces[offset] = payload
+            bisect.insort(self.offsets, offset)
+        elif len(payload) > len(old):
+            self.pieces[offset] = old + payload[len(old):]  # the first captured bytes stay
+        else:
+            return
+        if offset <= self.prefix < offset + len(self.pieces[offset]):
+            before, self.prefix = self.prefix, offset + len(self.pieces[offset])
+            at = bisect.bisect_right(self.offsets, before)
+            while at < len(self.offsets) and self.offsets[at] <= self.prefix:
+                piece = self.offsets[at]
+                self.prefix = max(self.prefix, piece + len(self.pieces[piece]))
+                at += 1
+
+    def whole(self) -> bytes | None:
+        """The payload when every byte up to the end is there, else None (also when the
+        end would exceed :data:`MAX_PAYLOAD`: such a datagram never completes)."""
+        end = self.end
+        if end is None or end > MAX_PAYLOAD or self.prefix < end:
+            return None
+        out = bytearray()
+        for offset in self.offsets:
+            if len(out) >= end:
+                break
+            data = self.pieces[offset]
+            if offset + len(data) > len(out):
+                out += data[len(out) - offset:]  # overlapping bytes: the lower offset's stay
+        return bytes(out[:end])
 
 
 @dataclass(frozen=True)
@@ -89,11 +130,10 @@ class Defragmenter(Generic[T]):
         datagram (addresses, identification and any scope) as :meth:`add` does."""
         datagram = self._open.setdefault(key, _Datagram())
         datagram.tags.append(tag)
-        datagram.pieces.append((offset, payload))
-        datagram.size += len(payload)
+        datagram.add(offset, payload)
         if not more:
             datagram.end = offset + len(payload)
-        whole = _whole(datagram)
+        whole = datagram.whole()
         if whole is None:
             return None
         del self._open[key]
@@ -102,18 +142,3 @@ class Defragmenter(Generic[T]):
     def pending(self) -> list[list[T]]:
         """The tags of every datagram still incomplete (in the order they started)."""
         return [d.tags for d in self._open.values()]
-
-
-def _whole(datagram: _Datagram[T]) -> bytes | None:
-    """The datagram's payload when every byte up to its end is there, else None (also when
-    the end would exceed :data:`MAX_PAYLOAD`: such a datagram never completes)."""
-    end = datagram.end
-    if end is None or end > MAX_PAYLOAD or datagram.size < end:
-        return None
-    out = bytearray()
-    for offset, data in sorted(datagram.pieces, key=lambda p: p[0]):
-        if offset > len(out):
-            return None  # a hole
-        if offset + len(data) > len(out):
-            out += data[len(out) - offset:]  # overlapping bytes: the lower offset's stay
-    return bytes(out[:end]) if len(out) >= end else None

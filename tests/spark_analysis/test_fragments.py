@@ -276,3 +276,36 @@ def test_passive_verdicts_are_the_ones_without_fragments(whole_capture: Path,
 
     ours = verdicts(FRAGMENTS)
     assert ("pass" in {v for _, _, v in ours}) and ours == verdicts(whole_capture)
+
+
+def test_the_dataframe_path_reassembles_across_partitions(spark: Any, tmp_path: Path) -> None:
+    """``spark.read.format("pcap")`` cuts the capture into small partitions (a datagram's
+    fragments in several); ``decode_frames`` gives the rows the in-process decode gives."""
+    path = tmp_path / "tricky.pcap"
+    pcap.write_pcap(path, tricky_frames())
+    frames = spark.read.format("pcap").option("splitSize", 16384).load(str(path))
+    assert frames.rdd.getNumPartitions() >= 4
+    decoded = decode.decode_frames(frames, DecodeOptions())
+    try:
+        expected = decode.columnar.decode_batches([decode.columnar.frames_batch_from_capture(
+            path)], DecodeOptions())
+        key = ["file_offset", "protocol", "packet_type", "sqn", "messages", "malformed_reason"]
+        got = decoded.packets.toArrow().select(key).sort_by("file_offset")
+        assert got.num_rows == expected.packets.num_rows == len(lbtrm_frames()) + 9
+        assert got.to_pylist() == expected.packets.select(key).sort_by("file_offset").to_pylist()
+        assert ({(r["reason"], r["frames"]) for r in decoded.skipped.collect()}
+                == {(r["reason"], r["frames"]) for r in expected.skipped.to_pylist()})
+    finally:
+        decoded.unpersist()
+
+
+def test_fragments_without_timestamps_are_replayed_in_file_order() -> None:
+    """pcapng simple packet blocks carry no time: such fragments are replayed in file order
+    (nulls last, as stage 2 orders TCP segments) and their datagram's frame has no time."""
+    records = records_of(_fragments(30, 12)[::-1])
+    batch = decode.columnar.frames_batch(records, "spb.pcapng")
+    batch = batch.set_column(batch.schema.get_field_index("ts_ns"), "ts_ns",
+                             pa.nulls(batch.num_rows, pa.int64()))
+    tables = decode.columnar.decode_batches([batch], DecodeOptions())
+    assert tables.packets["file_offset"].to_pylist() == [batch["file_offset"][-1].as_py()]
+    assert tables.packets["ts_ns"].null_count == 1 and tables.messages.num_rows == 5
