@@ -189,6 +189,12 @@ decode_frame(const int64_t *k, const unsigned char *f, int64_t start, int64_t le
         o[O_STATUS] = proto == k[P_PROTO_UDP] ? R_SHORT_FRAGMENT : R_LATER_FRAGMENT;
         return;
     }
+    if (more_fragments && proto != k[P_PROTO_UDP] && proto != k[P_PROTO_TCP]
+            && length >= l3 + total && total > ihl) {
+        /* a whole first fragment of another protocol: tshark holds it for reassembly */
+        o[O_STATUS] = R_LATER_FRAGMENT;
+        return;
+    }
     const unsigned char *l4 = f + body;
     if (proto == k[P_PROTO_UDP]) {
         if (end - body < k[P_UDP_SIZE]) {

@@ -627,7 +627,7 @@ class ParquetTables:
         paths: table name -> its directory of Parquet files.
         rows: table name -> rows written.
         frames: captured frames read.
-        tcp_segments: LBT-TCP candidate segments handed to stage 2.
+        tcp_segments: rows handed to stage 2 (LBT-TCP candidate segments and IPv4 fragments).
         truncated: the partial last records that were dropped (one line each).
         workers: per Python worker process: pid -> peak RSS in KiB (as the worker saw it).
         seconds: wall time of the two Spark jobs and the commit.

@@ -42,7 +42,8 @@ def defragment(fragments: pa.Table, options: DecodeOptions) -> tuple[pa.RecordBa
     :data:`~spark_analysis.schemas.FRAGMENT_PORT`; every fragment of each datagram they
     hold) as frames (:data:`~spark_analysis.schemas.FRAME_SCHEMA`), and the skipped counts
     of the fragments that show no datagram.  Any row order: they are replayed in capture
-    order (time, then file, then offset, as stage 2 orders TCP segments).  With
+    order (each file in record order, as tshark reads it, the files in the order of their
+    first fragment's time, then of their names).  With
     :attr:`DecodeOptions.separate_files` a file's fragments never meet another's."""
     n = fragments.num_rows
     if not n:
@@ -65,7 +66,13 @@ def defragment(fragments: pa.Table, options: DecodeOptions) -> tuple[pa.RecordBa
     ts_valid = (numpy_of(pc.is_valid(ts_column)).astype(bool) if ts_column.null_count
                 else np.ones(n, bool))
     offset_in_file, ts = ints("file_offset"), ints("ts_ns", np.iinfo(np.int64).max)
-    order = np.lexsort((offset_in_file, rank[codes], ts))
+    # capture order: the files in the order of their first fragment's time (a rotated
+    # capture's), each in its own record order (timestamps may step back within a file)
+    first = np.full(len(names), np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(first, codes, ts)
+    file_order = np.empty(len(names), np.int64)
+    file_order[np.lexsort((rank, first))] = np.arange(len(names))
+    order = np.lexsort((offset_in_file, file_order[codes]))
     src, dst, ident = ints("src_ip_int"), ints("dst_ip_int"), ints("dst_port")
     at, more = ints("seq"), ints("tcp_flags")
     payload = BinaryColumn.of(fragments.column("payload"))

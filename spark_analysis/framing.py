@@ -115,7 +115,7 @@ _NETWORK_SKIPS: dict[str, str | Callable[[int], str]] = {
     "not_ipv4": pcap.not_ipv4_reason,
     "ipv4_truncated": "truncated IPv4 header",
     "not_ipv4_header": "not an IPv4 header",
-    "later_fragment": pcap.LATER_FRAGMENT_REASON,
+    "later_fragment": pcap.LATER_FRAGMENT_REASON,  # (and a first one of neither UDP nor TCP)
     "short_fragment": pcap.SHORT_FRAGMENT_REASON,
     "udp_truncated": "truncated UDP header",
     "tcp_truncated": "truncated TCP header",
@@ -412,7 +412,9 @@ def _decode_network_numpy(fr: Frames, skips: Skips) -> Network:
     is_udp = ip["protocol"] == PROTO_UDP
     short = ~bad & ~held & is_udp & (offset != 0)
     _skip_network(skips, "short_fragment", rows[short])
-    later = ~bad & ~is_udp & (offset != 0)
+    later = ~bad & ~is_udp & ((offset != 0) | (
+        more & (ip["protocol"] != PROTO_TCP) & (length[rows] >= l3[rows] + ip["total_length"])
+        & (ip["total_length"] > ihl)))  # tshark holds any whole first fragment but TCP's
     _skip_network(skips, "later_fragment", rows[later])
 
     net = Network.empty(n)

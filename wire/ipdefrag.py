@@ -13,11 +13,13 @@ The rules, as tshark applies them (``packet-ip.c`` and ``reassemble.c``):
 * fragments belong together when they share source, destination, protocol and
   identification (only UDP fragments are reassembled here: UM runs on UDP and TCP, and TCP
   does not let IP fragment it).  tshark also mixes the VLAN ID into the key of private
-  addresses; we do not: one datagram's fragments share their VLAN, and two VLANs would have
-  to carry the same addresses and identification at the same time to differ;
+  and link-local addresses; we do not (a known difference: a trunk capture where routed
+  multicast crosses two VLANs, the two copies' fragments interleaved, is reassembled
+  differently);
 * a datagram is complete when its last fragment (no "more fragments" flag) has been seen
   and the bytes from 0 to its end are all there; the frame whose fragment made it so is the
   one that shows the datagram;
+* a second "last" fragment does not move the datagram's end: the first one seen set it;
 * once complete, the identification is free again: a later fragment with the same key
   starts a new datagram (identifications wrap every 65,536 datagrams of a host);
 * a fragment cut short by the capture's snap length, or without payload, is not added
@@ -25,7 +27,9 @@ The rules, as tshark applies them (``packet-ip.c`` and ``reassemble.c``):
   so cut is decoded as far as it goes, as tshark does (:func:`wire.pcap.decode_ip`);
 * where fragments overlap, the bytes of the one with the lower offset are kept (of two at
   the same offset, the first captured): tshark copies them in offset order;
-* a datagram that would be longer than IPv4 allows (65,515 bytes of payload) is refused.
+* ours, not tshark's: a datagram that would be longer than IPv4 allows (65,515 bytes of
+  payload) never completes.  tshark reassembles it anyway; no sender makes one (its UDP
+  length could not say it), and ``ump analyze`` could not show it as an IPv4 frame.
 
 Incomplete datagrams are held until the end (tshark keeps them for the whole capture too):
 the memory is bounded by the capture's own fragment bytes.
@@ -131,7 +135,7 @@ class Defragmenter(Generic[T]):
         datagram = self._open.setdefault(key, _Datagram())
         datagram.tags.append(tag)
         datagram.add(offset, payload)
-        if not more:
+        if not more and datagram.end is None:  # tshark keeps the first end it is told
             datagram.end = offset + len(payload)
         whole = datagram.whole()
         if whole is None:

@@ -281,7 +281,7 @@ class Segment:
 IP_MORE_FRAGMENTS, IP_FRAGMENT_OFFSET = 0x2000, 0x1FFF
 """The ``flags_frag`` bits of an IPv4 fragment: more fragments follow; the fragment's offset
 in the datagram, in 8-byte units."""
-LATER_FRAGMENT_REASON = "IPv4 non-first fragment of a datagram that is not UDP (not reassembled)"
+LATER_FRAGMENT_REASON = "IPv4 fragment of a datagram that is not UDP (not reassembled)"
 TCP_FRAGMENT_REASON = "IPv4 fragment of a TCP segment (not reassembled)"
 SHORT_FRAGMENT_REASON = ("IPv4 non-first fragment cut short by the capture or empty "
                          "(not reassembled)")
@@ -367,7 +367,10 @@ def _decode(linktype: int, data: bytes, fragments: bool) -> Segment | Fragment:
                 raise WireError("ip", pos + 2, SHORT_FRAGMENT_REASON)
             # a first fragment that cannot be reassembled (cut short by the snap length, or
             # empty) is decoded as far as it goes, as tshark does
-        elif later:
+        elif later or (ip["protocol"] != PROTO_TCP
+                       and len(data) >= pos + ip["total_length"] > pos + ihl):
+            # tshark holds a whole first fragment of any protocol for reassembly (an ICMP
+            # error too: its quoted datagram is not shown); TCP's are refused below
             raise WireError("ip", pos + 6, LATER_FRAGMENT_REASON)
     if ip["protocol"] == 17:
         if end - body < UDP.size:

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from captures.generator import generate
+from captures.generator import generate, icmp_unreachable
 from captures.scenarios import PRESETS
 from conformance.passive.judge import judge, passive_cases
 from conformance.passive.observe import observe
@@ -309,3 +309,52 @@ def test_fragments_without_timestamps_are_replayed_in_file_order() -> None:
     tables = decode.columnar.decode_batches([batch], DecodeOptions())
     assert tables.packets["file_offset"].to_pylist() == [batch["file_offset"][-1].as_py()]
     assert tables.packets["ts_ns"].null_count == 1 and tables.messages.num_rows == 5
+
+
+def edge_frames() -> list[bytes]:
+    """Three more of tshark's rules: a second "last" fragment does not move the end the first
+    one set (the datagram is 150 bytes, not the whole 2-message datagram); a whole first
+    fragment of an ICMP error is held for reassembly (its quoted NAK is not shown); and a
+    plain NAK after them for contrast."""
+    whole = pcap.udp_frame(SRC, 40000, GROUP, 14400, _datagram(40, messages=2, size=100))
+    payload = whole[pcap.ETH.size + pcap.IP4.size:]
+    head = pcap.IP4.decode(whole, pcap.ETH.size)
+
+    def piece(at: int, data: bytes, more: bool) -> bytes:
+        return pcap.ipv4_frame(head["src"], head["dst"], pcap.PROTO_UDP, data, 21,
+                               (pcap.IP_MORE_FRAGMENTS if more else 0) | at // 8)
+
+    nak = pcap.udp_frame("10.0.0.2", 40001, SRC, 14390, lbtrm.LbtrmNak(
+        ucast_port=14390, session_id=0xABCD0001, naks=[1, 2]).build())
+    quoted = icmp_unreachable(SRC, "10.0.0.2", nak[pcap.ETH.size:])
+    icmp = bytearray(quoted)
+    icmp[pcap.ETH.size + 6] |= pcap.IP_MORE_FRAGMENTS >> 8  # "more fragments": held
+    return [piece(16, payload[16:150], False), piece(16, payload[16:], False),
+            piece(0, payload[:16], True), bytes(icmp), nak]
+
+
+def test_edge_fragments_as_tshark_shows_them(tmp_path: Path) -> None:
+    path = tmp_path / "edges.pcap"
+    pcap.write_pcap(path, edge_frames())
+    reports = list(dissect_file(path))
+    assert check_against_tshark(path, reports) == []
+    assert [r.status for r in reports] == ["not-um", "not-um", "malformed", "not-um", "um"]
+    assert reports[2].reassembled == [1, 2, 3]  # 150 bytes: the second message cut short
+    assert reports[3].reason == pcap.LATER_FRAGMENT_REASON
+    theirs = {f.number: f for f in read_frames(path)}
+    assert not theirs[4].occurrences("lbtrm") and theirs[5].occurrences("lbtrm")
+    records = records_of(edge_frames())
+    assert_matches_dissector(records, decode_records(records, DecodeOptions()), PortMap())
+
+
+def test_a_file_is_replayed_in_record_order_whatever_its_timestamps() -> None:
+    """Timestamps may step back within a file (merged or multi-queue captures): the
+    fragments are replayed in record order, as tshark reads them, so the datagram shows in
+    the same frame for both tools."""
+    frames = _fragments(41, 22)
+    records = [CaptureRecord(i + 1, 1_700_000_000.0 + (0.5 if i == len(frames) - 1 else i),
+                             pcap.LINKTYPE_ETHERNET, f, len(f))
+               for i, f in enumerate(frames)]  # the last one's time before the third's
+    tables = decode_records(records, DecodeOptions())
+    assert_matches_dissector(records, tables, PortMap())
+    assert tables.packets["file_offset"].to_pylist() == [offsets_of(records)[-1]]

@@ -147,3 +147,11 @@ def test_fragment_frame_cuts_as_a_sender_does() -> None:
     assert pcap.udp_segment(SRC, DST, wholes[3].payload).payload == payload
     small = pcap.udp_frame(SRC, 40000, DST, 14400, b"hi")
     assert pcap.fragment_frame(small, 1500, 1) == [small]
+
+
+def test_the_first_last_fragment_sets_the_end() -> None:
+    done: Defragmenter[int] = Defragmenter()
+    assert done.add(Fragment(SRC, DST, 1, 16, False, b"B" * 8), 0) is None
+    assert done.add(Fragment(SRC, DST, 1, 16, False, b"C" * 32), 1) is None
+    whole = done.add(Fragment(SRC, DST, 1, 0, True, b"A" * 16), 2)
+    assert whole is not None and whole.payload == b"A" * 16 + b"B" * 8
