@@ -126,6 +126,7 @@ from wire.lbmc import (
 from wire.pcap import ETH, IP4, TCP, TCP_ACK, TCP_FIN, UDP, TcpConversation, tcp_frame, udp_frame
 from wire.tshark import PortMap
 
+from .mtu import LinkMtu
 from .scenarios import Restart, Scenario, ScenarioError, Transport
 
 __all__ = [
@@ -337,10 +338,7 @@ class CaptureWriter:
     def __init__(self, fh: IO[bytes], fmt: CaptureFormat, mtu: int = 0) -> None:
         self.fh = fh
         self.fmt = fmt
-        self.mtu = mtu
-        self.fragments = 0  # frames written as IPv4 fragments
-        self.extra_frames = 0  # frames written beyond the rows given (a datagram's fragments)
-        self._ident: dict[bytes, int] = {}  # per source address: next IP identification
+        self.link = LinkMtu(mtu) if mtu else None
         u16, u32 = (cs.Int16ub, cs.Int32ub) if fmt.big_endian else (cs.Int16ul, cs.Int32ul)
         i64 = cs.Int64sb if fmt.big_endian else cs.Int64sl
         if fmt.pcapng:
@@ -415,55 +413,42 @@ class CaptureWriter:
         lengths[normal] = table.length[tt]
         for i in np.flatnonzero(single):
             lengths[i] = len(one_shots[int(rows[i, 2])])
-        sizes = self.record_lengths(lengths)
-        starts = np.zeros(len(rows), dtype=np.int64)
-        np.cumsum(sizes[:-1], out=starts[1:])
-        buf = np.zeros(int(starts[-1] + sizes[-1]), dtype=np.uint8)
-        head = self._headers(ts, lengths)
-        buf[starts[:, None] + np.arange(head.shape[1])] = head
-        if self.fmt.pcapng:
-            tail = _header_bytes(self._len, {"block_length": sizes}, len(rows))
-            buf[(starts + sizes - tail.shape[1])[:, None] + np.arange(tail.shape[1])] = tail
-        frame_at = starts + head.shape[1]
+        buf, frame_at = self._records(ts, lengths)
         for i in np.flatnonzero(single):
             data = one_shots[int(rows[i, 2])]
             buf[frame_at[i] : frame_at[i] + len(data)] = np.frombuffer(data, dtype=np.uint8)
         if len(normal):
             _render(buf, frame_at[normal], tt, rows[normal, 2:], table)
-        if self.mtu and bool((lengths > wpcap.ETH.size + self.mtu).any()):
-            buf = self._fragmented(buf, ts, frame_at, lengths)
+        if self.link is not None and any(self.link.over(n) for n in lengths.tolist()):
+            buf = self._fragmented(buf, ts, frame_at, lengths, self.link)
         self.fh.write(buf.data)
 
+    def _records(self, ts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A buffer of records with their headers (and pcapng trailers) for frames of
+        ``lengths`` at ``ts``, and where each frame's bytes go in it."""
+        sizes = self.record_lengths(lengths)
+        starts = np.zeros(len(lengths), dtype=np.int64)
+        np.cumsum(sizes[:-1], out=starts[1:])
+        buf = np.zeros(int(starts[-1] + sizes[-1]), dtype=np.uint8)
+        head = self._headers(ts, lengths)
+        buf[starts[:, None] + np.arange(head.shape[1])] = head
+        if self.fmt.pcapng:
+            tail = _header_bytes(self._len, {"block_length": sizes}, len(lengths))
+            buf[(starts + sizes - tail.shape[1])[:, None] + np.arange(tail.shape[1])] = tail
+        return buf, starts + head.shape[1]
+
     def _fragmented(self, buf: np.ndarray, ts: np.ndarray, frame_at: np.ndarray,
-                    lengths: np.ndarray) -> np.ndarray:
-        """The chunk's records again, each UDP datagram larger than :attr:`mtu` cut into
-        IPv4 fragments (:func:`wire.pcap.fragment_frame`), numbered per source host."""
+                    lengths: np.ndarray, link: LinkMtu) -> np.ndarray:
+        """The chunk's records again, each frame as ``link`` cuts it."""
         times: list[int] = []
         frames: list[bytes] = []
         for t, at, length in zip(ts.tolist(), frame_at.tolist(), lengths.tolist(), strict=True):
-            frame = buf[at:at + length].tobytes()
-            pieces = [frame]
-            if length > wpcap.ETH.size + self.mtu:
-                src = frame[wpcap.ETH.size + 12:wpcap.ETH.size + 16]
-                ident = self._ident.get(src, 1)
-                pieces = wpcap.fragment_frame(frame, self.mtu, ident)
-                if len(pieces) > 1:
-                    self._ident[src] = (ident + 1) & 0xFFFF
-                    self.fragments += len(pieces)
-                    self.extra_frames += len(pieces) - 1
+            pieces = link.cut(buf[at:at + length].tobytes())
             times += [t] * len(pieces)
             frames += pieces
-        sizes = np.array([len(f) for f in frames], np.int64)
-        records = self.record_lengths(sizes)
-        starts = np.zeros(len(frames), np.int64)
-        np.cumsum(records[:-1], out=starts[1:])
-        out = np.zeros(int(starts[-1] + records[-1]), np.uint8)
-        head = self._headers(np.array(times, np.int64), sizes)
-        out[starts[:, None] + np.arange(head.shape[1])] = head
-        if self.fmt.pcapng:
-            tail = _header_bytes(self._len, {"block_length": records}, len(frames))
-            out[(starts + records - tail.shape[1])[:, None] + np.arange(tail.shape[1])] = tail
-        for at, frame in zip((starts + head.shape[1]).tolist(), frames, strict=True):
+        out, starts = self._records(np.array(times, np.int64),
+                                    np.array([len(f) for f in frames], np.int64))
+        for at, frame in zip(starts.tolist(), frames, strict=True):
             out[at:at + len(frame)] = np.frombuffer(frame, np.uint8)
         return out
 
@@ -2741,11 +2726,12 @@ def generate(scenario: Scenario, out: str | Path, *, seed: int = 0,
     seconds = time.perf_counter() - started
     tallies = sink.tallies()
     expected = _nest(tallies)
-    expected["frames"] = sink.frames + writer.extra_frames
-    if writer.fragments:  # all but the last fragment of each datagram show no UM
-        expected["ipv4_fragments"] = writer.fragments
+    link = writer.link
+    expected["frames"] = sink.frames + (link.extra_frames if link is not None else 0)
+    if link is not None and link.fragments:  # all but one fragment of each show no UM
+        expected["ipv4_fragments"] = link.fragments
         by_transport = expected.setdefault("frames_by_transport", {})
-        by_transport["none"] = by_transport.get("none", 0) + writer.extra_frames
+        by_transport["none"] = by_transport.get("none", 0) + link.extra_frames
     meta = {
         "generator": {"backend": backend.name, "seed": seed, **fmt.describe(),
                       "packets": packets, "messages": plan.messages,
