@@ -25,7 +25,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from spark_analysis.engine.inputs import Inputs, count_packets, load, load_tables, scan_packets
+from spark_analysis.engine.inputs import (
+    AckBuckets,
+    Inputs,
+    PartSpills,
+    count_packets,
+    load,
+    load_tables,
+    scan_packets,
+)
 from spark_analysis.engine.options import BYTES_PER_FRAME, MEMORY_SHARE, AnalysisOptions
 from spark_analysis.engine.owners import (
     WHOLE,
@@ -97,22 +105,27 @@ def analyze_capture_in_parts(root: str, files: Sequence[str], per_file: bool, ca
     topic messages cut into ``parts`` on local disk, and analysed a part at a time.  The
     disk is a temporary directory in the executor's first Spark local directory
     (``SPARK_LOCAL_DIRS``, which Spark gives its workers), else the system's (``TMPDIR``):
-    at 10,000,000 frames about 0.2 GB for the parts' inputs and 1.3 GB for the results (the
-    biggest sorted a slice at a time onto disk, :func:`analyze_in_parts`)."""
+    at 10,000,000 frames about 0.2 GB for the parts' inputs (the ACKs among them set aside
+    twice, compressed: by frame into buckets, then into the parts, :class:`AckBuckets`) and
+    1.3 GB for the results (the biggest sorted a slice at a time onto disk,
+    :func:`analyze_in_parts`)."""
     local = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0] or None
     with tempfile.TemporaryDirectory(prefix="ump-parts-", dir=local,
                                      ignore_cleanup_errors=True) as scratch:
         started = time.perf_counter()
         spills = [Spill(f"{scratch}/part-{i}", compressed=True) for i in range(len(parts))]
+        # the ACKs in as many buckets as parts: a bucket holds about a part's share
+        ack_buckets = AckBuckets(Spill(f"{scratch}/acks", compressed=True), len(parts))
         shared = load_tables(root, files, per_file, captures=[capture], filesystem=filesystem,
-                             parts=(functools.partial(split, parts), spills))
+                             parts=PartSpills(functools.partial(split, parts), spills,
+                                              ack_buckets))
         if progress is not None:
             progress("reading the decoded tables into parts", time.perf_counter() - started)
 
         def read(i: int) -> dict[str, pa.Table]:
             return {name: spills[i].read(name) for name in ("packets", "messages")}
 
-        return analyze_in_parts(shared, parts, read, options, progress=progress,
+        return analyze_in_parts(shared, parts, read, ack_buckets, options, progress=progress,
                                 scratch=scratch)
 
 

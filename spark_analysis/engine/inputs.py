@@ -264,21 +264,83 @@ Split = Callable[[str, pa.Table], list[pa.Table]]
 analysed in parts (:func:`spark_analysis.engine.owners.split`)."""
 
 
+class AckBuckets:
+    """The ACK control messages of a capture read in parts (:func:`load_tables` with
+    :class:`PartSpills`), set aside on disk in ``buckets`` buckets by frame, so that no step
+    holds every ACK of the capture at once.
+
+    Why buckets and not the parts: which part an ACK belongs to depends on its registration
+    (a consumption ACK goes with the source its receiver registered for,
+    :func:`spark_analysis.engine.acks.ack_hosts`), known only once the ACK message (its
+    addresses, in ``messages``) and its ``ume_ack`` header (the registration ID, in
+    ``lbmc_ume_ack``) are joined, and the two are stored apart and not in one order (LBT-TCP
+    messages are reassembled apart).  So both are cut by their frame's ``pos`` into buckets
+    as they are read, a bucket's two halves joined when the bucket is read back (iteration),
+    and the caller routes each bucket's ACKs to the parts
+    (:func:`spark_analysis.engine.run.analyze_in_parts`).  What stays in memory for the
+    whole capture is one number per ACK (its frame's ``pos``, to tell the messages that
+    carry one), where it was every ACK with its header (about 0.8 GiB at 10,000,000 frames).
+    """
+
+    def __init__(self, spill: Spill, buckets: int) -> None:
+        self.spill, self.buckets = spill, max(1, buckets)
+
+    def bucket(self, pos: np.ndarray) -> np.ndarray:
+        """The bucket of each frame ``pos`` (a multiplicative hash: byte offsets share
+        factors, their hash bits do not)."""
+        mixed = pos.astype(np.uint64, copy=False) * np.uint64(0x9E3779B97F4A7C15)
+        return ((mixed >> np.uint64(32)) % np.uint64(self.buckets)).astype(np.int64)
+
+    def add(self, side: str, table: pa.Table) -> None:
+        """``table``'s rows (``headers`` or ``messages``, each with ``pos``) to their
+        buckets."""
+        table = _normalised(table)
+        where = self.bucket(np.asarray(table.column("pos").combine_chunks(), dtype=np.int64))
+        for b in range(self.buckets):
+            self.spill.add(f"{side}-{b}", table.filter(pa.array(where == b)))
+
+    def close(self) -> None:
+        self.spill.close()
+
+    def __iter__(self) -> Iterator[pa.Table]:
+        """Each bucket's ACK control messages (:data:`CONTROL_TABLES` ``acks``), a bucket at
+        a time; the buckets together hold every row of the table :func:`load_tables` gives
+        without parts, in another order."""
+        spec = CONTROL_TABLES["acks"]
+        for b in range(self.buckets):
+            messages = self.spill.read(f"messages-{b}")
+            headers = {"ume_ack": self.spill.read(f"headers-{b}")}
+            yield _control_table(messages, headers, {"ume_ack": _carriers(messages,
+                                                                          headers["ume_ack"])},
+                                 spec)
+
+
+@dataclass(frozen=True)
+class PartSpills:
+    """Where :func:`load_tables` puts a capture read in parts."""
+
+    split: Split
+    """How a batch of ``packets`` or ``messages`` is cut into the parts."""
+    spills: Sequence[Spill]
+    """Each part's ``packets`` and ``messages``."""
+    acks: AckBuckets
+    """The ACK control messages, by bucket (routed to the parts once the registrations are
+    known)."""
+
+
 def _split_messages(batches: Iterable[pa.Table], headers: dict[str, pa.Table],
-                    ranks: dict[str, int], per_file: bool, parts: _Parts | None = None
-                    ) -> tuple[pa.Table, pa.Table]:
+                    ranks: dict[str, int], per_file: bool, parts: _Parts | None = None,
+                    ack_pos: np.ndarray | None = None) -> tuple[pa.Table, pa.Table]:
     """The stored messages, a batch at a time, as two tables in stored order: those with a
     sequence number (``messages``) and the *candidates* for the control tables, every
     message in a frame that carries one of the ``headers`` or marked malformed (a superset
     of the control messages: :func:`_control_table` picks them by their exact key).  The
     whole messages table is never held: a persistent capture's ACKs make it nearly twice
     the data messages, and its combined copy was the peak of the load.  With ``parts`` the
-    ``messages`` go to the parts' spill files instead (the candidates are all kept)."""
-    # the frames that carry a header, sorted for a binary search (repeats are harmless;
-    # nearly in capture order already, which a stable sort is quick on)
-    marked = np.sort(np.concatenate(
-        [np.asarray(h.column("pos").combine_chunks(), dtype=np.int64) for h in headers.values()]
-        or [np.empty(0, dtype=np.int64)]), kind="stable")
+    ``messages`` go to the parts' spill files instead, and the messages in a frame at one
+    of ``ack_pos`` (the frames that carry a ``ume_ack``, sorted) to the ACK buckets; the
+    other candidates are kept."""
+    marked = _sorted_positions(headers.values())
     data: list[pa.Table] = []
     control: list[pa.Table] = []
     for batch in batches:
@@ -289,18 +351,37 @@ def _split_messages(batches: Iterable[pa.Table], headers: dict[str, pa.Table],
         else:
             parts.add("messages", sequenced)
         pos = np.asarray(batch.column("pos").combine_chunks(), dtype=np.int64)
-        at = np.minimum(np.searchsorted(marked, pos), max(len(marked) - 1, 0))
-        carries = (marked[at] == pos) if len(marked) else np.zeros(len(pos), dtype=bool)
         malformed = np.asarray(pc.is_valid(batch.column("malformed_reason")), dtype=bool)
-        control.append(batch.filter(pa.array(carries | malformed)).select(MESSAGE_COLUMNS))
+        control.append(batch.filter(pa.array(_found(marked, pos) | malformed))
+                       .select(MESSAGE_COLUMNS))
+        if parts is not None and ack_pos is not None:
+            parts.acks.add("messages", batch.filter(pa.array(_found(ack_pos, pos)))
+                           .select(list(CONTROL_TABLES["acks"].columns)))
     if parts is not None:   # (the batches went to the parts' spills)
         data = [parts.schemas["messages"].empty_table()]
     return _combined(pa.concat_tables(data)), _combined(pa.concat_tables(control))
 
 
+def _sorted_positions(headers: Iterable[pa.Table]) -> np.ndarray:
+    """The frames that carry one of ``headers`` (tables with ``pos``), sorted for a binary
+    search (repeats are harmless; nearly in capture order already, which a stable sort is
+    quick on)."""
+    return np.sort(np.concatenate(
+        [np.asarray(h.column("pos").combine_chunks(), dtype=np.int64) for h in headers]
+        or [np.empty(0, dtype=np.int64)]), kind="stable")
+
+
+def _found(marked: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Which of ``pos`` are in ``marked`` (sorted)."""
+    if not len(marked):
+        return np.zeros(len(pos), dtype=bool)
+    at = np.minimum(np.searchsorted(marked, pos), len(marked) - 1)
+    return marked[at] == pos
+
+
 def load_tables(root: str, files: Sequence[str], per_file: bool, *,
                 captures: Sequence[str] | None = None, filesystem: Any = None,
-                parts: tuple[Split, Sequence[Spill]] | None = None) -> dict[str, pa.Table]:
+                parts: PartSpills | None = None) -> dict[str, pa.Table]:
     """The analyses' tables (:class:`Inputs`) as Arrow, read from the decode's output ``root``.
 
     Args:
@@ -309,11 +390,11 @@ def load_tables(root: str, files: Sequence[str], per_file: bool, *,
         per_file: each file is its own capture, else all are one (``all``).
         captures: read only the rows of these captures (file names with ``per_file``, else
             ``["all"]``); default all.
-        parts: to read a capture analysed in parts: how to cut a batch into the parts
-            (:data:`Split`) and a spill per part.  ``packets`` and ``messages`` are then
-            written to the spills a batch at a time (each part's read back from its spill) and
-            come back without rows; the control tables and advertisements, shared by every
-            part, come back whole.
+        parts: to read a capture analysed in parts (:class:`PartSpills`).  ``packets`` and
+            ``messages`` are then written to the parts' spills a batch at a time (each part's
+            read back from its spill) and come back without rows; the ACKs go to
+            ``parts.acks`` (:class:`AckBuckets`) and are not returned; the other control
+            tables and the advertisements, shared by every part, come back whole.
     """
     ordered = natural_order(files)
     ranks = {name: index for index, name in enumerate(ordered)}
@@ -324,7 +405,7 @@ def load_tables(root: str, files: Sequence[str], per_file: bool, *,
 
     wanted = PACKET_COLUMNS + OPTIONAL_PACKET_COLUMNS
     stored = [c for c in wanted if c not in ("capture", "pos")]
-    spills = None if parts is None else _Parts(*parts)
+    spills = None if parts is None else _Parts(parts)
     if spills is None:
         packets = _add_capture(_read(table("packets"), stored, only, filesystem), ranks,
                                per_file)
@@ -335,21 +416,35 @@ def load_tables(root: str, files: Sequence[str], per_file: bool, *,
         packets = spills.schemas["packets"].empty_table()
     packets = packets.select([c for c in wanted if c in packets.schema.names])
 
+    def keyed(name: str, header: pa.Table) -> pa.Table:
+        return pa.table({"pos": _positions(header, ranks), "msg_index": header.column("msg_index"),
+                         name: header.column(name)})
+
     headers: dict[str, pa.Table] = {}
+    ack_pos = None
     for name in HEADER_COLUMNS:
-        header = _read(table(f"{HEADER_TABLE_PREFIX}{name}"), [*MESSAGE_KEY, name], only,
-                       filesystem)
-        headers[name] = pa.table({"pos": _positions(header, ranks),
-                                  "msg_index": header.column("msg_index"),
-                                  name: header.column(name)})
+        stored_header = table(f"{HEADER_TABLE_PREFIX}{name}")
+        if spills is not None and name in CONTROL_TABLES["acks"].marked_by:
+            # (one ume_ack header table: the ACKs are the only control messages in buckets)
+            found = []
+            for batch in _scan(stored_header, [*MESSAGE_KEY, name], only, filesystem):
+                batch = keyed(name, batch)
+                spills.acks.add("headers", batch)
+                found.append(batch.select(["pos"]))
+            ack_pos = _sorted_positions(found)
+            del found
+            continue
+        headers[name] = keyed(name, _read(stored_header, [*MESSAGE_KEY, name], only,
+                                          filesystem))
     messages, candidates = _split_messages(_scan(table("messages"), [
         c for c in MESSAGE_COLUMNS if c not in ("capture", "pos")], only, filesystem),
-        headers, ranks, per_file, spills)
+        headers, ranks, per_file, spills, ack_pos)
     if spills is not None:
         spills.close()
-    carriers = {name: _carriers(candidates, headers[name]) for name in HEADER_COLUMNS}
+    carriers = {name: _carriers(candidates, header) for name, header in headers.items()}
     controls = {name: _control_table(candidates, headers, carriers, spec)
-                for name, spec in CONTROL_TABLES.items()}
+                for name, spec in CONTROL_TABLES.items()
+                if all(header in headers for header in (*spec.marked_by, *spec.headers))}
     del headers, carriers, candidates
 
     # the few advertisements keep plain names (the topic analyses join on them)
@@ -404,11 +499,11 @@ def as_frame(name: str, table: pa.Table) -> pd.DataFrame:
 
 
 class _Parts:
-    """Batches cut into the parts of a capture (:data:`Split`), each written to its part's
-    spill."""
+    """Batches cut into the parts of a capture (:class:`PartSpills`), each written to its
+    part's spill."""
 
-    def __init__(self, split: Split, spills: Sequence[Spill]) -> None:
-        self.split, self.spills = split, spills
+    def __init__(self, out: PartSpills) -> None:
+        self.split, self.spills, self.acks = out.split, out.spills, out.acks
         self.schemas: dict[str, pa.Schema] = {}
 
     def add(self, name: str, batch: pa.Table) -> None:
@@ -420,6 +515,7 @@ class _Parts:
     def close(self) -> None:
         for spill in self.spills:
             spill.close()
+        self.acks.close()
 
 
 def _normalised(batch: pa.Table) -> pa.Table:

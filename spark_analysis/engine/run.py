@@ -14,7 +14,7 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -262,18 +262,20 @@ the parts (each part's own seconds are told as ``part i of n``)."""
 
 def analyze_in_parts(shared: dict[str, pa.Table], parts: Sequence[owners.Part],
                      read: Callable[[int], dict[str, pa.Table]],
-                     options: AnalysisOptions | None = None, *,
+                     ack_buckets: Iterable[pa.Table], options: AnalysisOptions | None = None, *,
                      progress: Callable[[str, float], None] | None = None,
                      scratch: str | None = None) -> dict[str, pa.Table]:
     """:func:`analyze` of one capture, a part at a time (:mod:`spark_analysis.engine.owners`):
     the same results, the analyses holding one part at a time.
 
     ``shared`` holds the input tables every part reads (:func:`~spark_analysis.engine.inputs.
-    load_tables` with ``parts``: control messages and advertisements) and ``read(i)`` the
-    ``packets`` and ``messages`` of part ``i`` of ``parts``.  The ACKs and RXREQs are taken
-    out of ``shared`` and cut into the parts here (each part's set aside on disk until its
-    turn), where the registrations that route consumption ACKs are known
-    (:func:`~spark_analysis.engine.acks.ack_hosts`).  The results of the shared tables alone
+    load_tables` with ``parts``: control messages and advertisements), ``read(i)`` the
+    ``packets`` and ``messages`` of part ``i`` of ``parts``, and ``ack_buckets`` the ACK
+    control messages a bucket at a time (:class:`~spark_analysis.engine.inputs.AckBuckets`).
+    The ACKs and the RXREQs (taken out of ``shared``) are cut into the parts here (each
+    part's set aside on disk until its turn), where the registrations that route consumption
+    ACKs are known (:func:`~spark_analysis.engine.acks.ack_hosts`): no step holds every ACK
+    of the capture.  The results of the shared tables alone
     (:data:`SHARED_OUTPUTS`, and the anomalies of the registrations and flagged messages)
     are made once.  Each part's :data:`PART_OUTPUTS` and flight events are written to a
     temporary directory in ``scratch`` (:mod:`spark_analysis.engine.spill`): the flight-size
@@ -303,11 +305,11 @@ def analyze_in_parts(shared: dict[str, pa.Table], parts: Sequence[owners.Part],
         # the ACKs and RXREQs leave shared: each part's own set aside on disk until its turn
         started = time.perf_counter()
         cut = spill.Spill(f"{directory}/cut", compressed=True)
-        whole_acks = shared.pop("acks")
-        hosts = acks.ack_hosts(as_frame("acks", whole_acks), regs)
-        for i, part in enumerate(parts):
-            cut.add(f"acks-{i}", whole_acks.filter(pa.array(part.owns(hosts))))
-        del hosts, whole_acks
+        for bucket in ack_buckets:
+            hosts = acks.ack_hosts(as_frame("acks", bucket), regs)
+            for i, part in enumerate(parts):
+                cut.add(f"acks-{i}", bucket.filter(pa.array(part.owns(hosts))))
+            del hosts, bucket
         for i, piece in enumerate(owners.split(parts, "rxreqs", shared.pop("rxreqs"))):
             cut.add(f"rxreqs-{i}", piece)
         told("cutting the ACKs and RXREQs into the parts", time.perf_counter() - started)

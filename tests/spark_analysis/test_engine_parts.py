@@ -31,9 +31,9 @@ from hypothesis import strategies as st
 from spark_analysis import decode
 from spark_analysis.columnar import DecodeOptions
 from spark_analysis.engine import owners
-from spark_analysis.engine.inputs import load, load_tables, scan_packets
+from spark_analysis.engine.inputs import AckBuckets, PartSpills, load, load_tables, scan_packets
 from spark_analysis.engine.options import BYTES_PER_FRAME, MEMORY_SHARE, AnalysisOptions
-from spark_analysis.engine.run import OUTPUTS, analyze
+from spark_analysis.engine.run import OUTPUTS, analyze, plain_values
 from spark_analysis.engine.spill import Spill
 from spark_analysis.engine_job import analyze_capture_in_parts, frames_that_fit, plan
 from wire.pcap import PcapWriter, read_capture
@@ -100,8 +100,10 @@ def test_every_row_is_in_exactly_one_part(tmp_path: Path) -> None:
     whole = load_tables(str(decoded), files, per_file=False)
     parts = owners.plan_parts(owners.host_counts(whole["packets"], "packets"), 99)
     spills = [Spill(tmp_path / f"part-{i}") for i in range(len(parts))]
+    buckets = AckBuckets(Spill(tmp_path / "acks"), 3)
     shared = load_tables(str(decoded), files, per_file=False,
-                         parts=(functools.partial(owners.split, parts), spills))
+                         parts=PartSpills(functools.partial(owners.split, parts), spills,
+                                          buckets))
     rows: Counter[str] = Counter()
     for spill in spills:
         for name in ("packets", "messages"):
@@ -112,10 +114,18 @@ def test_every_row_is_in_exactly_one_part(tmp_path: Path) -> None:
         assert spill.read("packets").num_rows
     assert rows == {name: whole[name].num_rows for name in ("packets", "messages")}
     # the shared tables whole, the parts' own without rows
-    for name in ("registrations", "advertisements", "acks", "rxreqs", "flagged"):
+    for name in ("registrations", "advertisements", "rxreqs", "flagged"):
         assert shared[name].equals(whole[name]), name
     for name in ("packets", "messages"):
         assert shared[name].num_rows == 0
+    # every ACK in exactly one bucket, with its header, and none held in the shared tables
+    assert "acks" not in shared
+    got = [bucket for bucket in buckets]
+    assert len(got) == 3 and all(bucket.num_rows for bucket in got)
+    keys = [("pos", "ascending"), ("msg_index", "ascending")]
+    in_buckets = plain_values(pa.concat_tables(got, promote_options="permissive"))
+    assert (in_buckets.sort_by(keys).to_pylist()
+            == plain_values(whole["acks"]).sort_by(keys).to_pylist())
 
 
 def test_plan_reads_the_hosts_of_the_stored_packets(tmp_path: Path) -> None:
