@@ -318,7 +318,11 @@ def check_against_tshark(path: str | Path, reports: list[FrameReport],
 
     tshark finds UM by its port preferences only; frames :mod:`wire.detect` found by content
     are shown to it with decode-as rules for their ports (:func:`content_ports`), so they
-    are compared too."""
+    are compared too.  So are the LBT-TCP connections tshark gives to another protocol:
+    its LBT-TCP dissector is a heuristic, tried only after the dissectors registered on
+    either TCP port, so a connection whose client's ephemeral port is registered to another
+    protocol (44321, PCP) is dissected as that protocol; ``--check-tshark`` decodes both
+    ports of every LBT-TCP connection we call UM as LBT-TCP, and compares its values."""
     theirs = {f.number: f for f in read_frames(path, content_ports(ports or PortMap(),
                                                                    reports))}
     problems: list[Disagreement] = []
@@ -345,18 +349,24 @@ def check_against_tshark(path: str | Path, reports: list[FrameReport],
 
 
 def content_ports(ports: PortMap, reports: Iterable[FrameReport]) -> PortMap:
-    """``ports`` plus decode-as ports for what was found by content: per protocol, the
-    destination port of each frame classified by content (tshark's ``-d udp.port==P,proto``
-    then decodes them as we did; frames on those ports we call not UM are not compared)."""
-    extra: dict[str, set[int]] = {"lbtrm": set(), "lbtru": set(), "lbmr": set()}
+    """``ports`` plus decode-as ports for what tshark would not dissect as we do: per UDP
+    protocol, the destination port of each frame classified by content (tshark's ``-d
+    udp.port==P,proto`` then decodes them as we did); and both ports of each LBT-TCP
+    segment we call UM (:func:`check_against_tshark`: a dissector registered on the other
+    port would take it first).  Frames on those ports we call not UM are not compared."""
+    extra: dict[str, set[int]] = {"lbtrm": set(), "lbtru": set(), "lbmr": set(),
+                                  "lbttcp": set()}
     for report in reports:
-        if report.classified_by == CONTENT and report.transport in extra and report.dport:
+        if report.transport == "lbttcp" and report.status == "um":
+            extra["lbttcp"].update(p for p in (report.sport, report.dport) if p)
+        elif report.classified_by == CONTENT and report.transport in extra and report.dport:
             extra[report.transport].add(report.dport)
     if not any(extra.values()):
         return ports
     return replace(ports, lbtrm_ports=sorted({*ports.lbtrm_ports, *extra["lbtrm"]}),
                    lbtru_ports=sorted({*ports.lbtru_ports, *extra["lbtru"]}),
-                   lbmr_ports=sorted({*ports.lbmr_ports, *extra["lbmr"]}))
+                   lbmr_ports=sorted({*ports.lbmr_ports, *extra["lbmr"]}),
+                   lbttcp_ports=sorted({*ports.lbttcp_ports, *extra["lbttcp"]}))
 
 
 # --- text output -----------------------------------------------------------------------------

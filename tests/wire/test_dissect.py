@@ -14,6 +14,7 @@ from wire import lbmc, lbmr
 from wire.fields import text_bytes
 from wire.lbmc import LbmcMessage, MessageType, parse_message
 from wire.pcap import TcpConversation, udp_frame, write_pcap
+from wire.tshark import PortMap
 
 STORE = 29001
 
@@ -92,6 +93,34 @@ def test_check_tshark_agrees_on_valid_traffic(tmp_path: Path,
     err = capsys.readouterr().err
     assert status == 0, err
     assert "0 disagreement(s)" in err
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("server", [14377, 14392])
+def test_check_tshark_compares_a_connection_tshark_gives_to_another_protocol(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], server: int) -> None:
+    # tshark tries the dissectors registered on a TCP port before its LBT-TCP heuristic (which
+    # takes the LBT-TCP source and request port ranges), so an LBT-TCP connection from
+    # ephemeral port 44321 (PCP's) is PCP to it, as in a CI run of the reference's evidence
+    conv = TcpConversation(("127.0.0.1", 44321), ("127.0.0.1", server))
+    # a data message without headers begins with its length in four bytes, as PCP does
+    msgs = [LbmcMessage(type=MessageType.MESSAGE, payload=b"topic data %d" % i, tidx=0, sqn=i)
+            for i in range(4)]
+    ka = LbmcMessage(headers=[lbmc.UmeKeepalive(type=2, reg_id=7)])
+    frames = conv.handshake() + [conv.send(True, ka.build())] + [
+        conv.send(False, m.build()) for m in msgs]
+    write_pcap(tmp_path / "pcp.pcap", frames)
+    plain = subprocess.run(["tshark", "-r", str(tmp_path / "pcp.pcap"),
+                            *PortMap(store_ports=[STORE]).tshark_args(), "-T", "fields",
+                            "-e", "frame.protocols"], capture_output=True, text=True, check=True)
+    # what the comparison has to get past
+    assert "pcp" in plain.stdout and "lbmc" not in plain.stdout
+    status = main(["dissect", str(tmp_path / "pcp.pcap"), "--store-port", str(STORE),
+                   "--check-tshark", "--brief"])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    assert "0 disagreement(s)" in err
+    assert "# 8 frames: 5 UM" in out
 
 
 @pytest.mark.oracle
