@@ -34,7 +34,14 @@ from collections.abc import Callable
 from typing import Any
 
 from conformance.evidence import Addr, Recorder
-from conformance.iut import ClientUnderTest, IutProcess, StoreEntry, StoreUnderTest, UmOptions
+from conformance.iut import (
+    PORT_ATTEMPTS,
+    ClientUnderTest,
+    IutProcess,
+    StoreEntry,
+    StoreUnderTest,
+    UmOptions,
+)
 from conformance.model import CaseSpec, Failed, HarnessError, NonStrict, Unsupported
 from conformance.net import DEFAULT_PORTS, NoAnswer, PortPlan
 from conformance.peer_env import PeerEnv
@@ -273,9 +280,20 @@ class Harness:
         for member in members[1:]:
             self.closers.append(member.stop)
             member.start()
-        if tuple(m.addr for m in members) != group:  # a port taken before an instance bound it
-            raise HarnessError("an instance of the group had to move to another port")
-        return members
+        # an instance whose port another process took before it could bind it started on
+        # another port (StoreUnderTest.start), so the others' configurations name a port it
+        # is not on: every member is started again with the ports they now hold
+        for _ in range(PORT_ATTEMPTS):
+            if tuple(m.addr for m in members) == group:
+                return members
+            group = tuple(m.addr for m in members)
+            self.group_ports = [a[1] for a in group]
+            self.note("an instance had to move to another port: the group is started again "
+                      "as " + ", ".join(f"{m.name} {m.addr[0]}:{m.addr[1]}" for m in members))
+            for member in members:
+                member.group = group
+                member.restart()
+        raise HarnessError("an instance of the group had to move to another port")
 
     # --- verdicts -----------------------------------------------------------------------------
 
