@@ -29,6 +29,8 @@
     X(ETH_TYPE_AT, "eth_type_at") \
     X(VLAN_SIZE, "vlan_size") \
     X(VLAN_TYPE_AT, "vlan_type_at") \
+    X(VLAN_TCI_AT, "vlan_tci_at") \
+    X(VLAN_ID_MASK, "vlan_id_mask") \
     X(VLAN_TPID_A, "vlan_tpid_a") \
     X(VLAN_TPID_B, "vlan_tpid_b") \
     X(SLL_SIZE, "sll_size") \
@@ -116,12 +118,13 @@ static void
 decode_frame(const int64_t *k, const unsigned char *f, int64_t start, int64_t length,
              int64_t linktype, int64_t *o)
 {
-    int64_t l3 = -1, etype = 0;
+    int64_t l3 = -1, etype = 0, vlan = 0;
     if (linktype == k[P_LINKTYPE_ETHERNET] && length >= k[P_ETH_SIZE]) {
         etype = be16(f + k[P_ETH_TYPE_AT]);
         l3 = k[P_ETH_SIZE];
         while ((etype == k[P_VLAN_TPID_A] || etype == k[P_VLAN_TPID_B])
                && length >= l3 + k[P_VLAN_SIZE]) {
+            vlan = be16(f + l3 + k[P_VLAN_TCI_AT]) & k[P_VLAN_ID_MASK];
             etype = be16(f + l3 + k[P_VLAN_TYPE_AT]);
             l3 += k[P_VLAN_SIZE];
         }
@@ -178,7 +181,7 @@ decode_frame(const int64_t *k, const unsigned char *f, int64_t start, int64_t le
         o[O_FRAGMENT] = 1;
         o[O_SRC] = be32(ip + k[P_IP_SRC_AT]);
         o[O_DST] = be32(ip + k[P_IP_DST_AT]);
-        o[O_DPORT] = be16(ip + k[P_IP_IDENT_AT]);
+        o[O_DPORT] = be16(ip + k[P_IP_IDENT_AT]) | vlan << 16;  /* the innermost tag's */
         o[O_SEQ] = frag_offset * 8;
         o[O_TCP_FLAGS] = more_fragments;
         o[O_PSTART] = start + body;

@@ -12,10 +12,11 @@ The rules, as tshark applies them (``packet-ip.c`` and ``reassemble.c``):
 
 * fragments belong together when they share source, destination, protocol and
   identification (only UDP fragments are reassembled here: UM runs on UDP and TCP, and TCP
-  does not let IP fragment it).  tshark also mixes the VLAN ID into the key of private
-  and link-local addresses; we do not (a known difference: a trunk capture where routed
-  multicast crosses two VLANs, the two copies' fragments interleaved, is reassembled
-  differently);
+  does not let IP fragment it), and, when either address is private (RFC 1918) or
+  link-local, the VLAN ID of the frame's innermost 802.1Q tag (0 untagged): such addresses
+  may stand for other hosts on another VLAN, and a capture on a trunk port sees a datagram
+  routed between two VLANs twice, its two copies' fragments interleaved
+  (:func:`keyed_ident`);
 * a datagram is complete when its last fragment (no "more fragments" flag) has been seen
   and the bytes from 0 to its end are all there; the frame whose fragment made it so is the
   one that shows the datagram;
@@ -42,6 +43,9 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+import numpy as np
+
+from .fields import ipv4_to_int
 from .pcap import IP4, Fragment
 
 HELD = "IPv4 fragment of a UDP datagram, reassembled in the frame that completes it"
@@ -52,6 +56,32 @@ sees the whole capture and says which."""
 
 MAX_PAYLOAD = 0xFFFF - IP4.size
 """The longest IP payload a datagram can have (total length 65,535 with a 20-byte header)."""
+
+VLAN_KEYED_NETWORKS = (("10.0.0.0", 8), ("172.16.0.0", 12), ("192.168.0.0", 16),
+                       ("169.254.0.0", 16))
+"""The IPv4 networks (address, prefix length) whose fragments tshark keys by VLAN ID too:
+the private and the link-local ones (``in4_addr_is_private``, ``in4_addr_is_link_local``)."""
+
+_VLAN_KEYED = tuple((ipv4_to_int(net), (0xFFFFFFFF << (32 - bits)) & 0xFFFFFFFF)
+                    for net, bits in VLAN_KEYED_NETWORKS)
+
+
+IntOrArray = int | np.ndarray
+"""A plain integer or a numpy array of them (:func:`keyed_ident` works on either)."""
+
+
+def keyed_ident(ident: IntOrArray, vlan: IntOrArray, src: IntOrArray, dst: IntOrArray
+                ) -> np.ndarray:
+    """The identification fragments are keyed by, with their addresses (as integers): the
+    IP identification, with the VLAN ID above its 16 bits when either address is in
+    :data:`VLAN_KEYED_NETWORKS`.  Element-wise over numpy arrays (the Spark decode's
+    columns) or plain integers."""
+    ident, vlan, src, dst = (np.asarray(x, np.int64) for x in (ident, vlan, src, dst))
+    scoped = np.zeros(np.broadcast(ident, src, dst).shape, bool)
+    for net, mask in _VLAN_KEYED:
+        scoped |= ((src & mask) == net) | ((dst & mask) == net)
+    return np.where(scoped, ident | (vlan << 16), ident)
+
 
 T = TypeVar("T")
 
@@ -125,13 +155,15 @@ class Defragmenter(Generic[T]):
 
     def add(self, fragment: Fragment, tag: T, scope: Hashable = None) -> Reassembled[T] | None:
         """Add one fragment; the reassembled datagram when this fragment completes it."""
-        return self.add_piece((scope, fragment.src, fragment.dst, fragment.ident),
+        ident = int(keyed_ident(fragment.ident, fragment.vlan, ipv4_to_int(fragment.src),
+                                ipv4_to_int(fragment.dst)))
+        return self.add_piece((scope, fragment.src, fragment.dst, ident),
                               fragment.offset, fragment.more, fragment.payload, tag)
 
     def add_piece(self, key: Hashable, offset: int, more: bool, payload: bytes, tag: T,
                   ) -> Reassembled[T] | None:
         """:meth:`add` for a caller that holds a fragment as its parts: ``key`` must name the
-        datagram (addresses, identification and any scope) as :meth:`add` does."""
+        datagram (addresses, :func:`keyed_ident` and any scope) as :meth:`add` does."""
         datagram = self._open.setdefault(key, _Datagram())
         datagram.tags.append(tag)
         datagram.add(offset, payload)

@@ -302,6 +302,8 @@ class Fragment:
         offset: where this fragment's bytes start in the datagram's IP payload, in bytes.
         more: whether more fragments follow (false on the last one).
         payload: the fragment's IP payload (the first fragment's starts with the UDP header).
+        vlan: the VLAN ID of the frame's innermost 802.1Q / 802.1ad tag (0: untagged), part
+            of the datagram's key for some addresses (:func:`wire.ipdefrag.keyed_ident`).
     """
 
     src: str
@@ -310,6 +312,7 @@ class Fragment:
     offset: int
     more: bool
     payload: bytes
+    vlan: int = 0
 
 
 def udp_segment(src: str, dst: str, datagram: bytes) -> Segment:
@@ -340,7 +343,7 @@ def decode_ip(linktype: int, data: bytes) -> Segment | Fragment:
 
 
 def _decode(linktype: int, data: bytes, fragments: bool) -> Segment | Fragment:
-    ethertype, pos = _link(linktype, data)
+    ethertype, pos, vlan = _link(linktype, data)
     if ethertype != 0x0800:
         if pos == 0 or linktype != LINKTYPE_ETHERNET:
             version = data[pos] >> 4 if len(data) > pos else 0
@@ -362,7 +365,8 @@ def _decode(linktype: int, data: bytes, fragments: bool) -> Segment | Fragment:
                     raise WireError("ip", pos + 6, "IPv4 fragment of a UDP datagram "
                                     "(reassembled across frames)")
                 return Fragment(ip["src"], ip["dst"], ip["ident"], later * 8,
-                                bool(ip["flags_frag"] & IP_MORE_FRAGMENTS), data[body:end])
+                                bool(ip["flags_frag"] & IP_MORE_FRAGMENTS), data[body:end],
+                                vlan)
             if later:
                 raise WireError("ip", pos + 2, SHORT_FRAGMENT_REASON)
             # a first fragment that cannot be reassembled (cut short by the snap length, or
@@ -418,26 +422,36 @@ def _icmp_quoted_udp(data: bytes, body: int, end: int) -> Segment | None:
                    icmp=(icmp["type"], icmp["code"]))
 
 
-def _link(linktype: int, data: bytes) -> tuple[int, int]:
+VLAN_ETHERTYPES = (0x8100, 0x88A8)
+"""The tag protocol IDs of 802.1Q and 802.1ad (QinQ) VLAN tags."""
+
+VLAN_ID_MASK = 0x0FFF
+"""The VLAN ID's bits of a tag's TCI."""
+
+
+def _link(linktype: int, data: bytes) -> tuple[int, int, int]:
+    """The link header's ethertype, where the network header starts, and the VLAN ID of the
+    innermost VLAN tag (0: none)."""
     if linktype == LINKTYPE_ETHERNET:
         if len(data) < ETH.size:
             raise WireError("eth", 0, "truncated Ethernet header")
-        ethertype, pos = ETH.unpack_from(data)[2], ETH.size
-        while ethertype in (0x8100, 0x88A8) and len(data) >= pos + VLAN.size:
-            ethertype = VLAN.unpack_from(data, pos)[1]
+        ethertype, pos, vlan = ETH.unpack_from(data)[2], ETH.size, 0
+        while ethertype in VLAN_ETHERTYPES and len(data) >= pos + VLAN.size:
+            tci, ethertype = VLAN.unpack_from(data, pos)
+            vlan = tci & VLAN_ID_MASK
             pos += VLAN.size
-        return ethertype, pos
+        return ethertype, pos, vlan
     if linktype == LINKTYPE_LINUX_SLL and len(data) >= SLL.size:
-        return SLL.unpack_from(data)[-1], SLL.size
+        return SLL.unpack_from(data)[-1], SLL.size, 0
     if linktype == LINKTYPE_LINUX_SLL2 and len(data) >= SLL2.size:
-        return SLL2.unpack_from(data)[0], SLL2.size
+        return SLL2.unpack_from(data)[0], SLL2.size, 0
     if linktype == LINKTYPE_NULL and len(data) >= 4:
         family = int.from_bytes(data[:4], "little")
         if family > 0xFFFF:
             family = int.from_bytes(data[:4], "big")
-        return (0x0800 if family == 2 else 0), 4
+        return (0x0800 if family == 2 else 0), 4, 0
     if linktype in (LINKTYPE_RAW, LINKTYPE_IPV4, 12) and data:
-        return (0x0800 if data[0] >> 4 == 4 else 0), 0
+        return (0x0800 if data[0] >> 4 == 4 else 0), 0, 0
     raise WireError("frame", 0, f"unsupported or truncated link type {linktype}")
 
 

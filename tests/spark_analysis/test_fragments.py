@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from captures.scenarios import PRESETS
 from conformance.passive.judge import judge, passive_cases
 from conformance.passive.observe import observe
 from conformance.passive.tables import observe_columnar
-from spark_analysis import decode, schemas
+from spark_analysis import decode, framing, schemas
 from spark_analysis.columnar import DecodeOptions
 from spark_analysis.engine.inputs import load
 from spark_analysis.engine.run import analyze
@@ -146,6 +147,52 @@ def test_tricky_fragments_decode_as_the_dissector_does(batch_size: int | None) -
     assert reasons == {ipdefrag.HELD: 4 + 4 + 5 + 7 + 97 + 4 + 4 + 5 - 8,
                        ipdefrag.INCOMPLETE: 2 + 1,  # behind the cut ones; the too long one
                        pcap.SHORT_FRAGMENT_REASON: 1}
+
+
+def _tagged(frame: bytes, vlan: int) -> bytes:
+    """``frame`` with an 802.1Q tag of VLAN ``vlan`` after its Ethernet addresses."""
+    return frame[:12] + struct.pack("!HH", 0x8100, vlan) + frame[12:]
+
+
+def trunk_frames() -> list[bytes]:
+    """Datagrams routed between VLANs 10 and 20 and captured on a trunk: each fragment
+    twice, once per VLAN, the copies interleaved; from a private source (tshark keys its
+    fragments by VLAN too: two datagrams), then from a public one (no VLAN in the key: the
+    copies mix, the first completes and the second copy's last fragment starts a datagram
+    that never completes)."""
+    frames = []
+    for ident, source in ((20, SRC), (21, "198.51.100.7")):
+        copy = pcap.udp_fragments(source, 40000, GROUP, 14400, _datagram(ident), ident, 1500)
+        for piece in copy:
+            frames += [_tagged(piece, 10), _tagged(piece, 20)]
+    return frames
+
+
+def test_fragments_are_keyed_by_vlan_where_tshark_keys_them(tmp_path: Path) -> None:
+    path = tmp_path / "trunk.pcap"
+    pcap.write_pcap(path, trunk_frames())
+    reports = list(dissect_file(path))
+    assert check_against_tshark(path, reports) == []
+    assert_tshark_shows_the_same_frames(path, reports)
+    whole = [r.number for r in reports if r.reassembled]
+    assert whole == [7, 8, 15]   # 4 fragments a datagram, 2 copies each
+    assert [dict(r.occurrences[0].fields)["lbtrm.data.sqn"] for r in reports
+            if r.reassembled] == [20, 20, 21]
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("batch_size", [None, 1, 3])
+def test_trunk_fragments_decode_as_the_dissector_does(
+        batch_size: int | None, compiled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not compiled:   # the numpy header decode, the compiled one's reference
+        monkeypatch.setattr(framing, "_compiled_network", None)
+    records = records_of(trunk_frames())
+    tables = decode_records(records, DecodeOptions(), batch_size)
+    counts = assert_matches_dissector(records, tables, PortMap())
+    assert counts["um"] == 3
+    reasons = {r["reason"]: r["frames"] for r in tables.skipped.to_pylist()}
+    # the mixed copies: seven fragments held in the one datagram, the last copy alone
+    assert reasons == {ipdefrag.HELD: 3 + 3 + 6, ipdefrag.INCOMPLETE: 1}
 
 
 def test_stage_two_takes_fragments_in_any_order_and_grouping() -> None:
