@@ -13,7 +13,7 @@ cheapest thing tshark does with every frame.
 
 Captures, by default:
 
-* the biggest capture of ``captures/corpus`` (by size; its sidecar gives the port options);
+* the biggest capture of ``captures/corpus`` (by frames; its sidecar gives the port options);
 * 1,000,000 and 10,000,000 frames of the generator's ``big`` scenario, made once with the
   project's capture generator into the cache shared with ``benchmarks.spark``
   (``--cache``, default ``$UMP_BENCH_CACHE`` or ``/tmp/ump-bench-spark``; about 10 s per
@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.spark import _TICK, _descendants, _stat, default_cache, ensure_capture
+from wire.pcap import read_capture
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "captures" / "corpus"
@@ -239,12 +240,18 @@ def _capture(label: str, path: Path, generated: float | None = None) -> Capture:
 
 
 def corpus_capture(corpus: Path = CORPUS) -> Capture:
-    """The biggest capture of the committed corpus (by bytes)."""
-    pcaps = sorted(corpus.glob("*.pcap*"), key=lambda p: (-p.stat().st_size, p.name))
-    pcaps = [p for p in pcaps if not p.name.endswith(".json")]
+    """The biggest capture of the committed corpus, by frames (by bytes, the capture of a
+    few large fragmented datagrams would be picked over one of many more frames)."""
+    pcaps = [p for p in corpus.glob("*.pcap*") if not p.name.endswith(".json")]
     if not pcaps:
         raise FileNotFoundError(f"no capture in {corpus}")
-    return _capture(f"corpus {pcaps[0].name}", pcaps[0])
+    biggest = min(pcaps, key=lambda p: (-_frames_in(p), p.name))
+    return _capture(f"corpus {biggest.name}", biggest)
+
+
+def _frames_in(path: Path) -> int:
+    """How many frames ``path`` holds."""
+    return sum(1 for _ in read_capture(path))
 
 
 def generated_capture(cache: Path, frames: int, seed: int, scenario: str = "big") -> Capture:

@@ -14,12 +14,14 @@ from benchmarks.analyze import (
     Measured,
     TreeMemory,
     _fail,
+    corpus_capture,
     measure,
     report,
     spark_jobs,
     steps,
     target_for,
 )
+from wire import pcap
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -134,3 +136,14 @@ def test_a_failed_run_names_its_cause() -> None:
     error = _fail("ump analyze", Measured([], 1, 1.0, 1.0, 0, 0, 1, "", stderr))
     assert str(error).startswith("ump analyze exited with 1: java.lang.OutOfMemoryError: Java "
                                  "heap space | ump analyze: An error occurred")
+
+
+def test_the_corpus_row_is_the_capture_of_most_frames(tmp_path: Path) -> None:
+    # the bigger file holds fewer frames (large fragmented datagrams): frames decide
+    small_frames = [pcap.udp_frame("10.0.0.1", 1, "10.0.0.2", 2, b"x" * 1400)] * 3
+    many_frames = [pcap.udp_frame("10.0.0.1", 1, "10.0.0.2", 2, b"x")] * 5
+    pcap.write_pcap(tmp_path / "a-few-big.pcap", small_frames)
+    pcap.write_pcap(tmp_path / "b-many.pcap", many_frames)
+    assert (tmp_path / "a-few-big.pcap").stat().st_size > (tmp_path / "b-many.pcap").stat().st_size
+    chosen = corpus_capture(tmp_path)
+    assert chosen.path.name == "b-many.pcap" and chosen.label == "corpus b-many.pcap"
