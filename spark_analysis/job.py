@@ -268,6 +268,12 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
     """The whole job: check, decode, analyse, write Parquet, summary.json and report.html."""
     started = time.monotonic()
     _need_spark()
+    if args.master is not None:
+        from spark_analysis.session import master_problem
+
+        problem = master_problem(args.master)
+        if problem is not None:
+            raise AnalyzeError(problem)
     files = check_captures(args.captures)
     out = OutputDir(args.out)
     log(f"{len(files)} capture file(s); results in {args.out}")

@@ -78,6 +78,7 @@ import hashlib
 import ipaddress
 import math
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -308,6 +309,44 @@ def worker_python(master: str) -> str | None:
             _is_this_host(host) for host in _master_hosts(master))):
         return sys.executable
     return None
+
+
+_LOCAL_MASTER = re.compile(r"local(\[(\*|[1-9]\d*)(,[1-9]\d*)?\])?$"
+                           r"|local-cluster\[[1-9]\d*,[1-9]\d*,[1-9]\d*\]$")
+_OTHER_MASTER = re.compile(r"yarn$|k8s://\S+$")
+MASTER_TIMEOUT = 5.0
+"""Seconds a ``spark://`` master has to accept a connection before ``ump analyze`` starts."""
+
+
+def master_problem(master: str, timeout: float = MASTER_TIMEOUT) -> str | None:
+    """What is wrong with Spark master URL ``master``, in one line, or None: not one of
+    Spark's forms (``local``, ``local[N]``, ``local[*]``, ``local[N,F]``,
+    ``local-cluster[N,C,M]``, ``spark://HOST:PORT[,HOST:PORT...]``, ``yarn``, ``k8s://...``),
+    or a ``spark://`` master none of whose addresses accepts a TCP connection.  Asked
+    before Spark starts: Spark itself retries an unreachable master for a minute and prints
+    Java stack traces, then fails with a message that does not name it."""
+    master = master.strip()
+    if _LOCAL_MASTER.match(master) or _OTHER_MASTER.match(master):
+        return None
+    if not master.startswith("spark://"):
+        return (f"{master!r} is not a Spark master URL (local[N], spark://HOST:PORT, yarn, "
+                f"k8s://...)")
+    addresses = []
+    for entry in master[len("spark://"):].split(","):
+        host, _, port = entry.strip().rpartition(":")
+        host = host.strip("[]")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            return f"{master!r}: each master address must be HOST:PORT, got {entry.strip()!r}"
+        addresses.append((host, int(port)))
+    reasons = []
+    for address in addresses:
+        try:
+            with socket.create_connection(address, timeout=timeout):
+                return None
+        except OSError as exc:
+            reasons.append(f"{address[0]}:{address[1]}: {exc.strerror or exc}")
+    return (f"cannot reach the Spark master {master} ({'; '.join(reasons)}): is it started "
+            f"(start-master.sh), and is the address the one its log prints?")
 
 
 def _master_hosts(master: str) -> list[str]:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from spark_analysis import cli, job
+from spark_analysis import cli, job, session
 
 from .analysis_corpus import CAPTURES, PLANTED, STORE_PORT, CorpusRun, shared_corpus_run
 
@@ -97,6 +99,38 @@ def test_empty_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_same_file_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, err = _run(capsys, str(PLANTED), str(PLANTED), "--out", str(tmp_path / "o"))
     _one_line_error(code, err, "planted.pcap", "more than once")
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])   # nothing listens there once closed
+
+
+@pytest.mark.parametrize("master, fragments", [
+    ("bogus://x", ("'bogus://x' is not a Spark master URL",)),
+    ("local[0]", ("'local[0]' is not a Spark master URL",)),
+    ("spark://head", ("must be HOST:PORT", "'head'")),
+    ("spark://127.0.0.1:{closed}", ("cannot reach the Spark master spark://127.0.0.1:",
+                                    "refused")),
+])
+def test_a_bad_or_unreachable_master_is_one_line_before_spark_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], master: str,
+        fragments: tuple[str, ...]) -> None:
+    # Spark itself retries an unreachable master for a minute, prints Java stack traces and
+    # fails with a message that does not name the master
+    master = master.format(closed=_closed_port())
+    started = time.monotonic()
+    code, err = _run(capsys, str(PLANTED), "--out", str(tmp_path / "o"), "--master", master)
+    _one_line_error(code, err, *fragments)
+    assert time.monotonic() - started < 10
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("master", ["local", "local[*]", "local[2]", "local[2,3]",
+                                    "local-cluster[2,1,1024]", "yarn", "k8s://https://k:6443"])
+def test_every_form_of_master_spark_takes_is_taken(master: str) -> None:
+    assert session.master_problem(master) is None
 
 
 def test_output_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
