@@ -557,8 +557,8 @@ def _freeze_heap() -> None:
         gc.freeze()
 
 
-def _note_truncated(notes: list[str], record: TruncatedRecord) -> None:
-    notes.append(str(record))
+def _note_truncated(truncated: list[str], damaged: list[str], record: TruncatedRecord) -> None:
+    (damaged if record.damaged else truncated).append(str(record))
 
 
 def _decode_splits(job: _Job, items: Iterable[tuple[int, Split]]) -> Iterator[dict[str, Any]]:
@@ -570,8 +570,10 @@ def _decode_splits(job: _Job, items: Iterable[tuple[int, Split]]) -> Iterator[di
         tag = _task_tag("s", index)
         sink, buckets = _ParquetSink(job, tag), _BucketSink(job, tag)
         truncated: list[str] = []
+        damaged: list[str] = []
         reader = SplitReader(split, chunk_size=job.chunk_size,
-                             on_truncated=functools.partial(_note_truncated, truncated))
+                             on_truncated=functools.partial(_note_truncated, truncated,
+                                                            damaged))
         frames = 0
         try:
             for chunk in reader.chunks():
@@ -584,7 +586,7 @@ def _decode_splits(job: _Job, items: Iterable[tuple[int, Split]]) -> Iterator[di
             yield {"error": str(exc)}
             return
         yield {"stage": 1, "index": index, "frames": frames, **sink.close(),
-               "tcp": buckets.close(), "truncated": truncated,
+               "tcp": buckets.close(), "truncated": truncated, "damaged": damaged,
                **_worker_stats(cpu, wall)}
 
 
@@ -629,6 +631,8 @@ class ParquetTables:
         frames: captured frames read.
         tcp_segments: rows handed to stage 2 (LBT-TCP candidate segments and IPv4 fragments).
         truncated: the partial last records that were dropped (one line each).
+        damaged: where a file is damaged, and what of it was not read (one line each:
+            :class:`~spark_analysis.splits.TruncatedRecord`).
         workers: per Python worker process: pid -> peak RSS in KiB (as the worker saw it).
         seconds: wall time of the two Spark jobs and the commit.
         tasks: per task: stage, index, worker pid, CPU and wall seconds, end (epoch seconds).
@@ -643,6 +647,7 @@ class ParquetTables:
     workers: dict[int, int]
     seconds: dict[str, float]
     tasks: list[dict[str, Any]] = field(default_factory=list)
+    damaged: list[str] = field(default_factory=list)
 
     def dataframes(self, spark: SparkSession) -> dict[str, DataFrame]:
         """Each table as stored, as a DataFrame read back from its Parquet files
@@ -817,16 +822,18 @@ def decode_to_parquet(spark: SparkSession | None, paths: str | Sequence[str], ou
     result.frames = sum(m["frames"] for m in first)
     result.tcp_segments = sum(rows for _b, _p, rows, _n in tcp)
     result.truncated = [t for m in first for t in m["truncated"]]
+    result.damaged = [t for m in first for t in m["damaged"]]
     for stage, manifests in (("stage1", first), ("stage2", second)):
         seconds[f"{stage}_task_cpu"] = sum(m["cpu"] for m in manifests)
         seconds[f"{stage}_task_wall"] = sum(m["wall"] for m in manifests)
     result.seconds = seconds
     result.tasks = [{k: m[k] for k in ("stage", "index", "pid", "cpu", "wall", "ended")}
                     for m in (*first, *second)]
-    for line in result.truncated:
+    for line in (*result.damaged, *result.truncated):
         if on_truncated == "error":
             raise CaptureError(line)
-        log.warning("%s", line)
+        if on_truncated == "warn":
+            log.warning("%s", line)
     return result
 
 

@@ -150,7 +150,7 @@ def run_command(args: argparse.Namespace) -> int:
     """Run with the parsed options; user errors become one line on stderr and status 2."""
     log = Progress(quiet=args.quiet)
     try:
-        run(args, log)
+        result = run(args, log)
     except AnalyzeError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
@@ -158,6 +158,11 @@ def run_command(args: argparse.Namespace) -> int:
         if args.debug:
             raise
         print(f"{PROG}: {_one_line(exc)} (--debug shows the details)", file=sys.stderr)
+        return 1
+    if result.damaged:
+        # the results are written, but they do not cover the whole capture: not a success
+        print(f"{PROG}: {len(result.damaged)} damaged piece(s) of capture not read (see the "
+              f"warnings above): the results cover the rest", file=sys.stderr)
         return 1
     return 0
 
@@ -232,6 +237,9 @@ class RunResult:
     tables: dict[str, pd.DataFrame]
     row_counts: dict[str, int]
     seconds: float
+    damaged: list[str] = field(default_factory=list)
+    """Where a capture file is damaged and what of it was not read (the results cover the
+    rest; the run's exit status is then 1)."""
 
 
 def check_captures(captures: Sequence[str]) -> list[str]:
@@ -332,6 +340,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
             stored = _decode(spark, natural_order(files), args.per_file, decode_options,
                              split_size, out)
     log(f"  decoded {stored.frames} frames into {out.uri(DECODED)}")
+    for line in (*stored.damaged, *stored.truncated):   # (said with --quiet too)
+        print(f"{PROG}: warning: {line}", file=sys.stderr, flush=True)
     spark.sparkContext.setJobDescription("analyses")
     # no result of an earlier run stays next to this run's (nor after it failed)
     out.reset("parquet")
@@ -356,15 +366,19 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
     tables_read = {name: out.read(name, REPORT_ROW_LIMIT if name in DETAIL_OUTPUTS else None)
                    for name in OUTPUTS}
     summary = build_summary(files, args, out, list(OUTPUTS), DETAIL_OUTPUTS, skipped)
+    summary["capture_problems"] = {"damaged": list(stored.damaged),
+                                   "cut_short": list(stored.truncated)}
     out.write_text("summary.json", json.dumps(summary, indent=1, sort_keys=True) + "\n")
     from spark_analysis.report import ReportInput, render
 
     report = render(ReportInput(files=files, options=summary["options"], tables=tables_read,
-                                row_counts=counts, skipped=skipped, row_limit=args.report_rows))
+                                row_counts=counts, skipped=skipped, row_limit=args.report_rows,
+                                problems=[*stored.damaged, *stored.truncated]))
     out.write_text("report.html", report)
     seconds = time.monotonic() - started
     log(f"done in {seconds:.1f}s: {args.out}/report.html")
-    return RunResult(args.out, files, summary, tables_read, counts, seconds)
+    return RunResult(args.out, files, summary, tables_read, counts, seconds,
+                     list(stored.damaged))
 
 
 DRIVER_DECODE_BYTES = 4 << 20
@@ -524,7 +538,7 @@ def _decode_locally(files: Sequence[str], per_file: bool, options: Any,
     options = dataclasses.replace(options, separate_files=per_file)
     try:
         return decode_to_parquet(None, list(files), out.uri(DECODED), options,
-                                 split_size=split_size, overwrite=True,
+                                 split_size=split_size, overwrite=True, on_truncated="quiet",
                                  driver_bytes=DRIVER_DECODE_BYTES, processes=pool)
     except (CaptureError, FileExistsError) as exc:
         raise AnalyzeError(str(exc)) from None
@@ -546,7 +560,7 @@ def _decode(spark: Any, files: Sequence[str], per_file: bool, options: Any,
     options = dataclasses.replace(options, separate_files=per_file)
     try:
         tables = decode_to_parquet(spark, list(files), out.uri(DECODED), options,
-                                   split_size=split_size, overwrite=True,
+                                   split_size=split_size, overwrite=True, on_truncated="quiet",
                                    driver_bytes=DRIVER_DECODE_BYTES)
     except (CaptureError, FileExistsError) as exc:
         raise AnalyzeError(str(exc)) from None

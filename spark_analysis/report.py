@@ -50,6 +50,7 @@ class ReportInput:
         row_counts: total rows of every output (what Parquet holds).
         skipped: frames that are not UM (``file``, ``reason``, ``frames``).
         row_limit: rows shown per table.
+        problems: see the attribute.
     """
 
     files: Sequence[str]
@@ -57,6 +58,8 @@ class ReportInput:
     tables: Mapping[str, pd.DataFrame]
     row_counts: Mapping[str, int]
     skipped: pd.DataFrame = field(default_factory=pd.DataFrame)
+    problems: Sequence[str] = ()
+    """Where a capture file is damaged or cut short (one line each): shown first."""
     row_limit: int = 50
 
     def table(self, name: str) -> pd.DataFrame:
@@ -149,7 +152,8 @@ def _overview(data: ReportInput) -> str:
                         for k, v in data.options.items())
     counts = "".join(f"<tr><td class=text>{html.escape(k)}</td><td>{v:,}</td></tr>"
                      for k, v in data.row_counts.items())
-    return (f"<p class=note>Capture start {when}; times below are seconds from it.  "
+    problems = "".join(f"<p class=error>{html.escape(line)}</p>" for line in data.problems)
+    return (f"{problems}<p class=note>Capture start {when}; times below are seconds from it.  "
             f"Options: {options}.</p><details><summary>{len(data.files)} file(s)</summary>"
             f"<ul>{files}</ul></details><details><summary>Rows per result table (all in "
             f"Parquet)</summary><table><tr><th>table</th><th>rows</th></tr>{counts}</table>"

@@ -133,7 +133,6 @@ TS_AFTER_FIRST = 366 * DAY
 TS_NEIGHBOUR = DAY
 DEFAULT_CAPLEN_BOUND = 262144
 PCAPNG_SYNC_MAX_BLOCK = 16 * MiB
-MAX_RECORD = 256 * MiB  # a declared record length above this is damage, not a packet
 _PCAPNG_SYNC_REGION = 64 * 1024  # bytes scanned per step of the pcapng boundary search
 _PCAPNG_HEAD_CHUNK = 64 * 1024  # the head of a pcapng file is read in reads this small
 _INT32_MAX = 2**31 - 1
@@ -589,14 +588,32 @@ def plan(paths: str | Sequence[str], split_size: int = DEFAULT_SPLIT_SIZE,
 
 @dataclass(frozen=True)
 class TruncatedRecord:
-    """The record a capture ends inside: where it starts, what it declares, what is there."""
+    """The record a capture ends inside: where it starts, what it declares, what is there.
+
+    Or, ``damaged``, a record whose header declares more than any captured packet can hold
+    (:data:`DEFAULT_CAPLEN_BOUND` for a pcap record, as tshark refuses it: "File has
+    N-byte packet, bigger than maximum of 262144"; :data:`PCAPNG_SYNC_MAX_BLOCK` for a
+    pcapng block): the file is damaged there, and the ``available`` bytes from it to the end
+    of its piece (the file's end, or where the next split finds records again) are not
+    read.  A capture cut short loses its partial last record only; a damaged one loses
+    readable packets."""
 
     file: str
     offset: int
     declared: int | None  # bytes the header announces (header included); None: header cut
     available: int
+    damaged: bool = False
+    bound: int = 0  # (damaged) the most a record may declare
+    header: int = 0  # (damaged) the bytes of ``declared`` before the packet (a pcap record's)
 
     def __str__(self) -> str:
+        if self.damaged:
+            what = "packet" if self.header else "block"
+            return (f"{self.file}: damaged at offset {self.offset}: a record declares a "
+                    f"{(self.declared or 0) - self.header:,}-byte {what}, bigger than the "
+                    f"most a capture holds ({self.bound - self.header:,}); the "
+                    f"{self.available:,} bytes from there to offset "
+                    f"{self.offset + self.available:,} are not read")
         wanted = "a record header" if self.declared is None else f"{self.declared} bytes"
         return (f"{self.file}: the capture is cut short at offset {self.offset} "
                 f"({self.available} of {wanted}); the partial record is dropped")
@@ -837,7 +854,9 @@ class _PcapngSync:
 # --- the split reader ----------------------------------------------------------------------------
 
 
-OnTruncated = Literal["warn", "error"]
+OnTruncated = Literal["warn", "error", "quiet"]
+"""What a reader does with a :class:`TruncatedRecord`: log a warning, raise, or nothing (its
+caller says it: ``ump analyze``)."""
 
 
 @dataclass
@@ -888,7 +907,7 @@ class SplitReader:
             self.on_truncated(record)
         elif self.on_truncated == "error":
             raise CaptureError(str(record))
-        else:
+        elif self.on_truncated == "warn":
             log.warning("%s", record)
 
 
@@ -1058,23 +1077,29 @@ def _walk_pcap(source: _Source, info: PcapInfo, start: int, stop: int,
         if declared is not None and declared <= n - p:  # else the chunk is read again forever
             raise RuntimeError(f"record walk bug: the record at offset {pos} of "
                                f"{source.capture.name} fits in the chunk but was not taken")
-        if not _grow(source, chunk, pos, stop, declared, truncate):
+        if not _grow(source, chunk, pos, stop, declared, truncate,
+                     rec + DEFAULT_CAPLEN_BOUND, rec):
             return
 
 
 def _grow(source: _Source, chunk: _Chunk, pos: int, stop: int, declared: int | None,
-          truncate: Callable[[TruncatedRecord], None]) -> bool:
-    """The record at ``pos`` does not fit in the chunk: end of file, or read on (False: done).
+          truncate: Callable[[TruncatedRecord], None], bound: int, header: int = 0) -> bool:
+    """The record at ``pos`` does not fit in the chunk: end of file, damage, or read on
+    (False: done).
 
-    ``declared`` is the record's whole length, None when even its header is incomplete."""
+    ``declared`` is the record's whole length, None when even its header is incomplete;
+    ``bound`` the most it may be (more: the file is damaged here, and this piece of it ends:
+    :class:`TruncatedRecord`), ``header`` the record header's part of both."""
     size = source.size
+    if declared is not None and declared > bound:
+        truncate(TruncatedRecord(source.capture.name, pos, declared, min(stop, size) - pos,
+                                 damaged=True, bound=bound, header=header))
+        return False
     if (declared is None and chunk.at_eof) or (declared is not None and pos + declared > size):
         if stop < size:
             raise _straddle(source, pos, stop)
         truncate(TruncatedRecord(source.capture.name, pos, declared, size - pos))
         return False
-    if declared is not None and declared > MAX_RECORD:
-        raise source.error(pos, f"record length {declared} is not plausible (damaged file?)")
     if declared is not None and declared > source.chunk_size:
         chunk.refill(pos, declared)
     return True
@@ -1170,7 +1195,7 @@ def _walk_pcapng(source: _Source, index: PcapngIndex, start: int, stop: int,
         declared = _declared_block_length(buf, p, ctx.order)
         if declared is not None and (declared < 12 or declared % 4):
             raise source.error(pos, f"damaged pcapng block (length {declared})")
-        if not _grow(source, chunk, pos, stop, declared, truncate):
+        if not _grow(source, chunk, pos, stop, declared, truncate, PCAPNG_SYNC_MAX_BLOCK):
             return
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -131,6 +133,43 @@ def test_a_bad_or_unreachable_master_is_one_line_before_spark_starts(
                                     "local-cluster[2,1,1024]", "yarn", "k8s://https://k:6443"])
 def test_every_form_of_master_spark_takes_is_taken(master: str) -> None:
     assert session.master_problem(master) is None
+
+
+def test_a_damaged_or_cut_capture_is_said_and_a_damaged_one_is_not_a_success(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blob = bytearray(PLANTED.read_bytes())
+    third = _record_offsets(blob)[2]
+    damaged = bytearray(blob)
+    struct.pack_into("<II", damaged, third + 8, 0x7FFFFFFF, 0x7FFFFFFF)
+    (tmp_path / "damaged.pcap").write_bytes(bytes(damaged))
+    (tmp_path / "cut.pcap").write_bytes(bytes(blob[:-5]))
+    for name, status in (("damaged.pcap", 1), ("cut.pcap", 0)):
+        out = tmp_path / name.replace(".pcap", "")
+        code, err = _run(capsys, str(tmp_path / name), "--out", str(out), "--store-port",
+                         str(STORE_PORT), "--quiet")
+        assert code == status, err
+        assert "Traceback" not in err
+        warnings = [line for line in err.splitlines() if line.startswith("ump analyze: warning:")]
+        problems = json.loads((out / "summary.json").read_text())["capture_problems"]
+        # the results of what was read, the problem first in the report
+        assert html.escape(warnings[0].split("warning: ", 1)[1]) in (
+            out / "report.html").read_text()
+        if status:
+            assert len(warnings) == 1 and f"damaged at offset {third}" in warnings[0]
+            assert "results cover the rest" in err.splitlines()[-1]
+            assert problems["damaged"] and not problems["cut_short"]
+        else:
+            assert len(warnings) == 1 and "cut short" in warnings[0]
+            assert problems["cut_short"] and not problems["damaged"]
+
+
+def _record_offsets(blob: bytes | bytearray) -> list[int]:
+    """Where each record of a little-endian classic pcap starts."""
+    at, found = 24, []
+    while at + 16 <= len(blob):
+        found.append(at)
+        at += 16 + struct.unpack_from("<I", blob, at + 8)[0]
+    return found
 
 
 def test_output_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import math
 import random
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -303,6 +304,38 @@ def test_truncated_last_record_is_dropped_and_reported(
     assert table.num_rows == len(records) - 1
     assert f"cut short at offset {last}" in caplog.text
     with pytest.raises(CaptureError, match=f"cut short at offset {last}"):
+        splits.read_table(str(path), split_size=97, on_truncated="error")
+
+
+@pytest.mark.usefixtures("walk")
+def test_a_damaged_record_ends_its_piece_and_is_reported_as_damage(tmp_path: Path) -> None:
+    # a record declaring a 2 GiB packet (tshark: "File has 2147483647-byte packet, bigger
+    # than maximum of 262144"): not a capture cut short, and what follows is not read
+    rng = random.Random(7)
+    records = random_records(rng, 60, nanosecond=False, order="<", max_size=100,
+                             fake_rate=0.0)
+    built = pcap_file(records, snaplen=65535)
+    blob = bytearray(built.blob)
+    bad = built.offsets[20]
+    struct.pack_into("<II", blob, bad + 8, 0x7FFFFFFF, 0x7FFFFFFF)
+    path = tmp_path / "damaged.pcap"
+    path.write_bytes(bytes(blob))
+    for count in SPLIT_COUNTS:
+        capture = open_capture(str(path))
+        reports: list[splits.TruncatedRecord] = []
+        offsets: list[int] = []
+        for split in plan_splits(capture, split_size_for(capture.size, count)):
+            reader = SplitReader(split, 5, 64, on_truncated=reports.append)
+            offsets += [r["file_offset"] for b in reader for r in b.to_pylist()]
+        assert offsets == sorted(offsets) and set(offsets) <= set(built.offsets) - {bad}
+        assert [o for o in offsets if o < bad] == built.offsets[:20]   # all before it
+        (report,) = reports
+        assert report.damaged and report.offset == bad
+        assert "damaged at offset" in str(report) and "2,147,483,647-byte packet" in str(report)
+        assert "(262,144)" in str(report) and "cut short" not in str(report)
+        if count == 1:   # one piece: nothing after the damage is read (as tshark)
+            assert max(offsets) < bad and report.available == len(blob) - bad
+    with pytest.raises(CaptureError, match=f"damaged at offset {bad}"):
         splits.read_table(str(path), split_size=97, on_truncated="error")
 
 
