@@ -133,6 +133,10 @@ TS_AFTER_FIRST = 366 * DAY
 TS_NEIGHBOUR = DAY
 DEFAULT_CAPLEN_BOUND = 262144
 PCAPNG_SYNC_MAX_BLOCK = 16 * MiB
+PCAPNG_MAX_BLOCK = 128 * MiB + 32
+"""The longest pcapng block a capture may hold: an enhanced packet block (32 bytes of its
+own) around the largest packet tshark reads in any link type (D-Bus's, 128 MiB).  A block
+declaring more is damage (:class:`TruncatedRecord`)."""
 _PCAPNG_SYNC_REGION = 64 * 1024  # bytes scanned per step of the pcapng boundary search
 _PCAPNG_HEAD_CHUNK = 64 * 1024  # the head of a pcapng file is read in reads this small
 _INT32_MAX = 2**31 - 1
@@ -592,8 +596,8 @@ class TruncatedRecord:
 
     Or, ``damaged``, a record whose header declares more than any captured packet can hold
     (:data:`DEFAULT_CAPLEN_BOUND` for a pcap record, as tshark refuses it: "File has
-    N-byte packet, bigger than maximum of 262144"; :data:`PCAPNG_SYNC_MAX_BLOCK` for a
-    pcapng block): the file is damaged there, and the ``available`` bytes from it to the end
+    N-byte packet, bigger than maximum of 262144"; :data:`PCAPNG_MAX_BLOCK` for a pcapng
+    block): the file is damaged there, and the ``available`` bytes from it to the end
     of its piece (the file's end, or where the next split finds records again) are not
     read.  A capture cut short loses its partial last record only; a damaged one loses
     readable packets."""
@@ -1195,7 +1199,7 @@ def _walk_pcapng(source: _Source, index: PcapngIndex, start: int, stop: int,
         declared = _declared_block_length(buf, p, ctx.order)
         if declared is not None and (declared < 12 or declared % 4):
             raise source.error(pos, f"damaged pcapng block (length {declared})")
-        if not _grow(source, chunk, pos, stop, declared, truncate, PCAPNG_SYNC_MAX_BLOCK):
+        if not _grow(source, chunk, pos, stop, declared, truncate, PCAPNG_MAX_BLOCK):
             return
 
 

@@ -624,6 +624,17 @@ def test_damaged_pcapng_block_is_an_error(tmp_path: Path) -> None:
     path.write_bytes(shb("<") + idb("<", Iface(1)) + epb("<", 3, 1, b"x"))
     with pytest.raises(CaptureError, match="unknown interface 3"):
         read_rows(path, 1)
+    # a block declaring more than any block holds (2 GiB): damage, what follows unread
+    head = shb("<") + idb("<", Iface(1)) + epb("<", 0, 1, b"ok")
+    path.write_bytes(head + struct.pack("<II", 6, 0x7FFFFFF0) + bytes(64)
+                     + epb("<", 0, 2, b"after"))
+    reports: list[splits.TruncatedRecord] = []
+    (split,) = plan_splits(open_capture(str(path)), 1 << 20)
+    rows = [r for b in SplitReader(split, 5, 64, on_truncated=reports.append)
+            for r in b.to_pylist()]
+    assert len(rows) == 1 and len(reports) == 1
+    assert reports[0].damaged and reports[0].offset == len(head)
+    assert "2,147,483,632-byte block" in str(reports[0])
 
 
 def test_bad_options() -> None:
