@@ -342,6 +342,11 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
     log(f"  decoded {stored.frames} frames into {out.uri(DECODED)}")
     for line in (*stored.damaged, *stored.truncated):   # (said with --quiet too)
         print(f"{PROG}: warning: {line}", file=sys.stderr, flush=True)
+    if not stored.rows.get("packets", 0):
+        print(f"{PROG}: warning: no frame of {stored.frames:,} decodes as UM: if UM runs on "
+              f"ports outside the defaults, give them (--store-port, --lbttcp-port, "
+              f"--lbtrm-port, --lbtru-port, --lbmr-port; the report lists why each frame is "
+              f"not UM)", file=sys.stderr, flush=True)
     spark.sparkContext.setJobDescription("analyses")
     # no result of an earlier run stays next to this run's (nor after it failed)
     out.reset("parquet")

@@ -163,6 +163,16 @@ def test_a_damaged_or_cut_capture_is_said_and_a_damaged_one_is_not_a_success(
             assert problems["cut_short"] and not problems["damaged"]
 
 
+def test_a_capture_without_um_says_so_on_the_command_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _run(capsys, str(PLANTED.parent / "not-um.pcap"), "--out", str(tmp_path / "o"),
+                     "--quiet")
+    assert code == 0, err
+    (line,) = err.strip().splitlines()
+    assert line.startswith("ump analyze: warning: no frame of 7 decodes as UM")
+    assert "--store-port" in line
+
+
 def _record_offsets(blob: bytes | bytearray) -> list[int]:
     """Where each record of a little-endian classic pcap starts."""
     at, found = 24, []
