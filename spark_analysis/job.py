@@ -44,6 +44,7 @@ import contextlib
 import json
 import math
 import os
+import posixpath
 import shutil
 import sys
 import threading
@@ -84,8 +85,8 @@ class AnalyzeError(Exception):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``ump analyze`` (shared by ``spark_analysis.cli`` and :func:`main`)."""
     parser.add_argument("captures", nargs="+", metavar="CAPTURE",
-                        help="pcap/pcapng files, directories or globs (local paths or URIs "
-                             "such as hdfs://..., s3://...)")
+                        help="pcap/pcapng files, directories (their capture files) or globs "
+                             "(local paths or URIs such as hdfs://..., s3://...)")
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="output directory (created; existing results are replaced)")
     add_port_options(parser)
@@ -247,8 +248,9 @@ def check_captures(captures: Sequence[str]) -> list[str]:
     unreadable or non-capture file is reported here, by name, before Spark starts."""
     from spark_analysis.splits import CaptureError, expand_paths, open_capture
 
+    skipped: list[str] = []
     try:
-        refs = expand_paths(list(captures))
+        refs = expand_paths(list(captures), skipped)
         for ref in refs:
             open_capture(ref)
     except CaptureError as exc:
@@ -259,6 +261,11 @@ def check_captures(captures: Sequence[str]) -> list[str]:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise AnalyzeError(f"{duplicates[0]}: given more than once")
+    if skipped:
+        shown = ", ".join(posixpath.basename(name) for name in skipped[:5])
+        more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+        print(f"{PROG}: passing over {len(skipped)} file(s) in the directories given that are "
+              f"not captures: {shown}{more}", file=sys.stderr, flush=True)
     return names
 
 

@@ -251,24 +251,45 @@ def _visible(name: str) -> bool:
     return not name.startswith((".", "_"))
 
 
-def expand_paths(paths: str | Sequence[str]) -> list[FileRef]:
+def expand_paths(paths: str | Sequence[str], skipped: list[str] | None = None
+                 ) -> list[FileRef]:
     """Local paths, URIs (``s3://``, ``hdfs://``, ``file://``), directories and globs.
 
-    A directory means its visible files (not recursive); glob characters (``* ? [``) may appear
-    in any component and ``**`` spans directories.  Every pattern must match at least one file:
-    a typo is an error, not an empty DataFrame."""
+    A directory means its visible files that begin as a capture does (a pcap or pcapng
+    magic number; not recursive): the sidecars, notes and scripts kept beside captures are
+    passed over, their names added to ``skipped`` when given.  Glob characters (``* ? [``)
+    may appear in any component and ``**`` spans directories; a file a glob or a name picks
+    is taken whatever it holds (reading it says what is wrong).  Every pattern must match at
+    least one file, a directory hold at least one capture: a typo is an error, not an empty
+    DataFrame."""
     if isinstance(paths, str):
         paths = [paths]
     out: list[FileRef] = []
     for spec in paths:
-        found = _expand_one(spec)
+        found = _expand_one(spec, skipped)
         if not found:
             raise CaptureError(f"{spec}: no file matches")
         out.extend(found)
     return out
 
 
-def _expand_one(spec: str) -> list[FileRef]:
+_CAPTURE_MAGICS = frozenset(
+    {magic.to_bytes(4, end) for magic in (wpcap.PCAP_MAGIC_US, wpcap.PCAP_MAGIC_NS,
+                                          wpcap.PCAPNG_SHB)
+     for end in ("little", "big")})
+"""The first four bytes of a capture file: a pcap magic (either byte order, micro- or
+nanosecond) or a pcapng section header block's type."""
+
+
+def _begins_as_capture(filesystem: pafs.FileSystem, path: str) -> bool:
+    try:
+        with filesystem.open_input_file(path) as handle:
+            return bytes(handle.read(4)) in _CAPTURE_MAGICS
+    except OSError:
+        return True   # (opening it again says what is wrong)
+
+
+def _expand_one(spec: str, skipped: list[str] | None = None) -> list[FileRef]:
     scheme, sep, rest = spec.partition("://")
     prefix, body = (scheme + sep, rest) if sep else ("", spec)
     components = body.split("/")
@@ -283,7 +304,15 @@ def _expand_one(spec: str) -> list[FileRef]:
             files = sorted(e.path for e in entries
                            if e.type == pafs.FileType.File and _visible(e.base_name))
             shown = spec.rstrip("/") if sep else path
-            return [FileRef(f"{shown}/{posixpath.basename(f)}", filesystem, f) for f in files]
+            captures = [f for f in files if _begins_as_capture(filesystem, f)]
+            if files and not captures:
+                raise CaptureError(f"{spec}: no capture file in the directory ({len(files)} "
+                                   f"other file(s))")
+            if skipped is not None:
+                skipped += [f"{shown}/{posixpath.basename(f)}" for f in files
+                            if f not in captures]
+            return [FileRef(f"{shown}/{posixpath.basename(f)}", filesystem, f)
+                    for f in captures]
         return [FileRef(spec if sep else path, filesystem, path)]
     base = "/".join(components[:first_glob]) or ("/" if body.startswith("/") else ".")
     pattern = components[first_glob:]

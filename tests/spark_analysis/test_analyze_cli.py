@@ -173,6 +173,23 @@ def test_a_capture_without_um_says_so_on_the_command_line(
     assert "--store-port" in line
 
 
+def test_a_directory_of_captures_and_their_sidecars_is_its_captures(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "caps"
+    folder.mkdir()
+    (folder / "planted.pcap").write_bytes(PLANTED.read_bytes())
+    (folder / "planted.pcap.meta.json").write_text("{}")
+    (folder / "README.md").write_text("# what these are\n")
+    code, err = _run(capsys, str(folder), "--out", str(tmp_path / "o"), "--quiet",
+                     "--store-port", str(STORE_PORT))
+    assert code == 0, err
+    assert err.strip().splitlines() == [
+        "ump analyze: passing over 2 file(s) in the directories given that are not captures: "
+        "README.md, planted.pcap.meta.json"]
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["files"] == [str(folder / "planted.pcap")]
+
+
 def _record_offsets(blob: bytes | bytearray) -> list[int]:
     """Where each record of a little-endian classic pcap starts."""
     at, found = 24, []

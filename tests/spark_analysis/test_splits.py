@@ -576,6 +576,20 @@ def test_globs_directories_and_uris(tmp_path: Path) -> None:
     assert names(expand_paths(str(tmp_path / "d" / "**" / "*.pcap"))) == [
         "d/e/x3.pcap", "d/x1.pcap", "d/x2.pcap"]
     assert names(expand_paths(str(tmp_path / "d"))) == ["d/x1.pcap", "d/x2.pcap"]
+    # a directory's files that are not captures are passed over (and said), named ones not
+    (tmp_path / "d" / "x1.pcap.meta.json").write_text("{}")
+    (tmp_path / "d" / "README.md").write_text("# captures\n")
+    pcapng_file([(shb(">"), False)]).write(tmp_path / "d" / "y.ntar")
+    skipped: list[str] = []
+    assert names(expand_paths(str(tmp_path / "d"), skipped)) == [
+        "d/x1.pcap", "d/x2.pcap", "d/y.ntar"]
+    assert [Path(n).name for n in skipped] == ["README.md", "x1.pcap.meta.json"]
+    assert names(expand_paths(str(tmp_path / "d" / "x1*"))) == ["d/x1.pcap",
+                                                               "d/x1.pcap.meta.json"]
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("not packets")
+    with pytest.raises(CaptureError, match="no capture file in the directory"):
+        expand_paths(str(tmp_path / "notes"))
     assert names(expand_paths([str(tmp_path / "d" / "e" / "x3.pcap")])) == ["d/e/x3.pcap"]
     uri = f"file://{tmp_path}/d/x?.pcap"
     assert [r.name for r in expand_paths(uri)] == [
