@@ -214,3 +214,32 @@ def test_a_topic_name_that_is_not_utf8_does_not_stop_the_decode(tmp_path: Path) 
     write_pcap(path, [udp_frame("10.0.0.1", 50000, "224.9.10.11", 12965, raw)])
     tables = columnar.decode_batches([columnar.frames_batch_from_capture(path)])
     assert tables.advertisements.column("topic").to_pylist() == ["t\ufffdopic"]
+
+
+def test_um_found_by_content_alone_is_analysed_as_um_found_by_port(tmp_path: Path) -> None:
+    """The real-traits capture (LBT-RM from an ephemeral port, LBMR version 1 with options
+    on multicast) with every UDP range moved away: its LBT-RM, LBT-RU and topic resolution
+    are found by content alone, and the analyses of them are those of a run that finds
+    them by port (the topics, their queries, the transport sessions and their gaps)."""
+    from spark_analysis import decode
+    from spark_analysis.engine.inputs import load
+    from spark_analysis.engine.run import analyze
+
+    path = CORPUS / "real-traits.pcap"
+    results = {}
+    for name in ("store-port", "ranges moved away"):
+        ports, content = OPTION_SETS[name]
+        out = tmp_path / name.replace(" ", "-")
+        stored = decode.decode_to_parquet(None, [str(path)], str(out),
+                                          DecodeOptions(ports, content_heuristics=content))
+        assert stored.rows["packets"] > 0
+        results[name] = analyze(load(str(out), [str(path)], per_file=False))
+    by_port, by_content = results["store-port"], results["ranges moved away"]
+    for output in ("topic_advertisements", "topic_queries", "transport_sessions",
+                   "sequence_summary", "retransmission_summary"):
+        assert by_port[output].num_rows > 0, output
+        assert by_content[output].equals(by_port[output]), output
+    # the topic resolution really was found by content there (version 1 with options)
+    versions = {v for v in dissect_verdicts(path, *OPTION_SETS["ranges moved away"]).values()
+                if v is not None and v[0] == "lbmr"}
+    assert versions == {("lbmr", "content")}
