@@ -268,24 +268,32 @@ def analyze_captures(spark: Any, decoded: str, files: Sequence[str], per_file: b
     """Analyse every capture of the run (the files, or each file with ``per_file``) in Spark,
     one task per capture, and write the results under ``out/parquet``; returns the rows of
     each result over all captures.  A line per capture says what its analyses took (and, for
-    a single capture, a line per analysis step)."""
+    a single capture, a line per analysis step).
+
+    Without a session (``spark`` None: captures small enough for ``ump analyze`` to run
+    without Spark) the same task function runs here, over the captures one after the other."""
     captures = sorted(files) if per_file else ["all"]
     order = {capture: rank for rank, capture in enumerate(captures)}
     totals = dict.fromkeys(OUTPUTS, 0)
-    # an RDD of the names, a partition each: one stage of one task per capture, and the
-    # results come back as Python values (a DataFrame of names would shuffle them first)
-    # the cores each task may use: a local master's cores shared by the captures analysed at
-    # once (on a cluster, Spark's count of all executors' cores: an upper bound)
-    cores = max(1, spark.sparkContext.defaultParallelism)
-    threads = max(1, cores // min(len(captures), cores))
-    names = spark.sparkContext.parallelize(captures, len(captures))
-    done = names.mapPartitions(_task(decoded, list(files), per_file, order, options, out,
-                                     threads))
-    try:
-        finished = done.collect()
-    except Exception as exc:
-        what = _name(captures[0], per_file) if len(captures) == 1 else "a capture"
-        raise AnalysisFailed(f"analysing {what} failed: {_crash(exc)}") from exc
+    if spark is None:
+        task = _task(decoded, list(files), per_file, order, options, out, os.cpu_count() or 1)
+        finished = list(task(iter(captures)))
+    else:
+        # an RDD of the names, a partition each: one stage of one task per capture, and the
+        # results come back as Python values (a DataFrame of names would shuffle them first)
+        # the cores each task may use: a local master's cores shared by the captures
+        # analysed at once (on a cluster, Spark's count of all executors' cores: an upper
+        # bound)
+        cores = max(1, spark.sparkContext.defaultParallelism)
+        threads = max(1, cores // min(len(captures), cores))
+        names = spark.sparkContext.parallelize(captures, len(captures))
+        done = names.mapPartitions(_task(decoded, list(files), per_file, order, options, out,
+                                         threads))
+        try:
+            finished = done.collect()
+        except Exception as exc:
+            what = _name(captures[0], per_file) if len(captures) == 1 else "a capture"
+            raise AnalysisFailed(f"analysing {what} failed: {_crash(exc)}") from exc
     failed = [(capture, error) for capture, _, _, error in finished if error is not None]
     if failed:
         capture, error = failed[0]

@@ -94,6 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode by port rules only (no UM detection by content)")
     parser.add_argument("--master", metavar="URL",
                         help="Spark master (default local[*]; under spark-submit, its own)")
+    parser.add_argument("--spark", action="store_true",
+                        help="run in Spark even a capture small enough to decode and analyse "
+                             "in this process (at most 4 MiB: no Spark start, seconds faster)")
     parser.add_argument("--per-file", action="store_true",
                         help="analyse each file as a separate capture (default: all files "
                              "are one capture, e.g. the pieces of a rotated capture)")
@@ -316,7 +319,16 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
         return spark
 
     split_size = args.split_size << 20 if args.split_size else None
-    if _decode_while_starting(args.master):
+    spark: Any = None
+    if _in_process(args, capture_bytes):
+        # Spark's start (a JVM, 4-5 s) would be most of the run: this process decodes and
+        # analyses a small capture itself, with the same code a Spark task runs
+        log(f"a small capture ({capture_bytes / 2**20:.1f} MiB): decoding and analysing in "
+            f"this process, without Spark (--spark: in Spark)")
+        log("decoding")
+        stored = _decode_locally(natural_order(files), args.per_file, decode_options,
+                                 split_size, out, None)
+    elif _decode_while_starting(args.master):
         # the decode needs no JVM: local processes decode while Spark starts (a thread)
         log("starting Spark")
         with _decode_pool(capture_bytes) as pool, \
@@ -354,13 +366,14 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
               f"ports outside the defaults, give them (--store-port, --lbttcp-port, "
               f"--lbtrm-port, --lbtru-port, --lbmr-port; the report lists why each frame is "
               f"not UM)", file=sys.stderr, flush=True)
-    spark.sparkContext.setJobDescription("analyses")
+    if spark is not None:
+        spark.sparkContext.setJobDescription("analyses")
     # no result of an earlier run stays next to this run's (nor after it failed)
     out.reset("parquet")
     out.remove("summary.json", "report.html")
     analysing = log.bar("analysing", spark) if isinstance(log, Progress) \
         else contextlib.nullcontext()
-    if not verbose:
+    if not verbose and spark is not None:
         # a failed task is said in one line (AnalysisFailed), not by Spark's stack traces
         spark.sparkContext.setLogLevel("FATAL")
     try:
@@ -372,7 +385,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResu
         out.reset("parquet")   # no half-written results (the decoded tables are whole)
         raise
     finally:
-        if not verbose:
+        if not verbose and spark is not None:
             spark.sparkContext.setLogLevel("ERROR")
     skipped = _skipped(out)
     tables_read = {name: out.read(name, REPORT_ROW_LIMIT if name in DETAIL_OUTPUTS else None)
@@ -470,6 +483,37 @@ DECODED = "decoded"
 """The subdirectory of ``--out`` that receives the decoded tables (``packets/``,
 ``messages/``, ``advertisements/``, ``skipped/``: :func:`spark_analysis.decode.decode_to_parquet`),
 which the analyses read back and users may query themselves."""
+
+
+IN_PROCESS_BYTES = DRIVER_DECODE_BYTES
+"""Captures of at most this many bytes in all (those the driver decodes itself) are decoded
+and analysed in this process, without Spark, unless ``--master`` or ``--spark`` asks for it
+(:func:`_in_process`)."""
+
+
+def _in_process(args: argparse.Namespace, capture_bytes: int) -> bool:
+    """Whether this run decodes and analyses in this process, with no Spark session: captures
+    of at most :data:`IN_PROCESS_BYTES` on this machine's disk, written to it, with no master
+    asked for (``--master``, spark-submit's, a session already running) and no ``--spark``.
+
+    Why: on a capture that small, starting Spark (its JVM and Python workers: 4-5 s on the
+    2-core machine) was most of the run, 7.6 s in all for 4,693 frames where tshark takes
+    0.3 s.  The decode already ran in this process for such captures while Spark started;
+    the analyses are the same function a Spark task runs (:func:`spark_analysis.engine_job.
+    analyze_captures` without a session)."""
+    if args.spark or args.master is not None or capture_bytes > IN_PROCESS_BYTES:
+        return False
+    if "://" in args.out and not args.out.startswith("file://"):
+        return False
+    if any("://" in c and not c.startswith("file://") for c in args.captures):
+        return False
+    from spark_analysis.session import _under_spark_submit
+
+    if _under_spark_submit():
+        return False
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession() is None
 
 
 def _decode_while_starting(master: str | None) -> bool:

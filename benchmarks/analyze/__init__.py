@@ -285,7 +285,9 @@ def run_analyze(capture: Capture, out: Path, master: str | None,
                 extra: Sequence[str] = (), events: Path | None = None) -> Measured:
     """``ump analyze`` on the capture; with ``events`` Spark writes its event log there."""
     argv = [sys.executable, "-m", "ump", "analyze", str(capture.path), "--out", str(out),
-            *capture.analyze_args, *(["--master", master] if master else []), *extra]
+            *capture.analyze_args, *(["--master", master] if master else []), *extra,
+            # Spark's event log needs Spark, even for a capture small enough to go without
+            *(["--spark"] if events is not None else [])]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     if events is not None:

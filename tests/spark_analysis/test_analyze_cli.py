@@ -190,6 +190,31 @@ def test_a_directory_of_captures_and_their_sidecars_is_its_captures(
     assert summary["files"] == [str(folder / "planted.pcap")]
 
 
+def test_a_small_capture_is_analysed_without_spark_as_spark_analyses_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import pyarrow.parquet as pq
+
+    assert PLANTED.stat().st_size <= job.IN_PROCESS_BYTES
+    runs = {}
+    for how, extra in (("in-process", ()), ("spark", ("--spark",))):
+        out = tmp_path / how
+        code, err = _run(capsys, str(PLANTED), "--out", str(out), "--store-port",
+                         str(STORE_PORT), *extra)
+        assert code == 0, err
+        runs[how] = (out, err)
+    assert "without Spark" in runs["in-process"][1] and "starting Spark" not in runs[
+        "in-process"][1]
+    assert "starting Spark" in runs["spark"][1] and "without Spark" not in runs["spark"][1]
+    (alone, _), (spark, _) = runs["in-process"], runs["spark"]
+    names = sorted(p.name for p in (spark / "parquet").iterdir())
+    assert names == sorted(p.name for p in (alone / "parquet").iterdir()) and len(names) == 17
+    for name in names:
+        assert pq.read_table(alone / "parquet" / name).equals(
+            pq.read_table(spark / "parquet" / name)), name
+    assert json.loads((alone / "summary.json").read_text()) == json.loads(
+        (spark / "summary.json").read_text())
+
+
 def _record_offsets(blob: bytes | bytearray) -> list[int]:
     """Where each record of a little-endian classic pcap starts."""
     at, found = 24, []
@@ -339,7 +364,7 @@ def test_analysis_out_of_memory_leaves_no_results(tmp_path: Path) -> None:
     out.mkdir()
     (out / "report.html").write_text("an earlier run's report")
     done = subprocess.run([sys.executable, "-m", "ump", "analyze", str(PLANTED), "--out",
-                           str(out), "--store-port", str(STORE_PORT)],
+                           str(out), "--store-port", str(STORE_PORT), "--spark"],
                           capture_output=True, text=True, timeout=600,
                           env={**__import__("os").environ, "SPARK_CONF_DIR": str(conf)})
     assert done.returncode == 1, done.stderr
