@@ -74,6 +74,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from . import arrow_build, columnar, schemas
+from .capture_files import DEFAULT_CHUNK_SIZE, CaptureError, PcapngIndexMode, resolve
 from .schemas import (
     ADVERTISEMENTS_SCHEMA,
     ALWAYS_SET,
@@ -92,15 +93,11 @@ from .schemas import (
     DecodeOptions,
 )
 from .splits import (
-    DEFAULT_CHUNK_SIZE,
     DEFAULT_SPLIT_SIZE,
-    CaptureError,
     OnTruncated,
-    PcapngIndexMode,
     Split,
     SplitReader,
     TruncatedRecord,
-    _resolve,
     plan,
 )
 
@@ -781,7 +778,7 @@ def decode_to_parquet(spark: SparkSession | None, paths: str | Sequence[str], ou
         total = sum(s.end - s.start for s in splits_planned)
         size = min(DEFAULT_SPLIT_SIZE, max(8 << 20, -(-total // (4 * parallelism))))
         splits_planned = plan(paths, size, pcapng_index)
-    filesystem, root = _resolve(out)
+    filesystem, root = resolve(out)
     info = filesystem.get_file_info(root)
     if info.type != pafs.FileType.NotFound:
         if not overwrite:

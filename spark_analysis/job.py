@@ -249,7 +249,7 @@ class RunResult:
 def check_captures(captures: Sequence[str]) -> list[str]:
     """Expand paths and globs and read every file's header on the driver: a missing,
     unreadable or non-capture file is reported here, by name, before Spark starts."""
-    from spark_analysis.splits import CaptureError, expand_paths, open_capture
+    from spark_analysis.capture_files import CaptureError, expand_paths, open_capture
 
     skipped: list[str] = []
     try:
@@ -473,7 +473,7 @@ def launch_config(capture_bytes: int) -> dict[str, str]:
 
 def _capture_bytes(captures: Sequence[str]) -> int:
     """Total size of the capture files (already checked by :func:`check_captures`)."""
-    from spark_analysis.splits import expand_paths
+    from spark_analysis.capture_files import expand_paths
 
     return sum(ref.filesystem.get_file_info(ref.path).size or 0
                for ref in expand_paths(list(captures)))
@@ -588,8 +588,8 @@ def _decode_locally(files: Sequence[str], per_file: bool, options: Any,
     or, without one, in this process."""
     import dataclasses
 
+    from spark_analysis.capture_files import CaptureError
     from spark_analysis.decode import decode_to_parquet
-    from spark_analysis.splits import CaptureError
 
     options = dataclasses.replace(options, separate_files=per_file)
     try:
@@ -610,8 +610,8 @@ def _decode(spark: Any, files: Sequence[str], per_file: bool, options: Any,
     the same TCP 4-tuples, whose segments must not be reassembled together)."""
     import dataclasses
 
+    from spark_analysis.capture_files import CaptureError
     from spark_analysis.decode import decode_to_parquet
-    from spark_analysis.splits import CaptureError
 
     options = dataclasses.replace(options, separate_files=per_file)
     try:

@@ -12,7 +12,7 @@ Options (all optional):
 ``maxRecordsPerBatch``
     rows per Arrow batch handed to Spark, default 65536.
 ``pcapngIndex``
-    ``head`` (default) or ``scan``; see "pcapng context" in :mod:`spark_analysis.splits`.
+    ``head`` (default) or ``scan``; see "pcapng context" in :mod:`spark_analysis.capture_files`.
     ``head`` fails loudly on a pcapng file with several sections; ``scan`` reads every block
     header of each pcapng file on the driver first and handles anything.
 ``onTruncated``
@@ -29,9 +29,9 @@ executors and sizes the shuffle partitions, see :func:`spark_analysis.session.re
 ``spark_analysis.session.get_spark()`` gives a session readied so already.
 
 Errors the user can fix (no such file, not a capture, bad option) are raised as
-:class:`~spark_analysis.splits.CaptureError` while planning.  Spark wraps exceptions from a Python
-data source in its own; :func:`load_captures` checks the paths in the calling process first, so
-a typo there is a plain Python exception with a one-line message.
+:class:`~spark_analysis.capture_files.CaptureError` while planning.  Spark wraps exceptions from a
+Python data source in its own; :func:`load_captures` checks the paths in the calling process
+first, so a typo there is a plain Python exception with a one-line message.
 """
 
 from __future__ import annotations
@@ -44,14 +44,13 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
+from .capture_files import CaptureError, expand_paths
 from .splits import (
     CAPTURE_SCHEMA,
     DEFAULT_MAX_ROWS,
     DEFAULT_SPLIT_SIZE,
-    CaptureError,
     Split,
     SplitReader,
-    expand_paths,
     plan,
 )
 

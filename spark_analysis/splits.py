@@ -4,20 +4,23 @@ Spark reads a large capture in parallel only if each task can start in the middl
 Neither format has sync markers, so a task that starts at an arbitrary byte must *find* the
 next record boundary.  This module does that without Spark (pure Python + numpy + pyarrow), so
 the boundary logic is tested on its own and the data source (:mod:`spark_analysis.pcap_source`)
-stays a thin wrapper.
+stays a thin wrapper.  The files themselves (paths and globs, what the driver reads of their
+headers, the pcapng section index) are :mod:`spark_analysis.capture_files`, the layer below:
+a split carries its :class:`~spark_analysis.capture_files.CaptureFile`, and the names of that
+module are importable from here too.
 
 Ownership.  A split ``[start, end)`` owns the records whose header starts at or after
-``sync(start)`` and before ``sync(end)``, where ``sync(x)`` (:meth:`CaptureFile.sync`) is the
-first record boundary at or after ``x`` as found by the heuristics below.  When ``sync`` is exact
-(what the heuristics are built and tested for) that is exactly "the records whose header starts
-in ``[start, end)``".  Because the reader of the *previous* split walks the true record chain
+``sync(start)`` and before ``sync(end)``, where ``sync(x)`` (:func:`sync`) is the first record
+boundary at or after ``x`` as found by the heuristics below.  When ``sync`` is exact (what the
+heuristics are built and tested for) that is exactly "the records whose header starts in
+``[start, end)``".  Because the reader of the *previous* split walks the true record chain
 and stops at the same ``sync(end)``, a boundary that the heuristics pass over is not lost (the
 previous split reads a little further), and a boundary they invent inside a record is caught: the
 previous split sees its last record straddle ``sync(end)`` and raises :class:`CaptureError`
 instead of letting two tasks disagree.  Nothing is ever dropped or duplicated silently.
 
-Classic pcap resync (:meth:`CaptureFile.sync` for pcap).  A candidate offset must hold a
-*plausible* record header (all thresholds are module constants):
+Classic pcap resync (:func:`sync` for pcap).  A candidate offset must hold a *plausible*
+record header (all thresholds are module constants):
 
 * ``caplen <= snaplen`` (``snaplen`` from the file header; 262144 when it is 0 or larger),
   ``caplen <= origlen <= max(262144, snaplen bound)``;
@@ -49,22 +52,16 @@ trailing copy of that length, for an EPB a captured length that fits and an inte
 section declares, and ``SYNC_CHAIN`` following blocks that pass the same test (any non-zero
 type) or end the file.  No look-back is needed.
 
-pcapng context.  An EPB names its interface by number; the interface descriptions (link type,
-``if_tsresol``, ``if_tsoffset``) live in IDBs at the start of the section, possibly far before a
-split.  ``pcapng_index="head"`` (the default) reads only the first section's head (SHB and the
-IDBs before the first packet) on the driver; a reader that meets a later SHB or IDB raises
-:class:`CaptureError` naming ``"scan"``, so a multi-section file fails loudly instead of being
-misread.  ``pcapng_index="scan"`` walks every block header of the file once on the driver
-(headers only; bodies of blocks larger than a chunk are skipped) and handles any number of
-sections and interfaces.
-
 Reading.  Files are opened through a pyarrow filesystem (local paths, ``file://``, ``hdfs://``,
 ``s3://``...), read in chunks of ``DEFAULT_CHUNK_SIZE`` (16 MiB); the next chunk starts at the
 record the last one cut, so a task holds one chunk plus one record whatever the split size.
 Records are found by a walk that reads each record's length (the sequential dependency leaves
 nothing to vectorise: compiled, ``_recordwalk.c``, or in Python where that is not built); their
 headers are then gathered with numpy through the derived dtypes and the packet bytes are cut
-out with one mask, into batches of at most ``DEFAULT_MAX_ROWS`` rows.
+out with one mask, into batches of at most ``DEFAULT_MAX_ROWS`` rows.  A pcapng walk takes the
+interfaces of its packets from the driver's section index (see "pcapng context" in
+:mod:`spark_analysis.capture_files`) and those its own blocks declare, and refuses, naming
+``"scan"``, a section header or interface description that a ``"head"`` index did not list.
 
 Truncated last record.  A capture cut short (tcpdump killed, disk full) ends inside a record.
 Like tshark ("cut short in the middle of a packet") the complete records are all returned and
@@ -80,23 +77,56 @@ the link-layer type (the FCS bits some writers set above them are dropped).
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import math
-import posixpath
 import struct
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.fs as pafs
 
 from wire import pcap as wpcap
-from wire.fastpath import FastLayout, derive
+from wire.fastpath import FastLayout
+
+from .capture_files import (
+    BLOCK_EPB,
+    BLOCK_IDB,
+    BLOCK_OLD_PACKET,
+    BLOCK_SPB,
+    DEFAULT_CAPLEN_BOUND,
+    DEFAULT_CHUNK_SIZE,
+    NG,
+    PCAP_HEADER_SIZE,
+    PCAP_RECORD,
+    SHB,
+    U32,
+    Bytes,
+    CaptureError,
+    CaptureFile,
+    FileRef,
+    Interface,
+    MiB,
+    PcapInfo,
+    PcapngIndex,
+    PcapngIndexMode,
+    Section,
+    expand_paths,
+    open_capture,
+    parse_idb,
+    shb_order,
+)
+
+__all__ = [  # with the names of spark_analysis.capture_files that modules import from here
+    "CAPTURE_SCHEMA", "DAY", "DEFAULT_CAPLEN_BOUND", "DEFAULT_CHUNK_SIZE", "DEFAULT_MAX_ROWS",
+    "DEFAULT_SPLIT_SIZE", "PCAPNG_MAX_BLOCK", "PCAPNG_SYNC_MAX_BLOCK", "RECORD_WALK",
+    "SYNC_CHAIN", "TS_AFTER_FIRST", "TS_BEFORE_FIRST", "TS_NEIGHBOUR", "CaptureError",
+    "CaptureFile", "FileRef", "Interface", "MiB", "OnTruncated", "PcapInfo", "PcapngIndex",
+    "PcapngIndexMode", "RecordChunk", "Section", "Split", "SplitReader", "TruncatedRecord",
+    "expand_paths", "open_capture", "plan", "plan_splits", "read_split", "read_table", "sync",
+]
 
 log = logging.getLogger(__name__)
 
@@ -116,63 +146,28 @@ CAPTURE_SCHEMA = pa.schema([
 sizes (a frame number would need the whole file read from the start)."""
 
 # --- tuning (documented in the module docstring; tests refer to them by name) --------------------
+# (MiB, DEFAULT_CHUNK_SIZE and DEFAULT_CAPLEN_BOUND are defined in spark_analysis.capture_files,
+# whose header reading uses them too)
 
-MiB = 1 << 20
 DEFAULT_SPLIT_SIZE = 64 * MiB
-DEFAULT_CHUNK_SIZE = 16 * MiB
-"""Bytes a split reader reads at once.  Each chunk is decoded in one call whose fixed costs
-(Arrow tables, a write per flow bucket and table) are spread over its frames: 16 MiB (about
-110,000 benchmark frames) against 8 MiB took 5-10% less task CPU in
-``python -m benchmarks.spark`` (three alternating runs each), for 20-40 MB more peak memory
-per worker."""
 DEFAULT_MAX_ROWS = 65536
 SYNC_CHAIN = 4
 DAY = 86400
 TS_BEFORE_FIRST = DAY
 TS_AFTER_FIRST = 366 * DAY
 TS_NEIGHBOUR = DAY
-DEFAULT_CAPLEN_BOUND = 262144
 PCAPNG_SYNC_MAX_BLOCK = 16 * MiB
 PCAPNG_MAX_BLOCK = 128 * MiB + 32
 """The longest pcapng block a capture may hold: an enhanced packet block (32 bytes of its
 own) around the largest packet tshark reads in any link type (D-Bus's, 128 MiB).  A block
 declaring more is damage (:class:`TruncatedRecord`)."""
 _PCAPNG_SYNC_REGION = 64 * 1024  # bytes scanned per step of the pcapng boundary search
-_PCAPNG_HEAD_CHUNK = 64 * 1024  # the head of a pcapng file is read in reads this small
 _INT32_MAX = 2**31 - 1
 
-# --- layouts, derived once from the Construct structs in wire.pcap -------------------------------
+# --- what the boundary search and the walks add to the layouts of capture_files ------------------
 
-_PCAP_HEADER = {"<": derive(wpcap.PcapHeaderLE), ">": derive(wpcap.PcapHeaderBE)}
-_PCAP_RECORD = {"<": derive(wpcap.PcapRecordLE), ">": derive(wpcap.PcapRecordBE)}
-_PCAP_HEADER_SIZE = _PCAP_HEADER["<"].size
-_PCAP_RECORD_SIZE = _PCAP_RECORD["<"].size
-
-
-@dataclass(frozen=True)
-class _NgLayouts:
-    block: FastLayout
-    idb: FastLayout
-    epb: FastLayout
-    spb: FastLayout
-    shb: FastLayout
-
-    @property
-    def epb_data(self) -> int:
-        """Offset of an EPB's packet data from the block start."""
-        return self.block.size + self.epb.size
-
-    @property
-    def spb_data(self) -> int:
-        return self.block.size + self.spb.size
-
-
-_NG = {order: _NgLayouts(*wpcap.pcapng_layouts(order)) for order in "<>"}
-_SHB = wpcap.PCAPNG_SHB
-_BLOCK_IDB, _BLOCK_OLD_PACKET, _BLOCK_SPB, _BLOCK_EPB = 1, 2, 3, 6
 # the block types of the pcapng specification (1-10, SHB, the two custom types)
-_SYNC_BLOCK_TYPES = np.array([*range(1, 11), _SHB, 0x00000BAD, 0x40000BAD], np.int64)
-_OPT_TSRESOL, _OPT_TSOFFSET = 9, 14
+_SYNC_BLOCK_TYPES = np.array([*range(1, 11), SHB, 0x00000BAD, 0x40000BAD], np.int64)
 
 
 def _field_offset(layout: FastLayout, name: str) -> int:
@@ -181,13 +176,7 @@ def _field_offset(layout: FastLayout, name: str) -> int:
     return int(fields[name][1])
 
 
-def _u32_format(order: str) -> struct.Struct:
-    """The struct of one u32 member, read off a derived layout (all pcap members are u32)."""
-    return struct.Struct(order + _PCAP_RECORD[order].format[1])
-
-
-_U32 = {order: _u32_format(order) for order in "<>"}
-_INCL_AT = _field_offset(_PCAP_RECORD["<"], "incl_len")
+_INCL_AT = _field_offset(PCAP_RECORD["<"], "incl_len")
 
 _compiled_walk: Callable[..., tuple[int, int]] | None
 try:  # the walk in C (built by ``pip install``, optional: see setup.py)
@@ -199,391 +188,6 @@ RECORD_WALK = "compiled" if _compiled_walk is not None else "python"
 """Which pcap record walk this process uses: ``"compiled"`` (``_recordwalk.c``) or
 ``"python"`` (the same loop in Python, about 20% of a stage-1 task's CPU on the benchmark
 capture)."""
-
-
-class CaptureError(ValueError):
-    """A capture that cannot be read as asked: missing, not a capture, damaged, or ambiguous.
-
-    The message names the file and, where it applies, the byte offset; it is meant for the
-    person who gave the path, so no traceback is needed to understand it."""
-
-
-# --- files and globs -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FileRef:
-    """A file to read: how to show it (the ``file`` column), its filesystem and path there."""
-
-    name: str
-    filesystem: pafs.FileSystem
-    path: str
-
-
-_GLOB_CHARS = frozenset("*?[")
-
-
-def _has_glob(component: str) -> bool:
-    return any(ch in _GLOB_CHARS for ch in component)
-
-
-def _resolve(uri: str) -> tuple[pafs.FileSystem, str]:
-    if "://" in uri:
-        try:
-            return pafs.FileSystem.from_uri(uri)
-        except Exception as exc:  # pyarrow raises ArrowInvalid/OSError with its own wording
-            raise CaptureError(f"{uri}: cannot open this location ({exc})") from None
-    return pafs.LocalFileSystem(), str(Path(uri).expanduser().absolute())
-
-
-def _glob_match(parts: Sequence[str], pattern: Sequence[str]) -> bool:
-    """fnmatch per path component; ``**`` matches any number of components."""
-    if not pattern:
-        return not parts
-    if pattern[0] == "**":
-        return any(_glob_match(parts[i:], pattern[1:]) for i in range(len(parts) + 1))
-    return bool(parts) and fnmatch.fnmatchcase(parts[0], pattern[0]) and _glob_match(
-        parts[1:], pattern[1:])
-
-
-def _visible(name: str) -> bool:
-    # the convention of Spark's file sources: _SUCCESS, .crc files and the like are not data
-    return not name.startswith((".", "_"))
-
-
-def expand_paths(paths: str | Sequence[str], skipped: list[str] | None = None
-                 ) -> list[FileRef]:
-    """Local paths, URIs (``s3://``, ``hdfs://``, ``file://``), directories and globs.
-
-    A directory means its visible files that begin as a capture does (a pcap or pcapng
-    magic number; not recursive): the sidecars, notes and scripts kept beside captures are
-    passed over, their names added to ``skipped`` when given.  Glob characters (``* ? [``)
-    may appear in any component and ``**`` spans directories; a file a glob or a name picks
-    is taken whatever it holds (reading it says what is wrong).  Every pattern must match at
-    least one file, a directory hold at least one capture: a typo is an error, not an empty
-    DataFrame."""
-    if isinstance(paths, str):
-        paths = [paths]
-    out: list[FileRef] = []
-    for spec in paths:
-        found = _expand_one(spec, skipped)
-        if not found:
-            raise CaptureError(f"{spec}: no file matches")
-        out.extend(found)
-    return out
-
-
-_CAPTURE_MAGICS = frozenset(
-    {magic.to_bytes(4, end) for magic in (wpcap.PCAP_MAGIC_US, wpcap.PCAP_MAGIC_NS,
-                                          wpcap.PCAPNG_SHB)
-     for end in ("little", "big")})
-"""The first four bytes of a capture file: a pcap magic (either byte order, micro- or
-nanosecond) or a pcapng section header block's type."""
-
-
-def _begins_as_capture(filesystem: pafs.FileSystem, path: str) -> bool:
-    try:
-        with filesystem.open_input_file(path) as handle:
-            return bytes(handle.read(4)) in _CAPTURE_MAGICS
-    except OSError:
-        return True   # (opening it again says what is wrong)
-
-
-def _expand_one(spec: str, skipped: list[str] | None = None) -> list[FileRef]:
-    scheme, sep, rest = spec.partition("://")
-    prefix, body = (scheme + sep, rest) if sep else ("", spec)
-    components = body.split("/")
-    first_glob = next((i for i, c in enumerate(components) if _has_glob(c)), None)
-    if first_glob is None:
-        filesystem, path = _resolve(spec)
-        info = filesystem.get_file_info(path)
-        if info.type == pafs.FileType.NotFound:
-            raise CaptureError(f"{spec}: no such file")
-        if info.type == pafs.FileType.Directory:
-            entries = filesystem.get_file_info(pafs.FileSelector(path))
-            files = sorted(e.path for e in entries
-                           if e.type == pafs.FileType.File and _visible(e.base_name))
-            shown = spec.rstrip("/") if sep else path
-            captures = [f for f in files if _begins_as_capture(filesystem, f)]
-            if files and not captures:
-                raise CaptureError(f"{spec}: no capture file in the directory ({len(files)} "
-                                   f"other file(s))")
-            if skipped is not None:
-                skipped += [f"{shown}/{posixpath.basename(f)}" for f in files
-                            if f not in captures]
-            return [FileRef(f"{shown}/{posixpath.basename(f)}", filesystem, f)
-                    for f in captures]
-        return [FileRef(spec if sep else path, filesystem, path)]
-    base = "/".join(components[:first_glob]) or ("/" if body.startswith("/") else ".")
-    pattern = components[first_glob:]
-    filesystem, base_path = _resolve(prefix + base)
-    if filesystem.get_file_info(base_path).type != pafs.FileType.Directory:
-        raise CaptureError(f"{spec}: no such directory {prefix + base}")
-    recursive = len(pattern) > 1 or "**" in pattern
-    entries = filesystem.get_file_info(pafs.FileSelector(base_path, recursive=recursive))
-    shown_base = (prefix + base).rstrip("/") if sep else base_path.rstrip("/")
-    refs = []
-    for entry in entries:
-        if entry.type != pafs.FileType.File:
-            continue
-        rel = posixpath.relpath(entry.path, base_path)
-        parts = rel.split("/")
-        if all(_visible(p) for p in parts) and _glob_match(parts, pattern):
-            refs.append(FileRef(f"{shown_base}/{rel}", filesystem, entry.path))
-    return sorted(refs, key=lambda r: r.name)
-
-
-# --- what the driver learns about a file ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PcapInfo:
-    """The global header of a classic pcap, and the first record's seconds (for sync)."""
-
-    order: str
-    tick_ns: int  # 1000 (microsecond magic) or 1 (nanosecond magic)
-    snaplen: int
-    linktype: int
-    first_ts_sec: int | None  # None: no complete first record header
-
-    @property
-    def frac_limit(self) -> int:
-        return 10**9 // self.tick_ns
-
-    @property
-    def caplen_bound(self) -> int:
-        """The largest caplen :meth:`CaptureFile.sync` believes (see the module docstring)."""
-        return self.snaplen if 0 < self.snaplen <= DEFAULT_CAPLEN_BOUND else DEFAULT_CAPLEN_BOUND
-
-
-@dataclass(frozen=True)
-class Interface:
-    """One pcapng IDB: where it is, and what its packets need (link type, clock)."""
-
-    offset: int
-    linktype: int
-    snaplen: int
-    tsresol: int = 6  # the raw if_tsresol byte: 10^-n, or 2^-(n & 0x7F) when bit 7 is set
-    tsoffset: int = 0  # if_tsoffset, seconds added to every timestamp
-
-
-@dataclass(frozen=True)
-class Section:
-    offset: int
-    order: str
-    interfaces: tuple[Interface, ...]
-
-
-@dataclass(frozen=True)
-class PcapngIndex:
-    """Sections and interfaces known on the driver (see "pcapng context" above).
-
-    ``complete``: every SHB and IDB of the file is listed (``"scan"``).  Otherwise only those
-    before ``head_end`` (the first packet block) are, and a reader that meets another one raises.
-    """
-
-    sections: tuple[Section, ...]
-    complete: bool
-    head_end: int
-
-    def section_at(self, offset: int) -> Section:
-        current = self.sections[0]
-        for section in self.sections:
-            if section.offset > offset:
-                break
-            current = section
-        return current
-
-
-@dataclass(frozen=True)
-class CaptureFile:
-    """A capture as planned on the driver; picklable, shipped inside every split."""
-
-    ref: FileRef
-    size: int
-    info: PcapInfo | PcapngIndex
-
-    @property
-    def name(self) -> str:
-        return self.ref.name
-
-    @property
-    def format(self) -> Literal["pcap", "pcapng"]:
-        return "pcap" if isinstance(self.info, PcapInfo) else "pcapng"
-
-    @property
-    def first_record(self) -> int:
-        return _PCAP_HEADER_SIZE if isinstance(self.info, PcapInfo) else 0
-
-    def open(self) -> _Source:
-        return _Source(self)
-
-    def sync(self, offset: int) -> int:
-        """The first record boundary at or after ``offset`` (file size when there is none)."""
-        with self.open() as source:
-            return source.sync(offset)
-
-
-PcapngIndexMode = Literal["head", "scan"]
-
-
-def open_capture(ref: FileRef | str, pcapng_index: PcapngIndexMode = "head",
-                 chunk_size: int = DEFAULT_CHUNK_SIZE) -> CaptureFile:
-    """Read a capture's header (and, for pcapng, its section index) on the driver."""
-    if pcapng_index not in ("head", "scan"):
-        raise CaptureError(f"pcapngIndex must be 'head' or 'scan', not {pcapng_index!r}")
-    if isinstance(ref, str):
-        refs = expand_paths(ref)
-        if len(refs) != 1:
-            raise CaptureError(f"{ref}: {len(refs)} files; open_capture takes one")
-        ref = refs[0]
-    try:
-        handle = ref.filesystem.open_input_file(ref.path)
-    except FileNotFoundError:
-        raise CaptureError(f"{ref.name}: no such file") from None
-    except OSError as exc:
-        raise CaptureError(f"{ref.name}: cannot open ({exc})") from None
-    with handle:
-        size = handle.size()
-        head = handle.read_at(_PCAP_HEADER_SIZE + _PCAP_RECORD_SIZE, 0)
-        if len(head) < 4:
-            raise CaptureError(f"{ref.name}: {size} bytes, too short to be a capture")
-        if _U32["<"].unpack_from(head)[0] == _SHB:
-            scan = pcapng_index == "scan"
-            index = _pcapng_index(ref, handle, size, complete=scan,
-                                  chunk_size=chunk_size if scan else _PCAPNG_HEAD_CHUNK)
-            return CaptureFile(ref, size, index)
-        return CaptureFile(ref, size, _pcap_info(ref, head))
-
-
-def _pcap_info(ref: FileRef, head: bytes) -> PcapInfo:
-    for order in "<>":
-        layout = _PCAP_HEADER[order]
-        if len(head) >= layout.size:
-            header = layout.decode(head)
-            if header["magic"] in (wpcap.PCAP_MAGIC_US, wpcap.PCAP_MAGIC_NS):
-                break
-    else:
-        magics = {magic.to_bytes(4, end) for magic in (wpcap.PCAP_MAGIC_US, wpcap.PCAP_MAGIC_NS)
-                  for end in ("little", "big")}
-        what = ("truncated pcap header" if head[:4] in magics
-                else f"not a pcap or pcapng file (magic {head[:4].hex()})")
-        raise CaptureError(f"{ref.name}: {what}")
-    first_sec = None
-    if len(head) >= _PCAP_HEADER_SIZE + _PCAP_RECORD_SIZE:
-        first_sec = _PCAP_RECORD[order].unpack_from(head, _PCAP_HEADER_SIZE)[0]
-    return PcapInfo(order, 1 if header["magic"] == wpcap.PCAP_MAGIC_NS else 1000,
-                    header["snaplen"], header["linktype"] & 0xFFFF, first_sec)
-
-
-# --- pcapng block headers ------------------------------------------------------------------------
-
-
-class _Bytes:
-    """Random access to a file through one cached window: a chunk read serves many small reads."""
-
-    def __init__(self, handle: Any, size: int, chunk_size: int) -> None:
-        self.handle, self.size, self.chunk_size = handle, size, chunk_size
-        self.base, self.buf = 0, b""
-
-    def get(self, offset: int, length: int) -> bytes:
-        """Up to ``length`` bytes at ``offset`` (fewer only at end of file)."""
-        rel = offset - self.base
-        if rel < 0 or rel + length > len(self.buf):
-            want = max(length, self.chunk_size)
-            self.buf = self.handle.read_at(max(0, min(want, self.size - offset)), offset)
-            self.base, rel = offset, 0
-        return self.buf[rel : rel + length]
-
-    def peek(self, offset: int, length: int) -> bytes:
-        """Like :meth:`get`, but a read outside the window does not move it.
-
-        The boundary search checks a few far-away headers (the next hop of a chain, a block's
-        trailing length) while it scans one region; re-reading a whole chunk for each of them
-        would cost a chunk per candidate."""
-        rel = offset - self.base
-        if rel >= 0 and rel + length <= len(self.buf):
-            return self.buf[rel : rel + length]
-        return bytes(self.handle.read_at(max(0, min(length, self.size - offset)), offset))
-
-    def u32(self, offset: int, order: str, peek: bool = False) -> int | None:
-        raw = self.peek(offset, 4) if peek else self.get(offset, 4)
-        return _U32[order].unpack_from(raw)[0] if len(raw) == 4 else None
-
-
-def _shb_order(source: _Bytes, offset: int, peek: bool = False) -> str | None:
-    bom = source.u32(offset + _NG["<"].block.size, "<", peek)
-    if bom == wpcap.PCAPNG_BOM:
-        return "<"
-    if bom is not None and bom.to_bytes(4, "little") == wpcap.PCAPNG_BOM.to_bytes(4, "big"):
-        return ">"
-    return None
-
-
-def _parse_idb(offset: int, block: bytes, order: str) -> Interface:
-    lay = _NG[order]
-    body = block[lay.block.size : len(block) - 4]
-    if len(body) < lay.idb.size:
-        raise CaptureError(f"interface block at offset {offset} is too short")
-    linktype, _, snaplen = lay.idb.unpack_from(body)
-    tsresol, tsoffset = 6, 0
-    for code, value in wpcap.pcapng_options(body[lay.idb.size :], order):
-        if code == _OPT_TSRESOL and value:
-            tsresol = value[0]
-        elif code == _OPT_TSOFFSET and len(value) == 8:
-            tsoffset = int.from_bytes(value, "little" if order == "<" else "big", signed=True)
-    return Interface(offset, linktype, snaplen, tsresol, tsoffset)
-
-
-def _pcapng_index(ref: FileRef, handle: Any, size: int, *, complete: bool,
-                  chunk_size: int) -> PcapngIndex:
-    source = _Bytes(handle, size, chunk_size)
-    order = _shb_order(source, 0)
-    if order is None:
-        raise CaptureError(f"{ref.name}: pcapng section header without a valid byte-order mark")
-    sections: list[Section] = []
-    interfaces: list[Interface] = []
-    section_start = 0
-    pos, head_end = 0, size
-    stop_at = {_SHB, _BLOCK_IDB} | (set() if complete else {_BLOCK_EPB, _BLOCK_SPB,
-                                                             _BLOCK_OLD_PACKET})
-    while pos + 8 <= size:
-        # fast path: step over the ordinary blocks inside the cached chunk
-        source.get(pos, 8)
-        buf, base = source.buf, source.base
-        unpack, p, n = _NG[order].block.codec.unpack_from, pos - base, len(source.buf)
-        while p + 8 <= n:
-            btype, length = unpack(buf, p)
-            if btype in stop_at or length < 12 or length & 3 or base + p + length > size:
-                break
-            p += length
-        pos = base + p
-        if pos + 8 > size or p + 8 > n:
-            continue  # end of file, or the next header lies past the chunk: read on
-        btype = source.u32(pos, order)
-        if btype == _SHB:
-            new_order = _shb_order(source, pos)
-            if new_order is None:
-                raise CaptureError(f"{ref.name}: section header at offset {pos} has no "
-                                   "valid byte-order mark")
-            if pos:
-                sections.append(Section(section_start, order, tuple(interfaces)))
-            order, section_start, interfaces = new_order, pos, []
-        length = source.u32(pos + 4, order)
-        assert length is not None
-        if length < 12 or length % 4:
-            raise CaptureError(f"{ref.name}: damaged pcapng block at offset {pos} "
-                               f"(length {length})")
-        if pos + length > size:
-            break  # a truncated last block: the reader of its split reports it
-        if btype == _BLOCK_IDB:
-            interfaces.append(_parse_idb(pos, source.get(pos, length), order))
-        elif btype in (_BLOCK_EPB, _BLOCK_SPB, _BLOCK_OLD_PACKET) and not complete:
-            head_end = pos
-            break
-        pos += length
-    sections.append(Section(section_start, order, tuple(interfaces)))
-    return PcapngIndex(tuple(sections), complete, size if complete else head_end)
 
 
 # --- planning ------------------------------------------------------------------------------------
@@ -686,20 +290,28 @@ class _Source:
         return _PcapngSync(self, self.capture.info).find(x)
 
 
+def sync(capture: CaptureFile, offset: int) -> int:
+    """The first record boundary at or after ``offset`` (file size when there is none): where
+    a split starting or ending at ``offset`` starts or ends (see "Ownership" in the module
+    docstring)."""
+    with _Source(capture) as source:
+        return source.sync(offset)
+
+
 # --- pcap resync ---------------------------------------------------------------------------------
 
 
 class _PcapSync:
     def __init__(self, source: _Source, info: PcapInfo) -> None:
         self.source, self.info, self.size = source, info, source.size
-        self.layout = _PCAP_RECORD[info.order]
+        self.layout = PCAP_RECORD[info.order]
         self.bound = info.caplen_bound
         self.orig_bound = max(DEFAULT_CAPLEN_BOUND, self.bound)
         first = info.first_ts_sec or 0
         self.sec_lo, self.sec_hi = first - TS_BEFORE_FIRST, first + TS_AFTER_FIRST
         self.window = self.layout.size + self.bound
         # one read covers the look-back and look-ahead windows; chain hops past it are peeks
-        self.bytes = _Bytes(source.handle, self.size, 2 * self.window + self.layout.size)
+        self.bytes = Bytes(source.handle, self.size, 2 * self.window + self.layout.size)
 
     def plausible(self, sec: int, frac: int, incl: int, orig: int) -> bool:
         return (incl <= self.bound and incl <= orig <= self.orig_bound
@@ -749,7 +361,7 @@ class _PcapSync:
         return where + lo, incl[where].astype(np.int64), sec[where].astype(np.int64)
 
     def find(self, x: int) -> int:
-        first = _PCAP_HEADER_SIZE
+        first = PCAP_HEADER_SIZE
         rec = self.layout.size
         lo = max(first, x - self.window)
         if lo == first:
@@ -810,7 +422,7 @@ class _PcapSync:
 class _PcapngSync:
     def __init__(self, source: _Source, index: PcapngIndex) -> None:
         self.source, self.index, self.size = source, index, source.size
-        self.bytes = _Bytes(source.handle, self.size, _PCAPNG_SYNC_REGION)
+        self.bytes = Bytes(source.handle, self.size, _PCAPNG_SYNC_REGION)
 
     def block(self, offset: int, order: str, interfaces: int | None
               ) -> tuple[Literal["ok", "bad", "end"], int, str]:
@@ -821,11 +433,11 @@ class _PcapngSync:
         if offset > self.size - 8:
             return "end", self.size, order
         btype = self.bytes.u32(offset, order, peek=True)
-        if btype == _SHB:
-            shb_order = _shb_order(self.bytes, offset, peek=True)
-            if shb_order is None:
+        if btype == SHB:
+            section_order = shb_order(self.bytes, offset, peek=True)
+            if section_order is None:
                 return "bad", offset, order
-            order, interfaces = shb_order, None
+            order, interfaces = section_order, None
         length = self.bytes.u32(offset + 4, order, peek=True)
         if not btype or length is None or length < 12 or length % 4 or \
                 length > PCAPNG_SYNC_MAX_BLOCK:
@@ -834,8 +446,8 @@ class _PcapngSync:
             return "end", self.size, order
         if self.bytes.u32(offset + length - 4, order, peek=True) != length:
             return "bad", offset, order
-        if btype == _BLOCK_EPB:
-            lay = _NG[order]
+        if btype == BLOCK_EPB:
+            lay = NG[order]
             if length < lay.epb_data + 4:
                 return "bad", offset, order
             iface, _, _, cap, _ = lay.epb.unpack_from(self.bytes.peek(offset + 8, lay.epb.size))
@@ -875,8 +487,8 @@ class _PcapngSync:
                 trailer_at = idx + lengths // 4 - 1
                 inside = trailer_at < len(words)
                 trailer = np.where(inside, words[np.minimum(trailer_at, len(words) - 1)], -1)
-                ok &= (~inside) | (trailer == lengths) | (types == _SHB)
-                for i in np.flatnonzero(ok | (types == _SHB)):
+                ok &= (~inside) | (trailer == lengths) | (types == SHB)
+                for i in np.flatnonzero(ok | (types == SHB)):
                     offset = pos + 4 * int(i)
                     if self.chain_ok(offset, order, interfaces):
                         return offset
@@ -1069,9 +681,9 @@ class _Chunk:
 def _walk_pcap(source: _Source, info: PcapInfo, start: int, stop: int,
                truncate: Callable[[TruncatedRecord], None]) -> Iterator[RecordChunk]:
     order = info.order
-    layout = _PCAP_RECORD[order]
+    layout = PCAP_RECORD[order]
     rec = layout.size
-    incl_of = _U32[order].unpack_from
+    incl_of = U32[order].unpack_from
     dtype = layout.dtype()
     chunk = _Chunk(source, start)
     pos = start
@@ -1186,32 +798,32 @@ def _walk_pcapng(source: _Source, index: PcapngIndex, start: int, stop: int,
         groups: list[_Group] = []
         epbs: list[int] = []
         spbs: list[int] = []
-        header = _NG[ctx.order].block.codec.unpack_from
+        header = NG[ctx.order].block.codec.unpack_from
         last = -1
         while p < limit and p + 12 <= n:
             btype, length = header(buf, p)
-            if btype == _BLOCK_EPB and length >= 12 and not length & 3 and p + length <= n:
+            if btype == BLOCK_EPB and length >= 12 and not length & 3 and p + length <= n:
                 epbs.append(p)  # the common case, kept short: the checks are vectorised later
                 last = p
                 p += length
                 continue
-            if btype in (_SHB, _BLOCK_IDB):
+            if btype in (SHB, BLOCK_IDB):
                 groups.append(_Group(ctx.order, tuple(ctx.interfaces), epbs, spbs))
                 epbs, spbs = [], []
                 ctx = _context_change(source, index, ctx, buf, p, base)
-                header = _NG[ctx.order].block.codec.unpack_from
+                header = NG[ctx.order].block.codec.unpack_from
                 btype, length = header(buf, p)
             if length < 12 or length % 4:
                 raise source.error(base + p, f"damaged pcapng block (length {length})")
             if p + length > n:
                 break
-            if btype == _BLOCK_EPB:
+            if btype == BLOCK_EPB:
                 epbs.append(p)
-            elif btype == _BLOCK_SPB:
+            elif btype == BLOCK_SPB:
                 spbs.append(p)
-            elif btype == _BLOCK_IDB:
-                ctx.interfaces.append(_parse_idb(base + p, buf[p : p + length], ctx.order))
-            elif btype == _BLOCK_OLD_PACKET:
+            elif btype == BLOCK_IDB:
+                ctx.interfaces.append(parse_idb(base + p, buf[p : p + length], ctx.order))
+            elif btype == BLOCK_OLD_PACKET:
                 raise source.error(base + p, "obsolete Packet Block (type 2) is not supported; "
                                    "convert the file with editcap first")
             last = p
@@ -1238,14 +850,14 @@ def _declared_block_length(buf: bytes, p: int, order: str) -> int | None:
     A section header's length is in the byte order its own byte-order mark gives."""
     if len(buf) - p < 8:
         return None
-    btype, length = _NG[order].block.unpack_from(buf, p)
-    if btype != _SHB:
+    btype, length = NG[order].block.unpack_from(buf, p)
+    if btype != SHB:
         return int(length)
     if len(buf) - p < 12:
         return None
-    for shb_order in "<>":
-        if _U32[shb_order].unpack_from(buf, p + 8)[0] == wpcap.PCAPNG_BOM:
-            return int(_NG[shb_order].block.unpack_from(buf, p)[1])
+    for section_order in "<>":
+        if U32[section_order].unpack_from(buf, p + 8)[0] == wpcap.PCAPNG_BOM:
+            return int(NG[section_order].block.unpack_from(buf, p)[1])
     return int(length)  # no valid mark: the walk reports it when the block is complete
 
 
@@ -1261,19 +873,19 @@ def _context_change(source: _Source, index: PcapngIndex, ctx: _Context, buf: byt
                     base: int) -> _Context:
     """A new section starts or (for an IDB) the same one goes on; refuse what "head" missed."""
     offset = base + p
-    btype = _NG[ctx.order].block.unpack_from(buf, p)[0]
-    if not index.complete and ((btype == _SHB and offset > 0)
-                               or (btype == _BLOCK_IDB and offset > index.head_end)):
-        what = "section header" if btype == _SHB else "interface description"
+    btype = NG[ctx.order].block.unpack_from(buf, p)[0]
+    if not index.complete and ((btype == SHB and offset > 0)
+                               or (btype == BLOCK_IDB and offset > index.head_end)):
+        what = "section header" if btype == SHB else "interface description"
         raise source.error(offset, f"a {what} after the first packet: this file needs "
                            "the driver to index it first, read it with option "
                            "pcapngIndex=scan")
-    if btype != _SHB:
+    if btype != SHB:
         return ctx
-    bom = _U32["<"].unpack_from(buf, p + 8)[0] if p + 12 <= len(buf) else None
+    bom = U32["<"].unpack_from(buf, p + 8)[0] if p + 12 <= len(buf) else None
     if bom == wpcap.PCAPNG_BOM:
         return _Context("<", [])
-    if bom is not None and _U32[">"].unpack_from(buf, p + 8)[0] == wpcap.PCAPNG_BOM:
+    if bom is not None and U32[">"].unpack_from(buf, p + 8)[0] == wpcap.PCAPNG_BOM:
         return _Context(">", [])
     raise source.error(offset, "section header without a valid byte-order mark")
 
@@ -1323,7 +935,7 @@ def _ticks_to_ns(ticks: np.ndarray, tsresol: int, tsoffset: int) -> np.ndarray:
 
 def _pcapng_columns(source: _Source, group: _Group, buf: bytes, base: int) -> RecordChunk:
     epbs, spbs, ifaces = group.epbs, group.spbs, group.interfaces
-    lay = _NG[group.order]
+    lay = NG[group.order]
     parts: list[tuple[np.ndarray, ...]] = []  # offset, ts, valid, cap, orig, link, iface, start
     if epbs:
         at = np.array(epbs, np.int64)

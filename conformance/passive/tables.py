@@ -151,7 +151,8 @@ def read_records(paths: Sequence[Path], records: Records,
     chunk to ``each(name, chunk)``.
 
     Raises :class:`WireError` when a file is not a capture at all."""
-    from spark_analysis.splits import CaptureError, PcapInfo, SplitReader, TruncatedRecord, plan
+    from spark_analysis.capture_files import CaptureError, PcapInfo
+    from spark_analysis.splits import SplitReader, TruncatedRecord, plan
 
     for path in paths:
         truncated: list[TruncatedRecord] = []

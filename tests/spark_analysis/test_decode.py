@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from spark_analysis import columnar, decode, schemas
+from spark_analysis.capture_files import CaptureError
 from spark_analysis.columnar import DecodeOptions
-from spark_analysis.splits import CaptureError
 from tests.spark_analysis.test_columnar import (
     REFERENCE,
     STORE_PORTS,

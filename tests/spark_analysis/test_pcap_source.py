@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("pyspark", reason="pyspark is in the 'spark' extra")
 import pyarrow as pa
 
+from spark_analysis.capture_files import CaptureError
 from spark_analysis.pcap_source import (
     SPARK_SCHEMA,
     PcapDataSource,
@@ -26,7 +27,7 @@ from spark_analysis.pcap_source import (
     SplitPartition,
     load_captures,
 )
-from spark_analysis.splits import CAPTURE_SCHEMA, CaptureError
+from spark_analysis.splits import CAPTURE_SCHEMA
 from tests.spark_analysis.test_splits import (
     multi_section_pcapng,
     pcap_file,

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from spark_analysis import splits
+from spark_analysis import capture_files, splits
 
 walk = pytest.importorskip("spark_analysis._recordwalk").walk
 
@@ -70,7 +70,7 @@ def record_streams(draw: st.DrawFn) -> tuple[bytes, int, int, int, int, bool]:
     return data, pos, limit, header, at, big
 
 
-PCAP_RECORD = splits._PCAP_RECORD["<"]  # the wire/ layout of a little-endian record header
+PCAP_RECORD = capture_files.PCAP_RECORD["<"]  # the wire/ layout of a little-endian record header
 HEADER, AT = PCAP_RECORD.size, splits._INCL_AT
 
 

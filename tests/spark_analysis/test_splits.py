@@ -1,4 +1,5 @@
-"""Byte-range splits of captures (spark_analysis/splits.py), without Spark.
+"""Byte-range splits of captures (spark_analysis/splits.py, and capture_files.py beneath it),
+without Spark.
 
 The central property: however a file is cut into splits, the union of what the splits read is
 exactly what :func:`wire.pcap.read_capture` reads, each record read once, by the split its
@@ -26,16 +27,16 @@ from hypothesis import strategies as st
 
 pa = pytest.importorskip("pyarrow", reason="pyarrow is in the 'spark' extra")
 
-from spark_analysis import splits  # noqa: E402
+import pyarrow.fs as pafs  # noqa: E402
+
+from spark_analysis import capture_files, splits  # noqa: E402
+from spark_analysis.capture_files import CaptureError, expand_paths, open_capture  # noqa: E402
 from spark_analysis.splits import (  # noqa: E402
     CAPTURE_SCHEMA,
     SYNC_CHAIN,
     TS_AFTER_FIRST,
     TS_NEIGHBOUR,
-    CaptureError,
     SplitReader,
-    expand_paths,
-    open_capture,
     plan_splits,
 )
 from tests.wire.test_pcap import Iface, epb, idb, other_block, shb, spb  # noqa: E402
@@ -125,7 +126,7 @@ def split_size_for(size: int, count: int) -> int:
     return max(1, math.ceil(size / count))
 
 
-def read_rows(path: Path, count: int, *, pcapng_index: splits.PcapngIndexMode = "head",
+def read_rows(path: Path, count: int, *, pcapng_index: capture_files.PcapngIndexMode = "head",
               max_rows: int = 7, chunk_size: int = 64,
               on_truncated: Any = "error", exact: bool = True) -> list[Row]:
     """Every row read through ``count`` splits; checks each split reads only what it owns:
@@ -257,7 +258,7 @@ def test_pcap_sync_at_every_offset(tmp_path: Path, snaplen: int) -> None:
     capture = open_capture(str(built.write(tmp_path / "s.pcap")))
     size = len(built.blob)
     for x in range(size + 2):
-        assert capture.sync(x) == first_boundary(built.offsets, size, x), x
+        assert splits.sync(capture, x) == first_boundary(built.offsets, size, x), x
 
 
 def test_pcap_nanosecond_timestamps_are_exact(tmp_path: Path) -> None:
@@ -350,7 +351,7 @@ def test_timestamp_jump_only_slows_the_split_down(tmp_path: Path) -> None:
     built = pcap_file(jumped, snaplen=128)
     path = built.write(tmp_path / "jump.pcap")
     capture = open_capture(str(path))
-    assert capture.sync(built.offsets[60] - 3) == capture.size
+    assert splits.sync(capture, built.offsets[60] - 3) == capture.size
     for count in SPLIT_COUNTS:
         assert_same_as_read_capture(read_rows(path, count, exact=False), path, built)
 
@@ -394,7 +395,7 @@ def test_fake_headers_that_outvote_the_truth_fail_loudly(tmp_path: Path) -> None
     last record straddle the boundary and refuses, rather than two splits disagreeing."""
     path, _built, boundary, fake = voting_fakes(tmp_path, BASE_SEC)
     capture = open_capture(str(path))
-    assert capture.sync(boundary) == fake  # fooled ...
+    assert splits.sync(capture, boundary) == fake  # fooled ...
     first, second = (splits.Split(capture, 0, boundary),
                      splits.Split(capture, boundary, capture.size))
     with pytest.raises(CaptureError, match="runs over the split boundary"):
@@ -409,7 +410,7 @@ def test_votes_through_a_timestamp_jump_do_not_count(tmp_path: Path) -> None:
     record after the payload."""
     path, built, boundary, _fake = voting_fakes(tmp_path, BASE_SEC + TS_NEIGHBOUR + 1)
     capture = open_capture(str(path))
-    assert capture.sync(boundary) == built.offsets[2]
+    assert splits.sync(capture, boundary) == built.offsets[2]
     rows = [tuple(r.values()) for split in (splits.Split(capture, 0, boundary),
                                             splits.Split(capture, boundary, capture.size))
             for batch in SplitReader(split) for r in batch.to_pylist()]
@@ -432,10 +433,10 @@ def test_a_fake_chain_needs_sync_chain_successors(tmp_path: Path, fakes: int) ->
     capture = open_capture(str(path))
     x = built.offsets[0] + 16 + 100
     if fakes == SYNC_CHAIN:
-        assert capture.sync(x) == built.offsets[1]
+        assert splits.sync(capture, x) == built.offsets[1]
         assert_same_as_read_capture(read_rows(path, 1), path, built)
     else:
-        assert capture.sync(x) == built.offsets[0] + 16 + 120
+        assert splits.sync(capture, x) == built.offsets[0] + 16 + 120
         with pytest.raises(CaptureError, match="runs over the split boundary"):
             list(SplitReader(splits.Split(capture, 0, x)))
 
@@ -498,7 +499,7 @@ def test_pcapng_sync_at_every_offset(tmp_path: Path) -> None:
     capture = open_capture(str(built.write(tmp_path / "s.pcapng")), "scan")
     size = len(built.blob)
     for x in range(size + 2):
-        assert capture.sync(x) == first_boundary(built.offsets, size, x), x
+        assert splits.sync(capture, x) == first_boundary(built.offsets, size, x), x
 
 
 def test_pcapng_head_index_refuses_a_second_section(tmp_path: Path) -> None:
@@ -521,7 +522,7 @@ def test_pcapng_head_index_is_enough_for_one_section(tmp_path: Path) -> None:
     built = pcapng_file(blocks)
     path = built.write(tmp_path / "one.pcapng")
     index = open_capture(str(path)).info
-    assert isinstance(index, splits.PcapngIndex)
+    assert isinstance(index, capture_files.PcapngIndex)
     assert (index.complete, index.head_end) == (False, built.packets[0])
     assert [i.tsresol for i in index.sections[0].interfaces] == [3, 6]
     reference = read_rows(path, 1)
@@ -653,8 +654,24 @@ def test_damaged_pcapng_block_is_an_error(tmp_path: Path) -> None:
 
 def test_bad_options() -> None:
     with pytest.raises(CaptureError, match="splitSize"):
-        plan_splits(splits.CaptureFile(
-            splits.FileRef("x", splits.pafs.LocalFileSystem(), "/x"), 10,
-            splits.PcapInfo("<", 1000, 0, 1, None)), 0)
+        plan_splits(capture_files.CaptureFile(
+            capture_files.FileRef("x", pafs.LocalFileSystem(), "/x"), 10,
+            capture_files.PcapInfo("<", 1000, 0, 1, None)), 0)
     with pytest.raises(CaptureError, match="pcapngIndex"):
         open_capture("/dev/null", "everything")  # type: ignore[arg-type]
+
+
+def test_capture_files_stands_alone_and_splits_re_exports_it() -> None:
+    """capture_files (the driver's side: paths, headers, the pcapng index) does not import the
+    reader, and the names modules have always imported from splits still come from there."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, spark_analysis.capture_files; "
+             "assert 'spark_analysis.splits' not in sys.modules")
+    subprocess.run([sys.executable, "-c", probe], check=True)
+    for name in ("CaptureError", "CaptureFile", "FileRef", "Interface", "PcapInfo",
+                 "PcapngIndex", "PcapngIndexMode", "Section", "expand_paths", "open_capture",
+                 "MiB", "DEFAULT_CHUNK_SIZE", "DEFAULT_CAPLEN_BOUND"):
+        assert name in splits.__all__
+        assert getattr(splits, name) is getattr(capture_files, name)
