@@ -66,8 +66,14 @@ interfaces of its packets from the driver's section index (see "pcapng context" 
 Truncated last record.  A capture cut short (tcpdump killed, disk full) ends inside a record.
 Like tshark ("cut short in the middle of a packet") the complete records are all returned and
 the partial one is dropped and *reported*: :attr:`SplitReader.truncated` names it, and the
-reader logs a warning (``on_truncated="warn"``, the default) or raises
-(``on_truncated="error"``).
+reader logs a warning (``on_truncated="warn"``, the default), raises (``on_truncated="error"``)
+or leaves the saying to its caller (``"quiet"``).
+
+Damaged record.  A record whose header declares more than a captured packet can hold (a pcap
+record over 262,144 bytes, which tshark refuses as "damaged or corrupt"; a pcapng block over
+``PCAPNG_MAX_BLOCK``) is damage, not a capture cut short: the split's walk ends there and
+reports it the same way (:class:`TruncatedRecord` with ``damaged``), naming the bytes not
+read; the next split, if any, finds records again by the boundary search and reads on.
 
 Timestamps are integer nanoseconds since the epoch, exact for every decimal and binary
 ``if_tsresol`` up to 2^-34; finer binary resolutions are truncated to the nanosecond.  Simple
