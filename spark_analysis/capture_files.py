@@ -25,7 +25,9 @@ header block's type makes it pcapng (below); a pcap magic, either byte order, mi
 nanosecond, makes it pcap, and :class:`PcapInfo` keeps the global header (byte order, tick,
 snaplen, the 16 bits of the link-layer type) and the first record's seconds, the reference
 the pcap boundary search checks timestamps against.  Anything else (too short, another magic, a
-truncated header) is a :class:`CaptureError` naming the file.
+truncated header) is a :class:`CaptureError` naming the file; a gzip-compressed capture's
+says to decompress it first, since a split is a byte range of the file as stored (``ump
+dissect`` and the frame-by-frame tools read one compressed, as tshark does).
 
 pcapng context.  An EPB names its interface by number; the interface descriptions (link type,
 ``if_tsresol``, ``if_tsoffset``) live in IDBs at the start of the section, possibly far before a
@@ -190,11 +192,14 @@ nanosecond) or a pcapng section header block's type."""
 
 
 def _begins_as_capture(filesystem: pafs.FileSystem, path: str) -> bool:
+    """Whether the file begins as a capture does, or as a gzip file (then taken, so that
+    reading it says it must be decompressed first)."""
     try:
         with filesystem.open_input_file(path) as handle:
-            return bytes(handle.read(4)) in _CAPTURE_MAGICS
+            head = bytes(handle.read(4))
     except OSError:
         return True   # (opening it again says what is wrong)
+    return head in _CAPTURE_MAGICS or head.startswith(wpcap.GZIP_MAGIC)
 
 
 def _expand_one(spec: str, skipped: list[str] | None = None) -> list[FileRef]:
@@ -371,6 +376,9 @@ def _pcap_info(ref: FileRef, head: bytes) -> PcapInfo:
         magics = {magic.to_bytes(4, end) for magic in (wpcap.PCAP_MAGIC_US, wpcap.PCAP_MAGIC_NS)
                   for end in ("little", "big")}
         what = ("truncated pcap header" if head[:4] in magics
+                else "a gzip-compressed capture: decompress it first (gunzip -k), as the "
+                     "analysis reads captures by byte ranges (ump dissect reads it as it is)"
+                if head.startswith(wpcap.GZIP_MAGIC)
                 else f"not a pcap or pcapng file (magic {head[:4].hex()})")
         raise CaptureError(f"{ref.name}: {what}")
     first_sec = None

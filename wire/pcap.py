@@ -10,11 +10,13 @@ ends inside a record raises :class:`~wire.errors.WireError` after the complete r
 
 from __future__ import annotations
 
+import gzip
 import struct
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 import construct as cs
 
@@ -133,18 +135,32 @@ class CaptureRecord:
     orig_len: int
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+"""The first bytes of a gzip file: captures are often kept compressed (``tcpdump -z gzip``,
+log rotation), and tshark reads them as they are."""
+
+
 def read_capture(path: str | Path) -> Iterator[CaptureRecord]:
-    """Every record of a pcap or pcapng file, in order."""
-    with open(path, "rb") as fh:
-        head = fh.read(4)
-        fh.seek(0)
-        if len(head) < 4:
-            raise WireError("pcap", 0, "file too short to be a capture")
-        magic_le = struct.unpack("<I", head)[0]
-        if magic_le == PCAPNG_SHB:
-            yield from _read_pcapng(fh)
-        else:
-            yield from _read_pcap(fh)
+    """Every record of a pcap or pcapng file, in order; gzip-compressed too, as tshark reads
+    it (a compressed stream that ends early or is corrupt raises WireError where it does,
+    after the records before it, as a damaged capture does)."""
+    with open(path, "rb") as raw:
+        compressed = raw.read(2) == GZIP_MAGIC
+        raw.seek(0)
+        fh = cast(BinaryIO, gzip.GzipFile(fileobj=raw) if compressed else raw)
+        try:
+            head = fh.read(4)
+            fh.seek(0)
+            if len(head) < 4:
+                raise WireError("pcap", 0, "file too short to be a capture")
+            magic_le = struct.unpack("<I", head)[0]
+            if magic_le == PCAPNG_SHB:
+                yield from _read_pcapng(fh)
+            else:
+                yield from _read_pcap(fh)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise WireError("gzip", raw.tell(), f"the compressed capture is damaged or cut "
+                                                f"short ({exc})") from None
 
 
 def has_nanosecond_stamps(path: str | Path) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import html
 import json
 import socket
@@ -89,6 +90,19 @@ def test_not_a_capture(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     text.write_text("these are notes, not packets\n" * 10)
     code, err = _run(capsys, str(PLANTED), str(text), "--out", str(tmp_path / "o"))
     _one_line_error(code, err, "notes.pcap")
+
+
+def test_a_gzip_compressed_capture_is_one_line_saying_to_decompress_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    packed = tmp_path / "planted.pcap.gz"
+    packed.write_bytes(gzip.compress(PLANTED.read_bytes()))
+    folder = tmp_path / "caps"   # in a directory too: taken, so that the line says it
+    folder.mkdir()
+    (folder / packed.name).write_bytes(packed.read_bytes())
+    for given in (packed, folder):
+        code, err = _run(capsys, str(given), "--out", str(tmp_path / "o"))
+        _one_line_error(code, err, "planted.pcap.gz", "gzip-compressed", "gunzip")
+    assert not (tmp_path / "o").exists()
 
 
 def test_empty_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -93,6 +94,21 @@ def test_check_tshark_agrees_on_valid_traffic(tmp_path: Path,
     err = capsys.readouterr().err
     assert status == 0, err
     assert "0 disagreement(s)" in err
+
+
+@pytest.mark.oracle
+def test_a_gzip_compressed_capture_dissects_and_agrees_with_tshark(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plain = _store_capture(tmp_path / "store.pcap")
+    packed = tmp_path / "store.pcap.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert main(["dissect", str(plain), "--store-port", str(STORE), "--json"]) == 0
+    expected = capsys.readouterr().out
+    status = main(["dissect", str(packed), "--store-port", str(STORE), "--check-tshark",
+                   "--json"])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert captured.out == expected and "0 disagreement(s)" in captured.err
 
 
 @pytest.mark.oracle

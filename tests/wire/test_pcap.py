@@ -12,6 +12,7 @@ and the checksums of ``udp_frame``/``tcp_frame``, which tshark must accept.
 
 from __future__ import annotations
 
+import gzip
 import random
 import struct
 import subprocess
@@ -199,6 +200,34 @@ def test_editcap_conversions(tmp_path: Path) -> None:
         assert [r.ts for r in got] == pytest.approx([r.ts for r in expected], abs=tolerance)
     # editcap keeps nanoseconds in pcapng through if_tsresol = 9
     assert b"\x09\x00\x01\x00\x09" in (tmp_path / "a.pcapng").read_bytes()
+
+
+def test_gzip_compressed_captures_read_as_tshark_reads_them(tmp_path: Path) -> None:
+    """A capture kept compressed (``tcpdump -z gzip``) reads as the plain one, pcap and
+    pcapng; cut short, its records before the cut come first, then the error (tshark: "cut
+    short in the middle of a packet" after the same frames)."""
+    frames = sample_frames() * 40
+    source = tmp_path / "src.pcap"
+    with pcap.PcapWriter(source, nanosecond=True) as writer:
+        for i, frame in enumerate(frames):
+            writer.write(1000 + i * 0.001, frame)
+    run_tool("editcap", "-F", "pcapng", source, tmp_path / "src.pcapng")
+    for plain in (source, tmp_path / "src.pcapng"):
+        packed = tmp_path / f"{plain.name}.gz"
+        packed.write_bytes(gzip.compress(plain.read_bytes()))
+        assert [(r.ts, r.data) for r in read_all(packed)] == [
+            (r.ts, r.data) for r in read_all(plain)]
+    cut = tmp_path / "cut.pcap.gz"
+    whole = gzip.compress(source.read_bytes())
+    cut.write_bytes(whole[:len(whole) // 2])
+    got = []
+    with pytest.raises(WireError, match="compressed capture is damaged or cut short"):
+        for record in pcap.read_capture(cut):
+            got.append(record.data)
+    theirs = subprocess.run(["tshark", "-r", str(cut), "-T", "fields", "-e", "frame.number"],
+                            capture_output=True, text=True)
+    assert 0 < len(got) == len(theirs.stdout.split()) < len(frames)
+    assert got == frames[:len(got)]
 
 
 def test_text2pcap_files(tmp_path: Path) -> None:
