@@ -345,12 +345,18 @@ def _late_receiver(h: CaseContext, tir: lbmr.Tir) -> list[int]:
     request = connect((ume.src_tcp_addr, ume.src_tcp_port), h.recorder,
                       "late receiver -> proxy request port", h.scaled(2.0))
     h.closers += [transport.close, request.close]
-    request.send(LbmcMessage(headers=[SriReq(transport_idx=ume.transport_idx,
-                                             topic_idx=tir.index)]))
     got: list[LbmcMessage] = []
+    asked = [0.0]
 
     def sri_arrived() -> bool:
         got.extend(transport.poll(has(Sri)) + request.poll(has(Sri)))
+        # as a receiver does, ask again every ume_sri_request_interval (1000 ms by default)
+        # until answered: a request that reached the proxy before it took the transport
+        # connection was answered to no one
+        if not got and time.monotonic() - asked[0] >= h.scaled(1.0):
+            request.send(LbmcMessage(headers=[SriReq(transport_idx=ume.transport_idx,
+                                                     topic_idx=tir.index)]))
+            asked[0] = time.monotonic()
         return bool(got)
     h.wait_until(sri_arrived, 5.0, "an SRI")
     h.check(bool(got), "the proxy source answered the SRI request with an SRI",
