@@ -7,7 +7,6 @@ import gzip
 import html
 import json
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -16,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from spark_analysis import cli, job, session
+from wire import pcap
+from wire.fastpath import derive
 
 from .analysis_corpus import CAPTURES, PLANTED, STORE_PORT, CorpusRun, shared_corpus_run
 
@@ -154,7 +155,10 @@ def test_a_damaged_or_cut_capture_is_said_and_a_damaged_one_is_not_a_success(
     blob = bytearray(PLANTED.read_bytes())
     third = _record_offsets(blob)[2]
     damaged = bytearray(blob)
-    struct.pack_into("<II", damaged, third + 8, 0x7FFFFFFF, 0x7FFFFFFF)
+    record = derive(pcap.PcapRecordLE)
+    head = record.decode(bytes(blob), third)
+    damaged[third:third + record.size] = record.pack({**head, "incl_len": 0x7FFFFFFF,
+                                                      "orig_len": 0x7FFFFFFF})
     (tmp_path / "damaged.pcap").write_bytes(bytes(damaged))
     (tmp_path / "cut.pcap").write_bytes(bytes(blob[:-5]))
     for name, status in (("damaged.pcap", 1), ("cut.pcap", 0)):
@@ -234,10 +238,11 @@ def test_a_small_capture_is_analysed_without_spark_as_spark_analyses_it(
 
 def _record_offsets(blob: bytes | bytearray) -> list[int]:
     """Where each record of a little-endian classic pcap starts."""
-    at, found = 24, []
-    while at + 16 <= len(blob):
+    header, record = derive(pcap.PcapHeaderLE), derive(pcap.PcapRecordLE)
+    at, found = header.size, []
+    while at + record.size <= len(blob):
         found.append(at)
-        at += 16 + struct.unpack_from("<I", blob, at + 8)[0]
+        at += record.size + record.decode(bytes(blob), at)["incl_len"]
     return found
 
 

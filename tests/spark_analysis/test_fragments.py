@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -151,7 +150,10 @@ def test_tricky_fragments_decode_as_the_dissector_does(batch_size: int | None) -
 
 def _tagged(frame: bytes, vlan: int) -> bytes:
     """``frame`` with an 802.1Q tag of VLAN ``vlan`` after its Ethernet addresses."""
-    return frame[:12] + struct.pack("!HH", 0x8100, vlan) + frame[12:]
+    eth = pcap.ETH.decode(frame)
+    tag = pcap.VLAN.pack({"tci": vlan, "ethertype": eth["ethertype"]})
+    return pcap.ETH.pack({**eth, "ethertype": pcap.VLAN_ETHERTYPES[0]}) + tag + frame[
+        pcap.ETH.size:]
 
 
 def trunk_frames() -> list[bytes]:

@@ -12,6 +12,7 @@ small while still making the search look back over many records.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import random
@@ -36,6 +37,7 @@ from spark_analysis.splits import (  # noqa: E402
     SYNC_CHAIN,
     TS_AFTER_FIRST,
     TS_NEIGHBOUR,
+    Split,
     SplitReader,
     plan_splits,
 )
@@ -272,6 +274,25 @@ def test_pcap_nanosecond_timestamps_are_exact(tmp_path: Path) -> None:
     assert {r[6] for r in rows} == {0}
 
 
+def _read_reporting(path: Path, count: int
+                    ) -> tuple[list[dict[str, Any]], list[tuple[Split, splits.TruncatedRecord]]]:
+    """Every row read through ``count`` splits, and each split's truncation or damage
+    report with the split that made it."""
+    capture = open_capture(str(path))
+    rows: list[dict[str, Any]] = []
+    reports: list[tuple[Split, splits.TruncatedRecord]] = []
+    for split in plan_splits(capture, split_size_for(capture.size, count)):
+        reader = SplitReader(split, 5, 64, on_truncated=functools.partial(_note, reports,
+                                                                          split))
+        rows += [r for b in reader for r in b.to_pylist()]
+    return rows, reports
+
+
+def _note(reports: list[tuple[Split, splits.TruncatedRecord]], split: Split,
+          report: splits.TruncatedRecord) -> None:
+    reports.append((split, report))
+
+
 @pytest.mark.usefixtures("walk")
 @pytest.mark.parametrize("cut", [1, 8, 15, 16, 17, 40])
 def test_truncated_last_record_is_dropped_and_reported(
@@ -284,14 +305,11 @@ def test_truncated_last_record_is_dropped_and_reported(
     path.write_bytes(built.blob[:-cut])
     last = built.offsets[-1]
     for count in SPLIT_COUNTS:
-        capture = open_capture(str(path))
-        reports: list[splits.TruncatedRecord] = []
-        rows: list[Row] = []
-        for split in plan_splits(capture, split_size_for(capture.size, count)):
-            reader = SplitReader(split, 5, 64, on_truncated=reports.append)
-            rows.extend(tuple(r.values()) for b in reader for r in b.to_pylist())
-            if reader.truncated is not None:
-                assert split.start <= last < split.end  # reported by the split that owns it
+        read, owned = _read_reporting(path, count)
+        rows = [tuple(r.values()) for r in read]
+        for split, report in owned:
+            assert split.start <= report.offset < split.end  # by the split that owns it
+        reports = [report for _, report in owned]
         assert_same_as_read_capture(rows, path, built, len(built.packets) - 1)
         assert len(reports) == 1, count
         (report,) = reports
@@ -322,12 +340,9 @@ def test_a_damaged_record_ends_its_piece_and_is_reported_as_damage(tmp_path: Pat
     path = tmp_path / "damaged.pcap"
     path.write_bytes(bytes(blob))
     for count in SPLIT_COUNTS:
-        capture = open_capture(str(path))
-        reports: list[splits.TruncatedRecord] = []
-        offsets: list[int] = []
-        for split in plan_splits(capture, split_size_for(capture.size, count)):
-            reader = SplitReader(split, 5, 64, on_truncated=reports.append)
-            offsets += [r["file_offset"] for b in reader for r in b.to_pylist()]
+        read, owned = _read_reporting(path, count)
+        offsets = [r["file_offset"] for r in read]
+        reports = [report for _, report in owned]
         assert offsets == sorted(offsets) and set(offsets) <= set(built.offsets) - {bad}
         assert [o for o in offsets if o < bad] == built.offsets[:20]   # all before it
         (report,) = reports
